@@ -1,0 +1,561 @@
+"""The tiny Qwen2.5-VL of the ``tiny`` profile, built offline and reproducibly.
+
+Nothing can be downloaded, so the tiny profile's model directory is generated here from code: a
+Qwen2.5-VL ``config.json`` with tiny sizes (random weights are drawn by whoever builds the model),
+a real byte-level BPE fast tokenizer trained on a small built-in corpus of navigation text with
+Qwen2.5-VL's special tokens, Qwen2.5-VL's chat template, and the Qwen2-VL image processor
+settings. The directory loads with ``AutoConfig``/``AutoTokenizer``/``AutoProcessor`` and
+``Qwen2_5_VLForConditionalGeneration`` exactly like a real checkpoint directory, so the trainer
+runs the same code path on the tiny and the 7B profile.
+
+The committed copy lives in ``configs/models/tiny-qwen2_5_vl``; regenerate it with
+``python -m janus_train.tiny_model configs/models/tiny-qwen2_5_vl``. The tiny VGGT aggregator
+config ``configs/models/tiny-vggt.json`` is written by :func:`write_tiny_vggt_config`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, normalizers, pre_tokenizers, processors
+from tokenizers.models import BPE
+from tokenizers.trainers import BpeTrainer
+
+# Qwen2.5-VL's special tokens, in Qwen's id order (there they start at 151643; here right after
+# the learned BPE vocabulary). The trainer relies on the vision ones; the rest keep the
+# tokenizer's special-token set identical to the real model's.
+ENDOFTEXT = "<|endoftext|>"
+IM_START = "<|im_start|>"
+IM_END = "<|im_end|>"
+VISION_START = "<|vision_start|>"
+VISION_END = "<|vision_end|>"
+IMAGE_PAD = "<|image_pad|>"
+VIDEO_PAD = "<|video_pad|>"
+QWEN_SPECIAL_TOKENS: tuple[str, ...] = (
+    ENDOFTEXT,
+    IM_START,
+    IM_END,
+    "<|object_ref_start|>",
+    "<|object_ref_end|>",
+    "<|box_start|>",
+    "<|box_end|>",
+    "<|quad_start|>",
+    "<|quad_end|>",
+    VISION_START,
+    VISION_END,
+    "<|vision_pad|>",
+    IMAGE_PAD,
+    VIDEO_PAD,
+)
+
+# Qwen2's pre-tokenizer split (contractions, letter runs with one leading non-letter, single
+# digits, punctuation runs, newlines, spaces); byte-level encoding after it makes any text
+# encodable without an unknown token.
+QWEN_PRETOKENIZE_REGEX = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"""
+    r"""| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+)
+
+DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant."
+
+# Behaves like Qwen2.5-VL's template: a default system turn when the conversation does not start
+# with one; every turn is "<|im_start|>role\n...<|im_end|>\n"; an image item renders as
+# <|vision_start|><|image_pad|><|vision_end|> (the processor later repeats <|image_pad|> once per
+# visual token), a video item likewise with <|video_pad|>; add_vision_id prefixes
+# "Picture n: " / "Video n: "; add_generation_prompt opens the assistant turn.
+CHAT_TEMPLATE = """\
+{#- Every tag trims the whitespace around it: only the quoted strings reach the output. -#}
+{%- set counts = namespace(image=0, video=0) -%}
+{%- for message in messages -%}
+    {%- if loop.first and message['role'] != 'system' -%}
+        {{- '<|im_start|>system\\n""" + DEFAULT_SYSTEM_PROMPT + """<|im_end|>\\n' -}}
+    {%- endif -%}
+    {{- '<|im_start|>' + message['role'] + '\\n' -}}
+    {%- if message['content'] is string -%}
+        {{- message['content'] -}}
+    {%- else -%}
+        {%- for item in message['content'] -%}
+            {%- if item['type'] == 'image' or 'image' in item or 'image_url' in item -%}
+                {%- set counts.image = counts.image + 1 -%}
+                {%- if add_vision_id -%}{{- 'Picture ' + counts.image|string + ': ' -}}{%- endif -%}
+                {{- '<|vision_start|><|image_pad|><|vision_end|>' -}}
+            {%- elif item['type'] == 'video' or 'video' in item -%}
+                {%- set counts.video = counts.video + 1 -%}
+                {%- if add_vision_id -%}{{- 'Video ' + counts.video|string + ': ' -}}{%- endif -%}
+                {{- '<|vision_start|><|video_pad|><|vision_end|>' -}}
+            {%- elif 'text' in item -%}
+                {{- item['text'] -}}
+            {%- endif -%}
+        {%- endfor -%}
+    {%- endif -%}
+    {{- '<|im_end|>\\n' -}}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+    {{- '<|im_start|>assistant\\n' -}}
+{%- endif -%}
+"""
+
+# Qwen2-VL image processor settings (those of Qwen2.5-VL-7B-Instruct): 14-pixel patches, 2x2
+# spatial merge, frames duplicated to a temporal patch of 2, CLIP normalisation. Callers set
+# min/max pixels per resolution so that no resize happens.
+PATCH_SIZE = 14
+SPATIAL_MERGE_SIZE = 2
+TEMPORAL_PATCH_SIZE = 2
+CLIP_MEAN: tuple[float, float, float] = (0.48145466, 0.4578275, 0.40821073)
+CLIP_STD: tuple[float, float, float] = (0.26862954, 0.26130258, 0.27577711)
+DEFAULT_MIN_PIXELS = 3136
+DEFAULT_MAX_PIXELS = 12845056
+
+ACTIONS: tuple[str, ...] = ("MOVE_FORWARD", "TURN_LEFT", "TURN_RIGHT", "STOP")
+ANSWER_LABELS: tuple[str, ...] = ("SUBINSTRUCTION:", "2D_DESCRIPTION:", "3D_DESCRIPTION:", "ACTION:")
+
+QWEN_DIR_FILES: tuple[str, ...] = (
+    "chat_template.jinja",
+    "config.json",
+    "preprocessor_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+)
+
+
+@dataclass(frozen=True)
+class TinyQwenSpec:
+    """Sizes of the tiny Qwen2.5-VL: the 7B architecture shrunk until a CPU step takes milliseconds."""
+
+    text_hidden_size: int = 64
+    text_layers: int = 2
+    text_heads: int = 4
+    text_kv_heads: int = 2
+    text_intermediate_size: int = 128
+    # M-RoPE splits the head's rotary pairs (head_dim / 2) into temporal, height and width parts;
+    # [2, 3, 3] is the 7B's [16, 24, 24] scaled from head_dim 128 to 16.
+    mrope_section: tuple[int, int, int] = (2, 3, 3)
+    rope_theta: float = 1_000_000.0
+    max_position_embeddings: int = 32768
+    rms_norm_eps: float = 1e-6
+    vision_hidden_size: int = 32
+    vision_depth: int = 2
+    vision_heads: int = 2
+    vision_intermediate_size: int = 64
+    # The 7B uses full attention in the last block of every 8 ([7, 15, 23, 31]); with 2 blocks the
+    # first is windowed and the second full, so both attention kinds run.
+    fullatt_block_indexes: tuple[int, ...] = (1,)
+    window_size: int = 112
+    tokens_per_second: int = 2
+    # Upper bound of the learned vocabulary (256 byte symbols + merges); the built-in corpus runs
+    # out of pairs seen twice at about 1.3k, which with the specials gives ~1.4k embedding rows.
+    bpe_vocab_size: int = 2048
+    vocab_multiple: int = 64
+    corpus_seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.text_hidden_size % self.text_heads or self.text_heads % self.text_kv_heads:
+            raise ValueError(
+                f"text hidden {self.text_hidden_size} / heads {self.text_heads} / kv heads "
+                f"{self.text_kv_heads} do not divide evenly"
+            )
+        if 2 * sum(self.mrope_section) != self.text_head_dim:
+            raise ValueError(
+                f"mrope_section {list(self.mrope_section)} must sum to head_dim/2 = {self.text_head_dim // 2}"
+            )
+        if self.vision_hidden_size % self.vision_heads:
+            raise ValueError(f"vision hidden {self.vision_hidden_size} is not divisible by {self.vision_heads} heads")
+        if any(not 0 <= i < self.vision_depth for i in self.fullatt_block_indexes):
+            raise ValueError(
+                f"fullatt_block_indexes {list(self.fullatt_block_indexes)} must lie in [0, {self.vision_depth})"
+            )
+
+    @property
+    def text_head_dim(self) -> int:
+        return self.text_hidden_size // self.text_heads
+
+
+TINY_QWEN = TinyQwenSpec()
+
+# Constructor kwargs of janus_cache.vggt.VGGTAggregator (keys of the ``aggregator`` section of a
+# VGGT config): VGGT-1B's architecture at width 64 and depth 2, so a 9-frame window runs in well
+# under a second on a CPU. The feature it yields is 2 * embed_dim = 128 wide.
+TINY_VGGT_AGGREGATOR: dict[str, Any] = {
+    "img_size": 518,
+    "patch_size": 14,
+    "embed_dim": 64,
+    "depth": 2,
+    "num_heads": 4,
+    "mlp_ratio": 4.0,
+    "num_register_tokens": 4,
+    "qkv_bias": True,
+    "proj_bias": True,
+    "ffn_bias": True,
+    "qk_norm": True,
+    "rope_freq": 100,
+    "attention": "causal",
+    "patch_embed": {"embed_dim": 64, "depth": 2, "num_heads": 2, "mlp_ratio": 4.0},
+}
+
+
+# --- corpus -------------------------------------------------------------------------------------
+
+_ROOMS = (
+    "kitchen", "bedroom", "bathroom", "hallway", "living room", "dining room", "office", "laundry room",
+    "garage", "balcony", "corridor", "staircase", "lobby", "closet", "study", "nursery", "pantry",
+    "foyer", "den", "patio", "attic", "basement", "library", "gym", "spa", "sunroom", "porch",
+    "guest room", "master bedroom", "entryway", "landing", "terrace", "workshop", "playroom",
+    "family room", "mudroom", "lounge", "gallery", "conference room", "reception area", "courtyard",
+    "garden", "utility room", "wine cellar", "powder room", "walkway", "passage", "vestibule",
+)
+_OBJECTS = (
+    "sofa", "couch", "table", "chair", "bed", "door", "window", "painting", "plant", "lamp", "rug",
+    "shelf", "counter", "fridge", "refrigerator", "sink", "mirror", "cabinet", "television",
+    "fireplace", "desk", "bookcase", "stairs", "railing", "archway", "wardrobe", "dresser", "toilet",
+    "shower", "bathtub", "stool", "piano", "clock", "vase", "curtain", "column", "pillar", "ottoman",
+    "armchair", "nightstand", "doorway", "island", "oven", "microwave", "washer", "dryer", "bench",
+    "trash bin", "picture frame", "coffee table", "dining table", "ceiling fan", "chandelier",
+    "bookshelf", "cushion", "pillow", "blanket", "towel", "basket", "printer", "computer", "monitor",
+    "keyboard", "speaker", "radiator", "heater", "thermostat", "light switch", "outlet", "carpet",
+    "doormat", "coat rack", "umbrella stand", "shoe rack", "sculpture", "statue", "aquarium",
+    "fish tank", "counter top", "stove", "dishwasher", "kettle", "toaster", "cupboard", "drawer",
+    "hamper", "ladder", "banister", "window sill", "blinds", "poster", "whiteboard", "projector",
+    "treadmill", "bicycle", "suitcase", "crib", "bunk bed", "tapestry", "sideboard", "buffet",
+    "wall", "floor", "ceiling", "corner", "entrance", "exit", "step", "landing", "opening",
+)
+_ADJECTIVES = (
+    "white", "wooden", "black", "blue", "red", "grey", "brown", "glass", "large", "small", "round",
+    "tall", "open", "closed", "green", "yellow", "marble", "striped", "dark", "bright", "long",
+    "narrow", "wide", "metal", "leather", "beige", "orange", "purple", "pink", "golden", "silver",
+    "square", "rectangular", "low", "high", "empty", "cozy", "modern", "old", "antique", "tiled",
+    "carpeted", "framed", "potted", "hanging", "folding", "sliding", "double", "single", "spiral",
+    "curved", "striking", "colorful", "plain", "patterned", "shiny", "wicker", "velvet", "ceramic",
+    "stone", "brick", "concrete", "painted", "polished", "massive", "tiny", "huge", "light",
+)
+_MOTIONS = (
+    "walk", "go", "head", "move", "continue", "proceed", "keep going", "travel", "step", "pass",
+    "exit", "enter", "leave", "cross", "follow", "climb", "descend", "navigate", "advance", "wander",
+)
+_TURNS = (
+    "turn left", "turn right", "make a left", "make a right", "veer left", "veer right",
+    "turn around", "turn slightly left", "turn slightly right", "take a sharp left",
+    "take a sharp right", "bear left", "bear right", "rotate to face",
+)
+_PREPOSITIONS = (
+    "past", "through", "into", "towards", "around", "along", "beside", "between", "behind", "across",
+    "out of", "up", "down", "next to", "in front of", "away from", "alongside", "beyond", "under",
+    "over", "onto", "inside", "outside", "near", "by", "opposite",
+)
+_STOPS = (
+    "stop", "wait", "stop next to", "wait near", "stand in front of", "stop beside", "come to a stop at",
+    "halt at", "end up beside", "stop just before", "wait in the middle of", "stop when you reach",
+    "remain near", "finish at",
+)
+_PLACEMENTS = (
+    "is on the", "stands on the", "hangs on the", "sits in the", "is visible in the", "appears on the",
+    "leans against the wall on the", "is mounted on the", "occupies the", "fills the",
+    "can be seen in the", "is partially hidden on the",
+)
+_SIDES = (
+    "left", "right", "center", "lower left", "lower right", "upper left", "upper right", "far end",
+    "middle", "foreground", "background", "left side", "right side", "top", "bottom", "edge",
+)
+_RELATIONS = (
+    "next to", "in front of", "behind", "under", "above", "beside", "opposite", "to the left of",
+    "to the right of", "near", "far from", "on top of", "below", "against",
+)
+_ORDINALS = ("first", "second", "third", "fourth", "last", "next", "final", "nearest")
+_DIRECTIONS = (
+    "ahead", "to the left", "to the right", "behind you", "slightly left", "slightly right",
+    "straight ahead", "directly in front", "diagonally left", "diagonally right", "above the floor",
+    "below eye level", "at eye level",
+)
+_QUALIFIERS = (
+    "carefully", "slowly", "quickly", "directly", "immediately", "again", "once more", "a little",
+    "a bit further", "all the way", "until the end", "for a moment", "straight",
+)
+
+
+def _capitalise(text: str) -> str:
+    return text[0].upper() + text[1:]
+
+
+def _noun_phrase(rng: random.Random) -> str:
+    if rng.random() < 0.3:
+        return f"the {rng.choice(_ROOMS)}"
+    adjective = f"{rng.choice(_ADJECTIVES)} " if rng.random() < 0.6 else ""
+    article = rng.choice(("the", "the", "the", "a", "another"))
+    return f"{article} {adjective}{rng.choice(_OBJECTS)}"
+
+
+def _clause(rng: random.Random) -> str:
+    kind = rng.randrange(6)
+    if kind == 0:
+        return f"{rng.choice(_MOTIONS)} {rng.choice(_PREPOSITIONS)} {_noun_phrase(rng)}"
+    if kind == 1:
+        return f"{rng.choice(_TURNS)} at {_noun_phrase(rng)}"
+    if kind == 2:
+        return f"{rng.choice(_MOTIONS)} forward {rng.randint(2, 12)} steps"
+    if kind == 3:
+        return f"{rng.choice(_MOTIONS)} {rng.choice(_QUALIFIERS)} {rng.choice(_PREPOSITIONS)} {_noun_phrase(rng)}"
+    if kind == 4:
+        return f"{rng.choice(_TURNS)} once you see {_noun_phrase(rng)}"
+    return f"take the {rng.choice(_ORDINALS)} {rng.choice(('left', 'right', 'door', 'hallway', 'exit', 'turn'))}"
+
+
+def _instruction(rng: random.Random) -> str:
+    clauses = [_clause(rng) for _ in range(rng.randint(2, 4))]
+    clauses.append(f"{rng.choice(_STOPS)} {_noun_phrase(rng)}")
+    joiner = rng.choice((", then ", ". Then ", " and ", ", and ", ". After that, "))
+    return _capitalise(joiner.join(clauses[:-1]) + f" and {clauses[-1]}.")
+
+
+def _description_2d(rng: random.Random) -> str:
+    return _capitalise(
+        f"{_noun_phrase(rng)} {rng.choice(_PLACEMENTS)} {rng.choice(_SIDES)} of the view, "
+        f"{rng.choice(_RELATIONS)} {_noun_phrase(rng)}."
+    )
+
+
+def _description_3d(rng: random.Random) -> str:
+    return _capitalise(
+        f"{_noun_phrase(rng)} is about {rng.randint(0, 9)}.{rng.randint(0, 9)} meters {rng.choice(_DIRECTIONS)}, "
+        f"and {_noun_phrase(rng)} is {rng.randint(1, 6)} meters {rng.choice(_DIRECTIONS)}, "
+        f"{rng.choice(_RELATIONS)} {_noun_phrase(rng)}."
+    )
+
+
+def tiny_corpus(seed: int = TINY_QWEN.corpus_seed, n_episodes: int = 1500) -> list[str]:
+    """A deterministic English corpus of VLN-style prompts and answers to train the tiny BPE on.
+
+    ``random.Random`` with an integer seed draws the same sequence on every platform and Python 3
+    version, so the corpus (and the tokenizer trained on it) is the same everywhere.
+    """
+    rng = random.Random(seed)
+    lines = [
+        DEFAULT_SYSTEM_PROMPT,
+        "You are a visual language navigation agent in an indoor environment.",
+        "These are your historical observations, from the oldest to the newest:",
+        "This is your current observation:",
+        "Answer with four lines: the current subinstruction, a 2D description of the view, "
+        "a 3D description of the scene, and the next action.",
+        "The possible actions are " + ", ".join(ACTIONS) + ".",
+    ]
+    for _ in range(n_episodes):
+        lines.append(f"Your task is to: {_instruction(rng)}")
+        lines.append(
+            "\n".join(
+                (
+                    f"{ANSWER_LABELS[0]} {_capitalise(_clause(rng))}.",
+                    f"{ANSWER_LABELS[1]} {_description_2d(rng)}",
+                    f"{ANSWER_LABELS[2]} {_description_3d(rng)}",
+                    f"{ANSWER_LABELS[3]} {rng.choice(ACTIONS)}",
+                )
+            )
+        )
+    return lines
+
+
+# --- tokenizer ----------------------------------------------------------------------------------
+
+
+def _write_text(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8", newline="\n")
+    return path
+
+
+def _write_json(path: Path, data: Any) -> Path:
+    # Fixed formatting so regenerated files compare byte for byte with the committed ones.
+    return _write_text(path, json.dumps(data, indent=2, ensure_ascii=False) + "\n")
+
+
+def train_tiny_tokenizer(spec: TinyQwenSpec = TINY_QWEN) -> Tokenizer:
+    """Train the byte-level BPE with Qwen2's normaliser, pre-tokenizer and decoder, then add the
+    special tokens after the learned vocabulary."""
+    tokenizer = Tokenizer(
+        BPE(unk_token=None, continuing_subword_prefix="", end_of_word_suffix="", fuse_unk=False, byte_fallback=False)
+    )
+    tokenizer.normalizer = normalizers.NFC()
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN_PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    tokenizer.post_processor = processors.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = BpeTrainer(
+        vocab_size=spec.bpe_vocab_size,
+        min_frequency=2,
+        show_progress=False,
+        # All 256 byte symbols, whether or not the corpus uses them: that is what makes every
+        # string encodable.
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        special_tokens=[],
+    )
+    tokenizer.train_from_iterator(tiny_corpus(spec.corpus_seed), trainer=trainer)
+    tokenizer.add_special_tokens(
+        [AddedToken(token, special=True, normalized=False, lstrip=False, rstrip=False) for token in QWEN_SPECIAL_TOKENS]
+    )
+    return tokenizer
+
+
+def _tokenizer_config(tokenizer: Tokenizer, spec: TinyQwenSpec) -> dict[str, Any]:
+    added = {
+        str(tokenizer.token_to_id(token)): {
+            "content": token,
+            "lstrip": False,
+            "normalized": False,
+            "rstrip": False,
+            "single_word": False,
+            "special": True,
+        }
+        for token in QWEN_SPECIAL_TOKENS
+    }
+    return {
+        "add_prefix_space": False,
+        "added_tokens_decoder": added,
+        "bos_token": None,
+        "clean_up_tokenization_spaces": False,
+        "eos_token": IM_END,
+        "errors": "replace",
+        "extra_special_tokens": [t for t in QWEN_SPECIAL_TOKENS if t != ENDOFTEXT],
+        "model_max_length": spec.max_position_embeddings,
+        "pad_token": ENDOFTEXT,
+        "split_special_tokens": False,
+        "tokenizer_class": "Qwen2Tokenizer",
+        "unk_token": None,
+    }
+
+
+def build_tiny_tokenizer(out_dir: str | Path, spec: TinyQwenSpec = TINY_QWEN) -> list[Path]:
+    """Write ``tokenizer.json``, ``tokenizer_config.json`` and ``chat_template.jinja`` into
+    ``out_dir``; returns the paths written."""
+    out = Path(out_dir)
+    tokenizer = train_tiny_tokenizer(spec)
+    return [
+        _write_json(out / "tokenizer.json", json.loads(tokenizer.to_str())),
+        _write_json(out / "tokenizer_config.json", _tokenizer_config(tokenizer, spec)),
+        _write_text(out / "chat_template.jinja", CHAT_TEMPLATE),
+    ]
+
+
+# --- model and processor configs ----------------------------------------------------------------
+
+
+def padded_vocab_size(n_tokens: int, multiple: int = TINY_QWEN.vocab_multiple) -> int:
+    """Embedding rows for ``n_tokens`` tokens, rounded up like Qwen's (152064 rows for 151665 tokens)."""
+    return -(-n_tokens // multiple) * multiple
+
+
+def qwen_config_dict(token_ids: dict[str, int], n_tokens: int, spec: TinyQwenSpec = TINY_QWEN) -> dict[str, Any]:
+    """The ``config.json`` of the tiny model in transformers 5's nested form."""
+    text_config = {
+        "model_type": "qwen2_5_vl_text",
+        "vocab_size": padded_vocab_size(n_tokens, spec.vocab_multiple),
+        "hidden_size": spec.text_hidden_size,
+        "intermediate_size": spec.text_intermediate_size,
+        "num_hidden_layers": spec.text_layers,
+        "num_attention_heads": spec.text_heads,
+        "num_key_value_heads": spec.text_kv_heads,
+        "hidden_act": "silu",
+        "max_position_embeddings": spec.max_position_embeddings,
+        "rms_norm_eps": spec.rms_norm_eps,
+        "rope_parameters": {
+            "rope_type": "default",
+            "rope_theta": spec.rope_theta,
+            "mrope_section": list(spec.mrope_section),
+        },
+        "use_sliding_window": False,
+        "attention_dropout": 0.0,
+        "initializer_range": 0.02,
+        "bos_token_id": token_ids[ENDOFTEXT],
+        "eos_token_id": token_ids[IM_END],
+        "pad_token_id": token_ids[ENDOFTEXT],
+        # Set here too: the top-level flag is forced on when the text config asks for tying.
+        "tie_word_embeddings": False,
+        "dtype": "float32",
+    }
+    vision_config = {
+        "model_type": "qwen2_5_vl_vision",
+        "depth": spec.vision_depth,
+        "hidden_size": spec.vision_hidden_size,
+        "hidden_act": "silu",
+        "intermediate_size": spec.vision_intermediate_size,
+        "num_heads": spec.vision_heads,
+        "in_channels": 3,
+        "patch_size": PATCH_SIZE,
+        "spatial_merge_size": SPATIAL_MERGE_SIZE,
+        "temporal_patch_size": TEMPORAL_PATCH_SIZE,
+        "tokens_per_second": spec.tokens_per_second,
+        "window_size": spec.window_size,
+        "out_hidden_size": spec.text_hidden_size,
+        "fullatt_block_indexes": list(spec.fullatt_block_indexes),
+        "initializer_range": 0.02,
+        "dtype": "float32",
+    }
+    return {
+        "architectures": ["Qwen2_5_VLForConditionalGeneration"],
+        "model_type": "qwen2_5_vl",
+        "text_config": text_config,
+        "vision_config": vision_config,
+        "image_token_id": token_ids[IMAGE_PAD],
+        "video_token_id": token_ids[VIDEO_PAD],
+        "vision_start_token_id": token_ids[VISION_START],
+        "vision_end_token_id": token_ids[VISION_END],
+        "tie_word_embeddings": False,
+        "dtype": "float32",
+    }
+
+
+def preprocessor_config_dict() -> dict[str, Any]:
+    """Qwen2-VL image processor settings, as in Qwen2.5-VL-7B-Instruct."""
+    return {
+        "image_processor_type": "Qwen2VLImageProcessor",
+        "processor_class": "Qwen2_5_VLProcessor",
+        "do_resize": True,
+        "do_rescale": True,
+        "rescale_factor": 1 / 255,
+        "do_normalize": True,
+        "do_convert_rgb": True,
+        "image_mean": list(CLIP_MEAN),
+        "image_std": list(CLIP_STD),
+        "min_pixels": DEFAULT_MIN_PIXELS,
+        "max_pixels": DEFAULT_MAX_PIXELS,
+        "patch_size": PATCH_SIZE,
+        "temporal_patch_size": TEMPORAL_PATCH_SIZE,
+        "merge_size": SPATIAL_MERGE_SIZE,
+    }
+
+
+def write_tiny_qwen_dir(out_dir: str | Path, spec: TinyQwenSpec = TINY_QWEN) -> list[Path]:
+    """Write the whole tiny Qwen2.5-VL directory (no weights); returns the paths written."""
+    out = Path(out_dir)
+    written = build_tiny_tokenizer(out, spec)
+    tokenizer = Tokenizer.from_file(str(out / "tokenizer.json"))
+    token_ids = {token: tokenizer.token_to_id(token) for token in QWEN_SPECIAL_TOKENS}
+    n_tokens = tokenizer.get_vocab_size(with_added_tokens=True)
+    written.append(_write_json(out / "config.json", qwen_config_dict(token_ids, n_tokens, spec)))
+    written.append(_write_json(out / "preprocessor_config.json", preprocessor_config_dict()))
+    return sorted(written)
+
+
+def write_tiny_vggt_config(path: str | Path) -> Path:
+    """Write the tiny VGGT aggregator constructor kwargs as JSON."""
+    return _write_json(Path(path), TINY_VGGT_AGGREGATOR)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="Write the tiny Qwen2.5-VL directory and tiny VGGT config.")
+    parser.add_argument("qwen_dir", type=Path, help="directory for config, tokenizer and processor files")
+    parser.add_argument("--vggt-config", type=Path, default=None, help="also write the tiny VGGT config here")
+    args = parser.parse_args(argv)
+    for path in write_tiny_qwen_dir(args.qwen_dir):
+        print(path)
+    if args.vggt_config is not None:
+        print(write_tiny_vggt_config(args.vggt_config))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,34 @@
+"""Shared fixtures: a small sample dataset written once per session by our own generator."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from janus_cache.dataset import DatasetIndex, build_index
+from janus_cache.sample_data import write_sample_data
+
+SAMPLE_EPISODES = 3
+SAMPLE_STEPS = 12  # > 9, so the dataset has padded windows (j <= 8) and linspace windows (j > 8)
+SAMPLE_SEED = 0
+
+
+@pytest.fixture(scope="session")
+def sample_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Episode-folder root with 3 episodes x 12 frames (640x480 PNG). Read-only: copy to damage it."""
+    root = tmp_path_factory.mktemp("sample") / "data"
+    return write_sample_data(root, episodes=SAMPLE_EPISODES, steps=SAMPLE_STEPS, seed=SAMPLE_SEED)
+
+
+@pytest.fixture(scope="session")
+def sample_index(sample_dataset: Path) -> DatasetIndex:
+    """The index of ``sample_dataset`` with full image checks."""
+    return build_index(sample_dataset)
+
+
+@pytest.fixture
+def dataset_copy(sample_dataset: Path, tmp_path: Path) -> Path:
+    """A private copy of the sample dataset that a test may damage."""
+    return Path(shutil.copytree(sample_dataset, tmp_path / "data"))
