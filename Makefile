@@ -17,6 +17,14 @@ export TORCH_EXTENSIONS_DIR ?= $(abspath $(VENV))/torch_extensions
 
 PROFILE ?= tiny
 DEMO_DIR ?= demo_out
+DATA ?=
+OUT ?= cache
+FORMAT ?= zarr
+# Processes per node; default: the profile's nproc_per_node. Multi-node: pass torchrun's own
+# settings, e.g. TORCHRUN_ARGS="--nnodes 2 --node-rank 0 --master-addr node0 --master-port 29500".
+NPROC ?= $(shell $(PY) -c "from janus_cache.profile import load_profile; print(load_profile('$(PROFILE)').nproc_per_node)" 2>/dev/null || echo 1)
+TORCHRUN_ARGS ?= --standalone
+PRECOMPUTE_ARGS ?=
 STAMP := $(VENV)/.janus-setup
 
 .PHONY: help setup test demo precompute train verify bench clean-demo
@@ -25,6 +33,7 @@ help:
 	@echo "make setup       install janus and its dependencies into $(VENV)"
 	@echo "make demo        run janus on generated sample data (tiny profile, CPU)"
 	@echo "make test        run the test suite"
+	@echo "make precompute DATA=dir [PROFILE=tiny] [OUT=cache] [NPROC=n] [FORMAT=zarr|wds]"
 
 $(STAMP): pyproject.toml $(TORCH_CONSTRAINTS)
 	@test -x $(PY) || $(PYTHON_SYS) -m venv $(VENV)
@@ -42,8 +51,15 @@ demo: $(STAMP)
 	rm -rf $(DEMO_DIR)
 	$(JANUS_CACHE) sample-data $(DEMO_DIR)/data --episodes 3 --steps 14 --seed 0
 	$(JANUS_CACHE) index $(DEMO_DIR)/data --profile $(PROFILE)
+	$(MAKE) --no-print-directory precompute DATA=$(DEMO_DIR)/data OUT=$(DEMO_DIR)/cache PROFILE=$(PROFILE) NPROC=2
+	$(JANUS_CACHE) info $(DEMO_DIR)/cache
 
-precompute train verify bench:
+precompute: $(STAMP)
+	@test -n "$(DATA)" || { echo "make precompute: set DATA=<dataset folder or annotation file>" >&2; exit 2; }
+	$(VENV)/bin/torchrun $(TORCHRUN_ARGS) --nproc_per_node $(NPROC) -m pipelines.precompute $(DATA) \
+		--out $(OUT) --profile $(PROFILE) --format $(FORMAT) $(PRECOMPUTE_ARGS)
+
+train verify bench:
 	@echo "make $@: not built yet (see the open issues); nothing was run." >&2
 	@exit 2
 

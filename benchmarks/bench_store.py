@@ -11,7 +11,8 @@ the real index (``janus_cache.dataset.build_index``). Features:
 
 Measured:
 
-1. blosc-zstd on single frames: shuffle filter x level -> ratio, encode and decode MB/s;
+1. blosc-zstd on single frames and single features: shuffle filter x level -> ratio, encode and
+   decode MB/s (one core of blosc per ``--threads``);
 2. both cache formats written through the store's writers: stored bytes per sample (frames,
    features, tables) and compression ratios, against the naive layout (float32 Qwen
    ``pixel_values`` of every window frame plus an fp32 feature, saved per sample);
@@ -56,14 +57,14 @@ FRAMES_PER_SHARD = 16
 SAMPLES_PER_SHARD = 8
 
 
-def codec_table(frames: np.ndarray) -> list[dict[str, object]]:
-    """blosc-zstd on each frame as zarr stores them (one chunk per frame)."""
+def codec_table(items: np.ndarray) -> list[dict[str, object]]:
+    """blosc-zstd on each item (frame or feature) as zarr stores them: one chunk per item."""
     rows = []
     for shuffle in ("noshuffle", "shuffle", "bitshuffle"):
         for clevel in (1, 3, 5):
             codec = Compression("zstd", clevel, shuffle)  # type: ignore[arg-type]
             t0 = time.perf_counter()
-            encoded = [codec.encode(f) for f in frames]
+            encoded = [codec.encode(item) for item in items]
             t_enc = time.perf_counter() - t0
             t0 = time.perf_counter()
             for e in encoded:
@@ -71,8 +72,8 @@ def codec_table(frames: np.ndarray) -> list[dict[str, object]]:
             t_dec = time.perf_counter() - t0
             stored = sum(len(e) for e in encoded)
             rows.append({
-                "shuffle": shuffle, "clevel": clevel, "ratio": frames.nbytes / stored,
-                "encode_MBps": frames.nbytes / t_enc / 1e6, "decode_MBps": frames.nbytes / t_dec / 1e6,
+                "shuffle": shuffle, "clevel": clevel, "ratio": items.nbytes / stored,
+                "encode_MBps": items.nbytes / t_enc / 1e6, "decode_MBps": items.nbytes / t_dec / 1e6,
             })
     return rows
 
@@ -146,7 +147,8 @@ def main() -> None:
             entry: dict[str, object] = {
                 "frame_shape": [int(height), int(width), 3], "feature_shape": list(features.shape[1:]),
                 "feature_source": feature_source, "frames_per_s_load": len(frames) / load_s,
-                "codecs": codec_table(frames[: min(len(frames), 16)]),
+                "frame_codecs": codec_table(frames[:16]),
+                "feature_codecs": codec_table(features[:8].view(torch.int16).numpy().view(np.uint16)),
             }
             raw_frame = frames[0].nbytes
             raw_feature = features[0].numel() * 2
@@ -207,10 +209,11 @@ def main() -> None:
 
 def print_resolution(name: str, entry: dict[str, object], n_samples: int) -> None:
     print(f"\n== {name}: frame {entry['frame_shape']}, feature {entry['feature_shape']} ({entry['feature_source']})")
-    print("blosc-zstd per frame   shuffle     level  ratio  enc MB/s  dec MB/s")
-    for row in entry["codecs"]:  # type: ignore[union-attr]
-        print(f"                       {row['shuffle']:<11} {row['clevel']:>5}  {row['ratio']:5.2f}  "
-              f"{row['encode_MBps']:8.0f}  {row['decode_MBps']:8.0f}")
+    for what in ("frame", "feature"):
+        print(f"blosc-zstd per {what:<8} shuffle     level  ratio  enc MB/s  dec MB/s")
+        for row in entry[f"{what}_codecs"]:  # type: ignore[union-attr]
+            print(f"                        {row['shuffle']:<11} {row['clevel']:>5}  {row['ratio']:5.2f}  "
+                  f"{row['encode_MBps']:8.0f}  {row['decode_MBps']:8.0f}")
     z, w = entry["zarr"], entry["wds"]  # type: ignore[index]
     print("format  bytes/sample   naive/sample   x smaller  write s (frames+samples)  read samples/s")
     print(f"zarr    {z['bytes_per_sample']:12,.0f}   {z['naive_bytes_per_sample']:12,.0f}   {z['vs_naive']:9.1f}  "

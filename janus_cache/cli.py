@@ -89,6 +89,88 @@ def profile_cmd(
     typer.echo(f"  qwen: {qwen}")
 
 
+@app.command("plan")
+def plan_cmd(
+    data: Annotated[Path, typer.Argument(help="Episode-folder root, or a JSON/JSONL annotation file.")],
+    profile: Annotated[str, typer.Option(help="Profile name or YAML path.")] = "tiny",
+    resolution: Annotated[Optional[str], typer.Option(help="e.g. pad644; default: the profile's.")] = None,
+    nproc: Annotated[int, typer.Option(min=1, help="Processes the estimate assumes (total over nodes).")] = 1,
+    workers: Annotated[int, typer.Option(min=1, help="Decode workers per process the estimate assumes.")] = 1,
+    probe: Annotated[int, typer.Option(min=1, help="Samples to measure.")] = 4,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")] = False,
+) -> None:
+    """Estimate a cache's size per format and the precompute time, measured on a few real samples."""
+    from janus_cache.dataset import DatasetError, build_index
+    from janus_cache.encoder import WindowEncoder
+    from janus_cache.plan import make_plan
+    from janus_cache.profile import ProfileError, load_profile
+    from janus_cache.resolution import Resolution
+
+    try:
+        prof = load_profile(profile)
+        res = Resolution.parse(resolution or prof.cache.resolution)
+        idx = build_index(data, history=prof.cache.history)
+        device = "cuda" if prof.device == "cuda" else "cpu"
+        encoder = WindowEncoder.from_settings(prof.vggt, prof.cache, device)
+        result = make_plan(idx, encoder, res, prof.cache.vggt_batch, probe=probe)
+    except (ProfileError, DatasetError, FileNotFoundError, ValueError) as err:
+        fail(str(err))
+    if as_json:
+        typer.echo(json.dumps(result.to_dict(nproc, workers), indent=2, sort_keys=True))
+    else:
+        typer.echo(f"plan for {data} ({res.name}, profile {prof.name}):")
+        typer.echo(result.format(nproc, workers))
+
+
+@app.command("info")
+def info_cmd(
+    cache: Annotated[Path, typer.Argument(help="Cache directory.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print the manifest as JSON.")] = False,
+) -> None:
+    """Show what a cache holds: format, resolutions, window variant, counts and shard state."""
+    from janus_cache.store import ManifestError, read_manifest
+
+    try:
+        manifest = read_manifest(cache)
+    except ManifestError as err:
+        fail(str(err))
+    if manifest is None:
+        fail(f"{cache} is not a janus cache (no manifest.json)")
+    if as_json:
+        typer.echo(manifest.to_json().rstrip())
+        return
+    size = sum(p.stat().st_size for p in cache.rglob("*") if p.is_file())
+    w = manifest.window
+    typer.echo(f"cache {cache} ({manifest.format}, schema {manifest.schema_version}), {size / 1e6:.1f} MB on disk")
+    typer.echo(f"  window: {w.history} history frames ({w.sampling}), reference frame {w.reference_frame}, "
+               f"layer {w.layer}, {w.attention} attention")
+    typer.echo(f"  features: {manifest.feature_dtype} (stored as {manifest.stored_dtype}), "
+               f"encoder {manifest.encoder_fingerprint[:16]}")
+    typer.echo("  counts: " + ", ".join(f"{k} {v}" for k, v in manifest.counts.items()))
+    for name, entry in manifest.resolutions.items():
+        typer.echo(f"  resolution {name}: frames {entry.frame_shape}, features {entry.feature_shape}, "
+                   f"{entry.preprocessing}")
+    groups: dict[str, list[int]] = {}
+    for array, shards in manifest.shards.items():
+        # Table columns are many small arrays: one line for all of them.
+        name = "tables" if array.startswith("tables/") else array
+        done, total = groups.setdefault(name, [0, 0])
+        groups[name] = [done + sum(1 for s in shards if s.committed), total + len(shards)]
+    for name, (done, total) in groups.items():
+        typer.echo(f"  {name}: {done}/{total} shards committed")
+
+
+def _register_stage_commands() -> None:
+    # The precompute command is the pipeline's own entry point, so the CLI and torchrun share one
+    # definition of its options; here it runs as a single process.
+    from pipelines.precompute import command as precompute_command
+
+    app.command("precompute")(precompute_command)
+
+
+_register_stage_commands()
+
+
 def main() -> None:
     app()
 

@@ -1,0 +1,170 @@
+"""`janus-cache plan`: how big a cache will be and how long it will take, measured on real samples.
+
+A few samples spread over the dataset are decoded, compressed with the cache's own codecs and
+run through the frozen encoder; sizes and times are extrapolated from those measurements.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from janus_cache.dataset import DatasetIndex
+from janus_cache.encoder import WindowEncoder
+from janus_cache.imaging import load_frame
+from janus_cache.precompute import encode_windows, frame_shape
+from janus_cache.resolution import PATCH_DIM, Resolution, grid_shape
+from janus_cache.store.compression import FEATURES_COMPRESSION, FRAMES_COMPRESSION
+from janus_cache.store.features import to_stored
+
+TAR_BYTES_PER_MEMBER = 1024
+"""A tar member's header block plus, on average, half a block of padding."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    episodes: int
+    frames: int
+    samples: int
+    frames_per_sample: int
+    frame_shape: tuple[int, int]
+    feature_shape: tuple[int, int]
+    probe_samples: int
+    frame_bytes_raw: int
+    frame_bytes: float
+    feature_bytes_raw: int
+    feature_bytes: float
+    text_bytes_per_sample: float
+    decode_seconds_per_frame: float
+    encode_seconds_per_window: float
+
+    @property
+    def zarr_bytes(self) -> float:
+        tables = self.samples * (self.text_bytes_per_sample + 4 * self.frames_per_sample + 16) + self.frames * 96
+        return self.frames * self.frame_bytes + self.samples * self.feature_bytes + tables
+
+    @property
+    def wds_bytes(self) -> float:
+        """Frames repeated per sample (streaming has no random access), plus the zarr frames it is built from."""
+        per_sample = (
+            self.frames_per_sample * self.frame_bytes
+            + self.feature_bytes
+            + self.text_bytes_per_sample
+            + 3 * TAR_BYTES_PER_MEMBER
+        )
+        return self.samples * per_sample + self.frames * self.frame_bytes
+
+    @property
+    def naive_bytes(self) -> float:
+        """Float32 Qwen pixel_values of every window frame plus an fp32 feature, per sample."""
+        gh, gw = grid_shape(*self.frame_shape)
+        pixel_values = self.frames_per_sample * gh * gw * PATCH_DIM * 4
+        return self.samples * (pixel_values + self.feature_shape[0] * self.feature_shape[1] * 4)
+
+    def needed_bytes(self, cache_format: str) -> float:
+        return self.zarr_bytes if cache_format == "zarr" else self.wds_bytes
+
+    def seconds(self, processes: int, decode_workers: int) -> float:
+        decode = self.frames * self.decode_seconds_per_frame / max(1, processes * decode_workers)
+        encode = self.samples * self.encode_seconds_per_window / max(1, processes)
+        return decode + encode
+
+    def to_dict(self, processes: int = 1, decode_workers: int = 1) -> dict[str, Any]:
+        data = asdict(self)
+        data.update(
+            zarr_bytes=round(self.zarr_bytes),
+            wds_bytes=round(self.wds_bytes),
+            naive_bytes=round(self.naive_bytes),
+            estimated_seconds=round(self.seconds(processes, decode_workers), 1),
+            processes=processes,
+            decode_workers=decode_workers,
+        )
+        return data
+
+    def format(self, processes: int = 1, decode_workers: int = 1) -> str:
+        def size(n: float) -> str:
+            for unit in ("B", "KB", "MB", "GB", "TB"):
+                if n < 1000 or unit == "TB":
+                    return f"{n:.1f} {unit}" if unit != "B" else f"{n:.0f} B"
+                n /= 1000
+            raise AssertionError
+
+        seconds = self.seconds(processes, decode_workers)
+        lines = [
+            f"  episodes {self.episodes}, unique frames {self.frames}, samples {self.samples} "
+            f"({self.frames_per_sample} frames each)",
+            f"  frame {self.frame_shape[0]}x{self.frame_shape[1]}: {size(self.frame_bytes_raw)} raw, "
+            f"{size(self.frame_bytes)} compressed ({self.frame_bytes_raw / self.frame_bytes:.1f}x)",
+            f"  feature {self.feature_shape[0]}x{self.feature_shape[1]}: {size(self.feature_bytes_raw)} raw, "
+            f"{size(self.feature_bytes)} compressed ({self.feature_bytes_raw / self.feature_bytes:.2f}x)",
+            f"  zarr cache   {size(self.zarr_bytes)} (frames {size(self.frames * self.frame_bytes)}, "
+            f"features {size(self.samples * self.feature_bytes)})",
+            f"  wds cache    {size(self.wds_bytes)} (frames repeated per sample)",
+            f"  naive layout {size(self.naive_bytes)} (float pixel_values + fp32 feature per sample)",
+            f"  time         ~{seconds:.0f} s with {processes} process(es) x {decode_workers} decode worker(s) "
+            f"(decode {self.decode_seconds_per_frame * 1e3:.1f} ms/frame, "
+            f"encode {self.encode_seconds_per_window * 1e3:.1f} ms/window; measured on {self.probe_samples} samples)",
+        ]
+        return "\n".join(lines)
+
+
+def probe_rows(n_samples: int, probe: int) -> list[int]:
+    """``probe`` sample rows spread evenly over the dataset (deterministic)."""
+    if n_samples == 0:
+        return []
+    return sorted({int(r) for r in np.linspace(0, n_samples - 1, min(probe, n_samples))})
+
+
+def make_plan(
+    index: DatasetIndex, encoder: WindowEncoder, resolution: Resolution, batch: int, probe: int = 4
+) -> Plan:
+    """Measure ``probe`` samples of ``index`` and extrapolate to the whole dataset."""
+    shape = frame_shape(index, resolution)
+    feature_shape = encoder.feature_shape(*shape)
+    rows = probe_rows(len(index.samples), probe)
+    if not rows:
+        raise ValueError(f"{index.source}: the dataset has no samples to plan for")
+    window_rows = np.array([index.samples[r].window_rows for r in rows], dtype=np.int64)
+    unique = np.unique(window_rows)
+
+    start = time.perf_counter()
+    decoded = {int(r): load_frame(index.frames[r].path, resolution) for r in unique}
+    decode_seconds = (time.perf_counter() - start) / len(unique)
+    frame_bytes = float(np.mean([len(FRAMES_COMPRESSION.encode(f)) for f in decoded.values()]))
+
+    windows = np.stack([np.stack([decoded[int(r)] for r in w]) for w in window_rows])
+    encode_windows(encoder, windows[:1], 1)  # warm-up: first calls allocate and pick kernels
+    start = time.perf_counter()
+    features = encode_windows(encoder, windows, batch)
+    encode_seconds = (time.perf_counter() - start) / len(windows)
+    stored = [to_stored(f, encoder.feature_dtype_name) for f in features]
+    feature_bytes = float(np.mean([len(FEATURES_COMPRESSION.encode(s)) for s in stored]))
+
+    texts = [index.samples[r] for r in rows]
+    text_bytes = float(
+        np.mean(
+            [
+                len((s.key + s.instruction + s.subinstruction + s.description_2d + s.description_3d).encode())
+                for s in texts
+            ]
+        )
+    )
+    return Plan(
+        episodes=len(index.episodes),
+        frames=len(index.frames),
+        samples=len(index.samples),
+        frames_per_sample=index.history + 1,
+        frame_shape=shape,
+        feature_shape=feature_shape,
+        probe_samples=len(rows),
+        frame_bytes_raw=shape[0] * shape[1] * 3,
+        frame_bytes=frame_bytes,
+        feature_bytes_raw=stored[0].nbytes,
+        feature_bytes=feature_bytes,
+        text_bytes_per_sample=text_bytes,
+        decode_seconds_per_frame=decode_seconds,
+        encode_seconds_per_window=encode_seconds,
+    )

@@ -1,0 +1,302 @@
+"""Stage 1 work units: what a cache should hold, and the computation of one shard.
+
+Plain single-process code: which process runs which shard, barriers and progress across
+processes live in ``pipelines/precompute.py``. Every unit here is a pure function of the index,
+the profile and the shard number, so any split of the shards over processes gives the same cache.
+
+Order of work (per resolution):
+
+1. tables: the frames table (every indexed frame) is written first;
+2. frames phase: each frame shard decodes its source images (worker processes) and is written
+   and committed; frames that fail to decode are recorded next to the shard before its commit;
+3. the samples table: every indexed sample whose window frames all decoded;
+4. features phase: each sample shard reads its windows back from the frames just written (so the
+   stored pixels and the stored features come from the same bytes), runs the frozen encoder in
+   batches and is written and committed, reading the next shard while this one computes and
+   writing the previous one in the background.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from multiprocessing.pool import Pool
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from janus_cache.dataset import DatasetIndex, Frame, Sample
+from janus_cache.encoder import WindowEncoder, encoder_fingerprint
+from janus_cache.imaging import FrameError, load_frame
+from janus_cache.profile import CacheSettings
+from janus_cache.resolution import Resolution
+from janus_cache.store import (
+    CacheWriter,
+    DatasetIdentity,
+    FrameIdentity,
+    Layout,
+    Manifest,
+    ResolutionEntry,
+    WindowVariant,
+)
+from janus_cache.store.commit import COMMITS_DIR, atomic_write_bytes
+from janus_cache.store.compression import FEATURES_COMPRESSION, FRAMES_COMPRESSION
+from janus_cache.store.manifest import library_versions
+
+SAMPLING_RULE = "linspace"
+"""Name of the window rule of janus_cache.windows (front padding with frame 0, then linspace)."""
+
+FAILURES_DIR = "failures"
+"""Per-frame-shard records of source images that could not be turned into frames."""
+
+RESAMPLING = "PIL bicubic"
+
+
+def window_variant(cache: CacheSettings) -> WindowVariant:
+    return WindowVariant(
+        history=cache.history,
+        sampling=SAMPLING_RULE,
+        reference_frame=cache.reference_frame,
+        layer=cache.layer,
+        attention=cache.attention,
+    )
+
+
+def preprocessing(resolution: Resolution) -> dict[str, Any]:
+    """How stored frames are made from source images (keyed in the manifest)."""
+    return {"mode": resolution.mode, "target": resolution.target, "resample": RESAMPLING, "pad_value": 255}
+
+
+def frame_shape(index: DatasetIndex, resolution: Resolution) -> tuple[int, int]:
+    """(H, W) of every stored frame: fixed for pad mode, from the first source for crop mode."""
+    if not index.frames:
+        raise ValueError(f"{index.source}: the dataset has no usable frames")
+    first = index.frames[0]
+    return resolution.frame_shape(first.width, first.height)
+
+
+# ------------------------------------------------------------------------------------ tables
+
+
+def frame_table(index: DatasetIndex) -> dict[str, Any]:
+    frames = index.frames
+    return {
+        "key": [f.key for f in frames],
+        "episode_id": [f.episode_id for f in frames],
+        "frame_index": np.array([f.index for f in frames], dtype=np.int32),
+        "source": [f.relpath for f in frames],
+        "source_width": np.array([f.width for f in frames], dtype=np.int32),
+        "source_height": np.array([f.height for f in frames], dtype=np.int32),
+        "source_sha256": [f.sha256 or "" for f in frames],
+    }
+
+
+def sample_table(samples: Sequence[Sample], history: int) -> dict[str, Any]:
+    window_rows = np.array([s.window_rows for s in samples], dtype=np.int32).reshape(len(samples), history + 1)
+    return {
+        "key": [s.key for s in samples],
+        "episode_id": [s.episode_id for s in samples],
+        "step": np.array([s.step for s in samples], dtype=np.int32),
+        "window_rows": window_rows,
+        "action": np.array([s.action_id for s in samples], dtype=np.int8),
+        "instruction": [s.instruction for s in samples],
+        "subinstruction": [s.subinstruction for s in samples],
+        "description_2d": [s.description_2d for s in samples],
+        "description_3d": [s.description_3d for s in samples],
+    }
+
+
+def check_windows(index: DatasetIndex) -> None:
+    """Every sample needs history + 1 frames: the cache stores windows as a rectangular array."""
+    for sample in index.samples:
+        if len(sample.window_rows) != index.history + 1:
+            raise ValueError(
+                f"{index.source}: sample {sample.key} has {len(sample.window_rows)} images; "
+                f"the cache needs exactly history + 1 = {index.history + 1}"
+            )
+
+
+# ------------------------------------------------------------------------------------ manifest
+
+
+def dataset_identity(index: DatasetIndex) -> DatasetIdentity:
+    frames = (FrameIdentity(f.relpath, f.width, f.height, f.sha256 or "") for f in index.frames)
+    return DatasetIdentity.compute(frames, n_episodes=len(index.episodes), n_samples=len(index.samples))
+
+
+def wanted_manifest(
+    index: DatasetIndex,
+    cache: CacheSettings,
+    resolution: Resolution,
+    cache_format: str,
+    encoder: WindowEncoder,
+) -> Manifest:
+    """The manifest a cache built from ``index`` with these settings must have (no shards yet)."""
+    height, width = frame_shape(index, resolution)
+    entry = ResolutionEntry(
+        name=resolution.name,
+        preprocessing=preprocessing(resolution),
+        frame_shape=(height, width, 3),
+        feature_shape=encoder.feature_shape(height, width),
+    )
+    return Manifest(
+        format=cache_format,
+        window=window_variant(cache),
+        encoder_fingerprint=encoder_fingerprint(encoder.model),
+        feature_dtype=cache.feature_dtype,
+        dataset=dataset_identity(index),
+        layout=Layout(frames_per_shard=cache.frames_per_shard, samples_per_shard=cache.samples_per_shard),
+        resolutions={resolution.name: entry},
+        counts={"episodes": len(index.episodes), "frames": len(index.frames), "samples": len(index.samples)},
+        compression={"frames": FRAMES_COMPRESSION.to_dict(), "features": FEATURES_COMPRESSION.to_dict()},
+        versions=library_versions(),
+    )
+
+
+# ------------------------------------------------------------------------------ frames phase
+
+
+@dataclass(frozen=True)
+class FrameJob:
+    """One source image to turn into a stored frame (picklable for worker processes)."""
+
+    row: int
+    path: str
+    resolution: str
+    shape: tuple[int, int]
+
+
+def decode_frame(job: FrameJob) -> tuple[int, np.ndarray | None, str | None]:
+    """(row, uint8 frame, None) or (row, None, reason): a bad image never stops the shard."""
+    try:
+        frame = load_frame(job.path, Resolution.parse(job.resolution))
+    except (FrameError, OSError) as err:
+        return job.row, None, str(err)
+    if frame.shape[:2] != job.shape:
+        return job.row, None, f"{job.path}: frame is {frame.shape[:2]} at {job.resolution}, the cache holds {job.shape}"
+    return job.row, frame, None
+
+
+def failures_path(root: Path, resolution: str, shard: int) -> Path:
+    return Path(root) / FAILURES_DIR / "frames" / resolution / f"{shard:06d}.json"
+
+
+def read_frame_failures(root: Path, resolution: str) -> dict[int, str]:
+    """Frame row -> reason, for every committed frame shard that had failures."""
+    failures: dict[int, str] = {}
+    directory = Path(root) / FAILURES_DIR / "frames" / resolution
+    for path in sorted(directory.glob("*.json")) if directory.is_dir() else ():
+        failures.update({int(row): reason for row, reason in json.loads(path.read_text()).items()})
+    return failures
+
+
+def compute_frame_shard(
+    frames: Sequence[Frame], rows: range, resolution: Resolution, shape: tuple[int, int], pool: Pool | None
+) -> tuple[np.ndarray, dict[int, str]]:
+    """Decode the frames of ``rows``: uint8 [len(rows), H, W, 3] and {row: reason} of failures."""
+    jobs = [FrameJob(r, str(frames[r].path), resolution.name, shape) for r in rows]
+    results = pool.map(decode_frame, jobs, chunksize=4) if pool is not None else map(decode_frame, jobs)
+    out = np.zeros((len(rows), *shape, 3), dtype=np.uint8)  # a failed frame's row is never referenced
+    failures: dict[int, str] = {}
+    for row, frame, reason in results:
+        if frame is None:
+            failures[row] = reason or "unknown error"
+        else:
+            out[row - rows.start] = frame
+    return out, failures
+
+
+def write_frame_shard(
+    writer: CacheWriter, index: DatasetIndex, resolution: Resolution, shard: int, pool: Pool | None
+) -> dict[int, str]:
+    """Decode, write and commit one frame shard; returns its failures (recorded before the commit)."""
+    rows = writer.frame_shard_plan(resolution.name)[shard]
+    shape = frame_shape(index, resolution)
+    frames, failures = compute_frame_shard(index.frames, rows, resolution, shape, pool)
+    path = failures_path(writer.root, resolution.name, shard)
+    if failures:
+        atomic_write_bytes(path, json.dumps({str(r): m for r, m in sorted(failures.items())}, indent=1).encode())
+    else:
+        path.unlink(missing_ok=True)
+    writer.write_frame_shard(resolution.name, shard, frames)
+    return failures
+
+
+def usable_samples(index: DatasetIndex, failed_frames: Iterable[int]) -> tuple[list[Sample], dict[str, str]]:
+    """Samples whose window frames all decoded, and {sample key: reason} for the others."""
+    failed = set(failed_frames)
+    keep: list[Sample] = []
+    dropped: dict[str, str] = {}
+    for sample in index.samples:
+        bad = [r for r in sample.window_rows if r in failed]
+        if bad:
+            dropped[sample.key] = f"window frame {index.frames[bad[0]].relpath} could not be decoded"
+        else:
+            keep.append(sample)
+    return keep, dropped
+
+
+# ---------------------------------------------------------------------------- features phase
+
+
+def read_windows(writer: CacheWriter, resolution: str, window_rows: np.ndarray) -> np.ndarray:
+    """uint8 windows [n, S, H, W, 3] for window rows [n, S], each distinct frame read once."""
+    unique, inverse = np.unique(window_rows, return_inverse=True)
+    frames = writer.frames(resolution, unique)
+    return frames[inverse.reshape(window_rows.shape)]
+
+
+def encode_windows(encoder: WindowEncoder, windows: np.ndarray, batch: int) -> torch.Tensor:
+    """Features [n, N, 2C] of windows [n, S, H, W, 3], ``batch`` windows per encoder call."""
+    parts = [encoder.encode(torch.from_numpy(windows[i : i + batch])) for i in range(0, len(windows), batch)]
+    return torch.cat(parts)
+
+
+def write_feature_shards(
+    writer: CacheWriter,
+    encoder: WindowEncoder,
+    resolution: str,
+    shards: Sequence[int],
+    window_rows: np.ndarray,
+    batch: int,
+    on_done: Callable[[int, int], None] = lambda shard, n: None,
+) -> None:
+    """Compute and commit the given sample shards, overlapping reads and writes with compute."""
+    plan = writer.sample_shard_plan(resolution)
+
+    def load(shard: int) -> np.ndarray:
+        rows = plan[shard]
+        return read_windows(writer, resolution, window_rows[rows.start : rows.stop])
+
+    with ThreadPoolExecutor(max_workers=1) as reader, ThreadPoolExecutor(max_workers=1) as saver:
+        pending_write: Future[Any] | None = None
+        next_windows = reader.submit(load, shards[0]) if shards else None
+        for position, shard in enumerate(shards):
+            assert next_windows is not None
+            windows = next_windows.result()
+            if position + 1 < len(shards):
+                next_windows = reader.submit(load, shards[position + 1])
+            features = encode_windows(encoder, windows, batch)
+            if pending_write is not None:
+                pending_write.result()  # surfaces a failed write before more work piles up
+            pending_write = saver.submit(writer.write_samples_shard, resolution, shard, features, windows)
+            pending_write.add_done_callback(lambda f, s=shard, n=len(windows): f.exception() or on_done(s, n))
+        if pending_write is not None:
+            pending_write.result()
+
+
+def committed_count(root: Path, array: str) -> int:
+    """Shards of ``array`` with a commit record (cheap: counts files; for progress only)."""
+    directory = Path(root) / COMMITS_DIR / array
+    return sum(1 for _ in directory.glob("*.json")) if directory.is_dir() else 0
+
+
+def default_workers(local_processes: int) -> int:
+    """Decode workers per process: the machine's cores shared by the processes on it."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cores // max(1, local_processes))

@@ -1,0 +1,154 @@
+"""Cache storage: zarr v3 and webdataset writers and readers, manifests, commit records.
+
+The store knows shapes, dtypes, keys and checksums; nothing of models, ranks or launchers.
+
+Writing a cache (either format) goes through one interface, :class:`CacheWriter`::
+
+    writer = open_writer("zarr", cache_dir, variant.name)      # or "wds"
+    # single process (rank 0), before any shard is written:
+    writer.write_table("frames", {"key": [...], ...})
+    writer.write_table("samples", {"key": [...], "window_rows": int32 [n, history + 1], ...})
+    writer.prepare_frames(resolution, (H, W), frames_per_shard)
+    writer.prepare_samples(resolution, (N, 2C), "bfloat16", samples_per_shard)
+    # any process, one writer per shard, skipping writer.committed_*_shards(resolution):
+    for i, rows in enumerate(writer.frame_shard_plan(resolution)):
+        writer.write_frame_shard(resolution, i, frames_uint8)                  # [len(rows), H, W, 3]
+    for i, rows in enumerate(writer.sample_shard_plan(resolution)):
+        writer.write_samples_shard(resolution, i, features, window_frames)     # [len(rows), N, 2C]
+
+Every ``write_*_shard`` call writes one whole shard as one file, fsyncs it and commits it with a
+checksummed record (:mod:`janus_cache.store.commit`); a shard without a valid record is rewritten
+on resume. The manifest (:mod:`janus_cache.store.manifest`) is written by one process only.
+Reading: :class:`ZarrCacheReader` (random access) and :class:`WdsCacheReader` (streaming) yield
+the same sample dict ``{"key", "row", "frames", "feature", "meta"}``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+import torch
+
+from janus_cache.store.commit import (
+    CommitRecord,
+    ShardCheck,
+    StoreError,
+    shard_plan,
+    verify_shard,
+)
+from janus_cache.store.manifest import (
+    FORMATS,
+    DatasetIdentity,
+    FieldDiff,
+    FrameIdentity,
+    Layout,
+    Manifest,
+    ManifestError,
+    ManifestMismatch,
+    ResolutionEntry,
+    ShardEntry,
+    WindowVariant,
+    check_compatible,
+    keyed_differences,
+    read_manifest,
+    write_manifest,
+)
+from janus_cache.store.wds_store import WdsCacheReader, WdsCacheWriter
+from janus_cache.store.zarr_store import ColumnData, ZarrCacheReader, ZarrCacheWriter
+
+
+@runtime_checkable
+class CacheWriter(Protocol):
+    """What precompute needs from a cache format. Implemented by ZarrCacheWriter and WdsCacheWriter.
+
+    Single-process calls: ``write_table``, ``prepare_frames``, ``prepare_samples``. Per-shard
+    calls (any process, one writer per shard): ``write_frame_shard``, ``write_samples_shard``.
+    Plans and commit state may be queried from any process.
+    """
+
+    format: str
+    root: Path
+    variant: str
+
+    def write_table(self, table: str, columns: dict[str, ColumnData]) -> None:
+        """(Re)write the ``frames`` or ``samples`` table (text ``key`` column; samples: ``window_rows``)."""
+
+    def prepare_frames(self, resolution: str, frame_shape: tuple[int, int], frames_per_shard: int) -> None:
+        """Create (or keep, when equal) the frames array of ``resolution``, one row per frame."""
+
+    def prepare_samples(self, resolution: str, feature_shape: tuple[int, int], feature_dtype: str,
+                        samples_per_shard: int) -> None:
+        """Create (or keep, when equal) the per-sample storage of ``resolution``."""
+
+    def frame_shard_plan(self, resolution: str) -> list[range]:
+        """Frame rows of each frame shard."""
+
+    def sample_shard_plan(self, resolution: str) -> list[range]:
+        """Sample rows of each sample shard."""
+
+    def committed_frame_shards(self, resolution: str, verify: bool = True) -> set[int]:
+        """Frame shards with a valid commit record (checksums checked with ``verify``)."""
+
+    def committed_sample_shards(self, resolution: str, verify: bool = True) -> set[int]:
+        """Sample shards with a valid commit record (checksums checked with ``verify``)."""
+
+    def write_frame_shard(self, resolution: str, shard: int, frames: np.ndarray) -> CommitRecord:
+        """Write and commit frame shard ``shard``: uint8 ``[len(rows), H, W, 3]``."""
+
+    def write_samples_shard(self, resolution: str, shard: int, features: torch.Tensor | np.ndarray,
+                            window_frames: np.ndarray | None = None) -> CommitRecord:
+        """Write and commit sample shard ``shard``: features ``[len(rows), N, 2C]`` and, where the
+        format stores them per sample (wds), the uint8 windows ``[len(rows), history + 1, H, W, 3]``
+        (read back from the frames array when omitted)."""
+
+    def frames(self, resolution: str, rows: np.ndarray | list[int] | range) -> np.ndarray:
+        """Read stored frames back (precompute's feature phase reads its windows from here)."""
+
+    def audit(self, verify: bool = True) -> list[ShardCheck]:
+        """A check of every planned shard of the cache."""
+
+    def shard_table(self, verify: bool = True) -> dict[str, tuple[ShardEntry, ...]]:
+        """Per array, every planned shard and its commit state (for the manifest)."""
+
+
+_WRITERS: dict[str, type[ZarrCacheWriter | WdsCacheWriter]] = {"zarr": ZarrCacheWriter, "wds": WdsCacheWriter}
+
+
+def open_writer(format: str, root: Path | str, variant: str) -> CacheWriter:
+    """The writer of cache format ``format`` ("zarr" or "wds") for the cache directory ``root``."""
+    try:
+        return _WRITERS[format](root, variant)
+    except KeyError:
+        raise ValueError(f"cache format must be one of {FORMATS}, got {format!r}") from None
+
+
+__all__ = [
+    "FORMATS",
+    "CacheWriter",
+    "CommitRecord",
+    "DatasetIdentity",
+    "FieldDiff",
+    "FrameIdentity",
+    "Layout",
+    "Manifest",
+    "ManifestError",
+    "ManifestMismatch",
+    "ResolutionEntry",
+    "ShardCheck",
+    "ShardEntry",
+    "StoreError",
+    "WdsCacheReader",
+    "WdsCacheWriter",
+    "WindowVariant",
+    "ZarrCacheReader",
+    "ZarrCacheWriter",
+    "check_compatible",
+    "keyed_differences",
+    "open_writer",
+    "read_manifest",
+    "shard_plan",
+    "verify_shard",
+    "write_manifest",
+]

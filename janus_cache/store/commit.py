@@ -1,0 +1,266 @@
+"""Commit records: the single rule that decides whether a shard counts as written.
+
+A shard is *committed* only when its commit record exists: a small JSON file written atomically
+after the shard file itself was fully written and fsynced, holding the shard's row range, byte
+size and the sha256 of the shard file's bytes. A crash at any instant therefore leaves each shard
+either committed (record present, checksum matches) or not (record missing, or file different
+from the record), and a resume rewrites exactly the shards that are not.
+
+Records live in the cache directory at ``<cache>/commits/<array path>/<shard index>.json``, one
+file per shard, so any number of processes may commit different shards at the same time without
+sharing a file. The shard *plan* (which rows form which shard) is :func:`shard_plan`; it depends
+only on the item count and the shard size, never on how many processes write.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import uuid
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+COMMITS_DIR = "commits"
+"""Directory (relative to the cache root) holding one commit record per shard."""
+
+_HASH_BLOCK = 1 << 22  # read shards in 4 MiB blocks when hashing: large enough to be IO-bound
+
+
+class StoreError(RuntimeError):
+    """A cache's stored data is missing, inconsistent or cannot be written as asked."""
+
+
+def shard_plan(n_items: int, per_shard: int) -> list[range]:
+    """Row ranges of the shards of ``n_items`` rows, ``per_shard`` rows each (the last may be short).
+
+    Deterministic and independent of the number of processes: shard ``i`` always holds rows
+    ``[i * per_shard, min((i + 1) * per_shard, n_items))``.
+
+    >>> shard_plan(5, 2)
+    [range(0, 2), range(2, 4), range(4, 5)]
+    """
+    if isinstance(n_items, bool) or not isinstance(n_items, int) or n_items < 0:
+        raise ValueError(f"n_items must be a non-negative int, got {n_items!r}")
+    if isinstance(per_shard, bool) or not isinstance(per_shard, int) or per_shard < 1:
+        raise ValueError(f"per_shard must be a positive int, got {per_shard!r}")
+    return [range(start, min(start + per_shard, n_items)) for start in range(0, n_items, per_shard)]
+
+
+# ----------------------------------------------------------------------------------------------
+# durable, atomic file writes
+
+
+def fsync_path(path: Path) -> None:
+    """Flush ``path`` (a file or a directory) to stable storage."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` so that readers see either the old file or the whole new one.
+
+    Writes a uniquely named temporary file in the same directory, fsyncs it, renames it over
+    ``path`` (atomic on POSIX) and fsyncs the directory so the rename itself survives a crash.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.{uuid.uuid4().hex}.partial")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    fsync_path(path.parent)
+
+
+def remove_partials(path: Path) -> None:
+    """Delete temporary files an interrupted atomic write of ``path`` left next to it."""
+    path = Path(path)
+    if path.parent.is_dir():
+        for leftover in path.parent.glob(f"{path.name}.*.partial"):
+            leftover.unlink(missing_ok=True)
+
+
+def sha256_file(path: Path) -> tuple[int, str]:
+    """``(byte size, sha256 hex digest)`` of the file at ``path``."""
+    digest = hashlib.sha256()
+    size = 0
+    with open(path, "rb") as f:
+        while block := f.read(_HASH_BLOCK):
+            digest.update(block)
+            size += len(block)
+    return size, digest.hexdigest()
+
+
+# ----------------------------------------------------------------------------------------------
+# commit records
+
+
+@dataclass(frozen=True)
+class CommitRecord:
+    """Proof that shard ``shard`` of ``array`` (rows ``start:stop``) was completely written.
+
+    ``array`` is the array's path inside the cache (e.g. ``frames/pad644``); ``file`` the shard
+    file's path relative to the cache root; ``nbytes`` and ``sha256`` describe its bytes.
+    """
+
+    array: str
+    shard: int
+    start: int
+    stop: int
+    file: str
+    nbytes: int
+    sha256: str
+
+    @property
+    def rows(self) -> range:
+        return range(self.start, self.stop)
+
+    @property
+    def name(self) -> str:
+        """How messages name the shard: ``frames/pad644#3 (frames/pad644/c/3/0/0/0)``."""
+        return f"{self.array}#{self.shard} ({self.file})"
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True, indent=1) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str, source: str = "<record>") -> CommitRecord:
+        try:
+            data = json.loads(text)
+            record = cls(
+                array=str(data["array"]),
+                shard=int(data["shard"]),
+                start=int(data["start"]),
+                stop=int(data["stop"]),
+                file=str(data["file"]),
+                nbytes=int(data["nbytes"]),
+                sha256=str(data["sha256"]),
+            )
+        except (ValueError, KeyError, TypeError) as exc:
+            raise StoreError(f"commit record {source} is not a valid record: {exc!r}") from exc
+        return record
+
+
+@dataclass(frozen=True)
+class ShardCheck:
+    """Outcome of checking one planned shard: ``problem`` is None when the shard is good."""
+
+    array: str
+    shard: int
+    problem: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.problem is None
+
+    def __str__(self) -> str:
+        return f"{self.array}#{self.shard}: {'ok' if self.ok else self.problem}"
+
+
+def record_path(root: Path, array: str, shard: int) -> Path:
+    """Where the commit record of ``array``'s shard ``shard`` lives."""
+    return Path(root) / COMMITS_DIR / array / f"{shard:06d}.json"
+
+
+def read_record(root: Path, array: str, shard: int) -> CommitRecord | None:
+    """The commit record of a shard, or None when the shard is not committed."""
+    path = record_path(root, array, shard)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return None
+    return CommitRecord.from_json(text, source=str(path))
+
+
+def uncommit(root: Path, array: str, shard: int) -> None:
+    """Remove a shard's record; called before rewriting the shard, so a crash leaves it uncommitted."""
+    path = record_path(root, array, shard)
+    if path.exists():
+        path.unlink()
+        fsync_path(path.parent)
+
+
+def uncommit_array(root: Path, array: str) -> None:
+    """Remove every record of ``array`` (used when the array is created afresh)."""
+    directory = Path(root) / COMMITS_DIR / array
+    if directory.is_dir():
+        for record in directory.glob("*.json"):
+            record.unlink()
+        fsync_path(directory)
+
+
+def commit_shard(root: Path, array: str, shard: int, rows: range, file: Path) -> CommitRecord:
+    """Commit a shard whose file ``file`` is completely written (renamed into place).
+
+    Fsyncs the file and its directory, checksums the bytes on disk, then writes the record
+    atomically. Only after this returns does the shard count as written.
+    """
+    root = Path(root)
+    file = Path(file)
+    fsync_path(file)
+    fsync_path(file.parent)
+    nbytes, digest = sha256_file(file)
+    record = CommitRecord(
+        array=array,
+        shard=shard,
+        start=rows.start,
+        stop=rows.stop,
+        file=file.relative_to(root).as_posix(),
+        nbytes=nbytes,
+        sha256=digest,
+    )
+    atomic_write_bytes(record_path(root, array, shard), record.to_json().encode())
+    return record
+
+
+def verify_shard(root: Path, record: CommitRecord) -> ShardCheck:
+    """Check that the shard file of ``record`` exists and has exactly the recorded bytes."""
+    path = Path(root) / record.file
+    if not path.is_file():
+        return ShardCheck(record.array, record.shard, f"shard {record.name} is missing its file {path}")
+    nbytes, digest = sha256_file(path)
+    if nbytes != record.nbytes:
+        return ShardCheck(
+            record.array,
+            record.shard,
+            f"shard {record.name} has {nbytes} bytes, its commit record says {record.nbytes} (truncated or rewritten)",
+        )
+    if digest != record.sha256:
+        return ShardCheck(
+            record.array,
+            record.shard,
+            f"shard {record.name} fails its checksum: sha256 {digest}, commit record says {record.sha256}",
+        )
+    return ShardCheck(record.array, record.shard)
+
+
+def check_shard(root: Path, array: str, shard: int, rows: range, file: Path, verify: bool = True) -> ShardCheck:
+    """Whether planned shard ``shard`` of ``array`` (rows ``rows``, stored in ``file``) is committed.
+
+    A shard is committed when its record exists and matches the plan (row range and file) and,
+    with ``verify``, the file's bytes match the record's size and checksum.
+    """
+    root = Path(root)
+    try:
+        record = read_record(root, array, shard)
+    except StoreError as exc:
+        return ShardCheck(array, shard, str(exc))
+    if record is None:
+        return ShardCheck(array, shard, f"shard {array}#{shard} is not committed (no commit record)")
+    expected_file = Path(file).relative_to(root).as_posix()
+    if (record.start, record.stop, record.file) != (rows.start, rows.stop, expected_file):
+        return ShardCheck(
+            array,
+            shard,
+            f"shard {record.name}: commit record is for rows {record.start}:{record.stop} in {record.file}, "
+            f"the plan has rows {rows.start}:{rows.stop} in {expected_file}",
+        )
+    return verify_shard(root, record) if verify else ShardCheck(array, shard)

@@ -1,0 +1,407 @@
+"""The cache manifest: what a cache holds and the settings it was made with.
+
+A manifest is ``<cache>/manifest.json``: stable JSON (sorted keys) of a :class:`Manifest`. Its
+fields are of two kinds:
+
+* **keyed** (:data:`KEYED_FIELDS`): the schema version, format, window variant, encoder
+  fingerprint, feature dtypes, dataset identity, shard layout and the definition of every
+  resolution. A cache is only reused (resumed, extended, trained from) when these equal the
+  caller's; :func:`keyed_differences` names each one that differs. Resolutions are compared by
+  name: a resolution the cache lacks is an *addition* (the cache can hold several), not a
+  difference, and resolutions the caller does not ask for are left alone.
+* **recorded**: counts, the shard table, compression settings and tool/library versions. They
+  describe the cache but never make it incompatible (versions are worth a warning:
+  :func:`version_differences`).
+
+Exactly one process may write the manifest (rank 0 of a precompute); the caller must ensure it.
+The write itself is atomic (temporary file, fsync, rename), so readers see the old or the new
+manifest, never a torn one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import platform
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from janus_cache.store.commit import atomic_write_bytes
+from janus_cache.store.features import STORED_DTYPES
+
+SCHEMA_VERSION = 1
+"""Version of the cache layout and manifest schema; bumped on any incompatible change."""
+
+MANIFEST_NAME = "manifest.json"
+FORMATS = ("zarr", "wds")
+REFERENCE_FRAMES = ("first", "last")
+ATTENTION_MODES = ("causal", "full")
+
+KEYED_FIELDS: tuple[str, ...] = (
+    "schema_version",
+    "format",
+    "window",
+    "encoder_fingerprint",
+    "feature_dtype",
+    "stored_dtype",
+    "dataset",
+    "layout",
+    "resolutions",
+)
+"""Fields that must be equal for a cache to be reused; every other field is only recorded."""
+
+_SAMPLING_RE = re.compile(r"^[a-z0-9][a-z0-9-]*$")
+_RESOLUTION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
+
+
+class ManifestError(ValueError):
+    """A manifest file is unreadable or not a valid manifest; the message names the file."""
+
+
+@dataclass(frozen=True)
+class FieldDiff:
+    """One keyed field, by dotted name (e.g. ``window.history``), with both values."""
+
+    name: str
+    existing: Any
+    wanted: Any
+
+    def __str__(self) -> str:
+        return f"{self.name}: cache has {self.existing!r}, wanted {self.wanted!r}"
+
+
+class ManifestMismatch(ManifestError):
+    """An existing cache was made with different keyed settings; names every differing field."""
+
+    def __init__(self, differences: list[FieldDiff], source: str = "the cache") -> None:
+        self.differences = list(differences)
+        self.source = source
+        listed = "; ".join(str(d) for d in self.differences)
+        super().__init__(f"{source} was made with different settings ({listed})")
+
+
+@dataclass(frozen=True)
+class WindowVariant:
+    """Which frames a sample sees and which encoder output is kept for it.
+
+    ``history`` earlier frames plus the current one (``history + 1`` frames) chosen by the
+    sampling rule named ``sampling``; the feature is layer ``layer``'s patch tokens of the
+    ``reference_frame`` of the window under ``attention`` ("causal" or "full") global attention.
+    """
+
+    history: int
+    sampling: str
+    reference_frame: str
+    layer: int
+    attention: str
+
+    def __post_init__(self) -> None:
+        if isinstance(self.history, bool) or not isinstance(self.history, int) or self.history < 0:
+            raise ValueError(f"window history must be a non-negative int, got {self.history!r}")
+        if not isinstance(self.sampling, str) or not _SAMPLING_RE.match(self.sampling):
+            raise ValueError(
+                f"window sampling rule name must be lower-case letters, digits and '-', got {self.sampling!r}"
+            )
+        if self.reference_frame not in REFERENCE_FRAMES:
+            raise ValueError(f"reference_frame must be one of {REFERENCE_FRAMES}, got {self.reference_frame!r}")
+        if isinstance(self.layer, bool) or not isinstance(self.layer, int):
+            raise TypeError(f"window layer must be an int, got {self.layer!r}")
+        if self.attention not in ATTENTION_MODES:
+            raise ValueError(f"attention must be one of {ATTENTION_MODES}, got {self.attention!r}")
+
+    @property
+    def frames(self) -> int:
+        """Frames per window."""
+        return self.history + 1
+
+    @property
+    def name(self) -> str:
+        """Path-safe name used in array paths, e.g. ``h8_linspace_ref-first_layer-2_causal``."""
+        return f"h{self.history}_{self.sampling}_ref-{self.reference_frame}_layer{self.layer}_{self.attention}"
+
+
+@dataclass(frozen=True)
+class FrameIdentity:
+    """One source frame as the dataset identity sees it."""
+
+    relative_path: str
+    width: int
+    height: int
+    content_hash: str
+
+
+@dataclass(frozen=True)
+class DatasetIdentity:
+    """A digest over every source frame (path, size, content hash, in order) and the counts."""
+
+    digest: str
+    n_episodes: int
+    n_frames: int
+    n_samples: int
+
+    @classmethod
+    def compute(cls, frames: Iterable[FrameIdentity], n_episodes: int, n_samples: int) -> DatasetIdentity:
+        """Identity of a dataset whose frames, in index order, are ``frames``.
+
+        Each frame contributes one JSON line, so no path can be confused with another field.
+        """
+        digest = hashlib.sha256()
+        n_frames = 0
+        for frame in frames:
+            line = json.dumps([frame.relative_path, frame.width, frame.height, frame.content_hash])
+            digest.update(line.encode() + b"\n")
+            n_frames += 1
+        digest.update(json.dumps({"episodes": n_episodes, "frames": n_frames, "samples": n_samples}).encode())
+        return cls(digest=digest.hexdigest(), n_episodes=n_episodes, n_frames=n_frames, n_samples=n_samples)
+
+
+@dataclass(frozen=True)
+class ResolutionEntry:
+    """One resolution held by the cache: how frames were made, and the stored shapes."""
+
+    name: str
+    preprocessing: Mapping[str, Any]
+    frame_shape: tuple[int, int, int]
+    feature_shape: tuple[int, int]
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not _RESOLUTION_RE.match(self.name):
+            raise ValueError(f"resolution name must be a path-safe word like 'pad644', got {self.name!r}")
+        object.__setattr__(self, "frame_shape", tuple(int(x) for x in self.frame_shape))
+        object.__setattr__(self, "feature_shape", tuple(int(x) for x in self.feature_shape))
+        object.__setattr__(self, "preprocessing", dict(self.preprocessing))
+        if len(self.frame_shape) != 3 or self.frame_shape[2] != 3:
+            raise ValueError(f"frame_shape of {self.name} must be (H, W, 3), got {self.frame_shape}")
+        if len(self.feature_shape) != 2:
+            raise ValueError(f"feature_shape of {self.name} must be (N, 2C), got {self.feature_shape}")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Rows per shard of the frame arrays and of the per-sample arrays."""
+
+    frames_per_shard: int
+    samples_per_shard: int
+
+    def __post_init__(self) -> None:
+        for name in ("frames_per_shard", "samples_per_shard"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+
+
+@dataclass(frozen=True)
+class ShardEntry:
+    """A row of the shard table: one shard of one array and its commit state."""
+
+    shard: int
+    start: int
+    stop: int
+    committed: bool
+    nbytes: int = 0
+    sha256: str = ""
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """Everything a cache records about itself. See the module docstring for keyed fields."""
+
+    format: str
+    window: WindowVariant
+    encoder_fingerprint: str
+    feature_dtype: str
+    dataset: DatasetIdentity
+    layout: Layout
+    resolutions: Mapping[str, ResolutionEntry]
+    counts: Mapping[str, int] = field(default_factory=dict)
+    shards: Mapping[str, tuple[ShardEntry, ...]] = field(default_factory=dict)
+    compression: Mapping[str, Any] = field(default_factory=dict)
+    versions: Mapping[str, str] = field(default_factory=dict)
+    schema_version: int = SCHEMA_VERSION
+
+    def __post_init__(self) -> None:
+        if self.format not in FORMATS:
+            raise ValueError(f"cache format must be one of {FORMATS}, got {self.format!r}")
+        if self.feature_dtype not in STORED_DTYPES:
+            raise ValueError(f"feature_dtype must be one of {sorted(STORED_DTYPES)}, got {self.feature_dtype!r}")
+        for key, entry in self.resolutions.items():
+            if key != entry.name:
+                raise ValueError(f"resolution entry {entry.name!r} is filed under {key!r}")
+        # Normalised containers: sorted by name, so equal manifests compare (and serialise) equal.
+        object.__setattr__(self, "resolutions", dict(sorted(self.resolutions.items())))
+        object.__setattr__(
+            self, "shards", {k: tuple(sorted(v, key=lambda e: e.shard)) for k, v in sorted(self.shards.items())}
+        )
+        object.__setattr__(self, "counts", dict(sorted(self.counts.items())))
+        object.__setattr__(self, "compression", dict(self.compression))
+        object.__setattr__(self, "versions", dict(sorted(self.versions.items())))
+
+    @property
+    def stored_dtype(self) -> str:
+        """dtype of the stored feature arrays (bf16 is stored as its uint16 bits)."""
+        return STORED_DTYPES[self.feature_dtype]
+
+    # -- serialisation --------------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["stored_dtype"] = self.stored_dtype
+        data["shards"] = {name: [asdict(e) for e in entries] for name, entries in self.shards.items()}
+        return data
+
+    def to_json(self) -> str:
+        """Stable JSON: sorted keys, fixed indentation, trailing newline."""
+        return json.dumps(self.to_dict(), sort_keys=True, indent=2) + "\n"
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], source: str = "<manifest>") -> Manifest:
+        if not isinstance(data, Mapping):
+            raise ManifestError(f"{source} is not a JSON object")
+        version = data.get("schema_version")
+        if version != SCHEMA_VERSION:
+            raise ManifestError(
+                f"{source} has schema_version {version!r}; this janus reads schema_version {SCHEMA_VERSION}"
+            )
+        try:
+            manifest = cls(
+                schema_version=int(data["schema_version"]),
+                format=data["format"],
+                window=WindowVariant(**data["window"]),
+                encoder_fingerprint=data["encoder_fingerprint"],
+                feature_dtype=data["feature_dtype"],
+                dataset=DatasetIdentity(**data["dataset"]),
+                layout=Layout(**data["layout"]),
+                resolutions={name: ResolutionEntry(**entry) for name, entry in data["resolutions"].items()},
+                counts=dict(data["counts"]),
+                shards={
+                    name: tuple(ShardEntry(**entry) for entry in entries) for name, entries in data["shards"].items()
+                },
+                compression=dict(data["compression"]),
+                versions=dict(data["versions"]),
+            )
+            stored = data["stored_dtype"]
+        except KeyError as exc:
+            raise ManifestError(f"{source} lacks the field {exc.args[0]!r}") from exc
+        except (TypeError, ValueError, AttributeError) as exc:
+            raise ManifestError(f"{source} is not a valid manifest: {exc}") from exc
+        if stored != manifest.stored_dtype:
+            raise ManifestError(
+                f"{source} says {manifest.feature_dtype} features are stored as {stored!r}; "
+                f"they are stored as {manifest.stored_dtype!r}"
+            )
+        return manifest
+
+    @classmethod
+    def from_json(cls, text: str, source: str = "<manifest>") -> Manifest:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ManifestError(f"{source} is not valid JSON: {exc}") from exc
+        return cls.from_dict(data, source)
+
+
+# ----------------------------------------------------------------------------------------------
+# comparing manifests
+
+
+def _flatten(value: Any, prefix: str) -> dict[str, Any]:
+    """Dotted-name leaves of a dataclass / mapping tree, e.g. ``{"window.history": 8}``."""
+    if is_dataclass(value) and not isinstance(value, type):
+        return {k: v for f in fields(value) for k, v in _flatten(getattr(value, f.name), f"{prefix}.{f.name}").items()}
+    if isinstance(value, Mapping):
+        if not value:
+            return {prefix: {}}
+        return {k: v for key in sorted(value) for k, v in _flatten(value[key], f"{prefix}.{key}").items()}
+    if isinstance(value, list):
+        return {prefix: tuple(value)}
+    return {prefix: value}
+
+
+def keyed_differences(existing: Manifest, wanted: Manifest) -> list[FieldDiff]:
+    """Every keyed field whose value differs between ``existing`` and ``wanted``, by dotted name.
+
+    Only resolutions present in both are compared (see the module docstring).
+    """
+    diffs: list[FieldDiff] = []
+    for name in KEYED_FIELDS:
+        old, new = getattr(existing, name), getattr(wanted, name)
+        if name == "resolutions":
+            shared = sorted(set(old) & set(new))
+            old, new = {k: old[k] for k in shared}, {k: new[k] for k in shared}
+        flat_old, flat_new = _flatten(old, name), _flatten(new, name)
+        for key in sorted(set(flat_old) | set(flat_new)):
+            if flat_old.get(key) != flat_new.get(key):
+                diffs.append(FieldDiff(key, flat_old.get(key), flat_new.get(key)))
+    return diffs
+
+
+def check_compatible(existing: Manifest, wanted: Manifest, source: str = "the cache") -> None:
+    """Raise :class:`ManifestMismatch` naming every keyed field that differs."""
+    diffs = keyed_differences(existing, wanted)
+    if diffs:
+        raise ManifestMismatch(diffs, source)
+
+
+def version_differences(existing: Manifest, wanted: Manifest) -> list[FieldDiff]:
+    """Tool and library versions that differ (worth a warning, never a refusal)."""
+    names = sorted(set(existing.versions) | set(wanted.versions))
+    return [
+        FieldDiff(f"versions.{n}", existing.versions.get(n), wanted.versions.get(n))
+        for n in names
+        if existing.versions.get(n) != wanted.versions.get(n)
+    ]
+
+
+def merge_manifests(existing: Manifest, wanted: Manifest, source: str = "the cache") -> Manifest:
+    """The manifest of a cache after ``wanted`` was (re)written into the compatible ``existing`` one.
+
+    Keyed fields must be equal (else :class:`ManifestMismatch`); resolutions and shard tables are
+    the union, ``wanted`` winning where both have an entry; counts, compression and versions are
+    ``wanted``'s.
+    """
+    check_compatible(existing, wanted, source)
+    return replace(
+        wanted,
+        resolutions={**existing.resolutions, **wanted.resolutions},
+        shards={**existing.shards, **wanted.shards},
+    )
+
+
+# ----------------------------------------------------------------------------------------------
+# files
+
+
+def manifest_path(root: Path) -> Path:
+    return Path(root) / MANIFEST_NAME
+
+
+def read_manifest(root: Path) -> Manifest | None:
+    """The manifest of the cache at ``root``, or None when it has none yet."""
+    path = manifest_path(root)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return None
+    return Manifest.from_json(text, source=str(path))
+
+
+def write_manifest(root: Path, manifest: Manifest) -> Path:
+    """Atomically (re)write the manifest of the cache at ``root``. Single writer: see module doc."""
+    path = manifest_path(root)
+    atomic_write_bytes(path, manifest.to_json().encode())
+    return path
+
+
+def library_versions() -> dict[str, str]:
+    """Versions of Python and the libraries that shape the stored bytes (recorded, not keyed)."""
+    versions = {"python": platform.python_version()}
+    for dist in ("janus", "numpy", "torch", "zarr", "numcodecs", "webdataset"):
+        try:
+            versions[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            versions[dist] = "not installed"
+    return versions

@@ -1,0 +1,364 @@
+"""webdataset cache: tar shards of whole samples, for streaming.
+
+A webdataset cache directory is the zarr group of :mod:`janus_cache.store.zarr_store` (frames
+once per frame row and the tables: the tars are assembled from them, and verify re-derives from
+them) plus, per window variant and resolution, ``wds/<variant>/<resolution>/``:
+
+``layout.json``
+    sample count, samples per shard, shapes and dtypes (written once, by the preparing process).
+``shard-000000.tar``, ...
+    ``samples_per_shard`` consecutive samples each, written with webdataset's ``TarWriter``.
+
+Each sample is three tar members named ``<encoded key>.<extension>``:
+
+``frames.blosc``
+    the ``history + 1`` window frames, uint8 ``[history + 1, H, W, 3]``, blosc-zstd compressed
+    (lossless; the same codec settings as the zarr frames);
+``feature.blosc``
+    the feature ``[N, 2C]``: bf16 as its uint16 bits (or float32), blosc-zstd (the zarr settings);
+``json``
+    ``{"key", "row", "resolution", "variant", "meta", "frames": {shape, dtype},
+    "feature": {shape, dtype, stored_dtype}}``: the tar is self-describing, no zarr needed to read it.
+
+Key encoding: webdataset splits a member name into key and extension at the first ``.`` of its
+base name, and ``/`` would make directories. Sample keys are therefore percent-encoded
+(RFC 3986 style, as :func:`urllib.parse.quote` with no safe characters) and ``.`` is encoded as
+``%2E`` too, leaving only ``A-Z a-z 0-9 _ - ~ %`` in member names; :func:`decode_key` inverts it
+and the JSON member carries the original key as well.
+
+Every shard is written to a temporary name, fsynced, renamed into place and then committed
+(:mod:`janus_cache.store.commit`). Tar headers carry fixed mtime, owner and mode, so equal
+content gives byte-identical shards.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import uuid
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote, unquote
+
+import numpy as np
+import torch
+import webdataset
+
+from janus_cache.store.commit import (
+    CommitRecord,
+    ShardCheck,
+    StoreError,
+    atomic_write_bytes,
+    check_shard,
+    commit_shard,
+    remove_partials,
+    shard_plan,
+    uncommit,
+    uncommit_array,
+)
+from janus_cache.store.compression import (
+    FEATURES_COMPRESSION,
+    FRAMES_COMPRESSION,
+    decode,
+)
+from janus_cache.store.features import from_stored, stored_dtype, to_stored
+from janus_cache.store.zarr_store import (
+    KEY_COLUMN,
+    SAMPLES_TABLE,
+    WINDOW_ROWS_COLUMN,
+    PlannedShard,
+    ZarrGroupWriter,
+    _check_name,
+    frames_array_path,
+    only_one,
+)
+
+WDS_DIR = "wds"
+LAYOUT_NAME = "layout.json"
+FRAMES_MEMBER = "frames.blosc"
+FEATURE_MEMBER = "feature.blosc"
+META_MEMBER = "json"
+
+
+def wds_array_path(variant: str, resolution: str) -> str:
+    """The shard directory (and commit-record array name) of a variant and resolution."""
+    return f"{WDS_DIR}/{variant}/{resolution}"
+
+
+def shard_name(shard: int) -> str:
+    return f"shard-{shard:06d}.tar"
+
+
+def encode_key(key: str) -> str:
+    """Sample key -> tar member base name (see the module docstring)."""
+    return quote(key, safe="").replace(".", "%2E")
+
+
+def decode_key(name: str) -> str:
+    """Inverse of :func:`encode_key`."""
+    return unquote(name)
+
+
+@dataclass(frozen=True)
+class WdsLayout:
+    """What the shards of one variant and resolution hold."""
+
+    variant: str
+    resolution: str
+    n_samples: int
+    samples_per_shard: int
+    window_frames: int
+    frame_shape: tuple[int, int, int]
+    feature_shape: tuple[int, int]
+    feature_dtype: str
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "frame_shape", tuple(int(x) for x in self.frame_shape))
+        object.__setattr__(self, "feature_shape", tuple(int(x) for x in self.feature_shape))
+        stored_dtype(self.feature_dtype)
+        if self.samples_per_shard < 1:
+            raise ValueError(f"samples_per_shard must be positive, got {self.samples_per_shard}")
+
+    def plan(self) -> list[range]:
+        return shard_plan(self.n_samples, self.samples_per_shard)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True, indent=1) + "\n"
+
+    @classmethod
+    def read(cls, directory: Path) -> WdsLayout:
+        path = directory / LAYOUT_NAME
+        try:
+            return cls(**json.loads(path.read_text()))
+        except FileNotFoundError:
+            raise StoreError(f"{directory} holds no webdataset shards (no {LAYOUT_NAME})") from None
+        except (TypeError, ValueError) as exc:
+            raise StoreError(f"{path} is not a valid webdataset layout: {exc}") from exc
+
+
+def planned_tar_shards(root: Path, layout: WdsLayout) -> list[PlannedShard]:
+    """The tar shards ``layout`` plans, each with its rows and file."""
+    array = wds_array_path(layout.variant, layout.resolution)
+    return [PlannedShard(array, i, rows, root / array / shard_name(i)) for i, rows in enumerate(layout.plan())]
+
+
+def check_planned(root: Path, planned: list[PlannedShard], verify: bool) -> list[ShardCheck]:
+    return [check_shard(root, p.array, p.shard, p.rows, p.file, verify) for p in planned]
+
+
+class WdsCacheWriter(ZarrGroupWriter):
+    """Writes a webdataset cache for the window variant named ``variant``.
+
+    Frames and tables go to the cache's zarr group exactly as for the zarr format; samples go to
+    tar shards. Implements :class:`janus_cache.store.CacheWriter`.
+    """
+
+    format = "wds"
+
+    def __init__(self, root: Path | str, variant: str) -> None:
+        super().__init__(root)
+        _check_name("variant", variant)
+        self.variant = variant
+
+    def samples_array_path(self, resolution: str) -> str:
+        return wds_array_path(self.variant, resolution)
+
+    def _directory(self, resolution: str) -> Path:
+        return self.root / self.samples_array_path(resolution)
+
+    def layout(self, resolution: str) -> WdsLayout:
+        return WdsLayout.read(self._directory(resolution))
+
+    def shard_path(self, resolution: str, shard: int) -> Path:
+        return self._directory(resolution) / shard_name(shard)
+
+    def prepare_samples(self, resolution: str, feature_shape: tuple[int, int], feature_dtype: str,
+                        samples_per_shard: int) -> None:
+        """Record the shard layout of ``resolution`` (its frames must be prepared first)."""
+        _check_name("resolution", resolution)
+        n_samples = self._sample_rows_checked()
+        window = self._column_array(SAMPLES_TABLE, WINDOW_ROWS_COLUMN)
+        frames = self._array(frames_array_path(resolution))
+        layout = WdsLayout(
+            variant=self.variant, resolution=resolution, n_samples=n_samples,
+            samples_per_shard=int(samples_per_shard), window_frames=int(window.shape[1]),
+            frame_shape=tuple(frames.shape[1:]), feature_shape=tuple(feature_shape), feature_dtype=feature_dtype,
+        )
+        directory = self._directory(resolution)
+        if (directory / LAYOUT_NAME).is_file():
+            existing = WdsLayout.read(directory)
+            if existing != layout:
+                raise StoreError(f"{directory} holds shards of layout {existing}; asked for {layout}")
+            return
+        uncommit_array(self.root, self.samples_array_path(resolution))
+        atomic_write_bytes(directory / LAYOUT_NAME, layout.to_json().encode())
+
+    def sample_shard_plan(self, resolution: str) -> list[range]:
+        return self.layout(resolution).plan()
+
+    def _planned_sample_shards(self, resolution: str) -> list[PlannedShard]:
+        return planned_tar_shards(self.root, self.layout(resolution))
+
+    def committed_sample_shards(self, resolution: str, verify: bool = True) -> set[int]:
+        return {c.shard for c in check_planned(self.root, self._planned_sample_shards(resolution), verify) if c.ok}
+
+    def planned_shards(self) -> list[PlannedShard]:
+        """The zarr arrays' shards, then the tar shards of every resolution."""
+        base = self.root / WDS_DIR / self.variant
+        resolutions = sorted(p.name for p in base.iterdir() if (p / LAYOUT_NAME).is_file()) if base.is_dir() else []
+        return super().planned_shards() + [p for r in resolutions for p in self._planned_sample_shards(r)]
+
+    def write_samples_shard(self, resolution: str, shard: int, features: torch.Tensor | np.ndarray,
+                            window_frames: np.ndarray | None = None) -> CommitRecord:
+        """Write tar shard ``shard``: one sample per row of the shard.
+
+        ``features`` is ``[rows, N, 2C]``; ``window_frames`` uint8 ``[rows, history + 1, H, W, 3]``
+        (the frames the features were computed from). Without ``window_frames`` the windows are
+        read from the cache's frames array.
+        """
+        layout = self.layout(resolution)
+        plan = layout.plan()
+        if not 0 <= shard < len(plan):
+            raise StoreError(f"{self.samples_array_path(resolution)} has {len(plan)} shards; there is no shard {shard}")
+        rows = plan[shard]
+        name = f"{self.samples_array_path(resolution)}#{shard}"
+        stored = to_stored(features, layout.feature_dtype)
+        if stored.shape != (len(rows), *layout.feature_shape):
+            raise StoreError(f"shard {name} needs features {(len(rows), *layout.feature_shape)}, got {stored.shape}")
+        if window_frames is None:
+            window_frames = self._read_windows(resolution, rows)
+        frames = np.asarray(window_frames.cpu() if isinstance(window_frames, torch.Tensor) else window_frames)
+        expected = (len(rows), layout.window_frames, *layout.frame_shape)
+        if frames.shape != expected or frames.dtype != np.uint8:
+            raise StoreError(f"shard {name} needs uint8 window frames {expected}, got {frames.dtype} {frames.shape}")
+
+        final = self.shard_path(resolution, shard)
+        uncommit(self.root, self.samples_array_path(resolution), shard)
+        final.unlink(missing_ok=True)
+        remove_partials(final)
+        tmp = final.with_name(f"{final.name}.{os.getpid()}.{uuid.uuid4().hex}.partial")
+        try:
+            with open(tmp, "wb") as stream:
+                self._write_tar(stream, layout, rows, frames, stored)
+                stream.flush()
+                os.fsync(stream.fileno())
+            os.replace(tmp, final)
+        finally:
+            tmp.unlink(missing_ok=True)
+        return commit_shard(self.root, self.samples_array_path(resolution), shard, rows, final)
+
+    def _read_windows(self, resolution: str, rows: range) -> np.ndarray:
+        window = self._column_array(SAMPLES_TABLE, WINDOW_ROWS_COLUMN)[rows.start:rows.stop]
+        frames = self.frames(resolution, window.reshape(-1))
+        return frames.reshape(*window.shape, *frames.shape[1:])
+
+    def _write_tar(self, stream: io.BufferedWriter, layout: WdsLayout, rows: range, frames: np.ndarray,
+                   features: np.ndarray) -> None:
+        writer = webdataset.TarWriter(stream, encoder=False, mtime=0, user="janus", group="janus",
+                                      mode=0o444, format="PAX_FORMAT")
+        try:
+            for i, row in enumerate(rows):
+                meta = self.table_row(SAMPLES_TABLE, row)
+                key = meta.pop(KEY_COLUMN)
+                header = {
+                    "key": key,
+                    "row": row,
+                    "resolution": layout.resolution,
+                    "variant": layout.variant,
+                    "meta": meta,
+                    "frames": {"shape": list(frames.shape[1:]), "dtype": "uint8"},
+                    "feature": {"shape": list(features.shape[1:]), "dtype": layout.feature_dtype,
+                                "stored_dtype": features.dtype.name},
+                }
+                writer.write({
+                    "__key__": encode_key(key),
+                    FRAMES_MEMBER: FRAMES_COMPRESSION.encode(frames[i]),
+                    FEATURE_MEMBER: FEATURES_COMPRESSION.encode(features[i]),
+                    META_MEMBER: json.dumps(header, sort_keys=True).encode(),
+                })
+        finally:
+            writer.close()
+
+
+def decode_sample(raw: dict[str, Any]) -> dict[str, Any]:
+    """A raw webdataset sample (member extension -> bytes) -> the cache's sample dict.
+
+    In a webdataset pipeline use ``.compose(decode_samples)``: ``.map`` would add ``__key__`` back.
+    """
+    where = f"{raw.get('__url__', '<stream>')} member {raw.get('__key__')!r}"
+    missing = [m for m in (META_MEMBER, FRAMES_MEMBER, FEATURE_MEMBER) if m not in raw]
+    if missing:
+        raise StoreError(f"{where} lacks the member(s) {missing}")
+    header = json.loads(raw[META_MEMBER])
+    frames = decode(raw[FRAMES_MEMBER], header["frames"]["dtype"], tuple(header["frames"]["shape"]))
+    spec = header["feature"]
+    stored = decode(raw[FEATURE_MEMBER], spec["stored_dtype"], tuple(spec["shape"]))
+    return {
+        "key": header["key"],
+        "row": header["row"],
+        "frames": frames,
+        "feature": from_stored(stored, spec["dtype"]),
+        "meta": header["meta"],
+    }
+
+
+def decode_samples(raw_samples: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    """:func:`decode_sample` over a stream (a pipeline stage; unlike ``.map`` it adds no ``__key__``)."""
+    for raw in raw_samples:
+        yield decode_sample(raw)
+
+
+class WdsCacheReader:
+    """Streams the samples of a webdataset cache, in shard order, as sample dicts.
+
+    The sample dict is the same as :class:`janus_cache.store.zarr_store.ZarrCacheReader`'s.
+    Only committed shards are read; an incomplete cache is an error naming the missing shards.
+    """
+
+    def __init__(self, root: Path | str, resolution: str | None = None, variant: str | None = None) -> None:
+        self.root = Path(root)
+        base = self.root / WDS_DIR
+        variants = sorted(p.name for p in base.iterdir() if p.is_dir()) if base.is_dir() else []
+        self.variant = variant or only_one(variants, "variant", self.root)
+        directory = base / self.variant
+        resolutions = sorted(p.name for p in directory.iterdir() if (p / LAYOUT_NAME).is_file()) if directory.is_dir() else []
+        self.resolution = resolution or only_one(resolutions, "resolution", self.root)
+        self.array = wds_array_path(self.variant, self.resolution)
+        self.layout = WdsLayout.read(self.root / self.array)
+
+    def __len__(self) -> int:
+        return self.layout.n_samples
+
+    def check(self, verify: bool = True) -> list[ShardCheck]:
+        """One check per planned shard (missing record, missing file, wrong checksum...)."""
+        return check_planned(self.root, planned_tar_shards(self.root, self.layout), verify)
+
+    def shard_paths(self, verify: bool = False) -> list[Path]:
+        """Paths of all shards in order; StoreError naming every shard that is not committed.
+
+        Without ``verify`` a shard counts when its commit record exists and matches the plan;
+        with it, its checksum is checked too (reads every byte).
+        """
+        problems = [c for c in self.check(verify) if not c.ok]
+        if problems:
+            raise StoreError(f"webdataset cache {self.root} is incomplete: " + "; ".join(str(p) for p in problems))
+        return [p.file for p in planned_tar_shards(self.root, self.layout)]
+
+    def dataset(self, shards: Sequence[int] | None = None) -> webdataset.WebDataset:
+        """A webdataset pipeline over the given shard indices (default: all), decoded to sample dicts.
+
+        It splits shards across DataLoader workers (webdataset's default) but not across ranks:
+        pass each rank its own ``shards``.
+        """
+        paths = self.shard_paths()
+        chosen = paths if shards is None else [paths[i] for i in shards]
+        return webdataset.WebDataset(
+            [str(p) for p in chosen], shardshuffle=False, nodesplitter=None, empty_check=False
+        ).compose(decode_samples)
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        return iter(self.dataset())
+

@@ -1,0 +1,141 @@
+"""Ranks, the control channel between them, and a whole-job progress display on rank 0.
+
+Precompute needs no tensor collectives, only barriers and small messages, so the control
+channel is a gloo process group on every machine (GPU or not).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, TypeVar
+
+import torch.distributed as dist
+
+T = TypeVar("T")
+
+
+class RankFailed(RuntimeError):
+    """Another rank (or rank 0's shared step) failed; carries that rank's one-line reason."""
+
+
+@dataclass(frozen=True)
+class Ranks:
+    rank: int
+    world: int
+    local_rank: int
+    local_world: int
+
+    @classmethod
+    def from_env(cls) -> "Ranks":
+        """Read torchrun's variables; a plain process is rank 0 of 1."""
+        env = os.environ
+        return cls(
+            rank=int(env.get("RANK", 0)),
+            world=int(env.get("WORLD_SIZE", 1)),
+            local_rank=int(env.get("LOCAL_RANK", 0)),
+            local_world=int(env.get("LOCAL_WORLD_SIZE", 1)),
+        )
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def owns(self, shard: int) -> bool:
+        """Shard ``shard`` belongs to this rank: round-robin, one writer per shard."""
+        return shard % self.world == self.rank
+
+
+class Control:
+    """Barriers and rank-0 broadcasts; a no-op channel for a single process."""
+
+    def __init__(self, ranks: Ranks, timeout_minutes: float = 120.0) -> None:
+        self.ranks = ranks
+        self.distributed = ranks.world > 1
+        if self.distributed and not dist.is_initialized():
+            dist.init_process_group("gloo", timeout=timedelta(minutes=timeout_minutes))
+
+    def barrier(self) -> None:
+        if self.distributed:
+            dist.barrier()
+
+    def on_main(self, fn: Callable[[], T]) -> T:
+        """Run ``fn`` on rank 0 and give every rank its result; a failure fails every rank alike."""
+        payload: list[Any] = [None]
+        if self.ranks.is_main:
+            try:
+                payload[0] = ("ok", fn())
+            except Exception as err:  # noqa: BLE001 - re-raised on every rank below
+                payload[0] = ("error", f"{type(err).__name__}: {err}" if not str(err) else str(err))
+        if self.distributed:
+            dist.broadcast_object_list(payload, src=0)
+        status, value = payload[0]
+        if status == "error":
+            raise RankFailed(value)
+        return value
+
+    def close(self) -> None:
+        if self.distributed and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+class Progress:
+    """One progress display for the whole job: a bar on a terminal, periodic log lines otherwise.
+
+    The count is read from shared state (e.g. commit records on disk), so rank 0 shows the work
+    of every rank, not only its own.
+    """
+
+    def __init__(self, enabled: bool, log_every: float = 10.0) -> None:
+        self.enabled = enabled
+        self.tty = sys.stderr.isatty()
+        self.log_every = log_every
+        self._bar: Any = None
+        self._phase = ""
+        self._total = 0
+        self._start = 0.0
+        self._last_log = 0.0
+        self._done = 0
+        self._initial = 0
+
+    def phase(self, name: str, total: int, unit: str, done: int = 0) -> None:
+        self.close()
+        done = min(done, total)
+        self._phase, self._total, self._done, self._initial = name, total, done, done
+        self._start = self._last_log = time.perf_counter()
+        if not self.enabled:
+            return
+        if self.tty:
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=total, initial=done, desc=name, unit=f" {unit}", dynamic_ncols=True)
+        else:
+            print(f"[{name}] {done}/{total} {unit} already done", file=sys.stderr, flush=True)
+
+    def update(self, done: int) -> None:
+        done = min(done, self._total)
+        if not self.enabled or done <= self._done:
+            return
+        if self._bar is not None:
+            self._bar.update(done - self._done)
+        self._done = done
+        now = time.perf_counter()
+        if not self.tty and (now - self._last_log >= self.log_every or done == self._total):
+            self._last_log = now
+            rate = (done - self._initial) / max(now - self._start, 1e-9)
+            eta = (self._total - done) / rate if rate > 0 else float("inf")
+            print(
+                f"[{self._phase}] {done}/{self._total} ({100 * done / max(self._total, 1):.0f}%) "
+                f"{rate:.1f}/s, ETA {eta:.0f}s",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None

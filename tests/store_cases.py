@@ -1,0 +1,170 @@
+"""Small structured cache contents for the store tests, written through the real writers.
+
+Frames are flat colour patches with a moving square (they compress like rendered frames,
+unlike noise); windows come from the real window rule; features are random bf16/float32 values.
+Everything is derived from a seed, so a spawned process rebuilds exactly the same content.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from janus_cache.store import CacheWriter, WindowVariant, open_writer
+from janus_cache.windows import window_frames
+
+VARIANT = WindowVariant(history=3, sampling="linspace", reference_frame="first", layer=-2, attention="causal")
+RESOLUTION = "pad28"
+FRAMES_PER_SHARD = 4
+SAMPLES_PER_SHARD = 3
+
+
+@dataclass(frozen=True)
+class Content:
+    """What a test cache holds; ``frames`` per resolution name."""
+
+    frame_keys: list[str]
+    frames: dict[str, np.ndarray]
+    sample_keys: list[str]
+    window_rows: np.ndarray
+    actions: np.ndarray
+    instructions: list[str]
+    features: dict[str, torch.Tensor]
+    feature_dtype: str
+
+    @property
+    def n_samples(self) -> int:
+        return len(self.sample_keys)
+
+    def sample_meta(self, row: int) -> dict[str, object]:
+        return {
+            "window_rows": self.window_rows[row].tolist(),
+            "action": int(self.actions[row]),
+            "instruction": self.instructions[row],
+        }
+
+
+def smooth_frames(n: int, height: int, width: int, seed: int) -> np.ndarray:
+    """uint8 [n, H, W, 3]: flat 7x7-pixel colour patches (like walls and floors) and a moving square."""
+    rng = np.random.default_rng(seed)
+    frames = np.empty((n, height, width, 3), dtype=np.uint8)
+    for i in range(n):
+        coarse = rng.integers(0, 256, (height // 7 + 1, width // 7 + 1, 3), dtype=np.uint8)
+        image = np.repeat(np.repeat(coarse, 7, axis=0), 7, axis=1)[:height, :width]
+        top, left = (i * 3) % max(height - 6, 1), (i * 5) % max(width - 6, 1)
+        image[top:top + 6, left:left + 6] = 255
+        frames[i] = image
+    return frames
+
+
+def make_content(
+    *,
+    episodes: int = 2,
+    steps: int = 7,
+    history: int = VARIANT.history,
+    resolutions: dict[str, tuple[int, int]] | None = None,
+    feature_shape: tuple[int, int] = (4, 8),
+    feature_dtype: str = "bfloat16",
+    seed: int = 0,
+) -> Content:
+    """Episodes of ``steps`` frames; one sample per frame with the real window rule."""
+    resolutions = resolutions or {RESOLUTION: (28, 28)}
+    frame_keys = [f"ep{e:02d}/{i}" for e in range(episodes) for i in range(steps)]
+    frames = {name: smooth_frames(len(frame_keys), h, w, seed + k) for k, (name, (h, w)) in enumerate(resolutions.items())}
+    sample_keys, rows, actions, texts = [], [], [], []
+    for e in range(episodes):
+        for j in range(steps):
+            sample_keys.append(f"ep{e:02d}/step.{j}")
+            rows.append([e * steps + i for i in window_frames(j, history)])
+            actions.append(j % 4)
+            texts.append(f"walk to the {['red', 'blue'][e % 2]} door, step {j} — ü")
+    generator = torch.Generator().manual_seed(seed)
+    torch_dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[feature_dtype]
+    features = {
+        name: torch.randn(len(sample_keys), *feature_shape, generator=generator).to(torch_dtype)
+        for name in resolutions
+    }
+    return Content(
+        frame_keys=frame_keys,
+        frames=frames,
+        sample_keys=sample_keys,
+        window_rows=np.asarray(rows, dtype=np.int32),
+        actions=np.asarray(actions, dtype=np.int64),
+        instructions=texts,
+        features=features,
+        feature_dtype=feature_dtype,
+    )
+
+
+def prepare(fmt: str, root: Path, content: Content, resolution: str = RESOLUTION) -> CacheWriter:
+    """Single-process setup: tables, frames array and sample storage of ``resolution``."""
+    writer = open_writer(fmt, root, VARIANT.name)
+    writer.write_table("frames", {"key": content.frame_keys})
+    writer.write_table(
+        "samples",
+        {
+            "key": content.sample_keys,
+            "window_rows": content.window_rows,
+            "action": content.actions,
+            "instruction": content.instructions,
+        },
+    )
+    frames = content.frames[resolution]
+    writer.prepare_frames(resolution, frames.shape[1:3], FRAMES_PER_SHARD)
+    feature = content.features[resolution]
+    writer.prepare_samples(resolution, tuple(feature.shape[1:]), content.feature_dtype, SAMPLES_PER_SHARD)
+    return writer
+
+
+def write_frame_shards(writer: CacheWriter, content: Content, resolution: str, shards: list[int]) -> None:
+    plan = writer.frame_shard_plan(resolution)
+    for i in shards:
+        rows = plan[i]
+        writer.write_frame_shard(resolution, i, content.frames[resolution][rows.start:rows.stop])
+
+
+def write_sample_shards(writer: CacheWriter, content: Content, resolution: str, shards: list[int],
+                        pass_windows: bool = True) -> None:
+    plan = writer.sample_shard_plan(resolution)
+    for i in shards:
+        rows = plan[i]
+        windows = content.frames[resolution][content.window_rows[rows.start:rows.stop]] if pass_windows else None
+        writer.write_samples_shard(resolution, i, content.features[resolution][rows.start:rows.stop], windows)
+
+
+def write_cache(fmt: str, root: Path, content: Content, resolution: str = RESOLUTION) -> CacheWriter:
+    """A complete cache of ``content`` at ``resolution``."""
+    writer = prepare(fmt, root, content, resolution)
+    write_frame_shards(writer, content, resolution, list(range(len(writer.frame_shard_plan(resolution)))))
+    write_sample_shards(writer, content, resolution, list(range(len(writer.sample_shard_plan(resolution)))))
+    return writer
+
+
+def write_shards_in_process(fmt: str, root: str, seed: int, frame_shards: list[int], sample_shards: list[int]) -> None:
+    """Entry point of a separate writer process: rebuild the content from ``seed``, write the shards."""
+    content = make_content(seed=seed)
+    writer = open_writer(fmt, root, VARIANT.name)
+    write_frame_shards(writer, content, RESOLUTION, frame_shards)
+    write_sample_shards(writer, content, RESOLUTION, sample_shards)
+
+
+def bits(tensor: torch.Tensor) -> torch.Tensor:
+    """The raw bits of a bf16 / float32 tensor, for bit-exact comparisons."""
+    return tensor.view({torch.bfloat16: torch.int16, torch.float32: torch.int32}[tensor.dtype])
+
+
+def assert_sample_equal(sample: dict[str, object], content: Content, row: int, resolution: str = RESOLUTION) -> None:
+    """``sample`` is exactly row ``row`` of ``content``: frames, feature bits, key and meta."""
+    assert sample["key"] == content.sample_keys[row]
+    assert sample["row"] == row
+    frames = sample["frames"]
+    assert isinstance(frames, np.ndarray) and frames.dtype == np.uint8
+    assert np.array_equal(frames, content.frames[resolution][content.window_rows[row]])
+    feature = sample["feature"]
+    expected = content.features[resolution][row]
+    assert isinstance(feature, torch.Tensor) and feature.dtype == expected.dtype
+    assert torch.equal(bits(feature), bits(expected))
+    assert sample["meta"] == content.sample_meta(row)
