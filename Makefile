@@ -34,6 +34,7 @@ help:
 	@echo "make demo        run janus on generated sample data (tiny profile, CPU)"
 	@echo "make test        run the test suite"
 	@echo "make precompute DATA=dir [PROFILE=tiny] [OUT=cache] [NPROC=n] [FORMAT=zarr|wds]"
+	@echo "make train [PROFILE=tiny|h800] [CACHE=cache] [RUN=runs/PROFILE] [NPROC=n]"
 
 $(STAMP): pyproject.toml $(TORCH_CONSTRAINTS)
 	@test -x $(PY) || $(PYTHON_SYS) -m venv $(VENV)
@@ -59,7 +60,15 @@ precompute: $(STAMP)
 	$(VENV)/bin/torchrun $(TORCHRUN_ARGS) --nproc_per_node $(NPROC) -m pipelines.precompute $(DATA) \
 		--out $(OUT) --profile $(PROFILE) --format $(FORMAT) $(PRECOMPUTE_ARGS)
 
-train verify bench:
+CACHE ?= $(OUT)
+RUN ?= runs/$(PROFILE)
+TRAIN_ARGS ?=
+
+train: $(STAMP)
+	$(VENV)/bin/torchrun $(TORCHRUN_ARGS) --nproc_per_node $(NPROC) -m pipelines.train \
+		--cache $(CACHE) --out $(RUN) --profile $(PROFILE) $(TRAIN_ARGS)
+
+verify bench:
 	@echo "make $@: not built yet (see the open issues); nothing was run." >&2
 	@exit 2
 

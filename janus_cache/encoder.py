@@ -81,7 +81,7 @@ class WindowEncoder:
         return ((height // p) * (width // p), 2 * self.model.config.embed_dim)
 
     def encode(self, windows: torch.Tensor) -> torch.Tensor:
-        """Features of each window's reference frame, in the cache's feature dtype, on the CPU."""
+        """Features of each window's reference frame, in the cache's feature dtype, on the encoder's device."""
         if windows.dim() != 5 or windows.dtype != torch.uint8:
             raise ValueError(f"expected uint8 windows [B, S, H, W, 3], got {windows.dtype} {tuple(windows.shape)}")
         b, s, h, w, _ = windows.shape
@@ -89,4 +89,4 @@ class WindowEncoder:
         features = self.model.window_features(
             images.view(b, s, 3, h, w), reference_frame=self.reference_frame, layer=self.layer
         )
-        return features.to(self.feature_dtype).cpu()
+        return features.to(self.feature_dtype)

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import yaml
 
@@ -78,6 +78,8 @@ class Profile:
     cache: CacheSettings
     vggt: EncoderSettings
     qwen: LanguageModelSettings
+    train: Mapping[str, Any] = field(default_factory=dict)
+    """The raw ``train`` section; ``janus_train.config`` validates it when training starts."""
 
 
 def _expand_env(value: Any, setting: str, source: Path) -> Any:
@@ -98,8 +100,11 @@ def _expand_env(value: Any, setting: str, source: Path) -> Any:
     return _ENV_PATTERN.sub(substitute, value)
 
 
-class _Section:
-    """Reads one mapping of the YAML file, tracking which keys were used to reject unknown ones."""
+class Section:
+    """Reads one mapping of the YAML file, tracking which keys were used to reject unknown ones.
+
+    Also used by later stages (training) to validate their own section of a profile.
+    """
 
     def __init__(self, data: Any, prefix: str, source: Path) -> None:
         if not isinstance(data, dict):
@@ -130,9 +135,9 @@ class _Section:
             )
         return value
 
-    def section(self, key: str) -> "_Section":
+    def section(self, key: str) -> "Section":
         self.used.add(key)
-        return _Section(self.data.get(key) or {}, self._name(key), self.source)
+        return Section(self.data.get(key) or {}, self._name(key), self.source)
 
     def path(self, key: str, required: bool, hint: str = "") -> Path | None:
         raw = self.get(key, str, default=None)
@@ -157,7 +162,7 @@ class _Section:
             )
 
 
-def _read_cache(sec: _Section) -> CacheSettings:
+def _read_cache(sec: Section) -> CacheSettings:
     try:
         resolution = Resolution.parse(sec.get("resolution", str))
     except ValueError as err:
@@ -179,7 +184,7 @@ def _read_cache(sec: _Section) -> CacheSettings:
     return settings
 
 
-def _read_vggt(sec: _Section) -> EncoderSettings:
+def _read_vggt(sec: Section) -> EncoderSettings:
     path = sec.path("path", required=False)
     config = sec.path("config", required=False)
     seed = sec.get("seed", int, 0)
@@ -196,7 +201,7 @@ def _read_vggt(sec: _Section) -> EncoderSettings:
     return EncoderSettings(path=path, config=config, seed=seed)
 
 
-def _read_qwen(sec: _Section) -> LanguageModelSettings:
+def _read_qwen(sec: Section) -> LanguageModelSettings:
     hint = " (a local Qwen2.5-VL directory, e.g. via JANUS_QWEN_PATH)"
     path = sec.path("path", required=True, hint=hint)
     assert path is not None
@@ -231,7 +236,7 @@ def load_profile(name_or_path: str | Path) -> Profile:
         data = yaml.safe_load(source.read_text())
     except yaml.YAMLError as err:
         raise ProfileError(f"{source}: not valid YAML: {err}") from None
-    root = _Section(data if data is not None else {}, "", source)
+    root = Section(data if data is not None else {}, "", source)
     name = root.get("name", str, source.stem)
     device = root.get("device", str, "cpu", DEVICES)
     compute_dtype = root.get("compute_dtype", str, "float32", COMPUTE_DTYPES)
@@ -239,6 +244,7 @@ def load_profile(name_or_path: str | Path) -> Profile:
     cache = _read_cache(root.section("cache"))
     vggt = _read_vggt(root.section("vggt"))
     qwen = _read_qwen(root.section("qwen"))
+    train = root.get("train", dict, {})
     root.finish()
     return Profile(
         name=name,
@@ -249,4 +255,5 @@ def load_profile(name_or_path: str | Path) -> Profile:
         cache=cache,
         vggt=vggt,
         qwen=qwen,
+        train=train,
     )

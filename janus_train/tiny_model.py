@@ -26,6 +26,9 @@ from tokenizers import AddedToken, Regex, Tokenizer, decoders, normalizers, pre_
 from tokenizers.models import BPE
 from tokenizers.trainers import BpeTrainer
 
+from janus_cache.dataset import ACTIONS
+from janus_train.prompt import ACTIONS_TEXT, ANSWER_LABELS
+
 # Qwen2.5-VL's special tokens, in Qwen's id order (there they start at 151643; here right after
 # the learned BPE vocabulary). The trainer relies on the vision ones; the rest keep the
 # tokenizer's special-token set identical to the real model's.
@@ -111,8 +114,6 @@ CLIP_STD: tuple[float, float, float] = (0.26862954, 0.26130258, 0.27577711)
 DEFAULT_MIN_PIXELS = 3136
 DEFAULT_MAX_PIXELS = 12845056
 
-ACTIONS: tuple[str, ...] = ("MOVE_FORWARD", "TURN_LEFT", "TURN_RIGHT", "STOP")
-ANSWER_LABELS: tuple[str, ...] = ("SUBINSTRUCTION:", "2D_DESCRIPTION:", "3D_DESCRIPTION:", "ACTION:")
 
 QWEN_DIR_FILES: tuple[str, ...] = (
     "chat_template.jinja",
@@ -339,7 +340,7 @@ def tiny_corpus(seed: int = TINY_QWEN.corpus_seed, n_episodes: int = 1500) -> li
         "This is your current observation:",
         "Answer with four lines: the current subinstruction, a 2D description of the view, "
         "a 3D description of the scene, and the next action.",
-        "The possible actions are " + ", ".join(ACTIONS) + ".",
+        ACTIONS_TEXT,
     ]
     for _ in range(n_episodes):
         lines.append(f"Your task is to: {_instruction(rng)}")

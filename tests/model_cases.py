@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from janus_cache.dataset import DatasetIndex, Sample
 from janus_cache.encoder import WindowEncoder
@@ -32,9 +33,7 @@ MERGER_HIDDEN = 96  # the real 4096 would only slow the tests down
 
 
 @cache
-def tiny_tokenizer():  # noqa: ANN201 - a transformers tokenizer
-    from transformers import AutoTokenizer
-
+def tiny_tokenizer() -> PreTrainedTokenizerBase:
     return AutoTokenizer.from_pretrained(QWEN_DIR)
 
 

@@ -1,0 +1,41 @@
+"""`janus-train`: training-side commands that run as one process (training itself runs under torchrun)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="Train from janus caches and export the result.")
+
+
+@app.command("export")
+def export_cmd(
+    run: Annotated[Path, typer.Argument(help="Training run directory (holds checkpoints/).")],
+    out: Annotated[Path, typer.Option("--out", help="Where to write the transformers-loadable model.")],
+    profile: Annotated[str, typer.Option(help="Profile the run was trained with.")] = "tiny",
+    tag: Annotated[Optional[str], typer.Option(help="Checkpoint tag (default: the latest).")] = None,
+    dtype: Annotated[Optional[str], typer.Option(help="float32 or bfloat16 (default: the profile's).")] = None,
+) -> None:
+    """Consolidate a ZeRO-3 checkpoint into 16-bit (or fp32) HF weights plus the janus heads."""
+    from janus_cache.profile import ProfileError, load_profile
+    from janus_train.config import load_train_settings
+    from janus_train.export import export
+    from janus_train.trainer import CHECKPOINTS
+
+    try:
+        prof = load_profile(profile)
+        settings = load_train_settings(prof)
+    except ProfileError as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(1)
+    if not (run / CHECKPOINTS / "latest").is_file() and tag is None:
+        typer.echo(f"error: {run / CHECKPOINTS} holds no checkpoint", err=True)
+        raise typer.Exit(1)
+    path = export(run / CHECKPOINTS, out, prof, settings.model_config(), tag=tag, dtype=dtype)
+    typer.echo(f"exported {run / CHECKPOINTS} to {path}")
+
+
+def main() -> None:
+    app()

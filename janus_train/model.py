@@ -1,0 +1,432 @@
+"""The JanusVLN model: Qwen2.5-VL + a trainable VGGT merger that injects 3-D features + an action head.
+
+Per micro-batch (B samples, each with S images of H x W pixels and one VGGT feature [N, 2C]):
+
+1. ``pixel_values`` are built from the uint8 frames on the model's device (lookup-table path,
+   :func:`janus_cache.imaging.qwen_pixel_values`) and run through Qwen's ViT: ``T = N/4`` image
+   embeddings per image.
+2. The VGGT feature comes from the batch (cached) or, for a model built with a frozen encoder and a
+   batch without features, from the encoder run on the same frames (live). The merger maps it to
+   ``T`` embeddings, which are added, times ``lam``, to the image embeddings of every image of
+   *that* sample (JanusVLN adds one 3-D embedding to all images of a sample).
+3. Image embeddings replace the ``<|image_pad|>`` token embeddings; M-RoPE positions come from
+   Qwen's own ``get_rope_index``; the language model runs on the embeddings.
+4. Token logits are computed only for the supervised answer tokens; the action head reads the
+   hidden state just before the answer. The forward returns the loss sums
+   (:class:`janus_train.loss.LossParts`); :func:`janus_train.loss.micro_batch_loss` turns them into
+   the loss with the accumulated batch's denominators.
+
+The frozen VGGT encoder is held outside the module tree: it is not in ``state_dict()``,
+``parameters()`` or an optimizer, and an engine that shards the model never sees it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import AutoConfig, Qwen2_5_VLForConditionalGeneration
+from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VLRMSNorm
+
+from janus_cache.dataset import ACTIONS
+from janus_cache.encoder import WindowEncoder
+from janus_cache.imaging import qwen_pixel_values
+from janus_cache.profile import EncoderSettings, LanguageModelSettings, Profile
+from janus_cache.resolution import MERGE_SIZE, grid_shape, visual_tokens_for_shape
+from janus_cache.vggt import AggregatorConfig
+from janus_cache.vggt.checkpoint import resolve_config, resolve_weights_file
+from janus_train.loss import (
+    DEFAULT_LOGIT_CHUNK_ROWS,
+    LossParts,
+    action_cross_entropy,
+    token_cross_entropy,
+)
+
+PARTS: tuple[str, ...] = ("language_model", "projector", "vision_tower", "vggt_merger", "action_head")
+"""Named parameter sets. ``language_model``: Qwen's LLM (embeddings, decoder, final norm) and
+lm_head; ``projector``: Qwen's ViT merger; ``vision_tower``: Qwen's ViT patch embedding and blocks;
+``vggt_merger`` and ``action_head``: the JanusVLN additions."""
+
+LR_GROUP_OF_PART: Mapping[str, str] = {
+    "language_model": "base",
+    "action_head": "base",
+    # Both mergers project vision features into the LLM's embedding space and share the projector
+    # LR, as in the reference trainer, which gives every parameter named "*merger*" that LR.
+    "projector": "projector",
+    "vggt_merger": "projector",
+    "vision_tower": "vision",
+}
+
+# Parameter-name prefixes of each part, checked in order (the ViT merger before the rest of the ViT).
+_PART_PREFIXES: tuple[tuple[str, str], ...] = (
+    ("qwen.model.visual.merger.", "projector"),
+    ("qwen.model.visual.", "vision_tower"),
+    ("qwen.model.language_model.", "language_model"),
+    ("qwen.lm_head.", "language_model"),
+    ("vggt_merger.", "vggt_merger"),
+    ("action_head.", "action_head"),
+)
+
+TORCH_DTYPES: Mapping[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+class ModelInputError(ValueError):
+    """A batch does not fit the model; the message says which input and how."""
+
+
+# ------------------------------------------------------------------------------------ loading
+
+
+def attention_implementation(device: torch.device | str) -> str:
+    """``flash_attention_2`` on CUDA when flash-attn is installed, else PyTorch's ``sdpa``."""
+    if torch.device(device).type == "cuda" and importlib.util.find_spec("flash_attn") is not None:
+        return "flash_attention_2"
+    return "sdpa"
+
+
+def load_qwen(
+    settings: LanguageModelSettings,
+    dtype: torch.dtype = torch.float32,
+    attn_implementation: str | None = None,
+) -> Qwen2_5_VLForConditionalGeneration:
+    """Qwen2.5-VL from a local directory: its weights, or (``random_init``) seeded random weights
+    from its config.json alone. Never downloads. ``attn_implementation`` defaults to
+    :func:`attention_implementation` for CUDA when a GPU is visible, else for the CPU."""
+    if attn_implementation is None:
+        attn_implementation = attention_implementation("cuda" if torch.cuda.is_available() else "cpu")
+    path = Path(settings.path)
+    if settings.random_init:
+        config = AutoConfig.from_pretrained(path, local_files_only=True)
+        # Drawn on the CPU from the profile's seed: every process builds the same weights.
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(settings.seed)
+            model = Qwen2_5_VLForConditionalGeneration._from_config(
+                config, dtype=dtype, attn_implementation=attn_implementation
+            )
+        return model
+    try:
+        return Qwen2_5_VLForConditionalGeneration.from_pretrained(
+            path, dtype=dtype, attn_implementation=attn_implementation, local_files_only=True
+        )
+    except OSError as exc:
+        raise OSError(
+            f"cannot load Qwen2.5-VL weights from {path} (setting 'qwen.path'): {exc}; "
+            "for a config-only directory set 'qwen.random_init: true'"
+        ) from exc
+
+
+def vggt_feature_dim(settings: EncoderSettings) -> int:
+    """Width 2C of the VGGT features of a profile's encoder, from its config (no weights loaded)."""
+    if settings.path is not None:
+        config = resolve_config(resolve_weights_file(settings.path), None)
+    else:
+        assert settings.config is not None
+        config = AggregatorConfig.from_dict(json.loads(Path(settings.config).read_text()))
+    return 2 * config.embed_dim
+
+
+# ------------------------------------------------------------------------------------ modules
+
+
+def group_patches(tokens: torch.Tensor, grid: tuple[int, int], merge: int = MERGE_SIZE) -> torch.Tensor:
+    """Concatenate each ``merge x merge`` block of row-major patch tokens, in Qwen's merge order.
+
+    ``tokens`` [B, h*w, D] in row-major patch order -> [B, (h//m)*(w//m), m*m*D]: blocks in
+    row-major block order, the m*m patches of a block row-major inside it (Qwen's ViT merger sees
+    its patches in exactly this order). An odd last patch row/column is cropped.
+    """
+    batch, n, dim = tokens.shape
+    h, w = grid
+    if n != h * w:
+        raise ModelInputError(f"{n} patch tokens do not form a {h}x{w} grid")
+    he, we = h - h % merge, w - w % merge
+    if he == 0 or we == 0:
+        raise ModelInputError(f"a {h}x{w} patch grid has no complete {merge}x{merge} block")
+    blocks = tokens.view(batch, h, w, dim)[:, :he, :we].reshape(batch, he // merge, merge, we // merge, merge, dim)
+    return blocks.permute(0, 1, 3, 2, 4, 5).reshape(batch, (he // merge) * (we // merge), merge * merge * dim)
+
+
+class VGGTMerger(nn.Module):
+    """RMSNorm per token -> 2x2 patch grouping -> Linear -> GELU -> Linear (VGGT feature -> LLM embedding)."""
+
+    def __init__(self, feature_dim: int, out_dim: int, hidden_dim: int = 4096, merge: int = MERGE_SIZE) -> None:
+        super().__init__()
+        self.merge = merge
+        self.norm = Qwen2_5_VLRMSNorm(feature_dim, eps=1e-6)
+        self.mlp = nn.Sequential(
+            nn.Linear(merge * merge * feature_dim, hidden_dim),
+            nn.GELU(),
+            nn.Linear(hidden_dim, out_dim),
+        )
+
+    def forward(self, features: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
+        """[B, h*w, 2C] -> [B, (h//2)*(w//2), out_dim]."""
+        return self.mlp(group_patches(self.norm(features), grid, self.merge))
+
+
+class ActionHead(nn.Module):
+    """Linear -> LayerNorm -> GELU -> Linear: one hidden state -> logits over the actions."""
+
+    def __init__(self, hidden_size: int, inner: int = 512, n_actions: int = len(ACTIONS)) -> None:
+        super().__init__()
+        self.net = nn.Sequential(
+            nn.Linear(hidden_size, inner), nn.LayerNorm(inner), nn.GELU(), nn.Linear(inner, n_actions)
+        )
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.net(hidden)
+
+
+# -------------------------------------------------------------------------------------- model
+
+
+@dataclass(frozen=True)
+class TrainableParts:
+    """Which parameter sets train (see :data:`PARTS`); the VGGT encoder never does."""
+
+    language_model: bool = True
+    projector: bool = True
+    vision_tower: bool = False
+    vggt_merger: bool = True
+    action_head: bool = True
+
+
+@dataclass(frozen=True)
+class JanusModelConfig:
+    """``lam`` scales the injected 3-D embedding; ``merger_hidden`` is the VGGT merger's inner width
+    (4096 in JanusVLN); ``init_seed`` seeds the new modules' initial weights (same on every rank);
+    ``logit_chunk_rows`` bounds the token-logit rows alive at once."""
+
+    lam: float = 0.2
+    merger_hidden: int = 4096
+    action_hidden: int = 512
+    trainable: TrainableParts = field(default_factory=TrainableParts)
+    init_seed: int = 0
+    logit_chunk_rows: int = DEFAULT_LOGIT_CHUNK_ROWS
+
+
+@dataclass
+class JanusOutput:
+    """What one forward returns: the loss sums, the action logits [B, n_actions] (float32), the
+    VGGT features used [B, N, 2C] (cached or live; for live checks) and, on request, the last
+    hidden states [B, L, hidden]."""
+
+    loss_parts: LossParts
+    action_logits: torch.Tensor
+    features: torch.Tensor
+    hidden_states: torch.Tensor | None = None
+
+
+def part_of(name: str) -> str:
+    """The parameter set (:data:`PARTS`) a parameter name of :class:`JanusVLNModel` belongs to."""
+    for prefix, part in _PART_PREFIXES:
+        if name.startswith(prefix):
+            return part
+    raise ValueError(f"parameter {name} belongs to no known part ({', '.join(PARTS)})")
+
+
+class JanusVLNModel(nn.Module):
+    """Qwen2.5-VL with VGGT-feature injection and an action head (see the module docstring).
+
+    ``feature_dim`` is the VGGT feature width 2C (2048 for VGGT-1B). ``encoder`` (optional) is the
+    frozen VGGT used for batches without cached features.
+    """
+
+    def __init__(
+        self,
+        qwen: Qwen2_5_VLForConditionalGeneration,
+        feature_dim: int,
+        config: JanusModelConfig | None = None,
+        encoder: WindowEncoder | None = None,
+    ) -> None:
+        super().__init__()
+        self.config = config if config is not None else JanusModelConfig()
+        self.qwen = qwen
+        hidden = qwen.config.text_config.hidden_size
+        if encoder is not None:
+            encoder_dim = 2 * encoder.model.config.embed_dim
+            if encoder_dim != feature_dim:
+                raise ValueError(f"feature_dim {feature_dim} differs from the encoder's feature width {encoder_dim}")
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(self.config.init_seed)
+            self.vggt_merger = VGGTMerger(feature_dim, hidden, self.config.merger_hidden)
+            self.action_head = ActionHead(hidden, self.config.action_hidden)
+        self.vggt_merger.to(qwen.dtype)
+        self.action_head.to(qwen.dtype)
+        # A plain attribute, not a submodule: see the module docstring.
+        self.encoder = encoder
+        self.feature_dim = feature_dim
+        self.image_token_id = int(qwen.config.image_token_id)
+        self.set_trainable(self.config.trainable)
+
+    @classmethod
+    def from_profile(
+        cls,
+        profile: Profile,
+        config: JanusModelConfig | None = None,
+        live: bool = False,
+        device: torch.device | str | None = None,
+    ) -> JanusVLNModel:
+        """The model of a profile on ``device`` (default: the profile's), in its compute dtype.
+
+        ``live=False`` never builds or loads VGGT (cached features only); ``live=True`` builds the
+        frozen encoder too, for batches without features.
+        """
+        device = torch.device(device if device is not None else profile.device)
+        qwen = load_qwen(profile.qwen, TORCH_DTYPES[profile.compute_dtype], attention_implementation(device))
+        encoder = WindowEncoder.from_settings(profile.vggt, profile.cache, device) if live else None
+        return cls(qwen, vggt_feature_dim(profile.vggt), config, encoder).to(device)
+
+    # --------------------------------------------------------------------- trainable / groups
+
+    def set_trainable(self, trainable: TrainableParts) -> None:
+        """Freeze or unfreeze each part."""
+        for name, param in self.named_parameters():
+            param.requires_grad_(getattr(trainable, part_of(name)))
+
+    def parameter_groups(
+        self,
+        lr_base: float = 2e-5,
+        lr_projector: float = 1e-5,
+        lr_vision: float = 1e-6,
+        weight_decay: float = 0.0,
+    ) -> list[dict[str, Any]]:
+        """Optimizer param groups of the trainable parameters: ``base`` (LLM, lm_head, action head),
+        ``projector`` (Qwen ViT merger, VGGT merger) and ``vision`` (ViT blocks), each as
+        ``{"name", "lr", "weight_decay", "params", "param_names"}``; groups without trainable
+        parameters are left out."""
+        lrs = {"base": lr_base, "projector": lr_projector, "vision": lr_vision}
+        groups: dict[str, dict[str, Any]] = {
+            name: {"name": name, "lr": lr, "weight_decay": weight_decay, "params": [], "param_names": []}
+            for name, lr in lrs.items()
+        }
+        for name, param in self.named_parameters():
+            if param.requires_grad:
+                group = groups[LR_GROUP_OF_PART[part_of(name)]]
+                group["params"].append(param)
+                group["param_names"].append(name)
+        return [group for group in groups.values() if group["params"]]
+
+    def set_gradient_checkpointing(self, enabled: bool) -> None:
+        """Recompute Qwen's decoder (and ViT) layer activations in the backward pass."""
+        if enabled:
+            self.qwen.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            self.qwen.activation_checkpointing_disable()
+
+    @property
+    def gradient_checkpointing(self) -> bool:
+        return bool(self.qwen.is_activation_checkpointing)
+
+    @property
+    def device(self) -> torch.device:
+        return self.qwen.lm_head.weight.device
+
+    # ------------------------------------------------------------------------------- forward
+
+    def encode_features(self, frames: torch.Tensor) -> torch.Tensor:
+        """Live VGGT features [B, N, 2C] (the encoder's feature dtype) of uint8 windows [B, S, H, W, 3]."""
+        if self.encoder is None:
+            raise ModelInputError("the model was built without a VGGT encoder (cached features only)")
+        return self.encoder.encode(frames)
+
+    def forward(self, batch: Mapping[str, torch.Tensor | None], return_hidden: bool = False) -> JanusOutput:
+        """One micro-batch. ``batch`` holds the collated prompt tensors (see
+        :func:`janus_train.prompt.collate_prompts`), ``frames`` uint8 [B, S, H, W, 3] and, for the
+        cached path, ``features`` [B, N, 2C]."""
+        device = self.device
+        input_ids = _required(batch, "input_ids")
+        attention_mask = _required(batch, "attention_mask")
+        frames = _required(batch, "frames")
+        if frames.dtype != torch.uint8 or frames.dim() != 5 or frames.shape[-1] != 3:
+            raise ModelInputError(f"frames must be uint8 [B, S, H, W, 3], got {frames.dtype} {tuple(frames.shape)}")
+        b, s, height, width, _ = frames.shape
+        if input_ids.shape[0] != b:
+            raise ModelInputError(f"input_ids hold {input_ids.shape[0]} samples but frames {b}")
+        grid = grid_shape(height, width)
+        per_image = visual_tokens_for_shape(height, width)
+        self._check_image_pads(input_ids, s * per_image)
+        frames = frames.to(device, non_blocking=True)  # once, for the ViT and (live) for VGGT
+        features = batch.get("features")
+        if features is None:
+            if self.encoder is None:
+                raise ModelInputError(
+                    "the batch has no 'features' and the model was built without a VGGT encoder; "
+                    "pass cached features or build the model with live=True"
+                )
+            features = self.encode_features(frames)
+        self._check_features(features, b, grid)
+
+        # Image embeddings from Qwen's ViT on pixel values built on the model's device.
+        pixel_values, image_grid_thw = qwen_pixel_values(frames.flatten(0, 1))
+        image_embeds = torch.cat(self.qwen.model.get_image_features(pixel_values, image_grid_thw).pooler_output)
+        merger_dtype = self.vggt_merger.norm.weight.dtype
+        vggt_embeds = self.vggt_merger(features.to(device, merger_dtype, non_blocking=True), grid)  # [B, T, hidden]
+        # Per sample: sample i's 3-D embedding goes to the S images of sample i only.
+        injected = self.config.lam * vggt_embeds.unsqueeze(1).to(image_embeds.dtype)
+        image_embeds = image_embeds.view(b, s, per_image, -1) + injected
+        inputs_embeds = self._embed_tokens(input_ids, image_embeds.view(b * s * per_image, -1))
+
+        # M-RoPE positions on the CPU: Qwen's rope index walks the sequence in Python.
+        position_ids, _ = self.qwen.model.get_rope_index(
+            input_ids.cpu(),
+            _required(batch, "mm_token_type_ids").cpu(),
+            image_grid_thw=torch.tensor([[1, *grid]], dtype=torch.int64).expand(b * s, 3),
+            attention_mask=attention_mask.cpu(),
+        )
+        hidden = self.qwen.model.language_model(
+            inputs_embeds=inputs_embeds,
+            attention_mask=attention_mask.to(device, non_blocking=True),
+            position_ids=position_ids.to(device, non_blocking=True),
+            use_cache=False,
+        ).last_hidden_state
+
+        labels, segment_ids = _required(batch, "labels"), _required(batch, "segment_ids")
+        ce_sum, tokens, rows = token_cross_entropy(
+            hidden, labels, segment_ids, self.qwen.lm_head, self.config.logit_chunk_rows
+        )
+        positions = _required(batch, "action_positions").to(device, non_blocking=True)
+        action_logits = self.action_head(hidden[torch.arange(b, device=device), positions]).float()
+        action_ce, correct = action_cross_entropy(action_logits, _required(batch, "action_ids"))
+        parts = LossParts(
+            segment_ce_sum=ce_sum, segment_tokens=tokens, action_ce=action_ce, action_correct=correct, logit_rows=rows
+        )
+        return JanusOutput(parts, action_logits, features, hidden if return_hidden else None)
+
+    def _check_features(self, features: torch.Tensor, batch: int, grid: tuple[int, int]) -> None:
+        expected = (batch, grid[0] * grid[1], self.feature_dim)
+        if tuple(features.shape) != expected:
+            raise ModelInputError(
+                f"features have shape {tuple(features.shape)}, expected {list(expected)} "
+                f"(batch, {grid[0]}x{grid[1]} patches of the frames, feature width)"
+            )
+
+    def _check_image_pads(self, input_ids: torch.Tensor, pads_per_sample: int) -> None:
+        pads = (input_ids == self.image_token_id).sum(1)
+        if not bool((pads == pads_per_sample).all()):
+            raise ModelInputError(
+                f"image-pad tokens per sample {pads.tolist()} do not match the frames "
+                f"({pads_per_sample} = images x visual tokens per image)"
+            )
+
+    def _embed_tokens(self, input_ids: torch.Tensor, image_embeds: torch.Tensor) -> torch.Tensor:
+        """Token embeddings with the image pads replaced by ``image_embeds`` (in sequence order)."""
+        ids = input_ids.to(self.device, non_blocking=True)
+        embeds = self.qwen.model.get_input_embeddings()(ids)
+        # masked_scatter fills the pads row by row, so sample i's pads take rows of sample i only
+        # (every sample has the same pad count, checked by _check_image_pads).
+        mask = (ids == self.image_token_id).unsqueeze(-1)
+        return embeds.masked_scatter(mask, image_embeds.to(embeds.dtype))
+
+
+def _required(batch: Mapping[str, torch.Tensor | None], name: str) -> torch.Tensor:
+    value = batch.get(name)
+    if value is None:
+        raise ModelInputError(f"the batch has no '{name}'")
+    return value

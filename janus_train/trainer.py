@@ -1,0 +1,319 @@
+"""The trainer stage: a DeepSpeed ZeRO-3 engine loop over cached (or live) samples.
+
+One optimizer step = ``grad_accum`` micro-batches per rank. The micro-batches of a step are
+fetched first (that time is the step's data wait), the loss normaliser is all-reduced over the
+whole accumulated batch of all ranks, then each micro-batch's share of the loss is backpropagated
+(see ``janus_train.loss``). Checkpoints store the data position, so a resumed run continues with
+the next unseen sample at once.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader, Dataset
+
+from janus_cache.profile import Profile
+from janus_cache.resolution import Resolution, visual_tokens
+from janus_train.config import TrainSettings, deepspeed_config
+from janus_train.data import CachedSamples, EpochSampler, LiveSamples, StreamedSamples, collate
+from janus_train.loss import LossDenominators, micro_batch_loss
+from janus_train.model import JanusVLNModel
+from janus_train.prompt import SEGMENT_NAMES, PromptBuilder
+
+CHECKPOINTS = "checkpoints"
+METRICS_FILE = "metrics.jsonl"
+EXPORT_DIR = "export"
+HEADS_FILE = "janus_heads.safetensors"
+
+# Dense bf16 peak per GPU for the MFU estimate; unknown devices report no MFU.
+PEAK_BF16_FLOPS = {"H100": 989e12, "H800": 989e12, "H200": 989e12, "A100": 312e12, "A800": 312e12}
+
+
+@dataclass
+class StepTimes:
+    data_wait: float = 0.0
+    compute: float = 0.0
+
+
+def load_tokenizer(profile: Profile) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(profile.qwen.path), use_fast=True)
+
+
+def make_dataset(profile: Profile, builder: PromptBuilder, cache: Path | None, live_data: Path | None,
+                 rank: int, world: int) -> Dataset:
+    if live_data is not None:
+        from janus_cache.dataset import build_index
+
+        index = build_index(live_data, history=profile.cache.history)
+        return LiveSamples(index, builder, Resolution.parse(profile.cache.resolution))
+    assert cache is not None
+    if (Path(cache) / "wds").is_dir():
+        return StreamedSamples(cache, builder, rank=rank, world=world)
+    return CachedSamples(cache, builder)
+
+
+def lr_lambda(total_steps: int, warmup_steps: int, step: int) -> float:
+    """Linear warm-up to 1, then cosine decay to 0 at ``total_steps``."""
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
+    return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+
+
+def peak_flops(device: torch.device) -> float | None:
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((flops for key, flops in PEAK_BF16_FLOPS.items() if key in name), None)
+
+
+class Trainer:
+    def __init__(self, profile: Profile, settings: TrainSettings, out_dir: Path, cache: Path | None = None,
+                 live_data: Path | None = None) -> None:
+        import deepspeed
+
+        if (cache is None) == (live_data is None):
+            raise ValueError("train from exactly one of a cache or (live) source data")
+        self.profile, self.settings, self.out_dir = profile, settings, Path(out_dir)
+        cuda = profile.device == "cuda"
+        if settings.alloc_conf and cuda:
+            os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", settings.alloc_conf)
+        deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo")
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        local_rank = int(os.environ.get("LOCAL_RANK", 0))
+        self.device = torch.device(f"cuda:{local_rank}" if cuda else "cpu")
+        if cuda:
+            torch.cuda.set_device(self.device)
+
+        tokenizer = load_tokenizer(profile)
+        resolution = Resolution.parse(profile.cache.resolution)
+        self.builder = PromptBuilder(tokenizer, visual_tokens(resolution))
+        self.pad_token_id = self.builder.pad_token_id
+        self.dataset = make_dataset(profile, self.builder, cache, live_data, self.rank, self.world)
+        self.streaming = isinstance(self.dataset, StreamedSamples)
+
+        model = JanusVLNModel.from_profile(profile, settings.model_config(), live=live_data is not None,
+                                           device=self.device)
+        model.set_gradient_checkpointing(settings.gradient_checkpointing)
+        self.loss_config = settings.loss_config()
+        self.samples_per_step = settings.micro_batch * settings.grad_accum * self.world
+        self.steps_per_epoch = len(self.dataset) // self.samples_per_step
+        if self.steps_per_epoch == 0:
+            raise ValueError(
+                f"{len(self.dataset)} samples are fewer than one optimizer step "
+                f"({settings.micro_batch} x {settings.grad_accum} x {self.world} processes)"
+            )
+        planned = self.steps_per_epoch * settings.epochs
+        self.total_steps = min(planned, settings.max_steps) if settings.max_steps > 0 else planned
+        groups = model.parameter_groups(settings.lr_base, settings.lr_projector, settings.lr_vision,
+                                        settings.weight_decay)
+        optimizer = torch.optim.AdamW(
+            [{k: v for k, v in g.items() if k != "param_names"} for g in groups], betas=(0.9, 0.999)
+        )
+        warmup = max(1, round(settings.warmup_ratio * self.total_steps))
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, partial(lr_lambda, self.total_steps, warmup))
+        config = deepspeed_config(settings, bf16=profile.compute_dtype == "bfloat16")
+        self.engine, _, _, self.scheduler = deepspeed.initialize(
+            model=model, optimizer=optimizer, lr_scheduler=scheduler, config=config
+        )
+        self.model = model
+        self.llm_params = sum(p.ds_numel if hasattr(p, "ds_numel") else p.numel()
+                              for p in model.qwen.model.language_model.parameters())
+        self.step = 0
+        self.epoch = 0
+        self.position = 0  # micro-batch samples of this rank already consumed in this epoch
+        self.metrics_file = self.out_dir / METRICS_FILE
+        self.tensorboard: Any = None
+
+    # ----------------------------------------------------------------------------- checkpoints
+
+    def checkpoint_dir(self) -> Path:
+        return self.out_dir / CHECKPOINTS
+
+    def resume(self) -> bool:
+        """Continue from the latest checkpoint in ``out_dir``, if any."""
+        if not (self.checkpoint_dir() / "latest").is_file():
+            return False
+        _, state = self.engine.load_checkpoint(str(self.checkpoint_dir()))
+        self.step, self.epoch, self.position = state["step"], state["epoch"], state["position"]
+        if state["seed"] != self.settings.seed:
+            raise ValueError(f"checkpoint was trained with seed {state['seed']}, the profile says {self.settings.seed}")
+        return True
+
+    def save(self) -> None:
+        state = {"step": self.step, "epoch": self.epoch, "position": self.position, "seed": self.settings.seed}
+        self.engine.save_checkpoint(str(self.checkpoint_dir()), tag=f"step{self.step:08d}", client_state=state)
+        if self.rank == 0:
+            tags = sorted(p for p in self.checkpoint_dir().glob("step*") if p.is_dir())
+            for old in tags[: -self.settings.save_total_limit]:
+                shutil.rmtree(old, ignore_errors=True)
+        dist.barrier()
+
+    # ------------------------------------------------------------------------------------ data
+
+    def _loader(self) -> Iterator[tuple[dict[str, Any], int, int]]:
+        """(micro-batch, epoch, position after it) from the current (epoch, position) on."""
+        epoch, position = self.epoch, self.position
+        per_rank = len(self.dataset) // self.world
+        while True:
+            # A map-style cache starts the epoch's permutation at ``position`` directly; a stream
+            # has no random access and reads past the samples already trained on.
+            sampler = None if self.streaming else EpochSampler(
+                len(self.dataset), self.rank, self.world, self.settings.seed, epoch, start=position
+            )
+            loader = DataLoader(
+                self.dataset,
+                batch_size=self.settings.micro_batch,
+                sampler=sampler,
+                collate_fn=partial(collate, pad_token_id=self.pad_token_id),
+                num_workers=self.settings.num_workers,
+                drop_last=True,
+            )
+            skip = position // self.settings.micro_batch if self.streaming else 0
+            for i, batch in enumerate(loader):
+                if i < skip:
+                    continue
+                position += self.settings.micro_batch
+                if position > per_rank:
+                    break
+                yield batch, epoch, position
+            epoch, position = epoch + 1, 0
+
+    # ------------------------------------------------------------------------------- training
+
+    def train(self) -> list[dict[str, Any]]:
+        """Run to ``total_steps``; returns the logged metric records of this process."""
+        records: list[dict[str, Any]] = []
+        batches = self._loader()
+        self.engine.train()
+        while self.step < self.total_steps:
+            times = StepTimes()
+            start = time.perf_counter()
+            fetched = [next(batches) for _ in range(self.settings.grad_accum)]
+            micro = [batch for batch, _, _ in fetched]
+            times.data_wait = time.perf_counter() - start
+            local = LossDenominators.from_batches(micro, self.loss_config).as_tensor(self.device)
+            dist.all_reduce(local)
+            denominators = LossDenominators.from_tensor(local)
+
+            compute_start = time.perf_counter()
+            sums: dict[str, torch.Tensor] = {}
+            tokens = images = visual = 0
+            for batch in micro:
+                out = self.engine(batch)
+                # DeepSpeed averages gradients over ranks: scale by the world size to keep the sum.
+                loss = micro_batch_loss(out.loss_parts, denominators, self.loss_config, self.step, scale=self.world)
+                self.engine.backward(loss, scale_wrt_gas=False)
+                self.engine.step()
+                for name, value in out.loss_parts.metric_sums().items():
+                    sums[name] = sums.get(name, 0) + value.to(self.device)
+                tokens += int(batch["attention_mask"].sum())
+                images += int(batch["frames"].shape[0] * batch["frames"].shape[1])
+                visual += int((batch["mm_token_type_ids"] == 1).sum())
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            times.compute = time.perf_counter() - compute_start
+            _, self.epoch, self.position = fetched[-1]
+            self.step += 1
+
+            record = self._metrics(sums, denominators, times, tokens, images, visual)
+            records.append(record)
+            if self.step % self.settings.log_every == 0 or self.step == self.total_steps:
+                self._log(record)
+            if self.settings.empty_cache_every and self.step % self.settings.empty_cache_every == 0:
+                dist.barrier()  # all ranks flush together, so no rank waits on another's flush
+                if self.device.type == "cuda":
+                    torch.cuda.empty_cache()
+            if self.settings.save_every and self.step % self.settings.save_every == 0:
+                self.save()
+        return records
+
+    def _metrics(self, sums: dict[str, torch.Tensor], denominators: LossDenominators, times: StepTimes,
+                 tokens: int, images: int, visual: int) -> dict[str, Any]:
+        packed = torch.cat([v.reshape(-1).double() for v in sums.values()] + [
+            torch.tensor([tokens, images, visual, times.data_wait, times.compute], dtype=torch.float64,
+                         device=self.device)
+        ])
+        dist.all_reduce(packed)
+        values = packed.tolist()
+        segment_ce, segment_tokens = values[0:4], values[4:8]
+        action_ce, action_correct, samples = values[8], values[9], values[10]
+        tokens_all, images_all, visual_all, wait_sum, compute_sum = values[11:16]
+        weights = self.loss_config.segment_weights
+        token_loss = sum(w * c for w, c in zip(weights, segment_ce)) / max(denominators.weight_sum, 1e-12)
+        distill = self.loss_config.distill_weight_at(self.step - 1)
+        step_time = (wait_sum + compute_sum) / self.world
+        record: dict[str, Any] = {
+            "step": self.step,
+            "epoch": self.epoch,
+            "loss": token_loss + distill * action_ce / max(samples, 1.0),
+            "token_loss": token_loss,
+            "action_loss": action_ce / max(samples, 1.0),
+            "action_accuracy": action_correct / max(samples, 1.0),
+            "grad_norm": float(self.engine.get_global_grad_norm() or 0.0),
+            "lr": self.scheduler.get_last_lr()[0],
+            "samples_per_s": samples / max(step_time, 1e-9),
+            "tokens_per_s": tokens_all / max(step_time, 1e-9),
+            "images_per_sample": images_all / max(samples, 1.0),
+            "visual_tokens_per_sample": visual_all / max(samples, 1.0),
+            "data_wait_s": wait_sum / self.world,
+            "compute_s": compute_sum / self.world,
+            "step_s": step_time,
+            "data_wait_share": wait_sum / max(wait_sum + compute_sum, 1e-12),
+        }
+        for name, ce, n in zip(SEGMENT_NAMES, segment_ce, segment_tokens):
+            record[f"loss_{name}"] = ce / n if n else None
+        peak = peak_flops(self.device)
+        if peak is not None:
+            # Training FLOPs ~ 6 x LLM parameters per token (forward + backward).
+            record["mfu"] = 6 * self.llm_params * tokens_all / (step_time * peak * self.world)
+            record["peak_memory_gb"] = torch.cuda.max_memory_allocated(self.device) / 1e9
+            record["alloc_retries"] = torch.cuda.memory_stats(self.device).get("num_alloc_retries", 0)
+        return record
+
+    def _log(self, record: dict[str, Any]) -> None:
+        if self.rank != 0:
+            return
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.metrics_file, "a") as f:
+            f.write(json.dumps(record) + "\n")
+        print(
+            f"step {record['step']}/{self.total_steps} loss {record['loss']:.4f} "
+            f"(tokens {record['token_loss']:.4f}, action {record['action_loss']:.4f}) "
+            f"grad {record['grad_norm']:.3f} lr {record['lr']:.2e} {record['samples_per_s']:.2f} samples/s "
+            f"{record['tokens_per_s']:.0f} tok/s wait {100 * record['data_wait_share']:.0f}% "
+            f"step {record['step_s']:.2f}s",
+            flush=True,
+        )
+        if self.tensorboard is None:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError:
+                self.tensorboard = False
+            else:
+                self.tensorboard = SummaryWriter(str(self.out_dir / "tensorboard"))
+        if self.tensorboard:
+            for name, value in record.items():
+                if isinstance(value, (int, float)) and name != "step":
+                    self.tensorboard.add_scalar(name, value, record["step"])
+            self.tensorboard.flush()
+
+    # ---------------------------------------------------------------------------------- export
+
+    def close(self) -> None:
+        if self.tensorboard:
+            self.tensorboard.close()
