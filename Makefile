@@ -25,6 +25,7 @@ FORMAT ?= zarr
 NPROC ?= $(shell $(PY) -c "from janus_cache.profile import load_profile; print(load_profile('$(PROFILE)').nproc_per_node)" 2>/dev/null || echo 1)
 TORCHRUN_ARGS ?= --standalone
 PRECOMPUTE_ARGS ?=
+VERIFY_ARGS ?=
 STAMP := $(VENV)/.janus-setup
 
 .PHONY: help setup test demo precompute train verify bench clean-demo
@@ -34,6 +35,7 @@ help:
 	@echo "make demo        run janus on generated sample data (tiny profile, CPU)"
 	@echo "make test        run the test suite"
 	@echo "make precompute DATA=dir [PROFILE=tiny] [OUT=cache] [NPROC=n] [FORMAT=zarr|wds]"
+	@echo "make verify CACHE=dir [DATA=dir] [PROFILE=tiny] [NPROC=n] [VERIFY_ARGS='--live 8 --json report.json']"
 	@echo "make train [PROFILE=tiny|h800] [CACHE=cache] [RUN=runs/PROFILE] [NPROC=n]"
 
 $(STAMP): pyproject.toml $(TORCH_CONSTRAINTS)
@@ -54,6 +56,9 @@ demo: $(STAMP)
 	$(JANUS_CACHE) index $(DEMO_DIR)/data --profile $(PROFILE)
 	$(MAKE) --no-print-directory precompute DATA=$(DEMO_DIR)/data OUT=$(DEMO_DIR)/cache PROFILE=$(PROFILE) NPROC=2
 	$(JANUS_CACHE) info $(DEMO_DIR)/cache
+	$(MAKE) --no-print-directory verify CACHE=$(DEMO_DIR)/cache DATA=$(DEMO_DIR)/data PROFILE=$(PROFILE) NPROC=2
+	$(MAKE) --no-print-directory train CACHE=$(DEMO_DIR)/cache RUN=$(DEMO_DIR)/run PROFILE=$(PROFILE) NPROC=2
+	@echo "demo done: data $(DEMO_DIR)/data, cache $(DEMO_DIR)/cache, run $(DEMO_DIR)/run (metrics.jsonl, export/)"
 
 precompute: $(STAMP)
 	@test -n "$(DATA)" || { echo "make precompute: set DATA=<dataset folder or annotation file>" >&2; exit 2; }
@@ -68,9 +73,13 @@ train: $(STAMP)
 	$(VENV)/bin/torchrun $(TORCHRUN_ARGS) --nproc_per_node $(NPROC) -m pipelines.train \
 		--cache $(CACHE) --out $(RUN) --profile $(PROFILE) $(TRAIN_ARGS)
 
-verify bench:
-	@echo "make $@: not built yet (see the open issues); nothing was run." >&2
-	@exit 2
+verify: $(STAMP)
+	@test -n "$(CACHE)" || { echo "make verify: set CACHE=<cache directory> (and DATA=<dataset> for the dataset and live checks)" >&2; exit 2; }
+	$(VENV)/bin/torchrun $(TORCHRUN_ARGS) --nproc_per_node $(NPROC) -m pipelines.verify $(CACHE) \
+		--profile $(PROFILE) $(if $(DATA),--data $(DATA)) $(VERIFY_ARGS)
+
+bench: $(STAMP)
+	$(PY) -m pipelines.bench --out bench $(BENCH_ARGS)
 
 clean-demo:
 	rm -rf $(DEMO_DIR)

@@ -161,11 +161,15 @@ def info_cmd(
 
 
 def _register_stage_commands() -> None:
-    # The precompute command is the pipeline's own entry point, so the CLI and torchrun share one
-    # definition of its options; here it runs as a single process.
+    # Each stage's entry point defines its options once, for torchrun and for this CLI (where it
+    # runs as a single process).
+    from pipelines.bench import command as bench_command
     from pipelines.precompute import command as precompute_command
+    from pipelines.verify import command as verify_command
 
     app.command("precompute")(precompute_command)
+    app.command("verify")(verify_command)
+    app.command("bench")(bench_command)
 
 
 _register_stage_commands()

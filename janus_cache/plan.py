@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass
+from itertools import chain
 from typing import Any
 
 import numpy as np
 
 from janus_cache.dataset import DatasetIndex
 from janus_cache.encoder import WindowEncoder
-from janus_cache.imaging import load_frame
+from janus_cache.imaging import FrameError, load_frame
 from janus_cache.precompute import encode_windows, frame_shape
 from janus_cache.resolution import PATCH_DIM, Resolution, grid_shape
 from janus_cache.store.compression import FEATURES_COMPRESSION, FRAMES_COMPRESSION
@@ -118,21 +119,52 @@ def probe_rows(n_samples: int, probe: int) -> list[int]:
     return sorted({int(r) for r in np.linspace(0, n_samples - 1, min(probe, n_samples))})
 
 
+def _decodable_probe(
+    index: DatasetIndex, resolution: Resolution, probe: int
+) -> tuple[list[int], dict[int, np.ndarray], float]:
+    """Up to ``probe`` sample rows whose window frames all decode, their frames and seconds per frame.
+
+    A source that fails to decode is precompute's business (it records the sample as failed); the
+    plan measures other samples instead, the evenly spread ones first.
+    """
+    n_samples = len(index.samples)
+    spread = probe_rows(n_samples, probe)
+    chosen = set(spread)
+    candidates = chain(spread, (r for r in range(n_samples) if r not in chosen))
+    decoded: dict[int, np.ndarray | None] = {}
+    first_failure = ""
+    rows: list[int] = []
+    seconds = 0.0
+    for row in candidates:
+        for frame_row in index.samples[row].window_rows:
+            if frame_row not in decoded:
+                start = time.perf_counter()
+                try:
+                    decoded[frame_row] = load_frame(index.frames[frame_row].path, resolution)
+                except (FrameError, OSError) as err:
+                    decoded[frame_row] = None
+                    first_failure = first_failure or str(err)
+                seconds += time.perf_counter() - start
+        if all(decoded[r] is not None for r in index.samples[row].window_rows):
+            rows.append(row)
+            if len(rows) == probe:
+                break
+    if not rows:
+        raise ValueError(f"{index.source}: no sample has a window whose frames all decode ({first_failure})")
+    frames = {r: f for r, f in decoded.items() if f is not None}
+    return sorted(rows), frames, seconds / len(decoded)
+
+
 def make_plan(
     index: DatasetIndex, encoder: WindowEncoder, resolution: Resolution, batch: int, probe: int = 4
 ) -> Plan:
     """Measure ``probe`` samples of ``index`` and extrapolate to the whole dataset."""
     shape = frame_shape(index, resolution)
     feature_shape = encoder.feature_shape(*shape)
-    rows = probe_rows(len(index.samples), probe)
-    if not rows:
+    if not index.samples:
         raise ValueError(f"{index.source}: the dataset has no samples to plan for")
+    rows, decoded, decode_seconds = _decodable_probe(index, resolution, probe)
     window_rows = np.array([index.samples[r].window_rows for r in rows], dtype=np.int64)
-    unique = np.unique(window_rows)
-
-    start = time.perf_counter()
-    decoded = {int(r): load_frame(index.frames[r].path, resolution) for r in unique}
-    decode_seconds = (time.perf_counter() - start) / len(unique)
     frame_bytes = float(np.mean([len(FRAMES_COMPRESSION.encode(f)) for f in decoded.values()]))
 
     windows = np.stack([np.stack([decoded[int(r)] for r in w]) for w in window_rows])

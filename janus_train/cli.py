@@ -10,6 +10,13 @@ import typer
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Train from janus caches and export the result.")
 
 
+@app.callback()
+def _commands() -> None:
+    # With a single command and no callback, typer would make `export` the program itself and
+    # refuse `janus-train export RUN`; the callback keeps the command group.
+    pass
+
+
 @app.command("export")
 def export_cmd(
     run: Annotated[Path, typer.Argument(help="Training run directory (holds checkpoints/).")],

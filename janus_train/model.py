@@ -363,14 +363,8 @@ class JanusVLNModel(nn.Module):
             features = self.encode_features(frames)
         self._check_features(features, b, grid)
 
-        # Image embeddings from Qwen's ViT on pixel values built on the model's device.
-        pixel_values, image_grid_thw = qwen_pixel_values(frames.flatten(0, 1))
-        image_embeds = torch.cat(self.qwen.model.get_image_features(pixel_values, image_grid_thw).pooler_output)
-        merger_dtype = self.vggt_merger.norm.weight.dtype
-        vggt_embeds = self.vggt_merger(features.to(device, merger_dtype, non_blocking=True), grid)  # [B, T, hidden]
-        # Per sample: sample i's 3-D embedding goes to the S images of sample i only.
-        injected = self.config.lam * vggt_embeds.unsqueeze(1).to(image_embeds.dtype)
-        image_embeds = image_embeds.view(b, s, per_image, -1) + injected
+        image_embeds = self.image_embeddings(frames, features)
+        per_image = image_embeds.shape[2]
         inputs_embeds = self._embed_tokens(input_ids, image_embeds.view(b * s * per_image, -1))
 
         # M-RoPE positions on the CPU: Qwen's rope index walks the sequence in Python.
@@ -398,6 +392,24 @@ class JanusVLNModel(nn.Module):
             segment_ce_sum=ce_sum, segment_tokens=tokens, action_ce=action_ce, action_correct=correct, logit_rows=rows
         )
         return JanusOutput(parts, action_logits, features, hidden if return_hidden else None)
+
+    def image_embeddings(self, frames: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+        """The fused image embeddings the LLM sees, [B, S, T, hidden]: Qwen's ViT embeddings of each
+        uint8 frame [B, S, H, W, 3] (pixel values built on the model's device) plus
+        ``lam * merger(feature)`` of that frame's own sample (features [B, N, 2C])."""
+        b, s, height, width, _ = frames.shape
+        grid = grid_shape(height, width)
+        pixel_values, image_grid_thw = qwen_pixel_values(
+            frames.to(self.device, non_blocking=True).view(b * s, height, width, 3)
+        )
+        image_embeds = torch.cat(self.qwen.model.get_image_features(pixel_values, image_grid_thw).pooler_output)
+        per_image = image_embeds.shape[0] // (b * s)
+        merger_dtype = self.vggt_merger.norm.weight.dtype
+        vggt_embeds = self.vggt_merger(features.to(self.device, merger_dtype, non_blocking=True), grid)
+        if vggt_embeds.shape[1] != per_image:
+            raise ModelInputError(f"the VGGT merger gives {vggt_embeds.shape[1]} tokens per sample, Qwen's ViT {per_image} per image")
+        # Per sample: sample i's 3-D embedding goes to the S images of sample i only.
+        return image_embeds.view(b, s, per_image, -1) + self.config.lam * vggt_embeds.unsqueeze(1).to(image_embeds.dtype)
 
     def _check_features(self, features: torch.Tensor, batch: int, grid: tuple[int, int]) -> None:
         expected = (batch, grid[0] * grid[1], self.feature_dim)

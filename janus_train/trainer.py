@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import random
 import shutil
 import time
 from collections.abc import Iterator
@@ -20,6 +21,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset
@@ -30,12 +32,11 @@ from janus_train.config import TrainSettings, deepspeed_config
 from janus_train.data import CachedSamples, EpochSampler, LiveSamples, StreamedSamples, collate
 from janus_train.loss import LossDenominators, micro_batch_loss
 from janus_train.model import JanusVLNModel
-from janus_train.prompt import SEGMENT_NAMES, PromptBuilder
+from janus_train.prompt import IGNORE_INDEX, SEGMENT_NAMES, PromptBuilder
 
 CHECKPOINTS = "checkpoints"
 METRICS_FILE = "metrics.jsonl"
 EXPORT_DIR = "export"
-HEADS_FILE = "janus_heads.safetensors"
 
 # Dense bf16 peak per GPU for the MFU estimate; unknown devices report no MFU.
 PEAK_BF16_FLOPS = {"H100": 989e12, "H800": 989e12, "H200": 989e12, "A100": 312e12, "A800": 312e12}
@@ -43,14 +44,75 @@ PEAK_BF16_FLOPS = {"H100": 989e12, "H800": 989e12, "H200": 989e12, "A100": 312e1
 
 @dataclass
 class StepTimes:
+    """Seconds of one optimizer step on this rank; compute = forward + backward + optimizer."""
+
     data_wait: float = 0.0
     compute: float = 0.0
+    forward: float = 0.0
+    backward: float = 0.0
+    optimizer: float = 0.0
+
+    def lap(self, since: float, device: torch.device) -> float:
+        """Seconds since ``since`` (after the GPU's queued work, so phases are not blurred)."""
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return time.perf_counter() - since
+
+
+def init_distributed(profile: Profile, alloc_conf: str = "") -> torch.device:
+    """Join the launcher's process group (NCCL on GPU, gloo on CPU); returns this process's device.
+
+    Idempotent, so an entry point may call it before building a :class:`Trainer` (e.g. to run a
+    start-up check on rank 0 and broadcast the verdict). ``alloc_conf`` is set as
+    ``PYTORCH_CUDA_ALLOC_CONF`` (unless already set) before CUDA initialises, when it still counts.
+    """
+    import deepspeed
+
+    cuda = profile.device == "cuda"
+    if alloc_conf and cuda:
+        os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", alloc_conf)
+    deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo")
+    if not cuda:
+        return torch.device("cpu")
+    device = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}")
+    torch.cuda.set_device(device)
+    return device
+
+
+def rng_states() -> dict[str, Any]:
+    """This process's random generator states (stored per rank in a checkpoint)."""
+    states: dict[str, Any] = {"python": random.getstate(), "numpy": np.random.get_state(),
+                              "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        states["cuda"] = torch.cuda.get_rng_state_all()
+    return states
+
+
+def set_rng_states(states: dict[str, Any]) -> None:
+    random.setstate(states["python"])
+    np.random.set_state(states["numpy"])
+    torch.set_rng_state(states["torch"])
+    if "cuda" in states and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"])
+
+
+def answer_logits(hidden: torch.Tensor, labels: torch.Tensor, lm_head_weight: torch.Tensor) -> torch.Tensor:
+    """float32 token logits [T, vocab] at the T supervised positions of a micro-batch, in row-major
+    order (the rows whose next token has a label; see :func:`janus_train.loss.token_cross_entropy`)."""
+    rows_b, rows_t = (labels[:, 1:] != IGNORE_INDEX).nonzero(as_tuple=True)
+    selected = hidden[:, :-1][rows_b.to(hidden.device), rows_t.to(hidden.device)]
+    return torch.nn.functional.linear(selected, lm_head_weight.to(selected.dtype)).float()
 
 
 def load_tokenizer(profile: Profile) -> Any:
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(profile.qwen.path), use_fast=True)
+
+
+def prompt_builder(profile: Profile) -> PromptBuilder:
+    """The prompt builder of a profile: its tokenizer, its resolution's visual tokens per image."""
+    return PromptBuilder(load_tokenizer(profile), visual_tokens(Resolution.parse(profile.cache.resolution)))
 
 
 def make_dataset(profile: Profile, builder: PromptBuilder, cache: Path | None, live_data: Path | None,
@@ -89,25 +151,17 @@ class Trainer:
         if (cache is None) == (live_data is None):
             raise ValueError("train from exactly one of a cache or (live) source data")
         self.profile, self.settings, self.out_dir = profile, settings, Path(out_dir)
-        cuda = profile.device == "cuda"
-        if settings.alloc_conf and cuda:
-            os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", settings.alloc_conf)
-        deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo")
+        self.device = init_distributed(profile, settings.alloc_conf)
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
-        local_rank = int(os.environ.get("LOCAL_RANK", 0))
-        self.device = torch.device(f"cuda:{local_rank}" if cuda else "cpu")
-        if cuda:
-            torch.cuda.set_device(self.device)
 
-        tokenizer = load_tokenizer(profile)
-        resolution = Resolution.parse(profile.cache.resolution)
-        self.builder = PromptBuilder(tokenizer, visual_tokens(resolution))
+        self.builder = prompt_builder(profile)
         self.pad_token_id = self.builder.pad_token_id
         self.dataset = make_dataset(profile, self.builder, cache, live_data, self.rank, self.world)
         self.streaming = isinstance(self.dataset, StreamedSamples)
 
-        model = JanusVLNModel.from_profile(profile, settings.model_config(), live=live_data is not None,
-                                           device=self.device)
+        # The frozen VGGT is built only to train live or to recompute a batch live now and then.
+        live = live_data is not None or settings.live_check_every > 0
+        model = JanusVLNModel.from_profile(profile, settings.model_config(), live=live, device=self.device)
         model.set_gradient_checkpointing(settings.gradient_checkpointing)
         self.loss_config = settings.loss_config()
         self.samples_per_step = settings.micro_batch * settings.grad_accum * self.world
@@ -134,6 +188,7 @@ class Trainer:
         self.llm_params = sum(p.ds_numel if hasattr(p, "ds_numel") else p.numel()
                               for p in model.qwen.model.language_model.parameters())
         self.step = 0
+        self._saved_step = -1
         self.epoch = 0
         self.position = 0  # micro-batch samples of this rank already consumed in this epoch
         self.metrics_file = self.out_dir / METRICS_FILE
@@ -144,19 +199,38 @@ class Trainer:
     def checkpoint_dir(self) -> Path:
         return self.out_dir / CHECKPOINTS
 
+    def data_layout(self) -> dict[str, int]:
+        """What a data position means: positions count this rank's samples of an epoch's
+        permutation, so a resumed run must split the data the same way."""
+        return {"world": self.world, "micro_batch": self.settings.micro_batch,
+                "grad_accum": self.settings.grad_accum, "n_samples": len(self.dataset), "seed": self.settings.seed}
+
     def resume(self) -> bool:
-        """Continue from the latest checkpoint in ``out_dir``, if any."""
+        """Continue from the latest checkpoint in ``out_dir``, if any: weights, optimizer and LR
+        schedule (DeepSpeed's part), then the data position and this rank's RNG states."""
         if not (self.checkpoint_dir() / "latest").is_file():
             return False
-        _, state = self.engine.load_checkpoint(str(self.checkpoint_dir()))
+        path, state = self.engine.load_checkpoint(str(self.checkpoint_dir()))
+        if path is None or not state:
+            raise ValueError(f"{self.checkpoint_dir()}: the latest checkpoint could not be loaded")
+        saved_layout, layout = state.get("data_layout", {}), self.data_layout()
+        changed = {k: (saved_layout.get(k), v) for k, v in layout.items() if saved_layout.get(k) != v}
+        if changed:
+            raise ValueError(f"{path}: cannot resume the data position, the run differs in "
+                             + ", ".join(f"{k} (checkpoint {old}, now {new})" for k, (old, new) in changed.items()))
         self.step, self.epoch, self.position = state["step"], state["epoch"], state["position"]
-        if state["seed"] != self.settings.seed:
-            raise ValueError(f"checkpoint was trained with seed {state['seed']}, the profile says {self.settings.seed}")
+        set_rng_states(state["rng"])
+        self._saved_step = self.step
         return True
 
     def save(self) -> None:
-        state = {"step": self.step, "epoch": self.epoch, "position": self.position, "seed": self.settings.seed}
+        """A checkpoint of the current step (once per step; older ones beyond ``save_total_limit`` go)."""
+        if self._saved_step == self.step:
+            return
+        state = {"step": self.step, "epoch": self.epoch, "position": self.position,
+                 "data_layout": self.data_layout(), "rng": rng_states()}
         self.engine.save_checkpoint(str(self.checkpoint_dir()), tag=f"step{self.step:08d}", client_state=state)
+        self._saved_step = self.step
         if self.rank == 0:
             tags = sorted(p for p in self.checkpoint_dir().glob("step*") if p.is_dir())
             for old in tags[: -self.settings.save_total_limit]:
@@ -211,14 +285,22 @@ class Trainer:
             denominators = LossDenominators.from_tensor(local)
 
             compute_start = time.perf_counter()
+            # The LR this step applies (the scheduler moves on inside the last engine.step()).
+            lr = self.scheduler.get_last_lr()[0]
             sums: dict[str, torch.Tensor] = {}
             tokens = images = visual = 0
             for batch in micro:
+                t0 = time.perf_counter()
                 out = self.engine(batch)
                 # DeepSpeed averages gradients over ranks: scale by the world size to keep the sum.
                 loss = micro_batch_loss(out.loss_parts, denominators, self.loss_config, self.step, scale=self.world)
+                times.forward += times.lap(t0, self.device)
+                t0 = time.perf_counter()
                 self.engine.backward(loss, scale_wrt_gas=False)
+                times.backward += times.lap(t0, self.device)
+                t0 = time.perf_counter()
                 self.engine.step()
+                times.optimizer += times.lap(t0, self.device)
                 for name, value in out.loss_parts.metric_sums().items():
                     sums[name] = sums.get(name, 0) + value.to(self.device)
                 tokens += int(batch["attention_mask"].sum())
@@ -230,7 +312,10 @@ class Trainer:
             _, self.epoch, self.position = fetched[-1]
             self.step += 1
 
-            record = self._metrics(sums, denominators, times, tokens, images, visual)
+            record = self._metrics(sums, denominators, times, tokens, images, visual, lr)
+            every = self.settings.live_check_every
+            if every and self.step % every == 0 and micro[0]["features"] is not None:
+                record.update(self.live_check(micro[0]))
             records.append(record)
             if self.step % self.settings.log_every == 0 or self.step == self.total_steps:
                 self._log(record)
@@ -243,16 +328,16 @@ class Trainer:
         return records
 
     def _metrics(self, sums: dict[str, torch.Tensor], denominators: LossDenominators, times: StepTimes,
-                 tokens: int, images: int, visual: int) -> dict[str, Any]:
+                 tokens: int, images: int, visual: int, lr: float) -> dict[str, Any]:
         packed = torch.cat([v.reshape(-1).double() for v in sums.values()] + [
-            torch.tensor([tokens, images, visual, times.data_wait, times.compute], dtype=torch.float64,
-                         device=self.device)
+            torch.tensor([tokens, images, visual, times.data_wait, times.compute, times.forward, times.backward,
+                          times.optimizer], dtype=torch.float64, device=self.device)
         ])
         dist.all_reduce(packed)
         values = packed.tolist()
         segment_ce, segment_tokens = values[0:4], values[4:8]
         action_ce, action_correct, samples = values[8], values[9], values[10]
-        tokens_all, images_all, visual_all, wait_sum, compute_sum = values[11:16]
+        tokens_all, images_all, visual_all, wait_sum, compute_sum, forward_sum, backward_sum, optim_sum = values[11:19]
         weights = self.loss_config.segment_weights
         token_loss = sum(w * c for w, c in zip(weights, segment_ce)) / max(denominators.weight_sum, 1e-12)
         distill = self.loss_config.distill_weight_at(self.step - 1)
@@ -265,13 +350,16 @@ class Trainer:
             "action_loss": action_ce / max(samples, 1.0),
             "action_accuracy": action_correct / max(samples, 1.0),
             "grad_norm": float(self.engine.get_global_grad_norm() or 0.0),
-            "lr": self.scheduler.get_last_lr()[0],
+            "lr": lr,
             "samples_per_s": samples / max(step_time, 1e-9),
             "tokens_per_s": tokens_all / max(step_time, 1e-9),
             "images_per_sample": images_all / max(samples, 1.0),
             "visual_tokens_per_sample": visual_all / max(samples, 1.0),
             "data_wait_s": wait_sum / self.world,
             "compute_s": compute_sum / self.world,
+            "forward_s": forward_sum / self.world,
+            "backward_s": backward_sum / self.world,
+            "optimizer_s": optim_sum / self.world,
             "step_s": step_time,
             "data_wait_share": wait_sum / max(wait_sum + compute_sum, 1e-12),
         }
@@ -296,7 +384,9 @@ class Trainer:
             f"(tokens {record['token_loss']:.4f}, action {record['action_loss']:.4f}) "
             f"grad {record['grad_norm']:.3f} lr {record['lr']:.2e} {record['samples_per_s']:.2f} samples/s "
             f"{record['tokens_per_s']:.0f} tok/s wait {100 * record['data_wait_share']:.0f}% "
-            f"step {record['step_s']:.2f}s",
+            f"step {record['step_s']:.2f}s"
+            + (f" live check: feature max abs diff {record['live_feature_max_abs']:.3g}, "
+               f"loss rel diff {record['live_loss_rel_diff']:.3g}" if "live_feature_max_abs" in record else ""),
             flush=True,
         )
         if self.tensorboard is None:
@@ -312,7 +402,58 @@ class Trainer:
                     self.tensorboard.add_scalar(name, value, record["step"])
             self.tensorboard.flush()
 
-    # ---------------------------------------------------------------------------------- export
+    # ------------------------------------------------------------------------------- outputs
+
+    @torch.no_grad()
+    def live_check(self, batch: dict[str, Any]) -> dict[str, float]:
+        """Recompute a cached micro-batch's features live (the frozen VGGT on its frames) and run
+        the current model on both: the largest feature difference and the relative difference of
+        the micro-batch's loss, the maxima over all ranks (every rank must call it)."""
+        was_training = self.engine.training
+        self.engine.eval()
+        try:
+            cached = self.engine(batch)
+            live = self.engine({**batch, "features": None})
+        finally:
+            self.engine.train(was_training)
+        denominators = LossDenominators.from_batches([batch], self.loss_config)
+        cached_loss, live_loss = (micro_batch_loss(out.loss_parts, denominators, self.loss_config, self.step - 1)
+                                  for out in (cached, live))
+        feature_diff = (live.features.to(self.device).float() - cached.features.to(self.device).float()).abs().max()
+        loss_diff = (live_loss - cached_loss).abs() / cached_loss.abs().clamp_min(1e-12)
+        diffs = torch.stack([feature_diff, loss_diff]).double().to(self.device)
+        dist.all_reduce(diffs, op=dist.ReduceOp.MAX)
+        return {"live_feature_max_abs": diffs[0].item(), "live_loss_rel_diff": diffs[1].item()}
+
+    @torch.no_grad()
+    def outputs_on(self, rows: list[int]) -> dict[str, torch.Tensor]:
+        """The current model's outputs on dataset ``rows`` as one micro-batch (eval mode, no update).
+
+        Every rank must call it (ZeRO-3 gathers the sharded weights collectively). Returns
+        float32 ``action_logits`` [B, n_actions], ``segment_ce_sum`` [B, 4], ``segment_tokens``
+        [B, 4] and ``answer_logits`` [T, vocab] at the supervised positions
+        (:func:`answer_logits`), e.g. to check an export against the trained engine.
+        """
+        import deepspeed
+
+        if self.streaming:
+            raise ValueError("outputs_on needs a map-style dataset (a zarr cache or live data)")
+        batch = collate([self.dataset[row] for row in rows], pad_token_id=self.pad_token_id)
+        was_training = self.engine.training
+        self.engine.eval()
+        try:
+            out = self.engine(batch, return_hidden=True)
+            lm_head = self.model.qwen.lm_head
+            with deepspeed.zero.GatheredParameters([lm_head.weight]):
+                logits = answer_logits(out.hidden_states, batch["labels"], lm_head.weight)
+        finally:
+            self.engine.train(was_training)
+        return {
+            "action_logits": out.action_logits.float().cpu(),
+            "segment_ce_sum": out.loss_parts.segment_ce_sum.float().cpu(),
+            "segment_tokens": out.loss_parts.segment_tokens.cpu(),
+            "answer_logits": logits.cpu(),
+        }
 
     def close(self) -> None:
         if self.tensorboard:

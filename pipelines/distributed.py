@@ -6,7 +6,9 @@ channel is a gloo process group on every machine (GPU or not).
 
 from __future__ import annotations
 
+import ctypes
 import os
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -17,6 +19,26 @@ from typing import Any, TypeVar
 import torch.distributed as dist
 
 T = TypeVar("T")
+
+
+PR_SET_PDEATHSIG = 1
+"""Linux prctl option: the signal the kernel sends this process when its parent dies."""
+
+
+def die_with_launcher() -> None:
+    """Under torchrun on Linux, have the kernel SIGKILL this rank as soon as the launcher dies.
+
+    torchrun starts every rank in a session of its own, so a signal to the launcher's process
+    group (``kill -9 -PGID``, an OOM kill of the agent) does not reach the ranks: they would go on
+    writing shards as orphans while a resumed run writes the same shards. A no-op elsewhere.
+    """
+    if sys.platform != "linux" or "TORCHELASTIC_RUN_ID" not in os.environ:
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
+        errno = ctypes.get_errno()
+        print(f"warning: prctl(PR_SET_PDEATHSIG) failed ({os.strerror(errno)}); this rank may outlive torchrun",
+              file=sys.stderr, flush=True)
 
 
 class RankFailed(RuntimeError):

@@ -41,9 +41,9 @@ from janus_cache.profile import Profile, load_profile
 from janus_cache.resolution import Resolution
 from janus_cache.store import CacheWriter, Manifest, open_writer, read_manifest, write_manifest
 from janus_cache.store.commit import atomic_write_bytes, read_record, verify_shard
-from janus_cache.store.manifest import check_compatible, merge_manifests
+from janus_cache.store.manifest import MANIFEST_NAME, check_compatible, merge_manifests
 from janus_cache.store.zarr_store import frames_array_path
-from pipelines.distributed import Control, Progress, RankFailed, Ranks
+from pipelines.distributed import Control, Progress, RankFailed, Ranks, die_with_launcher
 
 REPORT_NAME = "report.json"
 
@@ -86,31 +86,53 @@ def _disk_usage(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
+def check_free_space(directory: Path, needed_bytes: float, force: bool) -> None:
+    """Refuse to start when the filesystem of ``directory`` has less free space than ``needed_bytes``.
+
+    With ``force`` the run starts anyway (with a warning): the plan is an estimate.
+    """
+    free = shutil.disk_usage(directory).free
+    if needed_bytes <= free:
+        return
+    message = f"{directory} has {free / 1e9:.1f} GB free, the plan needs {needed_bytes / 1e9:.1f} GB more"
+    if not force:
+        raise PrecomputeError(f"{message}; free space or pass --force")
+    print(f"warning: {message}; starting anyway (--force)", file=sys.stderr, flush=True)
+
+
+def _remove_partials(root: Path) -> None:
+    """Delete temporary files of atomic writes that a killed run left behind.
+
+    Shard files are cleaned when their shard is rewritten, but a run killed while writing a
+    commit record, the manifest or zarr metadata leaves a stray ``*.partial`` that no shard
+    rewrite owns. Rank 0 runs this before any shard writer starts.
+    """
+    for leftover in root.rglob("*.partial"):
+        leftover.unlink(missing_ok=True)
+
+
 def _prepare(opts: Options, profile: Profile, resolution: Resolution, index: DatasetIndex,
              encoder: WindowEncoder, processes: int, workers: int) -> Manifest:
     """Rank 0: refuse an incompatible cache, plan, and write the frames table and arrays."""
     check_windows(index)
     wanted = wanted_manifest(index, profile.cache, resolution, opts.cache_format, encoder)
-    existing = read_manifest(opts.out) if opts.out.exists() else None
-    if opts.overwrite and opts.out.exists():
-        shutil.rmtree(opts.out)
-        existing = None
-    elif existing is not None:
-        check_compatible(existing, wanted, source=str(opts.out))
-    elif opts.out.exists() and any(opts.out.iterdir()) and not (opts.out / "zarr.json").exists():
+    looks_like_cache = (opts.out / "zarr.json").exists() or (opts.out / MANIFEST_NAME).exists()
+    if opts.out.exists() and any(opts.out.iterdir()) and not looks_like_cache:
+        # Checked before --overwrite: it deletes the directory, which must be an earlier cache.
         raise PrecomputeError(f"{opts.out} exists, is not empty and is not a janus cache; choose another --out")
+    if opts.overwrite and opts.out.exists():
+        # Before reading anything of the old cache: --overwrite must also work when it is damaged.
+        shutil.rmtree(opts.out)
+    existing = read_manifest(opts.out) if opts.out.exists() else None
+    if existing is not None:
+        check_compatible(existing, wanted, source=str(opts.out))
 
     plan: Plan = make_plan(index, encoder, resolution, profile.cache.vggt_batch)
     print(f"plan for {opts.data} -> {opts.out} ({opts.cache_format}, {resolution.name}):", flush=True)
     print(plan.format(processes, workers), flush=True)
     opts.out.mkdir(parents=True, exist_ok=True)
-    needed = plan.needed_bytes(opts.cache_format) - _disk_usage(opts.out)
-    free = shutil.disk_usage(opts.out).free
-    if needed > free and not opts.force:
-        raise PrecomputeError(
-            f"{opts.out} has {free / 1e9:.1f} GB free, the plan needs {needed / 1e9:.1f} GB more; "
-            "free space or pass --force"
-        )
+    check_free_space(opts.out, plan.needed_bytes(opts.cache_format) - _disk_usage(opts.out), opts.force)
+    _remove_partials(opts.out)
     writer = open_writer(opts.cache_format, opts.out, wanted.window.name)
     writer.write_table("frames", frame_table(index))
     height, width = frame_shape(index, resolution)
@@ -145,7 +167,7 @@ def _finish(opts: Options, writer: CacheWriter, manifest: Manifest, index: Datas
         print("  skipped while indexing: " + ", ".join(f"{n} {reason}" for reason, n in sorted(skipped.items())))
     if dropped:
         print(f"  {len(dropped)} samples failed (their frames could not be decoded); see {opts.out / REPORT_NAME}")
-        for key, reason in list(sorted(dropped.items()))[:5]:
+        for key, reason in list(dropped.items())[:5]:  # dataset order (report.json sorts by key)
             print(f"    {key}: {reason}")
         if len(dropped) > opts.allow_failures:
             print(f"error: {len(dropped)} samples failed, more than --allow-failures {opts.allow_failures}",
@@ -155,6 +177,7 @@ def _finish(opts: Options, writer: CacheWriter, manifest: Manifest, index: Datas
 
 
 def run(opts: Options) -> int:
+    die_with_launcher()
     ranks = Ranks.from_env()
     control = Control(ranks)
     progress = Progress(enabled=ranks.is_main)

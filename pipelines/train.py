@@ -3,10 +3,19 @@
 Trains from a cache (``--cache``; VGGT is never built) or, for the live baseline, from the
 source data (``--live-data``; VGGT runs inside the model). Resumes from the latest checkpoint in
 ``--out`` when there is one.
+
+Start-up check: before any model is built, rank 0 runs verify's schema and freshness checks of
+the cache against the training profile and tells every rank the verdict; a refused cache ends
+all ranks with exit code 1 and the one-line reason (which names the differing field).
+
+``--record-outputs FILE`` writes, after training, the final model's outputs on the first
+``--record-samples`` samples of the data (one micro-batch; see ``Trainer.outputs_on``) as
+safetensors, with the sample keys in the metadata: what an export must reproduce.
 """
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
@@ -15,10 +24,35 @@ import torch.distributed as dist
 import typer
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from janus_cache.profile import ProfileError, load_profile
+from janus_cache.profile import Profile, ProfileError, load_profile
 from janus_train.config import load_train_settings
 from janus_train.export import export
-from janus_train.trainer import CHECKPOINTS, EXPORT_DIR, Trainer
+from janus_train.trainer import CHECKPOINTS, EXPORT_DIR, Trainer, init_distributed
+from pipelines.distributed import Control, RankFailed, Ranks
+
+
+def cache_refusal(cache: Path, profile: Profile) -> str | None:
+    """Why ``cache`` must not be trained on with ``profile`` (None when it may)."""
+    from janus_cache.verify import CacheVerificationError, check_cache_for_training
+
+    try:
+        check_cache_for_training(cache, profile)
+    except CacheVerificationError as err:
+        return str(err)
+    return None
+
+
+def record_outputs(trainer: Trainer, path: Path, n_samples: int) -> None:
+    """Every rank computes (ZeRO-3 needs all of them); rank 0 writes ``path``."""
+    from safetensors.torch import save_file
+
+    rows = list(range(min(n_samples, len(trainer.dataset))))
+    outputs = trainer.outputs_on(rows)
+    if trainer.rank == 0:
+        keys = [trainer.dataset[row]["key"] for row in rows]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        save_file({k: v.contiguous() for k, v in outputs.items()}, str(path),
+                  metadata={"keys": json.dumps(keys), "rows": json.dumps(rows), "step": str(trainer.step)})
 
 
 def command(
@@ -28,10 +62,16 @@ def command(
     profile: Annotated[str, typer.Option(help="Profile name or YAML path.")] = "tiny",
     max_steps: Annotated[Optional[int], typer.Option(min=1, help="Override train.max_steps.")] = None,
     export_at_end: Annotated[bool, typer.Option("--export/--no-export", help="Export 16-bit HF weights at the end.")] = True,
+    record_outputs_to: Annotated[Optional[Path], typer.Option(
+        "--record-outputs", help="Write the final model's outputs on the first samples to this safetensors file.")] = None,
+    record_samples: Annotated[int, typer.Option(min=1, help="Samples (one micro-batch) for --record-outputs.")] = 2,
 ) -> None:
     """Train Qwen2.5-VL with VGGT-feature injection under DeepSpeed ZeRO-3."""
     from dataclasses import replace
 
+    if (cache is None) == (live_data is None):
+        print("error: give exactly one of --cache or --live-data", file=sys.stderr)
+        raise typer.Exit(2)
     try:
         prof = load_profile(profile)
         settings = load_train_settings(prof)
@@ -40,26 +80,34 @@ def command(
         raise typer.Exit(1)
     if max_steps is not None:
         settings = replace(settings, max_steps=max_steps)
-    if cache is not None:
-        from janus_cache.verify import CacheRefused, check_cache_for_training
 
-        try:
-            check_cache_for_training(cache, prof)
-        except CacheRefused as err:
-            print(f"error: {err}", file=sys.stderr)
-            raise typer.Exit(1)
-    trainer = Trainer(prof, settings, out, cache=cache, live_data=live_data)
+    ranks = Ranks.from_env()
+    init_distributed(prof, settings.alloc_conf)
     try:
-        if trainer.resume() and trainer.rank == 0:
-            print(f"resumed at step {trainer.step} (epoch {trainer.epoch}, position {trainer.position})", flush=True)
-        trainer.train()
-        trainer.save()
-        if export_at_end and trainer.rank == 0:
-            path = export(out / CHECKPOINTS, out / EXPORT_DIR, prof, settings.model_config())
-            print(f"exported consolidated weights to {path}", flush=True)
-        dist.barrier()
+        if cache is not None:
+            try:
+                refusal = Control(ranks).on_main(lambda: cache_refusal(cache, prof))
+            except RankFailed as err:
+                refusal = f"cannot check the cache {cache}: {err}"
+            if refusal is not None:
+                if ranks.is_main:
+                    print(f"error: {refusal}", file=sys.stderr, flush=True)
+                raise typer.Exit(1)
+        trainer = Trainer(prof, settings, out, cache=cache, live_data=live_data)
+        try:
+            if trainer.resume() and trainer.rank == 0:
+                print(f"resumed at step {trainer.step} (epoch {trainer.epoch}, position {trainer.position})", flush=True)
+            trainer.train()
+            trainer.save()
+            if record_outputs_to is not None:
+                record_outputs(trainer, record_outputs_to, record_samples)
+            if export_at_end and trainer.rank == 0:
+                path = export(out / CHECKPOINTS, out / EXPORT_DIR, prof, settings.model_config())
+                print(f"exported consolidated weights to {path}", flush=True)
+            dist.barrier()
+        finally:
+            trainer.close()
     finally:
-        trainer.close()
         if dist.is_initialized():
             dist.destroy_process_group()
 

@@ -32,3 +32,47 @@ def sample_index(sample_dataset: Path) -> DatasetIndex:
 def dataset_copy(sample_dataset: Path, tmp_path: Path) -> Path:
     """A private copy of the sample dataset that a test may damage."""
     return Path(shutil.copytree(sample_dataset, tmp_path / "data"))
+
+
+# ---------------------------------------------------------------------------------------------
+# Helpers for tests that run whole stages (profiles outside the repo, comparing cache trees)
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+TINY_PROFILE = REPO_ROOT / "configs" / "profiles" / "tiny.yaml"
+
+
+def write_test_profile(path: Path, cache: dict | None = None, vggt: dict | None = None) -> Path:
+    """A copy of the tiny profile at ``path`` with absolute model paths and ``cache``/``vggt`` overrides.
+
+    Model paths in a profile are relative to the YAML file, so a copy elsewhere needs them absolute.
+    """
+    import yaml
+
+    data = yaml.safe_load(TINY_PROFILE.read_text())
+    for section, key in (("vggt", "config"), ("vggt", "path"), ("qwen", "path")):
+        if data[section].get(key) is not None:
+            data[section][key] = str((TINY_PROFILE.parent / data[section][key]).resolve())
+    data["cache"].update(cache or {})
+    data["vggt"].update(vggt or {})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def file_digests(root: Path) -> dict[str, str]:
+    """sha256 of every file under ``root``, keyed by its path relative to ``root``."""
+    import hashlib
+
+    return {
+        p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
+
+
+# DeepSpeed JIT-builds its CPU communication op once; reuse the build inside the environment (as
+# the Makefile does) instead of compiling it in every test that starts a training process.
+import os  # noqa: E402
+import sys  # noqa: E402
+
+os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions"))

@@ -1,0 +1,448 @@
+"""`make bench` / `janus-cache bench`: the side-by-side numbers that show what the cache buys.
+
+Every figure is measured in this run: a median over repeats with min and max, and every
+comparison is a ratio of two figures of the same run. Writes ``bench/results.json``,
+``bench/results.md`` and ``bench/step_breakdown.png``, and prints the table.
+
+Sections: (1) data path at the real shape (640x480 PNG sources, 9 frames, pad644): the live
+reference path vs the cached path, per core and with loader workers; (2) storage per sample and
+extrapolated to the real set; (3) precompute throughput per phase; (4) training step cached vs
+live (tiny profile, 2 processes); (5) GPU figures where CUDA is available.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from datetime import date
+from pathlib import Path
+from typing import Annotated, Any
+
+import numpy as np
+import torch
+import typer
+import yaml
+
+from janus_cache.dataset import build_index
+from janus_cache.encoder import WindowEncoder
+from janus_cache.imaging import load_frame, qwen_pixel_values
+from janus_cache.precompute import compute_frame_shard, encode_windows, frame_shape, read_windows
+from janus_cache.profile import PROFILES_DIR, load_profile
+from janus_cache.resolution import PATCH_DIM, Resolution, grid_shape, visual_tokens
+from janus_cache.sample_data import write_sample_data
+from janus_cache.store import ZarrCacheReader, open_writer
+from pipelines.precompute import Options
+from pipelines.precompute import run as run_precompute
+
+REAL_SAMPLES = 612_492
+"""Samples (= frames with descriptions) of the real R2R-CE training set."""
+REAL_FEATURE_SHAPE = (2116, 2048)
+"""VGGT-1B layer -2 patch tokens at 644x644."""
+REPO = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class Stat:
+    median: float
+    min: float
+    max: float
+
+    @classmethod
+    def of(cls, values: list[float]) -> "Stat":
+        return cls(statistics.median(values), min(values), max(values))
+
+    def __str__(self) -> str:
+        return f"{self.median:.3g} ({self.min:.3g}–{self.max:.3g})"
+
+
+def rates(fn: Callable[[], int], repeats: int) -> Stat:
+    """Items per second of ``fn`` (which returns how many items it did), after one warm-up call."""
+    fn()
+    values = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        n = fn()
+        values.append(n / (time.perf_counter() - start))
+    return Stat.of(values)
+
+
+def bench_profile(tmp: Path, resolution: str, **cache: Any) -> Path:
+    """The tiny profile at another resolution/shard size (model paths made absolute)."""
+    data = yaml.safe_load((PROFILES_DIR / "tiny.yaml").read_text())
+    data["cache"].update(resolution=resolution, **cache)
+    data["vggt"]["config"] = str((PROFILES_DIR / data["vggt"]["config"]).resolve())
+    data["qwen"]["path"] = str((PROFILES_DIR / data["qwen"]["path"]).resolve())
+    path = tmp / f"bench-{resolution}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+# ----------------------------------------------------------------------------------- sections
+
+
+def data_path(work: Path, repeats: int, workers: int) -> dict[str, Any]:
+    """Live reference path vs cached path for one sample (9 frames at pad644 + tokens)."""
+    from transformers import AutoTokenizer
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    from janus_train.prompt import PromptBuilder
+
+    data = work / "data644"
+    write_sample_data(data, episodes=1, steps=8, seed=1)
+    profile_path = bench_profile(work, "pad644", samples_per_shard=4, frames_per_shard=8, vggt_batch=1)
+    cache = work / "cache644"
+    if run_precompute(Options(data, cache, str(profile_path), workers=1)) != 0:
+        raise RuntimeError("precompute of the pad644 benchmark cache failed")
+    profile = load_profile(profile_path)
+    res = Resolution.parse("pad644")
+    index = build_index(data, history=profile.cache.history)
+    tokenizer = AutoTokenizer.from_pretrained(str(profile.qwen.path))
+    builder = PromptBuilder(tokenizer, visual_tokens(res))
+    side = res.target
+    processor = Qwen2VLImageProcessorPil(min_pixels=side * side, max_pixels=side * side)
+    reader = ZarrCacheReader(cache)
+    n = len(index.samples)
+
+    def live_sample(row: int) -> None:
+        sample = index.samples[row]
+        frames = [load_frame(index.frames[r].path, res) for r in sample.window_rows]
+        # As JanusVLN feeds it: the [0, 1] float tensor, rescaling off, no further resize.
+        images = [torch.from_numpy(f).permute(2, 0, 1).float().div(255) for f in frames]
+        processor(images, do_rescale=False, return_tensors="pt")
+        builder.build_sample(sample)
+
+    def cached_sample(row: int) -> None:
+        item = reader.sample(row)
+        qwen_pixel_values(torch.from_numpy(item["frames"]))
+        meta = item["meta"]
+        builder.build(meta["instruction"], meta["subinstruction"], meta["description_2d"], meta["description_3d"],
+                      int(meta["action"]), n_images=item["frames"].shape[0], key=item["key"])
+
+    def per_core(fn: Callable[[int], None]) -> Callable[[], int]:
+        def run() -> int:
+            for row in range(n):
+                fn(row)
+            return n
+        return run
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        live_core = rates(per_core(live_sample), repeats)
+        cached_core = rates(per_core(cached_sample), repeats)
+    finally:
+        torch.set_num_threads(threads)
+
+    def with_workers(fn: Callable[[int], None]) -> Callable[[], int]:
+        dataset = _CallDataset(fn, n)
+
+        def run() -> int:
+            loader = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=workers,
+                                                 multiprocessing_context="fork")
+            return sum(1 for _ in loader)
+        return run
+
+    live_workers = rates(with_workers(live_sample), max(1, repeats // 2))
+    cached_workers = rates(with_workers(cached_sample), max(1, repeats // 2))
+    return {
+        "samples": n,
+        "frames_per_sample": index.history + 1,
+        "resolution": res.name,
+        "live_per_core": asdict(live_core),
+        "cached_per_core": asdict(cached_core),
+        "speedup_per_core": cached_core.median / live_core.median,
+        "loader_workers": workers,
+        "live_with_workers": asdict(live_workers),
+        "cached_with_workers": asdict(cached_workers),
+        "speedup_with_workers": cached_workers.median / live_workers.median,
+        "cache": str(cache),
+    }
+
+
+class _CallDataset(torch.utils.data.Dataset):
+    def __init__(self, fn: Callable[[int], None], n: int) -> None:
+        self.fn, self.n = fn, n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, row: int) -> int:
+        self.fn(row)
+        return row
+
+
+def storage(work: Path, cache644: Path) -> dict[str, Any]:
+    """Bytes per sample of each layout, measured at pad644, and extrapolated to the real set."""
+    wds = work / "cache644-wds"
+    profile_path = work / "bench-pad644.yaml"
+    if run_precompute(Options(work / "data644", wds, str(profile_path), cache_format="wds", workers=1)) != 0:
+        raise RuntimeError("precompute of the webdataset benchmark cache failed")
+    manifest = json.loads((cache644 / "manifest.json").read_text())
+    n_samples = manifest["counts"]["samples"]
+    n_frames = manifest["counts"]["frames"]
+    entry = next(iter(manifest["resolutions"].values()))
+    h, w, _ = entry["frame_shape"]
+    n_tokens, width = entry["feature_shape"]
+    history = manifest["window"]["history"]
+
+    def size(paths: list[Path]) -> int:
+        return sum(p.stat().st_size for root in paths for p in root.rglob("*") if p.is_file())
+
+    frames_bytes = size([cache644 / "frames"])
+    features_bytes = size([cache644 / "vggt"])
+    zarr_total = size([cache644])
+    wds_tars = size([wds / "wds"])
+    gh, gw = grid_shape(h, w)
+    naive_per_sample = (history + 1) * gh * gw * PATCH_DIM * 4 + n_tokens * width * 4
+    frame_ratio = n_frames * h * w * 3 / frames_bytes
+    feature_ratio = n_samples * n_tokens * width * 2 / features_bytes  # bf16 raw bytes / stored
+    real_feature_raw = REAL_FEATURE_SHAPE[0] * REAL_FEATURE_SHAPE[1] * 2
+    real_naive = (history + 1) * gh * gw * PATCH_DIM * 4 + REAL_FEATURE_SHAPE[0] * REAL_FEATURE_SHAPE[1] * 4
+    # Every real sample is one frame, so frames and samples are equally many.
+    real_zarr = REAL_SAMPLES * (h * w * 3 / frame_ratio + real_feature_raw / feature_ratio)
+    real_wds = REAL_SAMPLES * ((history + 1) * h * w * 3 / frame_ratio + real_feature_raw / feature_ratio)
+    return {
+        "measured_at": f"pad644, tiny-VGGT features {n_tokens}x{width} bf16, {n_samples} samples",
+        "naive_bytes_per_sample": naive_per_sample,
+        "zarr_bytes_per_sample": zarr_total / n_samples,
+        "wds_bytes_per_sample": wds_tars / n_samples,
+        "frame_compression": frame_ratio,
+        "feature_compression": feature_ratio,
+        "real_set": {
+            "samples": REAL_SAMPLES,
+            "feature_shape": list(REAL_FEATURE_SHAPE),
+            "naive_bytes": REAL_SAMPLES * real_naive,
+            "zarr_bytes": real_zarr,
+            "wds_bytes": real_wds,
+            "note": "frame ratio measured on rendered sample frames, feature ratio on tiny-VGGT features; "
+                    "real VGGT-1B features may compress differently",
+        },
+    }
+
+
+def precompute_phases(work: Path, repeats: int) -> dict[str, Any]:
+    """Samples/s of each precompute phase on the tiny profile (one process, in-process timing)."""
+    data = work / "data224"
+    write_sample_data(data, episodes=3, steps=16, seed=2)
+    profile = load_profile("tiny")
+    res = Resolution.parse(profile.cache.resolution)
+    index = build_index(data, history=profile.cache.history)
+    encoder = WindowEncoder.from_settings(profile.vggt, profile.cache)
+    shape = frame_shape(index, res)
+    rows = range(len(index.frames))
+    window_rows = np.array([s.window_rows for s in index.samples], dtype=np.int64)
+    out = work / "phases"
+    timings: dict[str, list[float]] = {"decode": [], "frame_write": [], "encode": [], "feature_write": []}
+    for _ in range(repeats):
+        shutil.rmtree(out, ignore_errors=True)
+        writer = open_writer("zarr", out, "bench")
+        from janus_cache.precompute import frame_table, sample_table
+
+        writer.write_table("frames", frame_table(index))
+        writer.prepare_frames(res.name, shape, len(index.frames))
+        writer.write_table("samples", sample_table(list(index.samples), index.history))
+        writer.prepare_samples(res.name, encoder.feature_shape(*shape), "bfloat16", len(index.samples))
+        t0 = time.perf_counter()
+        frames, _ = compute_frame_shard(index.frames, rows, res, shape, None)
+        t1 = time.perf_counter()
+        writer.write_frame_shard(res.name, 0, frames)
+        t2 = time.perf_counter()
+        windows = read_windows(writer, res.name, window_rows)
+        features = encode_windows(encoder, windows, profile.cache.vggt_batch)
+        t3 = time.perf_counter()
+        writer.write_samples_shard(res.name, 0, features, windows)
+        t4 = time.perf_counter()
+        timings["decode"].append(len(rows) / (t1 - t0))
+        timings["frame_write"].append(len(rows) / (t2 - t1))
+        timings["encode"].append(len(index.samples) / (t3 - t2))
+        timings["feature_write"].append(len(index.samples) / (t4 - t3))
+    shutil.rmtree(out, ignore_errors=True)
+    return {
+        "resolution": res.name,
+        "frames": len(index.frames),
+        "samples": len(index.samples),
+        "frames_per_s_decode": asdict(Stat.of(timings["decode"])),
+        "frames_per_s_write": asdict(Stat.of(timings["frame_write"])),
+        "samples_per_s_encode": asdict(Stat.of(timings["encode"])),
+        "samples_per_s_write": asdict(Stat.of(timings["feature_write"])),
+    }
+
+
+def training(work: Path, steps: int) -> dict[str, Any]:
+    """Step time and its breakdown, cached vs live, tiny profile, 2 processes (real torchrun)."""
+    data = work / "data224"
+    cache = work / "cache224"
+    if run_precompute(Options(data, cache, "tiny", workers=1)) != 0:
+        raise RuntimeError("precompute of the training benchmark cache failed")
+    results: dict[str, Any] = {}
+    for name, source in (("cached", ["--cache", str(cache)]), ("live", ["--live-data", str(data)])):
+        run_dir = work / f"train-{name}"
+        shutil.rmtree(run_dir, ignore_errors=True)
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+               "-m", "pipelines.train", "--out", str(run_dir), "--profile", "tiny", "--max-steps", str(steps),
+               "--no-export", *source]
+        done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900)
+        if done.returncode != 0:
+            raise RuntimeError(f"training benchmark ({name}) failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+        records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()][1:]
+        keys = ("step_s", "data_wait_s", "forward_s", "backward_s", "optimizer_s", "data_wait_share", "samples_per_s")
+        results[name] = {k: asdict(Stat.of([r[k] for r in records])) for k in keys if k in records[0]}
+    results["speedup_step_time"] = results["live"]["step_s"]["median"] / results["cached"]["step_s"]["median"]
+    results["steps_measured"] = steps - 1
+    return results
+
+
+def gpu_section() -> dict[str, Any]:
+    if not torch.cuda.is_available():
+        return {"skipped": "no CUDA device on this machine; run `make bench` on a GPU machine for this section"}
+    from janus_cache.vggt import AggregatorConfig, VGGTAggregator, window_flops
+
+    with torch.device("cuda"):
+        model = VGGTAggregator.from_config(AggregatorConfig())
+    images = torch.rand(2, 9, 3, 644, 644, device="cuda")
+    result: dict[str, Any] = {"device": torch.cuda.get_device_name()}
+    for batch in (1, 2, 4):
+        x = images[:1].expand(batch, -1, -1, -1, -1).contiguous()
+        model.window_features(x)
+        torch.cuda.synchronize()
+        times = []
+        for _ in range(3):
+            start = time.perf_counter()
+            model.window_features(x)
+            torch.cuda.synchronize()
+            times.append(time.perf_counter() - start)
+        per_s = Stat.of([batch / t for t in times])
+        flops = window_flops(model.config, 644, 644, 9, last_layer=-2) * batch
+        result[f"vggt1b_windows_per_s_b{batch}"] = asdict(per_s)
+        result[f"vggt1b_tflops_b{batch}"] = flops / statistics.median(times) / 1e12
+    return result
+
+
+# ------------------------------------------------------------------------------------ output
+
+
+def markdown(results: dict[str, Any]) -> str:
+    d, s, p, t = results["data_path"], results["storage"], results["precompute"], results["training"]
+
+    def st(x: dict[str, float], fmt: str = ".3g") -> str:
+        return f"{x['median']:{fmt}} ({x['min']:{fmt}}–{x['max']:{fmt}})"
+
+    def gb(n: float) -> str:
+        return f"{n / 1e9:,.1f} GB" if n < 1e12 else f"{n / 1e12:,.2f} TB"
+
+    lines = [
+        f"Measured {results['date']} on {results['machine']} (median, min–max over repeats).",
+        "",
+        "| what | live / naive | cached | ratio |",
+        "|---|---|---|---|",
+        f"| data path, samples/s per core (9×pad644 frames + tokens) | {st(d['live_per_core'])} | "
+        f"{st(d['cached_per_core'])} | {d['speedup_per_core']:.1f}× |",
+        f"| data path, samples/s with {d['loader_workers']} loader workers | {st(d['live_with_workers'])} | "
+        f"{st(d['cached_with_workers'])} | {d['speedup_with_workers']:.1f}× |",
+        f"| bytes per sample at pad644 (zarr / wds) | {s['naive_bytes_per_sample'] / 1e6:.1f} MB | "
+        f"{s['zarr_bytes_per_sample'] / 1e6:.2f} / {s['wds_bytes_per_sample'] / 1e6:.2f} MB | "
+        f"{s['naive_bytes_per_sample'] / s['zarr_bytes_per_sample']:.0f}× (zarr) |",
+        f"| real set, {s['real_set']['samples']:,} samples, VGGT-1B features (zarr / wds) | "
+        f"{gb(s['real_set']['naive_bytes'])} | {gb(s['real_set']['zarr_bytes'])} / {gb(s['real_set']['wds_bytes'])} | "
+        f"{s['real_set']['naive_bytes'] / s['real_set']['zarr_bytes']:.1f}× |",
+        f"| training step time, tiny profile, 2 processes (s) | {st(t['live']['step_s'])} | "
+        f"{st(t['cached']['step_s'])} | {t['speedup_step_time']:.1f}× |",
+        f"| data-wait share of the step | {100 * t['live']['data_wait_share']['median']:.0f}% | "
+        f"{100 * t['cached']['data_wait_share']['median']:.0f}% | |",
+        "",
+        f"Compression: frames {s['frame_compression']:.1f}×, features {s['feature_compression']:.2f}× "
+        f"({s['measured_at']}).",
+        f"Precompute ({p['resolution']}, tiny profile, one process): decode {st(p['frames_per_s_decode'])} frames/s, "
+        f"frame writes {st(p['frames_per_s_write'])} frames/s, encode {st(p['samples_per_s_encode'])} samples/s, "
+        f"feature writes {st(p['samples_per_s_write'])} samples/s.",
+    ]
+    gpu = results["gpu"]
+    if "skipped" in gpu:
+        lines.append(f"GPU section: skipped ({gpu['skipped']}).")
+    else:
+        lines.append(f"GPU ({gpu['device']}): " + ", ".join(
+            f"B={b}: {gpu[f'vggt1b_windows_per_s_b{b}']['median']:.2f} windows/s "
+            f"({gpu[f'vggt1b_tflops_b{b}']:.0f} TFLOP/s)" for b in (1, 2, 4)))
+    return "\n".join(lines) + "\n"
+
+
+def plot(results: dict[str, Any], path: Path) -> None:
+    """A stacked bar per path: data wait, forward, backward, optimizer (PIL, no plotting library)."""
+    from PIL import Image, ImageDraw
+
+    parts = [("data_wait_s", (214, 96, 77)), ("forward_s", (67, 147, 195)),
+             ("backward_s", (146, 197, 222)), ("optimizer_s", (120, 120, 120))]
+    runs = results["training"]
+    width, height, left, bar_w = 640, 360, 120, 160
+    top = max(sum(runs[r].get(k, {"median": 0})["median"] for k, _ in parts) for r in ("cached", "live")) or 1.0
+    scale = (height - 90) / top
+    image = Image.new("RGB", (width, height), "white")
+    draw = ImageDraw.Draw(image)
+    draw.text((10, 10), "training step time breakdown (median s), tiny profile, 2 processes", fill="black")
+    for i, run in enumerate(("cached", "live")):
+        x0 = left + i * (bar_w + 80)
+        y = height - 40
+        for key, colour in parts:
+            value = runs[run].get(key, {"median": 0.0})["median"]
+            h = value * scale
+            draw.rectangle([x0, y - h, x0 + bar_w, y], fill=colour)
+            y -= h
+        draw.text((x0, height - 30), f"{run}: {runs[run]['step_s']['median']:.2f} s/step", fill="black")
+    for j, (key, colour) in enumerate(parts):
+        draw.rectangle([width - 130, 40 + 20 * j, width - 118, 52 + 20 * j], fill=colour)
+        draw.text((width - 112, 40 + 20 * j), key.removesuffix("_s"), fill="black")
+    image.save(path)
+
+
+def command(
+    out: Annotated[Path, typer.Option(help="Where results.json, results.md and the plot go.")] = Path("bench"),
+    repeats: Annotated[int, typer.Option(min=1, help="Repeats per measurement.")] = 5,
+    steps: Annotated[int, typer.Option(min=3, help="Training steps per path.")] = 8,
+    workers: Annotated[int, typer.Option(min=1, help="Loader workers for the data-path section.")] = 2,
+) -> None:
+    """Measure live vs cached data path, storage, precompute and training; write the results."""
+    out.mkdir(parents=True, exist_ok=True)
+    work = out / "work"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    started = time.perf_counter()
+    results: dict[str, Any] = {
+        "date": date.today().isoformat(),
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.processor() or 'unknown cpu'}, "
+                   f"torch {torch.__version__}",
+    }
+    print("[1/5] data path (pad644, live vs cached)...", flush=True)
+    results["data_path"] = data_path(work, repeats, workers)
+    print("[2/5] storage...", flush=True)
+    results["storage"] = storage(work, Path(results["data_path"]["cache"]))
+    print("[3/5] precompute phases...", flush=True)
+    results["precompute"] = precompute_phases(work, repeats)
+    print("[4/5] training step, cached vs live...", flush=True)
+    results["training"] = training(work, steps)
+    print("[5/5] GPU section...", flush=True)
+    results["gpu"] = gpu_section()
+    results["seconds"] = time.perf_counter() - started
+    (out / "results.json").write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
+    table = markdown(results)
+    (out / "results.md").write_text(table)
+    plot(results, out / "step_breakdown.png")
+    shutil.rmtree(work, ignore_errors=True)
+    print(table)
+    print(f"wrote {out / 'results.json'}, {out / 'results.md'}, {out / 'step_breakdown.png'} "
+          f"in {results['seconds']:.0f} s")
+
+
+def main() -> None:
+    typer.run(command)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,261 @@
+"""Verify entry point, started on every rank: ``torchrun --nproc_per_node N -m pipelines.verify CACHE``.
+
+Also runs as one plain process (``janus-cache verify``). Rank 0 runs the cheap checks (schema,
+completeness, freshness) and plans the rest; the shard checks of ``integrity`` and the samples of
+``live`` are split round-robin over the ranks and their findings gathered on every rank, so a
+failure anywhere ends every rank alike. Rank 0 prints the table (check -> pass/fail -> detail),
+writes the ``--json`` report and decides the exit code: 0 only if no check failed.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import torch.distributed as dist
+import typer
+from torch.distributed.elastic.multiprocessing.errors import record
+
+from janus_cache.dataset import DatasetIndex
+from janus_cache.encoder import WindowEncoder
+from janus_cache.profile import Profile, load_profile
+from janus_cache.verify import (
+    CHECK_NAMES,
+    CHECKSUM_MODES,
+    DEFAULT_LIVE_SAMPLES,
+    DEFAULT_SEED,
+    INTEGRITY,
+    LIVE,
+    CacheProblem,
+    CheckResult,
+    LiveChecker,
+    LiveSample,
+    OpenedCache,
+    ShardFinding,
+    check_completeness,
+    check_freshness,
+    check_schema,
+    check_shards,
+    choose_live_rows,
+    crashed,
+    dataset_indexes,
+    failure_message,
+    format_table,
+    integrity_result,
+    live_result,
+    load_fusion_model,
+    plan_integrity,
+    profile_device,
+    report_dict,
+    skipped,
+)
+from pipelines.distributed import Control, Progress, RankFailed, Ranks
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Options:
+    cache: Path
+    data: Path | None = None
+    profile: str = "tiny"
+    live: int = DEFAULT_LIVE_SAMPLES
+    checksums: str = "all"
+    seed: int = DEFAULT_SEED
+    json_report: Path | None = None
+    """File for the JSON report; ``-`` prints it on stdout (and the table on stderr)."""
+
+
+def gather(control: Control, fn: Callable[[], T]) -> list[T]:
+    """Run ``fn`` on every rank and give every rank all results (rank order); any rank's failure
+    fails every rank alike, with that rank's reason."""
+    try:
+        mine: tuple[str, Any] = ("ok", fn())
+    except Exception as err:  # noqa: BLE001 - re-raised on every rank below
+        mine = ("error", f"rank {control.ranks.rank}: {type(err).__name__}: {err}")
+    parts: list[Any] = [mine]
+    if control.distributed:
+        parts = [None] * control.ranks.world
+        dist.all_gather_object(parts, mine)
+    errors = [value for status, value in parts if status == "error"]
+    if errors:
+        raise RankFailed("; ".join(errors))
+    return [value for _, value in parts]
+
+
+def everywhere(control: Control, fn: Callable[[], T]) -> T:
+    """Run ``fn`` on every rank and keep each rank's own result; a failure on any rank fails every
+    rank alike (only the outcome is exchanged, not the result)."""
+    result: list[T] = []
+    gather(control, lambda: result.append(fn()))
+    return result[0]
+
+
+def _integrity(opts: Options, ranks: Ranks, control: Control, progress: Progress) -> CheckResult:
+    started = time.perf_counter()
+    plan = control.on_main(lambda: plan_integrity(opts.cache, opts.checksums, opts.seed))
+    mine = plan.targets[ranks.rank::ranks.world]
+    progress.phase(f"{INTEGRITY} (rank 0 of {ranks.world})" if ranks.world > 1 else INTEGRITY, len(mine), "shards")
+    parts = gather(control, lambda: check_shards(opts.cache, mine, progress.update))
+    findings: list[ShardFinding] = [f for part in parts for f in part]
+    progress.close()
+    return control.on_main(lambda: integrity_result(opts.cache, plan, findings, time.perf_counter() - started))
+
+
+def _live(opts: Options, ranks: Ranks, control: Control, progress: Progress, profile: Profile,
+          index: DatasetIndex, encoder: WindowEncoder) -> CheckResult:
+    started = time.perf_counter()
+    device = profile_device(profile, ranks.local_rank)
+    rows = control.on_main(lambda: choose_live_rows(opts.cache, opts.live, opts.seed))
+    mine = rows[ranks.rank::ranks.world]
+    progress.phase(f"{LIVE} (rank 0 of {ranks.world})" if ranks.world > 1 else LIVE, len(mine), "samples")
+
+    def my_part() -> tuple[list[LiveSample], str, str | None]:
+        model, note = load_fusion_model(profile, device) if mine else (None, "")
+        checker = LiveChecker(opts.cache, profile, index, device, encoder, model, note)
+        unavailable = checker.unavailable()
+        return ([] if unavailable else checker.measure(mine, progress.update)), note, unavailable
+
+    parts = gather(control, my_part)
+    progress.close()
+    samples: list[LiveSample] = sorted((s for part, _, _ in parts for s in part), key=lambda s: s.row)
+    notes = [n for _, n, _ in parts if n]
+    unavailable = parts[0][2]
+    return control.on_main(lambda: live_result(samples, profile, device, opts.seed, time.perf_counter() - started,
+                                                notes[0] if notes else "", unavailable))
+
+
+def _guard(name: str, check: Callable[[], CheckResult]) -> CheckResult:
+    """A split check whose reading failed on some rank fails (on every rank alike, as gather and
+    on_main raise on all of them) instead of ending the run: damaged data is a finding."""
+    started = time.perf_counter()
+    try:
+        return check()
+    except RankFailed as err:
+        return crashed(name, err, time.perf_counter() - started)
+
+
+def _plus(result: CheckResult, seconds: float) -> CheckResult:
+    result.seconds += seconds
+    return result
+
+
+def run_checks(opts: Options, ranks: Ranks, control: Control, progress: Progress) -> list[CheckResult]:
+    """Every check, on every rank (rank 0's list is the one that counts)."""
+    if opts.checksums not in CHECKSUM_MODES:
+        raise ValueError(f"--checksums must be one of {', '.join(CHECKSUM_MODES)}, got {opts.checksums!r}")
+    results: list[CheckResult] = [control.on_main(lambda: check_schema(opts.cache))]
+
+    def open_cache() -> int | str:
+        try:
+            return OpenedCache(opts.cache).manifest.window.history
+        except CacheProblem as err:
+            return str(err)
+
+    history = control.on_main(open_cache)
+    if isinstance(history, str):
+        return results + [skipped(name, "not run: the cache cannot be opened") for name in CHECK_NAMES[1:]]
+    profile: Profile = control.on_main(lambda: load_profile(opts.profile))
+    # Indexing the dataset (hashing every source file) is part of completeness's time, building
+    # the encoder (whose weights are hashed) part of freshness's.
+    started = time.perf_counter()
+    indexes: tuple[DatasetIndex | None, DatasetIndex | None] = (None, None)
+    if opts.data is not None:
+        indexes = control.on_main(lambda: dataset_indexes(opts.data, history, profile.cache.history))
+    index_seconds = time.perf_counter() - started
+    live_wanted = indexes[1] is not None and opts.live > 0
+    # Every rank of the live check needs the encoder; otherwise rank 0 alone (for freshness),
+    # on the CPU, since only its weights are hashed.
+    started = time.perf_counter()
+    device = profile_device(profile, ranks.local_rank) if live_wanted else "cpu"
+    encoder = everywhere(control, lambda: WindowEncoder.from_settings(profile.vggt, profile.cache, device)
+                         if live_wanted or ranks.is_main else None)
+    encoder_seconds = time.perf_counter() - started
+
+    results.append(_guard(INTEGRITY, lambda: _integrity(opts, ranks, control, progress)))
+    results.append(_plus(control.on_main(lambda: check_completeness(opts.cache, indexes[0])), index_seconds))
+    results.append(_plus(control.on_main(lambda: check_freshness(opts.cache, profile, encoder)), encoder_seconds))
+    if indexes[1] is None:
+        results.append(skipped(LIVE, "not run: needs --data (the live path decodes the dataset's source images)"))
+    elif opts.live <= 0:
+        results.append(skipped(LIVE, "not run: --live 0"))
+    else:
+        assert encoder is not None
+        results.append(_guard(LIVE, lambda: _live(opts, ranks, control, progress, profile, indexes[1], encoder)))
+    return results
+
+
+def _emit(opts: Options, results: list[CheckResult], world: int, seconds: float) -> int:
+    """Rank 0: print the table, write the report; the exit code."""
+    report = report_dict(opts.cache, results, data=opts.data, profile=opts.profile, live=opts.live,
+                         checksums=opts.checksums, seed=opts.seed, world_size=world, seconds=seconds)
+    to_stdout = opts.json_report is not None and str(opts.json_report) == "-"
+    table_stream = sys.stderr if to_stdout else sys.stdout
+    where = f"{opts.cache} ({report['format']}, profile {opts.profile}, " + (
+        f"data {opts.data}" if opts.data else "no --data") + f", {world} process{'es' if world > 1 else ''})"
+    print(f"janus-cache verify {where}", file=table_stream)
+    print(format_table(results), file=table_stream, flush=True)
+    text = json.dumps(report, indent=2, sort_keys=True, default=str) + "\n"
+    if to_stdout:
+        sys.stdout.write(text)
+    elif opts.json_report is not None:
+        opts.json_report.parent.mkdir(parents=True, exist_ok=True)
+        opts.json_report.write_text(text)
+    message = failure_message(opts.cache, results)
+    if message:
+        print(f"error: {message}", file=sys.stderr, flush=True)
+        return 1
+    ran = [r.name for r in results if not r.skipped]
+    note = "; skipped: " + ", ".join(r.name for r in results if r.skipped) if len(ran) < len(results) else ""
+    print(f"verify passed: {', '.join(ran)}{note} ({seconds:.1f} s)", file=table_stream, flush=True)
+    return 0
+
+
+def run(opts: Options) -> int:
+    ranks = Ranks.from_env()
+    control = Control(ranks)
+    progress = Progress(enabled=ranks.is_main)
+    started = time.perf_counter()
+    try:
+        results = run_checks(opts, ranks, control, progress)
+        return control.on_main(lambda: _emit(opts, results, ranks.world, time.perf_counter() - started))
+    except (RankFailed, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    finally:
+        progress.close()
+        control.close()
+
+
+def command(
+    cache: Annotated[Path, typer.Argument(help="Cache directory to verify.")],
+    data: Annotated[Path | None, typer.Option(
+        help="The dataset the cache was built from (episode-folder root or annotation file); "
+             "needed to compare against the dataset and for the live check.")] = None,
+    profile: Annotated[str, typer.Option(
+        help="Profile (name or YAML path) whose settings and models the cache must match.")] = "tiny",
+    live: Annotated[int, typer.Option(
+        min=0, help="Samples to recompute from the sources (0: none).")] = DEFAULT_LIVE_SAMPLES,
+    checksums: Annotated[str, typer.Option(help="Shards to hash: all, sample (a seeded 5% subset) or none.")] = "all",
+    seed: Annotated[int, typer.Option(help="Seed choosing the live samples and sampled checksums.")] = DEFAULT_SEED,
+    json_report: Annotated[Path | None, typer.Option(
+        "--json", help="Write the report as JSON to this file ('-': stdout, the table then goes to stderr).")] = None,
+) -> None:
+    """Check that a cache is complete, intact, current and equal to the live path; exit 1 if not."""
+    if checksums not in CHECKSUM_MODES:
+        raise typer.BadParameter(f"--checksums must be one of {', '.join(CHECKSUM_MODES)}, got {checksums!r}")
+    raise typer.Exit(run(Options(cache, data, profile, live, checksums, seed, json_report)))
+
+
+@record  # torchrun's failure summary then shows the failing rank's exception
+def main() -> None:
+    typer.run(command)
+
+
+if __name__ == "__main__":
+    main()
