@@ -381,7 +381,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
     parts = [("data_wait_s", (214, 96, 77)), ("forward_s", (67, 147, 195)),
              ("backward_s", (146, 197, 222)), ("optimizer_s", (120, 120, 120))]
     runs = results["training"]
-    width, height, left, bar_w = 640, 360, 120, 160
+    width, height, left, bar_w = 720, 360, 80, 160
     top = max(sum(runs[r].get(k, {"median": 0})["median"] for k, _ in parts) for r in ("cached", "live")) or 1.0
     scale = (height - 90) / top
     image = Image.new("RGB", (width, height), "white")
@@ -402,6 +402,16 @@ def plot(results: dict[str, Any], path: Path) -> None:
     image.save(path)
 
 
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def command(
     out: Annotated[Path, typer.Option(help="Where results.json, results.md and the plot go.")] = Path("bench"),
     repeats: Annotated[int, typer.Option(min=1, help="Repeats per measurement.")] = 5,
@@ -416,8 +426,7 @@ def command(
     started = time.perf_counter()
     results: dict[str, Any] = {
         "date": date.today().isoformat(),
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.processor() or 'unknown cpu'}, "
-                   f"torch {torch.__version__}",
+        "machine": f"{cpu_name()}, {os.cpu_count()} cores, torch {torch.__version__}",
     }
     print("[1/5] data path (pad644, live vs cached)...", flush=True)
     results["data_path"] = data_path(work, repeats, workers)

@@ -136,7 +136,8 @@ class Progress:
 
             self._bar = tqdm(total=total, initial=done, desc=name, unit=f" {unit}", dynamic_ncols=True)
         else:
-            print(f"[{name}] {done}/{total} {unit} already done", file=sys.stderr, flush=True)
+            resumed = f", {done} already done" if done else ""
+            print(f"[{name}] {total} {unit}{resumed}", file=sys.stderr, flush=True)
 
     def update(self, done: int) -> None:
         done = min(done, self._total)
