@@ -7,6 +7,7 @@ Everything is derived from a seed, so a spawned process rebuilds exactly the sam
 
 from __future__ import annotations
 
+import multiprocessing
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -149,6 +150,26 @@ def write_shards_in_process(fmt: str, root: str, seed: int, frame_shards: list[i
     writer = open_writer(fmt, root, VARIANT.name)
     write_frame_shards(writer, content, RESOLUTION, frame_shards)
     write_sample_shards(writer, content, RESOLUTION, sample_shards)
+
+
+def write_with_two_processes(writer: CacheWriter, seed: int) -> None:
+    """Write every shard of a prepared cache from two fresh interpreters (like torchrun's ranks),
+    shards split round-robin, one writer per shard."""
+    n_frames = len(writer.frame_shard_plan(RESOLUTION))
+    n_samples = len(writer.sample_shard_plan(RESOLUTION))
+    context = multiprocessing.get_context("spawn")
+    processes = [
+        context.Process(
+            target=write_shards_in_process,
+            args=(writer.format, str(writer.root), seed, list(range(rank, n_frames, 2)), list(range(rank, n_samples, 2))),
+        )
+        for rank in range(2)
+    ]
+    for process in processes:
+        process.start()
+    for process in processes:
+        process.join(timeout=120)
+        assert process.exitcode == 0
 
 
 def bits(tensor: torch.Tensor) -> torch.Tensor:

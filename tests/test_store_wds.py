@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import multiprocessing
 import tarfile
 from collections.abc import Callable
 from pathlib import Path
@@ -21,7 +20,7 @@ from store_cases import (
     write_cache,
     write_frame_shards,
     write_sample_shards,
-    write_shards_in_process,
+    write_with_two_processes,
 )
 
 import janus_cache.store.commit as commit_module
@@ -209,21 +208,7 @@ def test_two_processes_writing_different_shards_give_the_same_valid_cache(tmp_pa
     expected = write_cache("wds", tmp_path / "one", content).shard_table()
 
     writer = prepare("wds", tmp_path / "two", content)
-    n_frames = len(writer.frame_shard_plan(RESOLUTION))
-    n_samples = len(writer.sample_shard_plan(RESOLUTION))
-    context = multiprocessing.get_context("spawn")
-    processes = [
-        context.Process(
-            target=write_shards_in_process,
-            args=("wds", str(tmp_path / "two"), 5, list(range(rank, n_frames, 2)), list(range(rank, n_samples, 2))),
-        )
-        for rank in range(2)
-    ]
-    for process in processes:
-        process.start()
-    for process in processes:
-        process.join(timeout=120)
-        assert process.exitcode == 0
+    write_with_two_processes(writer, seed=5)
     assert all(check.ok for check in writer.audit())
     assert writer.shard_table() == expected
     for sample in WdsCacheReader(tmp_path / "two"):

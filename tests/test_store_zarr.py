@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import multiprocessing
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +19,7 @@ from store_cases import (
     prepare,
     write_cache,
     write_frame_shards,
-    write_shards_in_process,
+    write_with_two_processes,
 )
 
 import janus_cache.store.commit as commit_module
@@ -315,21 +314,7 @@ def test_two_processes_writing_different_shards_give_the_same_valid_cache(tmp_pa
     expected = write_cache("zarr", tmp_path / "one", content).shard_table()
 
     writer = prepare("zarr", tmp_path / "two", content)
-    n_frame_shards = len(writer.frame_shard_plan(RESOLUTION))
-    n_sample_shards = len(writer.sample_shard_plan(RESOLUTION))
-    context = multiprocessing.get_context("spawn")  # fresh interpreters, like torchrun's ranks
-    processes = [
-        context.Process(
-            target=write_shards_in_process,
-            args=("zarr", str(tmp_path / "two"), 3, list(range(rank, n_frame_shards, 2)), list(range(rank, n_sample_shards, 2))),
-        )
-        for rank in range(2)
-    ]
-    for process in processes:
-        process.start()
-    for process in processes:
-        process.join(timeout=120)
-        assert process.exitcode == 0
+    write_with_two_processes(writer, seed=3)
     assert all(check.ok for check in writer.audit())
     assert writer.shard_table() == expected
     reader = ZarrCacheReader(tmp_path / "two")

@@ -70,7 +70,7 @@ from janus_cache.store.zarr_store import (
     SAMPLES_TABLE,
     WINDOW_ROWS_COLUMN,
     PlannedShard,
-    ZarrGroupWriter,
+    VariantWriter,
     _check_name,
     frames_array_path,
     only_one,
@@ -149,7 +149,7 @@ def check_planned(root: Path, planned: list[PlannedShard], verify: bool) -> list
     return [check_shard(root, p.array, p.shard, p.rows, p.file, verify) for p in planned]
 
 
-class WdsCacheWriter(ZarrGroupWriter):
+class WdsCacheWriter(VariantWriter):
     """Writes a webdataset cache for the window variant named ``variant``.
 
     Frames and tables go to the cache's zarr group exactly as for the zarr format; samples go to
@@ -157,11 +157,6 @@ class WdsCacheWriter(ZarrGroupWriter):
     """
 
     format = "wds"
-
-    def __init__(self, root: Path | str, variant: str) -> None:
-        super().__init__(root)
-        _check_name("variant", variant)
-        self.variant = variant
 
     def samples_array_path(self, resolution: str) -> str:
         return wds_array_path(self.variant, resolution)

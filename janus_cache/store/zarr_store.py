@@ -583,18 +583,22 @@ def _check_required_columns(table: str, columns: Mapping[str, np.ndarray | list[
             )
 
 
-class ZarrCacheWriter(ZarrGroupWriter):
+class VariantWriter(ZarrGroupWriter):
+    """A cache writer for one window variant: frames and tables in the zarr group, plus samples."""
+
+    def __init__(self, root: Path | str, variant: str) -> None:
+        super().__init__(root)
+        _check_name("variant", variant)
+        self.variant = variant
+
+
+class ZarrCacheWriter(VariantWriter):
     """Writes a zarr cache for the window variant named ``variant``: frames, tables, features.
 
     Implements :class:`janus_cache.store.CacheWriter`.
     """
 
     format = "zarr"
-
-    def __init__(self, root: Path | str, variant: str) -> None:
-        super().__init__(root)
-        _check_name("variant", variant)
-        self.variant = variant
 
     def samples_array_path(self, resolution: str) -> str:
         return features_array_path(self.variant, resolution)
