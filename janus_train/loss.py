@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -71,11 +72,11 @@ class LossConfig:
         return self.distill_weight * min(1.0, max(step, 0) / self.distill_ramp_steps)
 
 
-@dataclass
-class LossParts:
+class LossParts(NamedTuple):
     """Per-sample loss sums of one micro-batch, as the model's forward returns them.
 
-    ``segment_ce_sum`` and ``action_ce`` carry gradients; the counts do not.
+    ``segment_ce_sum`` and ``action_ce`` carry gradients; the counts do not. A named tuple, so
+    DeepSpeed's ZeRO-3 hooks can see the tensors in the model's output.
     """
 
     segment_ce_sum: torch.Tensor  # float32 [B, 4]: summed token CE per sample and segment

@@ -27,7 +27,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -211,11 +211,10 @@ class JanusModelConfig:
     logit_chunk_rows: int = DEFAULT_LOGIT_CHUNK_ROWS
 
 
-@dataclass
-class JanusOutput:
+class JanusOutput(NamedTuple):
     """What one forward returns: the loss sums, the action logits [B, n_actions] (float32), the
     VGGT features used [B, N, 2C] (cached or live; for live checks) and, on request, the last
-    hidden states [B, L, hidden]."""
+    hidden states [B, L, hidden]. A named tuple: DeepSpeed's ZeRO-3 hooks see its tensors."""
 
     loss_parts: LossParts
     action_logits: torch.Tensor
