@@ -55,7 +55,7 @@ def index(
 
     try:
         prof = load_profile(profile)
-        idx = build_index(data, history=prof.cache.history, image_root=image_root, strict=strict)
+        idx = build_index(data, history=prof.cache.history, image_root=image_root, strict=strict, progress=True)
     except (ProfileError, DatasetError, FileNotFoundError) as err:
         fail(str(err))
     summary = idx.summary()

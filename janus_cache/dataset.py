@@ -45,6 +45,7 @@ import json
 import os
 import posixpath
 import re
+import sys
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -54,6 +55,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from PIL import Image, UnidentifiedImageError
+from tqdm import tqdm
 
 from janus_cache.windows import DEFAULT_HISTORY, window_frames
 
@@ -373,6 +375,7 @@ def build_index(
     strict: bool = False,
     check_images: bool = True,
     workers: int | None = None,
+    progress: bool = False,
 ) -> DatasetIndex:
     """Index an episode-folder root, or a ``.json`` / ``.jsonl`` annotation file.
 
@@ -381,7 +384,8 @@ def build_index(
     annotation file's folder). ``check_images``: read every image fully and verify it (PNG:
     chunk CRCs up to a complete IEND; JPEG and others: a full decode) and record its sha256;
     when false only the header is read, which finds non-images but not truncated files.
-    ``workers``: threads for the per-frame work (default: a few per core).
+    ``workers``: threads for the per-frame work (default: a few per core). ``progress``: show a
+    progress bar of the per-file checks on stderr.
 
     Raises ``FileNotFoundError`` for a missing source, ``DatasetError`` for an unusable one or,
     with ``strict``, for any reported problem.
@@ -406,6 +410,7 @@ def build_index(
         builder = _AnnotationBuilder(source, root, history, check_images, threads)
     else:
         raise DatasetError(f"{source}: expected an episode-folder root or a .json/.jsonl annotation file")
+    builder.progress = progress
     index = builder.build()
     if strict and index.report.entries:
         raise DatasetError(_strict_message(source, index.report), index.report)
@@ -521,6 +526,7 @@ class _Builder(abc.ABC):
         self.check_images = check_images
         self.threads = max(1, threads)
         self.entries: list[ReportEntry] = []
+        self.progress = False
 
     def report(
         self, file: Path | str, reason: Reason, key: str | None = None, detail: str = "", line: int | None = None
@@ -531,10 +537,22 @@ class _Builder(abc.ABC):
         return self.map(lambda p: _inspect_image(p, self.check_images), paths)
 
     def map(self, fn: Callable[[_T], _R], items: Sequence[_T]) -> list[_R]:
-        if self.threads == 1 or len(items) < 2:
-            return [fn(item) for item in items]
-        with ThreadPoolExecutor(max_workers=self.threads) as pool:
-            return list(pool.map(fn, items))
+        # Checking ~600k images takes minutes: show it (a bar on a terminal, sparse lines in logs).
+        bar = tqdm(total=len(items), desc="indexing", unit=" files", disable=not self.progress,
+                   mininterval=0.5 if sys.stderr.isatty() else 30.0, file=sys.stderr)
+        with bar:
+            if self.threads == 1 or len(items) < 2:
+                results = []
+                for item in items:
+                    results.append(fn(item))
+                    bar.update()
+                return results
+            with ThreadPoolExecutor(max_workers=self.threads) as pool:
+                results = []
+                for result in pool.map(fn, items):
+                    results.append(result)
+                    bar.update()
+                return results
 
     @abc.abstractmethod
     def build(self) -> DatasetIndex:
