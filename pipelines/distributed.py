@@ -123,6 +123,7 @@ class Progress:
         self._last_log = 0.0
         self._done = 0
         self._initial = 0
+        self._last_poll = 0.0
 
     def phase(self, name: str, total: int, unit: str, done: int = 0) -> None:
         self.close()
@@ -157,6 +158,16 @@ class Progress:
                 file=sys.stderr,
                 flush=True,
             )
+
+    def poll(self, count: Callable[[], int], force: bool = False) -> None:
+        """Update from shared state: ``count`` (e.g. listing commit records) is only called on
+        the displaying rank, at most twice a second unless ``force``; other ranks pay nothing."""
+        if not self.enabled:
+            return
+        now = time.perf_counter()
+        if force or now - self._last_poll >= 0.5:
+            self._last_poll = now
+            self.update(count())
 
     def close(self) -> None:
         if self._bar is not None:

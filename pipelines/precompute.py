@@ -200,14 +200,18 @@ def run(opts: Options) -> int:
         n_frame_shards = len(writer.frame_shard_plan(resolution.name))
         mine = _own_pending(ranks, writer, frames_array, n_frame_shards)
         per_shard = profile.cache.frames_per_shard
-        progress.phase("frames", len(index.frames), "frames", committed_count(opts.out, frames_array) * per_shard)
+
+        def frames_done() -> int:
+            return committed_count(opts.out, frames_array) * per_shard
+
+        progress.phase("frames", len(index.frames), "frames", frames_done() if ranks.is_main else 0)
         pool_context = get_context("spawn").Pool(workers) if workers > 1 and mine else nullcontext(None)
         with pool_context as pool:
             for shard in mine:
                 write_frame_shard(writer, index, resolution, shard, pool)
-                progress.update(committed_count(opts.out, frames_array) * per_shard)
+                progress.poll(frames_done)
         control.barrier()
-        progress.update(committed_count(opts.out, frames_array) * per_shard)
+        progress.poll(frames_done, force=True)
 
         # Samples table: every sample whose window frames all decoded (same answer on every rank).
         frame_failures = read_frame_failures(opts.out, resolution.name)
@@ -226,14 +230,18 @@ def run(opts: Options) -> int:
         samples_array = writer.samples_array_path(resolution.name)
         n_sample_shards = len(writer.sample_shard_plan(resolution.name))
         mine = _own_pending(ranks, writer, samples_array, n_sample_shards)
-        per_shard = profile.cache.samples_per_shard
-        progress.phase("features", len(samples), "samples", committed_count(opts.out, samples_array) * per_shard)
+        samples_per_shard = profile.cache.samples_per_shard
+
+        def samples_done() -> int:
+            return committed_count(opts.out, samples_array) * samples_per_shard
+
+        progress.phase("features", len(samples), "samples", samples_done() if ranks.is_main else 0)
         write_feature_shards(
             writer, encoder, resolution.name, mine, table["window_rows"], profile.cache.vggt_batch,
-            on_done=lambda shard, n: progress.update(committed_count(opts.out, samples_array) * per_shard),
+            on_done=lambda shard, n: progress.poll(samples_done),
         )
         control.barrier()
-        progress.update(committed_count(opts.out, samples_array) * per_shard)
+        progress.poll(samples_done, force=True)
         progress.close()
         seconds = time.perf_counter() - started
         return control.on_main(
