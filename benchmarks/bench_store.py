@@ -2,7 +2,7 @@
 
 Frames are the sample dataset's rendered 640x480 PNG episodes (``janus_cache.sample_data``)
 loaded at each resolution with ``janus_cache.imaging.load_frame``; windows and texts come from
-the real index (``janus_cache.dataset.build_index``). Features:
+the real index (``janus_cache.index.build_index``). Features:
 
 * ``pad224``: the tiny profile's aggregator (``configs/models/tiny-vggt.json``, seeded random
   weights) run on the real windows: bf16 ``[256, 128]``;
@@ -35,7 +35,7 @@ import numcodecs
 import numpy as np
 import torch
 
-from janus_cache.dataset import ACTIONS, build_index
+from janus_cache.index import ACTIONS, build_index
 from janus_cache.imaging import load_frame, vggt_input
 from janus_cache.resolution import TEMPORAL_PATCH, Resolution
 from janus_cache.sample_data import write_sample_data

@@ -50,7 +50,7 @@ def index(
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
 ) -> None:
     """Index a dataset and print its summary: episodes, frames, samples and skipped inputs."""
-    from janus_cache.dataset import DatasetError, build_index
+    from janus_cache.index import DatasetError, build_index
     from janus_cache.profile import ProfileError, load_profile
 
     try:
@@ -100,7 +100,7 @@ def plan_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")] = False,
 ) -> None:
     """Estimate a cache's size per format and the precompute time, measured on a few real samples."""
-    from janus_cache.dataset import DatasetError, build_index
+    from janus_cache.index import DatasetError, build_index
     from janus_cache.encoder import WindowEncoder
     from janus_cache.plan import make_plan
     from janus_cache.profile import ProfileError, load_profile

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from janus_cache.dataset import DatasetIndex
+from janus_cache.index import DatasetIndex
 from janus_cache.encoder import WindowEncoder
 from janus_cache.imaging import FrameError, load_frame
 from janus_cache.precompute import encode_windows, frame_shape

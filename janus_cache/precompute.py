@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from janus_cache.dataset import DatasetIndex, Frame, Sample
+from janus_cache.index import DatasetIndex, Frame, Sample
 from janus_cache.encoder import WindowEncoder, encoder_fingerprint
 from janus_cache.imaging import FrameError, load_frame
 from janus_cache.profile import CacheSettings

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from janus_cache.dataset import ACTIONS, LANDMARK_FIELD, MILESTONES_FILE, SPATIAL_FIELD
+from janus_cache.index import ACTIONS, LANDMARK_FIELD, MILESTONES_FILE, SPATIAL_FIELD
 
 WIDTH = 640
 HEIGHT = 480

@@ -49,7 +49,7 @@ import torch
 import zarr
 from zarr.storage import LocalStore
 
-from janus_cache.dataset import DatasetIndex, build_index
+from janus_cache.index import DatasetIndex, build_index
 from janus_cache.encoder import WindowEncoder, encoder_fingerprint
 from janus_cache.imaging import FrameError, load_frame, qwen_pixel_values
 from janus_cache.precompute import (

@@ -8,7 +8,7 @@ A sample at frame ``j`` of an episode sees ``history`` earlier frames plus frame
 * ``j > history``: ``linspace(0, j, history + 1)`` rounded down, which always includes 0 and ``j``.
 
 Frame ids are frame indices within the episode (for the episode-folder format the step number;
-see :mod:`janus_cache.dataset`). The rule must reproduce the reference exactly, including its
+see :mod:`janus_cache.index`). The rule must reproduce the reference exactly, including its
 float rounding: the reference computes ``numpy.linspace(0, j, n).astype(int)``, so we evaluate
 the same IEEE-754 double expressions numpy does (``i * (j / (n - 1))`` with the last point set to
 ``j``) instead of exact rational arithmetic, which could round differently for some ``history``.

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, IterableDataset, Sampler, get_worker_info
 
-from janus_cache.dataset import ACTIONS, DatasetIndex
+from janus_cache.index import ACTIONS, DatasetIndex
 from janus_cache.imaging import load_frame
 from janus_cache.resolution import Resolution
 from janus_cache.store import WdsCacheReader, ZarrCacheReader

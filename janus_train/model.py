@@ -34,7 +34,7 @@ from torch import nn
 from transformers import AutoConfig, Qwen2_5_VLForConditionalGeneration
 from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VLRMSNorm
 
-from janus_cache.dataset import ACTIONS
+from janus_cache.index import ACTIONS
 from janus_cache.encoder import WindowEncoder
 from janus_cache.imaging import qwen_pixel_values
 from janus_cache.profile import EncoderSettings, LanguageModelSettings, Profile

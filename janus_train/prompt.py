@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from janus_cache.dataset import ACTIONS, Sample
+from janus_cache.index import ACTIONS, Sample
 
 IGNORE_INDEX = -100
 """Label of positions without loss (the value PyTorch's cross-entropy ignores)."""

@@ -26,7 +26,7 @@ from tokenizers import AddedToken, Regex, Tokenizer, decoders, normalizers, pre_
 from tokenizers.models import BPE
 from tokenizers.trainers import BpeTrainer
 
-from janus_cache.dataset import ACTIONS
+from janus_cache.index import ACTIONS
 from janus_train.prompt import ACTIONS_TEXT, ANSWER_LABELS
 
 # Qwen2.5-VL's special tokens, in Qwen's id order (there they start at 151643; here right after

@@ -118,7 +118,7 @@ def prompt_builder(profile: Profile) -> PromptBuilder:
 def make_dataset(profile: Profile, builder: PromptBuilder, cache: Path | None, live_data: Path | None,
                  rank: int, world: int) -> Dataset:
     if live_data is not None:
-        from janus_cache.dataset import build_index
+        from janus_cache.index import build_index
 
         index = build_index(live_data, history=profile.cache.history)
         return LiveSamples(index, builder, Resolution.parse(profile.cache.resolution))

@@ -31,7 +31,7 @@ import torch
 import typer
 import yaml
 
-from janus_cache.dataset import build_index
+from janus_cache.index import build_index
 from janus_cache.encoder import WindowEncoder
 from janus_cache.imaging import load_frame, qwen_pixel_values
 from janus_cache.precompute import compute_frame_shard, encode_windows, frame_shape, read_windows

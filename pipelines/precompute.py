@@ -21,7 +21,7 @@ from typing import Annotated, Optional
 import typer
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from janus_cache.dataset import DatasetIndex, build_index
+from janus_cache.index import DatasetIndex, build_index
 from janus_cache.encoder import WindowEncoder
 from janus_cache.plan import Plan, make_plan
 from janus_cache.precompute import (

@@ -21,7 +21,7 @@ import torch.distributed as dist
 import typer
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from janus_cache.dataset import DatasetIndex
+from janus_cache.index import DatasetIndex
 from janus_cache.encoder import WindowEncoder
 from janus_cache.profile import Profile, load_profile
 from janus_cache.verify import (

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from janus_cache.dataset import DatasetIndex, build_index
+from janus_cache.index import DatasetIndex, build_index
 from janus_cache.sample_data import write_sample_data
 
 SAMPLE_EPISODES = 3

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-from janus_cache.dataset import DatasetIndex, Sample
+from janus_cache.index import DatasetIndex, Sample
 from janus_cache.encoder import WindowEncoder
 from janus_cache.imaging import load_frame
 from janus_cache.profile import CacheSettings, EncoderSettings, LanguageModelSettings

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from PIL import Image
 
-from janus_cache.dataset import (
+from janus_cache.index import (
     ACTIONS,
     DatasetError,
     DatasetIndex,

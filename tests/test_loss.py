@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from model_cases import builder
 from torch import nn
 
-from janus_cache.dataset import DatasetIndex
+from janus_cache.index import DatasetIndex
 from janus_train.loss import (
     LossConfig,
     LossDenominators,

@@ -17,7 +17,7 @@ from model_cases import (
     tiny_model,
 )
 
-from janus_cache.dataset import DatasetIndex, Sample
+from janus_cache.index import DatasetIndex, Sample
 from janus_cache.imaging import qwen_pixel_lut, qwen_pixel_values
 from janus_cache.profile import LanguageModelSettings, load_profile
 from janus_train.loss import LossConfig, LossDenominators, micro_batch_loss

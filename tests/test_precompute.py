@@ -27,7 +27,7 @@ import torch
 from conftest import REPO_ROOT, file_digests, write_test_profile
 from PIL import Image, ImageOps
 
-from janus_cache.dataset import DatasetIndex, build_index
+from janus_cache.index import DatasetIndex, build_index
 from janus_cache.encoder import WindowEncoder
 from janus_cache.imaging import load_frame
 from janus_cache.precompute import (

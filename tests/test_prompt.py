@@ -9,7 +9,7 @@ from model_cases import QWEN_DIR, VISUAL_TOKENS, builder, tiny_tokenizer
 from tokenizers import pre_tokenizers
 from transformers import AutoTokenizer
 
-from janus_cache.dataset import ACTIONS, DatasetIndex, Sample
+from janus_cache.index import ACTIONS, DatasetIndex, Sample
 from janus_train.prompt import (
     ACTIONS_TEXT,
     ANSWER_LABELS,

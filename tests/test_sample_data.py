@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from janus_cache.dataset import ACTIONS, build_index
+from janus_cache.index import ACTIONS, build_index
 from janus_cache.sample_data import HEIGHT, WIDTH, write_sample_data
 
 FRAME = re.compile(r"^step_(\d{4})_([A-Z_]+)\.png$")

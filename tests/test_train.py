@@ -29,7 +29,7 @@ from conftest import REPO_ROOT, write_test_profile
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from janus_cache.dataset import build_index
+from janus_cache.index import build_index
 from janus_cache.profile import Profile, load_profile
 from janus_cache.resolution import Resolution, visual_tokens
 from janus_cache.sample_data import write_sample_data

@@ -8,7 +8,7 @@ import pytest
 import torch
 from conftest import write_test_profile
 
-from janus_cache.dataset import build_index
+from janus_cache.index import build_index
 from janus_cache.profile import load_profile
 from janus_cache.resolution import Resolution
 from janus_train.data import CachedSamples, EpochSampler, LiveSamples, StreamedSamples, collate

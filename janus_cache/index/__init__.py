@@ -1,0 +1,126 @@
+"""The dataset index: an immutable, ordered list of episodes, frames and training samples.
+
+``build_index`` reads one of two input formats: an episode-folder root
+(:mod:`janus_cache.index.episode_folders`) or a ``.json`` / ``.jsonl`` annotation file
+(:mod:`janus_cache.index.annotations`). Texts follow :mod:`janus_cache.index.texts`, the
+subinstruction of a frame :mod:`janus_cache.index.subinstructions`; problems go to the index's
+report (:mod:`janus_cache.index.problems`) instead of passing silently.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from janus_cache.index.annotations import ANNOTATION_FIELDS, AnnotationBuilder
+from janus_cache.index.episode_folders import (
+    LANDMARK_FIELD,
+    MILESTONES_FILE,
+    SPATIAL_FIELD,
+    EpisodeFolderBuilder,
+)
+from janus_cache.index.files import IMAGE_SUFFIXES, Builder, content_hash, frame_content_hash
+from janus_cache.index.model import (
+    ACTION_IDS,
+    ACTIONS,
+    DatasetIndex,
+    DatasetSummary,
+    Episode,
+    Frame,
+    Sample,
+    parse_action,
+    source_identity,
+)
+from janus_cache.index.problems import DatasetError, DatasetReport, Reason, ReportEntry
+from janus_cache.index.subinstructions import (
+    DEFAULT_SUBINSTRUCTION_RULE,
+    SUBINSTRUCTION_RULES,
+    SubinstructionRule,
+    parse_rule,
+    subinstruction_for,
+)
+from janus_cache.index.texts import normalise_text
+from janus_cache.windows import DEFAULT_HISTORY
+
+__all__ = [
+    "ACTIONS",
+    "ACTION_IDS",
+    "ANNOTATION_FIELDS",
+    "DEFAULT_SUBINSTRUCTION_RULE",
+    "IMAGE_SUFFIXES",
+    "LANDMARK_FIELD",
+    "MILESTONES_FILE",
+    "SPATIAL_FIELD",
+    "SUBINSTRUCTION_RULES",
+    "DatasetError",
+    "DatasetIndex",
+    "DatasetReport",
+    "DatasetSummary",
+    "Episode",
+    "Frame",
+    "Reason",
+    "ReportEntry",
+    "Sample",
+    "SubinstructionRule",
+    "build_index",
+    "content_hash",
+    "frame_content_hash",
+    "normalise_text",
+    "parse_action",
+    "source_identity",
+    "subinstruction_for",
+]
+
+
+def build_index(
+    source: Path | str,
+    *,
+    history: int = DEFAULT_HISTORY,
+    image_root: Path | str | None = None,
+    strict: bool = False,
+    check_images: bool = True,
+    workers: int | None = None,
+    progress: bool = False,
+    subinstruction_rule: str = DEFAULT_SUBINSTRUCTION_RULE,
+) -> DatasetIndex:
+    """Index an episode-folder root, or a ``.json`` / ``.jsonl`` annotation file.
+
+    ``history``: history frames per window (episode-folder format; an annotation record's
+    window is its image list). ``image_root``: base of annotation image paths (default: the
+    annotation file's folder). ``check_images``: read every image fully and verify it (PNG:
+    chunk CRCs up to a complete IEND; JPEG and others: a full decode) and record its sha256;
+    when false only the header is read, which finds non-images but not truncated files.
+    ``workers``: threads for the per-frame work (default: a few per core). ``progress``: show a
+    progress bar of the per-file checks on stderr. ``subinstruction_rule``: ``reference``
+    (default) or ``janus``, see :mod:`janus_cache.index.subinstructions` (episode folders only;
+    an annotation record names its own subinstruction).
+
+    Raises ``FileNotFoundError`` for a missing source, ``DatasetError`` for an unusable one or,
+    with ``strict``, for any reported problem.
+    """
+    source = Path(source)
+    if isinstance(history, bool) or not isinstance(history, int) or history < 1:
+        raise ValueError(f"history must be a positive int, got {history!r}")
+    rule = parse_rule(subinstruction_rule).value
+    if not source.exists():
+        raise FileNotFoundError(f"dataset {source} does not exist")
+    threads = workers if workers is not None else min(16, 4 * (os.cpu_count() or 1))
+    if source.is_dir():
+        if image_root is not None:
+            raise DatasetError(f"{source}: image_root applies to annotation files, not to an episode-folder root")
+        if (source / MILESTONES_FILE).exists():
+            raise DatasetError(
+                f"{source} is a single episode folder (it holds {MILESTONES_FILE}); pass the folder "
+                f"that contains the episode folders, here {source.parent}"
+            )
+        builder: Builder = EpisodeFolderBuilder(source, history, check_images, threads, rule)
+    elif source.suffix.lower() in (".json", ".jsonl"):
+        root = Path(image_root) if image_root is not None else source.parent
+        builder = AnnotationBuilder(source, root, history, check_images, threads, rule)
+    else:
+        raise DatasetError(f"{source}: expected an episode-folder root or a .json/.jsonl annotation file")
+    builder.progress = progress
+    index = builder.build()
+    if strict and index.report.entries:
+        raise DatasetError(index.report.strict_message(source), index.report)
+    return index
