@@ -55,7 +55,8 @@ def index(
 
     try:
         prof = load_profile(profile)
-        idx = build_index(data, history=prof.cache.history, image_root=image_root, strict=strict, progress=True)
+        idx = build_index(data, history=prof.cache.history, image_root=image_root, strict=strict, progress=True,
+                          subinstruction_rule=prof.cache.subinstruction_rule)
     except (ProfileError, DatasetError, FileNotFoundError) as err:
         fail(str(err))
     summary = idx.summary()
@@ -109,7 +110,7 @@ def plan_cmd(
     try:
         prof = load_profile(profile)
         res = Resolution.parse(resolution or prof.cache.resolution)
-        idx = build_index(data, history=prof.cache.history)
+        idx = build_index(data, history=prof.cache.history, subinstruction_rule=prof.cache.subinstruction_rule)
         device = "cuda" if prof.device == "cuda" else "cpu"
         encoder = WindowEncoder.from_settings(prof.vggt, prof.cache, device)
         result = make_plan(idx, encoder, res, prof.cache.vggt_batch, probe=probe)

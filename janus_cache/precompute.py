@@ -126,7 +126,9 @@ def check_windows(index: DatasetIndex) -> None:
 
 def dataset_identity(index: DatasetIndex) -> DatasetIdentity:
     frames = (FrameIdentity(f.relpath, f.width, f.height, f.sha256 or "") for f in index.frames)
-    return DatasetIdentity.compute(frames, n_episodes=len(index.episodes), n_samples=len(index.samples))
+    return DatasetIdentity.compute(
+        frames, len(index.episodes), len(index.samples), subinstruction_rule=index.subinstruction_rule
+    )
 
 
 def wanted_manifest(

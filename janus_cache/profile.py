@@ -16,6 +16,7 @@ from typing import Any, Mapping
 
 import yaml
 
+from janus_cache.index.subinstructions import DEFAULT_SUBINSTRUCTION_RULE, SUBINSTRUCTION_RULES
 from janus_cache.resolution import Resolution
 from janus_cache.windows import DEFAULT_HISTORY
 
@@ -48,6 +49,9 @@ class CacheSettings:
     frames_per_shard: int = 64
     samples_per_shard: int = 16
     vggt_batch: int = 1
+    subinstruction_rule: str = DEFAULT_SUBINSTRUCTION_RULE
+    """Which subinstruction a frame gets: ``reference`` (the reference trainer's rule) or ``janus``
+    (see ``janus_cache.index.subinstructions``); it changes stored texts, so it is keyed."""
 
 
 @dataclass(frozen=True)
@@ -177,6 +181,7 @@ def _read_cache(sec: Section) -> CacheSettings:
         frames_per_shard=sec.positive("frames_per_shard", 64),
         samples_per_shard=sec.positive("samples_per_shard", 16),
         vggt_batch=sec.positive("vggt_batch", 1),
+        subinstruction_rule=sec.get("subinstruction_rule", str, DEFAULT_SUBINSTRUCTION_RULE, SUBINSTRUCTION_RULES),
     )
     if settings.history < 0:
         raise ProfileError(f"{sec.source}: setting 'cache.history' must be >= 0, got {settings.history}")

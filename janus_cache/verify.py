@@ -49,7 +49,7 @@ import torch
 import zarr
 from zarr.storage import LocalStore
 
-from janus_cache.index import DatasetIndex, build_index
+from janus_cache.index import DEFAULT_SUBINSTRUCTION_RULE, DatasetIndex, build_index
 from janus_cache.encoder import WindowEncoder, encoder_fingerprint
 from janus_cache.imaging import FrameError, load_frame, qwen_pixel_values
 from janus_cache.precompute import (
@@ -1327,11 +1327,14 @@ def profile_device(profile: Profile, local_rank: int = 0) -> torch.device:
     return torch.device(f"cuda:{local_rank}" if profile.device == "cuda" else "cpu")
 
 
-def dataset_indexes(data: Path | str, cache_history: int, live_history: int) -> tuple[DatasetIndex, DatasetIndex]:
+def dataset_indexes(data: Path | str, cache_history: int, live_history: int,
+                    subinstruction_rule: str = DEFAULT_SUBINSTRUCTION_RULE) -> tuple[DatasetIndex, DatasetIndex]:
     """The index completeness compares against (the cache's window history) and the one the live
     path reads windows from (the profile's); one index when the two agree."""
-    index = build_index(data, history=cache_history)
-    return index, index if live_history == cache_history else build_index(data, history=live_history)
+    index = build_index(data, history=cache_history, subinstruction_rule=subinstruction_rule)
+    if live_history == cache_history:
+        return index, index
+    return index, build_index(data, history=live_history, subinstruction_rule=subinstruction_rule)
 
 
 # ----------------------------------------------------------------------------------------------

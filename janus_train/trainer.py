@@ -120,7 +120,8 @@ def make_dataset(profile: Profile, builder: PromptBuilder, cache: Path | None, l
     if live_data is not None:
         from janus_cache.index import build_index
 
-        index = build_index(live_data, history=profile.cache.history)
+        index = build_index(live_data, history=profile.cache.history,
+                            subinstruction_rule=profile.cache.subinstruction_rule)
         return LiveSamples(index, builder, Resolution.parse(profile.cache.resolution))
     assert cache is not None
     if (Path(cache) / "wds").is_dir():

@@ -103,7 +103,7 @@ def data_path(work: Path, repeats: int, workers: int) -> dict[str, Any]:
         raise RuntimeError("precompute of the pad644 benchmark cache failed")
     profile = load_profile(profile_path)
     res = Resolution.parse("pad644")
-    index = build_index(data, history=profile.cache.history)
+    index = build_index(data, history=profile.cache.history, subinstruction_rule=profile.cache.subinstruction_rule)
     tokenizer = AutoTokenizer.from_pretrained(str(profile.qwen.path))
     builder = PromptBuilder(tokenizer, visual_tokens(res))
     side = res.target
@@ -234,7 +234,7 @@ def precompute_phases(work: Path, repeats: int) -> dict[str, Any]:
     write_sample_data(data, episodes=3, steps=16, seed=2)
     profile = load_profile("tiny")
     res = Resolution.parse(profile.cache.resolution)
-    index = build_index(data, history=profile.cache.history)
+    index = build_index(data, history=profile.cache.history, subinstruction_rule=profile.cache.subinstruction_rule)
     encoder = WindowEncoder.from_settings(profile.vggt, profile.cache)
     shape = frame_shape(index, res)
     rows = range(len(index.frames))

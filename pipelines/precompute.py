@@ -187,7 +187,8 @@ def run(opts: Options) -> int:
         resolution = Resolution.parse(opts.resolution or profile.cache.resolution)
         workers = opts.workers or default_workers(ranks.local_world)
         index: DatasetIndex = control.on_main(
-            lambda: build_index(opts.data, history=profile.cache.history, strict=opts.strict, progress=True)
+            lambda: build_index(opts.data, history=profile.cache.history, strict=opts.strict, progress=True,
+                                subinstruction_rule=profile.cache.subinstruction_rule)
         )
         encoder = WindowEncoder.from_settings(profile.vggt, profile.cache, _device(profile, ranks))
         manifest: Manifest = control.on_main(

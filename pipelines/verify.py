@@ -166,7 +166,8 @@ def run_checks(opts: Options, ranks: Ranks, control: Control, progress: Progress
     started = time.perf_counter()
     indexes: tuple[DatasetIndex | None, DatasetIndex | None] = (None, None)
     if opts.data is not None:
-        indexes = control.on_main(lambda: dataset_indexes(opts.data, history, profile.cache.history))
+        indexes = control.on_main(lambda: dataset_indexes(opts.data, history, profile.cache.history,
+                                                            profile.cache.subinstruction_rule))
     index_seconds = time.perf_counter() - started
     live_wanted = indexes[1] is not None and opts.live > 0
     # Every rank of the live check needs the encoder; otherwise rank 0 alone (for freshness),

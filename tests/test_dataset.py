@@ -124,6 +124,136 @@ def test_subinstruction_rule_covers_checkpoint_ranges_and_frames_past_the_last_c
     assert [subinstruction_for(f, ["only"], []) for f in range(3)] == ["only"] * 3
 
 
+def test_subinstruction_rule_janus_counts_completed_checkpoints_when_there_are_few() -> None:
+    subs = ["a", "b", "c"]
+    assert [subinstruction_for(f, subs, [3], "janus") for f in range(7)] == list("aaaabbb")
+    assert [subinstruction_for(f, subs, [], "janus") for f in range(3)] == list("aaa")
+    assert [subinstruction_for(f, subs, [3, 7], "janus") for f in range(10)] == list("aaaabbbbcc")
+    with pytest.raises(ValueError, match="subinstruction_rule must be one of reference, janus, got 'newest'"):
+        subinstruction_for(0, subs, [3], "newest")
+
+
+def test_subinstruction_rule_reference_gives_the_last_text_to_every_frame_when_checkpoints_are_few() -> None:
+    """The reference rule: ranges [c_{i-1}+1, c_i], a missing end runs to the last frame, a missing
+    start is 0, later subinstructions overwrite earlier ones, uncovered frames get the last."""
+    subs = ["a", "b", "c"]
+    assert [subinstruction_for(f, subs, [3]) for f in range(7)] == list("ccccccc")
+    assert [subinstruction_for(f, subs, []) for f in range(3)] == list("ccc")
+    assert [subinstruction_for(f, ["a", "b"], []) for f in range(3)] == list("bbb")
+    assert [subinstruction_for(f, ["a", "b"], [2]) for f in range(5)] == list("aaabb")
+    assert [subinstruction_for(f, subs, [1, 4, 6]) for f in range(9)] == list("aabbbcccc")
+
+
+def _rewrite_milestones(root: Path, episode: str, **fields: Any) -> None:
+    path = root / episode / "milestones_result.json"
+    _write_json(path, {**json.loads(path.read_text()), **fields})
+
+
+def _checkpoints(*frames: int) -> list[dict[str, int]]:
+    return [{"checkpoint_frame_index": frame} for frame in frames]
+
+
+def test_episodes_with_few_checkpoints_follow_the_reference_rule_by_default_and_janus_on_request(
+    dataset_copy: Path,
+) -> None:
+    _rewrite_milestones(
+        dataset_copy, EP, subinstructions=["walk to the door", "turn left", "stop at the sofa"],
+        completion_checkpoints=_checkpoints(4),
+    )
+    reference = build_index(dataset_copy)
+    assert reference.subinstruction_rule == "reference"
+    assert {s.subinstruction for s in reference.samples_of(EP)} == {"stop at the sofa"}
+    janus = build_index(dataset_copy, subinstruction_rule="janus")
+    assert janus.subinstruction_rule == "janus"
+    texts = [s.subinstruction for s in janus.samples_of(EP)]
+    assert texts == ["walk to the door"] * 5 + ["turn left"] * (SAMPLE_STEPS - 5)
+    # Episodes with a checkpoint per subinstruction read the same under both rules.
+    assert reference.samples_of(OTHER) == janus.samples_of(OTHER)
+    with pytest.raises(ValueError, match="subinstruction_rule must be one of reference, janus, got 'Reference'"):
+        build_index(dataset_copy, subinstruction_rule="Reference")
+
+
+def test_checkpoints_are_used_in_sorted_order_like_the_reference(dataset_copy: Path) -> None:
+    _rewrite_milestones(
+        dataset_copy, EP, subinstructions=["a", "b", "c"], completion_checkpoints=_checkpoints(7, 3, 11)
+    )
+    index = build_index(dataset_copy)
+    assert index.report.entries == ()
+    assert index.episode(EP).checkpoints == (3, 7, 11)
+    assert "".join(s.subinstruction for s in index.samples_of(EP)) == "aaaabbbbcccc"
+
+
+def test_episode_texts_are_stripped_keep_inner_newlines_and_lists_give_their_first_element(
+    dataset_copy: Path,
+) -> None:
+    _rewrite_milestones(
+        dataset_copy, EP,
+        instruction_text="  Walk to the kitchen.\nThen stop by the sink. \n",
+        subinstructions=[["  walk to the kitchen\n", "an alternative wording"], "\tstop by\nthe sink  "],
+        completion_checkpoints=_checkpoints(5, 11),
+    )
+    description = frame_png(dataset_copy, EP, 7).with_suffix(".json")
+    _write_json(description, {
+        "landmark_description": ["  A door.\nA lamp.  ", "a second description"],
+        "spatial_description": "\n The door is 2 m ahead.\r\nThe lamp is left. ",
+    })
+    index = build_index(dataset_copy)
+    assert index.report.entries == ()
+    sample = index.sample(f"{EP}/7")
+    assert sample.instruction == "Walk to the kitchen.\nThen stop by the sink."
+    assert index.episode(EP).subinstructions == ("walk to the kitchen", "stop by\nthe sink")
+    assert sample.subinstruction == "stop by\nthe sink"
+    assert index.sample(f"{EP}/2").subinstruction == "walk to the kitchen"
+    assert sample.description_2d == "A door.\nA lamp."
+    assert sample.description_3d == "The door is 2 m ahead.\r\nThe lamp is left."
+
+
+def test_texts_that_are_blank_or_empty_lists_are_reported_as_empty(dataset_copy: Path) -> None:
+    _write_json(frame_png(dataset_copy, EP, 7).with_suffix(".json"),
+                {"landmark_description": [], "spatial_description": " \n "})
+    _rewrite_milestones(dataset_copy, OTHER, subinstructions=["go", ["  "]])
+    index = build_index(dataset_copy)
+    (empty,) = index.report.by_reason(Reason.EMPTY_DESCRIPTION)
+    assert empty.sample_key == f"{EP}/7"
+    assert empty.detail.startswith("missing or empty landmark_description and spatial_description")
+    (invalid,) = index.report.by_reason(Reason.INVALID_MILESTONES)
+    assert invalid.file == str(dataset_copy / OTHER / "milestones_result.json")
+    assert invalid.detail.startswith("subinstructions[1] is missing or empty")
+
+
+def test_the_subinstruction_rule_is_a_cache_setting_keyed_in_the_dataset_identity(
+    dataset_copy: Path, tmp_path: Path
+) -> None:
+    from dataclasses import replace
+
+    from janus_cache.precompute import dataset_identity
+    from janus_cache.profile import ProfileError, load_profile
+    from janus_cache.store.manifest import DatasetIdentity, Layout, Manifest, WindowVariant, keyed_differences
+    from conftest import write_test_profile
+
+    assert load_profile("tiny").cache.subinstruction_rule == "reference"
+    profile = load_profile(write_test_profile(tmp_path / "janus.yaml", cache={"subinstruction_rule": "janus"}))
+    assert profile.cache.subinstruction_rule == "janus"
+    with pytest.raises(ProfileError, match="'cache.subinstruction_rule' is 'newest'; expected one of reference, janus"):
+        load_profile(write_test_profile(tmp_path / "bad.yaml", cache={"subinstruction_rule": "newest"}))
+
+    reference = dataset_identity(build_index(dataset_copy))
+    janus = dataset_identity(build_index(dataset_copy, subinstruction_rule=profile.cache.subinstruction_rule))
+    assert (reference.subinstruction_rule, janus.subinstruction_rule) == ("reference", "janus")
+    assert replace(reference, subinstruction_rule="janus") == janus  # the frames are the same
+
+    def manifest_with(identity: DatasetIdentity) -> Manifest:
+        window = WindowVariant(history=8, sampling="linspace", reference_frame="first", layer=-2, attention="causal")
+        return Manifest(format="zarr", window=window, encoder_fingerprint="sha256:" + "12" * 32,
+                        feature_dtype="bfloat16", dataset=identity, layout=Layout(64, 16), resolutions={})
+
+    stored = Manifest.from_json(manifest_with(janus).to_json())
+    assert stored.dataset.subinstruction_rule == "janus"
+    assert [str(d) for d in keyed_differences(stored, manifest_with(reference))] == [
+        "dataset.subinstruction_rule: cache has 'janus', wanted 'reference'"
+    ]
+
+
 def test_lookups_by_key_episode_and_frame_index(sample_index: DatasetIndex) -> None:
     sample = sample_index.sample(f"{OTHER}/5")
     assert (sample.episode_id, sample.step) == (OTHER, 5)
@@ -528,6 +658,26 @@ def test_annotation_windows_may_be_shorter_than_nine_images(
     assert sample.window == (0, 1, 2, 3)
     summary = index.summary()
     assert summary.images_per_sample == 4 and summary.window_lengths == {4: 1}
+
+
+def test_annotation_texts_are_stripped_keep_inner_newlines_and_lists_give_their_first_element(
+    sample_dataset: Path, sample_index: DatasetIndex, tmp_path: Path
+) -> None:
+    record = annotation_records(sample_index)[0]
+    (instruction, sub, d2, d3, _action) = _ALIAS_SETS[0]
+    record.update({
+        instruction: "  Walk to the kitchen.\nThen stop by the sink.\n",
+        sub: ["\twalk to the kitchen ", "an alternative wording"],
+        d2: "A door.\n\nA lamp.   ",
+        d3: [" The door is 2 m ahead.\nThe lamp is left.\n"],
+    })
+    annotation = tmp_path / "train.jsonl"
+    annotation.write_text(json.dumps(record) + "\n")
+    (sample,) = build_index(annotation, image_root=sample_dataset, strict=True).samples
+    assert sample.instruction == "Walk to the kitchen.\nThen stop by the sink."
+    assert sample.subinstruction == "walk to the kitchen"
+    assert sample.description_2d == "A door.\n\nA lamp."
+    assert sample.description_3d == "The door is 2 m ahead.\nThe lamp is left."
 
 
 @dataclass

@@ -30,11 +30,13 @@ from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from janus_cache.index.subinstructions import DEFAULT_SUBINSTRUCTION_RULE
 from janus_cache.store.commit import atomic_write_bytes
 from janus_cache.store.features import STORED_DTYPES
 
-SCHEMA_VERSION = 1
-"""Version of the cache layout and manifest schema; bumped on any incompatible change."""
+SCHEMA_VERSION = 2
+"""Version of the cache layout and manifest schema; bumped on any incompatible change.
+2: sample texts follow the reference's normalisation and the keyed ``dataset.subinstruction_rule``."""
 
 MANIFEST_NAME = "manifest.json"
 FORMATS = ("zarr", "wds")
@@ -136,15 +138,23 @@ class FrameIdentity:
 
 @dataclass(frozen=True)
 class DatasetIdentity:
-    """A digest over every source frame (path, size, content hash, in order) and the counts."""
+    """A digest over every source frame (path, size, content hash, in order), the counts, and the
+    rule that gave each sample its subinstruction (it changes the stored texts)."""
 
     digest: str
     n_episodes: int
     n_frames: int
     n_samples: int
+    subinstruction_rule: str = DEFAULT_SUBINSTRUCTION_RULE
 
     @classmethod
-    def compute(cls, frames: Iterable[FrameIdentity], n_episodes: int, n_samples: int) -> DatasetIdentity:
+    def compute(
+        cls,
+        frames: Iterable[FrameIdentity],
+        n_episodes: int,
+        n_samples: int,
+        subinstruction_rule: str = DEFAULT_SUBINSTRUCTION_RULE,
+    ) -> DatasetIdentity:
         """Identity of a dataset whose frames, in index order, are ``frames``.
 
         Each frame contributes one JSON line, so no path can be confused with another field.
@@ -156,7 +166,13 @@ class DatasetIdentity:
             digest.update(line.encode() + b"\n")
             n_frames += 1
         digest.update(json.dumps({"episodes": n_episodes, "frames": n_frames, "samples": n_samples}).encode())
-        return cls(digest=digest.hexdigest(), n_episodes=n_episodes, n_frames=n_frames, n_samples=n_samples)
+        return cls(
+            digest=digest.hexdigest(),
+            n_episodes=n_episodes,
+            n_frames=n_frames,
+            n_samples=n_samples,
+            subinstruction_rule=subinstruction_rule,
+        )
 
 
 @dataclass(frozen=True)
