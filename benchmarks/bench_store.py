@@ -37,7 +37,8 @@ import torch
 
 from janus_cache.index import ACTIONS, build_index
 from janus_cache.imaging import load_frame, vggt_input
-from janus_cache.resolution import TEMPORAL_PATCH, Resolution
+from janus_cache.qwen_vision import TEMPORAL_PATCH
+from janus_cache.resolution import Resolution
 from janus_cache.sample_data import write_sample_data
 from janus_cache.store import (
     WdsCacheReader,

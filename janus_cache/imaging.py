@@ -25,13 +25,17 @@ import numpy as np
 import torch
 from PIL import Image
 
-from janus_cache.resolution import (
-    DEFAULT_RESOLUTION,
+from janus_cache.qwen_vision import (
     MERGE_SIZE,
-    MODES,
     PATCH_DIM,
     PATCH_SIZE,
+    QWEN_IMAGE_MEAN,
+    QWEN_IMAGE_STD,
     TEMPORAL_PATCH,
+)
+from janus_cache.resolution import (
+    DEFAULT_RESOLUTION,
+    MODES,
     Mode,
     Resolution,
     grid_shape,
@@ -40,8 +44,6 @@ from janus_cache.resolution import (
 )
 
 __all__ = [
-    "QWEN_IMAGE_MEAN",
-    "QWEN_IMAGE_STD",
     "FrameError",
     "PixelReference",
     "load_frame",
@@ -52,11 +54,6 @@ __all__ = [
     "visual_tokens",
     "visual_tokens_for_shape",
 ]
-
-#: Qwen2.5-VL image processor normalisation (the OpenAI CLIP constants, as in the model's
-#: preprocessor_config.json and transformers' Qwen2VLImageProcessor defaults).
-QWEN_IMAGE_MEAN: tuple[float, float, float] = (0.48145466, 0.4578275, 0.40821073)
-QWEN_IMAGE_STD: tuple[float, float, float] = (0.26862954, 0.26130258, 0.27577711)
 
 #: Which transformers computation :func:`qwen_pixel_values` reproduces.
 #:

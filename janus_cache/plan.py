@@ -17,7 +17,8 @@ from janus_cache.index import DatasetIndex
 from janus_cache.encoder import WindowEncoder
 from janus_cache.imaging import FrameError, load_frame
 from janus_cache.precompute import encode_windows, frame_shape
-from janus_cache.resolution import PATCH_DIM, Resolution, grid_shape
+from janus_cache.qwen_vision import PATCH_DIM
+from janus_cache.resolution import Resolution, grid_shape
 from janus_cache.store.compression import FEATURES_COMPRESSION, FRAMES_COMPRESSION
 from janus_cache.store.features import to_stored
 

@@ -1,4 +1,5 @@
-"""The one definition of a frame *resolution* and of the Qwen2.5-VL patch geometry.
+"""The one definition of a frame *resolution* and what follows from it under the Qwen2.5-VL patch
+geometry (:mod:`janus_cache.qwen_vision`).
 
 A resolution names how a source image becomes a stored uint8 frame: VGGT's ``pad`` or ``crop``
 preprocessing at a target size (``pad644`` is what JanusVLN trains on). The name is part of every
@@ -12,14 +13,7 @@ import re
 from dataclasses import dataclass
 from typing import Literal, get_args
 
-#: Side of one ViT patch in pixels (Qwen2.5-VL and VGGT/DINOv2 both use 14).
-PATCH_SIZE: int = 14
-#: Qwen2.5-VL merges MERGE_SIZE x MERGE_SIZE neighbouring patches into one visual token.
-MERGE_SIZE: int = 2
-#: Qwen2.5-VL's patch embedding spans this many frames; a still image is duplicated to fill it.
-TEMPORAL_PATCH: int = 2
-#: Length of one flattened Qwen patch: channels x temporal x patch x patch (= 1176).
-PATCH_DIM: int = 3 * TEMPORAL_PATCH * PATCH_SIZE * PATCH_SIZE
+from janus_cache.qwen_vision import MERGE_SIZE, PATCH_SIZE
 
 Mode = Literal["pad", "crop"]
 MODES: tuple[str, ...] = get_args(Mode)

@@ -38,7 +38,8 @@ from janus_cache.index import ACTIONS
 from janus_cache.encoder import WindowEncoder
 from janus_cache.imaging import qwen_pixel_values
 from janus_cache.profile import EncoderSettings, LanguageModelSettings, Profile
-from janus_cache.resolution import MERGE_SIZE, grid_shape, visual_tokens_for_shape
+from janus_cache.qwen_vision import MERGE_SIZE
+from janus_cache.resolution import grid_shape, visual_tokens_for_shape
 from janus_cache.vggt import AggregatorConfig
 from janus_cache.vggt.checkpoint import resolve_config, resolve_weights_file
 from janus_train.loss import (

@@ -38,11 +38,12 @@ import numpy as np
 import torch
 
 from janus_cache.index import ACTIONS, Sample
+from janus_cache.qwen_vision import DEFAULT_SYSTEM_PROMPT, IM_END, IM_START, IMAGE_PAD, VISION_END, VISION_START
 
 IGNORE_INDEX = -100
 """Label of positions without loss (the value PyTorch's cross-entropy ignores)."""
 
-SYSTEM_PROMPT = "You are a helpful assistant."
+SYSTEM_PROMPT = DEFAULT_SYSTEM_PROMPT
 ROLE_TEXT = "You are a visual language navigation agent in an indoor environment."
 HISTORY_TEXT = "These are your historical observations, from the oldest to the newest:"
 CURRENT_TEXT = "This is your current observation:"
@@ -57,12 +58,6 @@ ANSWER_LABELS: tuple[str, ...] = ("SUBINSTRUCTION:", "2D_DESCRIPTION:", "3D_DESC
 """Line labels of the four answer lines; line k (1-based) is segment k."""
 SEGMENT_NAMES: tuple[str, ...] = ("subinstruction", "description_2d", "description_3d", "action")
 N_SEGMENTS = len(ANSWER_LABELS)
-
-IM_START = "<|im_start|>"
-IM_END = "<|im_end|>"
-VISION_START = "<|vision_start|>"
-VISION_END = "<|vision_end|>"
-IMAGE_PAD = "<|image_pad|>"
 
 # Texts of the probe sample the constructor checks the piecewise tokenisation on: punctuation and
 # digits at both ends of every variable text, where a boundary could merge differently.

@@ -36,7 +36,8 @@ from janus_cache.encoder import WindowEncoder
 from janus_cache.imaging import load_frame, qwen_pixel_values
 from janus_cache.precompute import compute_frame_shard, encode_windows, frame_shape, read_windows
 from janus_cache.profile import PROFILES_DIR, load_profile
-from janus_cache.resolution import PATCH_DIM, Resolution, grid_shape, visual_tokens
+from janus_cache.qwen_vision import PATCH_DIM
+from janus_cache.resolution import Resolution, grid_shape, visual_tokens
 from janus_cache.sample_data import write_sample_data
 from janus_cache.store import ZarrCacheReader, open_writer
 from pipelines.precompute import Options

@@ -20,15 +20,14 @@ from PIL import Image
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
 from janus_cache.imaging import (
-    QWEN_IMAGE_MEAN,
-    QWEN_IMAGE_STD,
     FrameError,
     load_frame,
     qwen_pixel_lut,
     qwen_pixel_values,
     vggt_input,
 )
-from janus_cache.resolution import MERGE_SIZE, PATCH_DIM, PATCH_SIZE, TEMPORAL_PATCH, Resolution, visual_tokens
+from janus_cache.qwen_vision import MERGE_SIZE, PATCH_DIM, PATCH_SIZE, QWEN_IMAGE_MEAN, QWEN_IMAGE_STD, TEMPORAL_PATCH
+from janus_cache.resolution import Resolution, visual_tokens
 
 HAS_TORCHVISION = importlib.util.find_spec("torchvision") is not None
 NO_TORCHVISION = (

@@ -7,12 +7,9 @@ from fractions import Fraction
 
 import pytest
 
+from janus_cache.qwen_vision import MERGE_SIZE, PATCH_DIM, PATCH_SIZE, TEMPORAL_PATCH
 from janus_cache.resolution import (
     DEFAULT_RESOLUTION,
-    MERGE_SIZE,
-    PATCH_DIM,
-    PATCH_SIZE,
-    TEMPORAL_PATCH,
     Resolution,
     grid_shape,
     visual_tokens,

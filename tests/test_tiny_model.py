@@ -1,6 +1,6 @@
 """The tiny Qwen2.5-VL directory of the ``tiny`` profile and the tiny VGGT config.
 
-The committed files must be exactly what ``janus_train.tiny_model`` generates, must load through
+The committed files must be exactly what ``tools/tiny_model.py`` generates, must load through
 transformers' Auto classes like a real Qwen2.5-VL directory, and must give a model that trains on
 a prompt with images.
 """
@@ -17,16 +17,12 @@ import torch
 from tokenizers import Tokenizer
 from transformers import AutoConfig, AutoImageProcessor, AutoTokenizer, Qwen2_5_VLForConditionalGeneration
 
+from janus_cache.index import ACTIONS
+from janus_cache.qwen_vision import IM_END, IMAGE_PAD, QWEN_IMAGE_MEAN, QWEN_IMAGE_STD, QWEN_SPECIAL_TOKENS
 from janus_cache.vggt.config import AggregatorConfig
-from janus_train.tiny_model import (
-    ACTIONS,
-    ANSWER_LABELS,
-    CLIP_MEAN,
-    CLIP_STD,
-    IM_END,
-    IMAGE_PAD,
+from janus_train.prompt import ANSWER_LABELS
+from tools.tiny_model import (
     QWEN_DIR_FILES,
-    QWEN_SPECIAL_TOKENS,
     TINY_QWEN,
     TINY_VGGT_AGGREGATOR,
     TinyQwenSpec,
@@ -40,7 +36,7 @@ QWEN_DIR = REPO / "configs" / "models" / "tiny-qwen2_5_vl"
 VGGT_CONFIG = REPO / "configs" / "models" / "tiny-vggt.json"
 GOLDEN_VGGT_CONFIG = REPO / "tests" / "data" / "vggt_golden" / "config.json"
 REGENERATE = (
-    "regenerate with: python -m janus_train.tiny_model configs/models/tiny-qwen2_5_vl "
+    "regenerate with: python -m tools.tiny_model configs/models/tiny-qwen2_5_vl "
     "--vggt-config configs/models/tiny-vggt.json"
 )
 
@@ -279,7 +275,7 @@ def test_spec_rejects_an_mrope_section_that_does_not_fit_the_head_dim() -> None:
 
 def test_image_processor_patchifies_a_56px_frame_into_a_1x4x4_grid(image_processor) -> None:
     assert (image_processor.patch_size, image_processor.merge_size, image_processor.temporal_patch_size) == (14, 2, 2)
-    assert tuple(image_processor.image_mean) == CLIP_MEAN and tuple(image_processor.image_std) == CLIP_STD
+    assert tuple(image_processor.image_mean) == QWEN_IMAGE_MEAN and tuple(image_processor.image_std) == QWEN_IMAGE_STD
     out = _pixel_values(image_processor, _frames(2))
     assert out["image_grid_thw"].tolist() == [[1, 4, 4], [1, 4, 4]]
     # 16 patches per frame, each 3 channels x 2 (temporal) x 14 x 14 values.

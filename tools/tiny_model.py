@@ -8,8 +8,9 @@ settings. The directory loads with ``AutoConfig``/``AutoTokenizer``/``AutoProces
 ``Qwen2_5_VLForConditionalGeneration`` exactly like a real checkpoint directory, so the trainer
 runs the same code path on the tiny and the 7B profile.
 
-The committed copy lives in ``configs/models/tiny-qwen2_5_vl``; regenerate it with
-``python -m janus_train.tiny_model configs/models/tiny-qwen2_5_vl``. The tiny VGGT aggregator
+A build-time asset generator, outside the runtime packages: the committed copy lives in
+``configs/models/tiny-qwen2_5_vl``; regenerate it from the repository root with
+``python -m tools.tiny_model configs/models/tiny-qwen2_5_vl --vggt-config configs/models/tiny-vggt.json``. The tiny VGGT aggregator
 config ``configs/models/tiny-vggt.json`` is written by :func:`write_tiny_vggt_config`.
 """
 
@@ -27,34 +28,26 @@ from tokenizers.models import BPE
 from tokenizers.trainers import BpeTrainer
 
 from janus_cache.index import ACTIONS
-from janus_train.prompt import ACTIONS_TEXT, ANSWER_LABELS
-
-# Qwen2.5-VL's special tokens, in Qwen's id order (there they start at 151643; here right after
-# the learned BPE vocabulary). The trainer relies on the vision ones; the rest keep the
-# tokenizer's special-token set identical to the real model's.
-ENDOFTEXT = "<|endoftext|>"
-IM_START = "<|im_start|>"
-IM_END = "<|im_end|>"
-VISION_START = "<|vision_start|>"
-VISION_END = "<|vision_end|>"
-IMAGE_PAD = "<|image_pad|>"
-VIDEO_PAD = "<|video_pad|>"
-QWEN_SPECIAL_TOKENS: tuple[str, ...] = (
+from janus_cache.qwen_vision import (
+    DEFAULT_SYSTEM_PROMPT,
     ENDOFTEXT,
-    IM_START,
     IM_END,
-    "<|object_ref_start|>",
-    "<|object_ref_end|>",
-    "<|box_start|>",
-    "<|box_end|>",
-    "<|quad_start|>",
-    "<|quad_end|>",
-    VISION_START,
-    VISION_END,
-    "<|vision_pad|>",
     IMAGE_PAD,
+    MERGE_SIZE,
+    PATCH_SIZE,
+    QWEN_IMAGE_MEAN,
+    QWEN_IMAGE_STD,
+    QWEN_SPECIAL_TOKENS,
+    TEMPORAL_PATCH,
     VIDEO_PAD,
+    VISION_END,
+    VISION_START,
 )
+from janus_train.prompt import ANSWER_LABELS
+
+# Qwen2.5-VL's special tokens follow the learned BPE vocabulary, in Qwen's id order (there they
+# start at 151643). The trainer relies on the vision ones; the rest keep the tokenizer's
+# special-token set identical to the real model's.
 
 # Qwen2's pre-tokenizer split (contractions, letter runs with one leading non-letter, single
 # digits, punctuation runs, newlines, spaces); byte-level encoding after it makes any text
@@ -63,8 +56,6 @@ QWEN_PRETOKENIZE_REGEX = (
     r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"""
     r"""| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
 )
-
-DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant."
 
 # Behaves like Qwen2.5-VL's template: a default system turn when the conversation does not start
 # with one; every turn is "<|im_start|>role\n...<|im_end|>\n"; an image item renders as
@@ -103,14 +94,9 @@ CHAT_TEMPLATE = """\
 {%- endif -%}
 """
 
-# Qwen2-VL image processor settings (those of Qwen2.5-VL-7B-Instruct): 14-pixel patches, 2x2
-# spatial merge, frames duplicated to a temporal patch of 2, CLIP normalisation. Callers set
-# min/max pixels per resolution so that no resize happens.
-PATCH_SIZE = 14
-SPATIAL_MERGE_SIZE = 2
-TEMPORAL_PATCH_SIZE = 2
-CLIP_MEAN: tuple[float, float, float] = (0.48145466, 0.4578275, 0.40821073)
-CLIP_STD: tuple[float, float, float] = (0.26862954, 0.26130258, 0.27577711)
+# Qwen2-VL image processor settings (those of Qwen2.5-VL-7B-Instruct): the patch geometry and CLIP
+# normalisation of janus_cache.qwen_vision. Callers set min/max pixels per resolution so that no
+# resize happens.
 DEFAULT_MIN_PIXELS = 3136
 DEFAULT_MAX_PIXELS = 12845056
 
@@ -177,6 +163,10 @@ class TinyQwenSpec:
 
 
 TINY_QWEN = TinyQwenSpec()
+
+# The tokenizer's training corpus is frozen text (like the sentences in tiny_corpus), not the
+# prompt's current wording: the committed tokenizer must not change when the prompt does.
+ACTIONS_SENTENCE = "The possible actions are " + ", ".join(ACTIONS) + "."
 
 # Constructor kwargs of janus_cache.vggt.VGGTAggregator (keys of the ``aggregator`` section of a
 # VGGT config): VGGT-1B's architecture at width 64 and depth 2, so a 9-frame window runs in well
@@ -340,7 +330,7 @@ def tiny_corpus(seed: int = TINY_QWEN.corpus_seed, n_episodes: int = 1500) -> li
         "This is your current observation:",
         "Answer with four lines: the current subinstruction, a 2D description of the view, "
         "a 3D description of the scene, and the next action.",
-        ACTIONS_TEXT,
+        ACTIONS_SENTENCE,
     ]
     for _ in range(n_episodes):
         lines.append(f"Your task is to: {_instruction(rng)}")
@@ -487,8 +477,8 @@ def qwen_config_dict(token_ids: dict[str, int], n_tokens: int, spec: TinyQwenSpe
         "num_heads": spec.vision_heads,
         "in_channels": 3,
         "patch_size": PATCH_SIZE,
-        "spatial_merge_size": SPATIAL_MERGE_SIZE,
-        "temporal_patch_size": TEMPORAL_PATCH_SIZE,
+        "spatial_merge_size": MERGE_SIZE,
+        "temporal_patch_size": TEMPORAL_PATCH,
         "tokens_per_second": spec.tokens_per_second,
         "window_size": spec.window_size,
         "out_hidden_size": spec.text_hidden_size,
@@ -520,13 +510,13 @@ def preprocessor_config_dict() -> dict[str, Any]:
         "rescale_factor": 1 / 255,
         "do_normalize": True,
         "do_convert_rgb": True,
-        "image_mean": list(CLIP_MEAN),
-        "image_std": list(CLIP_STD),
+        "image_mean": list(QWEN_IMAGE_MEAN),
+        "image_std": list(QWEN_IMAGE_STD),
         "min_pixels": DEFAULT_MIN_PIXELS,
         "max_pixels": DEFAULT_MAX_PIXELS,
         "patch_size": PATCH_SIZE,
-        "temporal_patch_size": TEMPORAL_PATCH_SIZE,
-        "merge_size": SPATIAL_MERGE_SIZE,
+        "temporal_patch_size": TEMPORAL_PATCH,
+        "merge_size": MERGE_SIZE,
     }
 
 

@@ -1,0 +1,1 @@
+"""Build-time tools: generators of the committed assets (not part of the installed packages)."""
