@@ -18,7 +18,7 @@ from tokenizers import Tokenizer
 from transformers import AutoConfig, AutoImageProcessor, AutoTokenizer, Qwen2_5_VLForConditionalGeneration
 
 from janus_cache.index import ACTIONS
-from janus_cache.qwen_vision import IM_END, IMAGE_PAD, QWEN_IMAGE_MEAN, QWEN_IMAGE_STD, QWEN_SPECIAL_TOKENS
+from janus_cache.qwen_vision import IM_END, IM_START, IMAGE_PAD, QWEN_IMAGE_MEAN, QWEN_IMAGE_STD, QWEN_SPECIAL_TOKENS
 from janus_cache.vggt.config import AggregatorConfig
 from janus_train.prompt import ANSWER_LABELS
 from tools.tiny_model import (
@@ -181,6 +181,22 @@ def test_tokenizer_round_trips_any_nfc_text(tokenizer, text: str) -> None:
     assert unicodedata.is_normalized("NFC", text)  # the normaliser is NFC, like Qwen's
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     assert tokenizer.decode(ids) == text
+
+
+def test_the_assistant_header_is_the_references_three_tokens(tokenizer) -> None:
+    """The reference supervises everything after the 3-token header <|im_start|>, assistant, \\n;
+    the tiny tokenizer must split the header the same way as Qwen2.5-VL's (and the system and user
+    role names likewise stay one token each)."""
+    ids = tokenizer(f"{IM_START}assistant\n", add_special_tokens=False)["input_ids"]
+    assert tokenizer.convert_ids_to_tokens(ids) == [IM_START, "assistant", "Ċ"]
+    for role in ("system", "user", "assistant"):
+        assert tokenizer(role, add_special_tokens=False)["input_ids"] == [tokenizer.convert_tokens_to_ids(role)]
+    rendered = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Go."}, {"role": "assistant", "content": "ACTION: STOP"}], tokenize=False
+    )
+    tokens = tokenizer.convert_ids_to_tokens(tokenizer(rendered, add_special_tokens=False)["input_ids"])
+    header = len(tokens) - 1 - tokens[::-1].index(IM_START)  # the last turn is the assistant's
+    assert tokens[header : header + 3] == [IM_START, "assistant", "Ċ"]
 
 
 def test_transformers_tokenizer_encodes_exactly_like_the_tokenizer_json(tokenizer) -> None:

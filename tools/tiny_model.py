@@ -49,6 +49,11 @@ from janus_train.prompt import ANSWER_LABELS
 # start at 151643). The trainer relies on the vision ones; the rest keep the tokenizer's
 # special-token set identical to the real model's.
 
+# The chat roles are single tokens in Qwen2.5-VL's vocabulary, so the assistant header is the three
+# tokens <|im_start|>, assistant, \n (the reference supervises everything after them); the tiny
+# BPE would otherwise split them into pieces.
+CHAT_ROLES: tuple[str, ...] = ("system", "user", "assistant")
+
 # Qwen2's pre-tokenizer split (contractions, letter runs with one leading non-letter, single
 # digits, punctuation runs, newlines, spaces); byte-level encoding after it makes any text
 # encodable without an unknown token.
@@ -364,9 +369,7 @@ def _write_json(path: Path, data: Any) -> Path:
 def train_tiny_tokenizer(spec: TinyQwenSpec = TINY_QWEN) -> Tokenizer:
     """Train the byte-level BPE with Qwen2's normaliser, pre-tokenizer and decoder, then add the
     special tokens after the learned vocabulary."""
-    tokenizer = Tokenizer(
-        BPE(unk_token=None, continuing_subword_prefix="", end_of_word_suffix="", fuse_unk=False, byte_fallback=False)
-    )
+    tokenizer = Tokenizer(_bpe())
     tokenizer.normalizer = normalizers.NFC()
     tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
         [
@@ -386,10 +389,41 @@ def train_tiny_tokenizer(spec: TinyQwenSpec = TINY_QWEN) -> Tokenizer:
         special_tokens=[],
     )
     tokenizer.train_from_iterator(tiny_corpus(spec.corpus_seed), trainer=trainer)
+    _make_whole_words(tokenizer, CHAT_ROLES)
     tokenizer.add_special_tokens(
         [AddedToken(token, special=True, normalized=False, lstrip=False, rstrip=False) for token in QWEN_SPECIAL_TOKENS]
     )
     return tokenizer
+
+
+def _bpe(vocab: dict[str, int] | None = None, merges: list[tuple[str, str]] | None = None) -> BPE:
+    """Qwen2's BPE settings (byte-level symbols, no unknown token), empty or with a vocabulary."""
+    return BPE(
+        vocab=vocab,
+        merges=merges,
+        unk_token=None,
+        fuse_unk=False,
+        byte_fallback=False,
+    )
+
+
+def _make_whole_words(tokenizer: Tokenizer, words: tuple[str, ...]) -> None:
+    """Append the merges that make each word one token (left to right: ``s y`` then ``sy st`` ...).
+
+    Appended merges rank after every learned one, so every learned token keeps its id and other
+    text tokenises as before unless it contains the same pieces side by side.
+    """
+    for word in words:
+        model = json.loads(tokenizer.to_str())["model"]
+        vocab: dict[str, int] = model["vocab"]
+        merges = [(a, b) for a, b in model["merges"]]
+        pieces = tokenizer.encode(word).tokens
+        while len(pieces) > 1:
+            merged = pieces[0] + pieces[1]
+            merges.append((pieces[0], pieces[1]))
+            vocab.setdefault(merged, len(vocab))
+            pieces = [merged, *pieces[2:]]
+        tokenizer.model = _bpe(vocab, merges)
 
 
 def _tokenizer_config(tokenizer: Tokenizer, spec: TinyQwenSpec) -> dict[str, Any]:
