@@ -14,12 +14,11 @@ from pathlib import Path
 
 import torch
 
+from janus_cache.dtypes import TORCH_DTYPES, dtype_name
 from janus_cache.imaging import vggt_input
 from janus_cache.profile import CacheSettings, EncoderSettings
 from janus_cache.vggt import AggregatorConfig, VGGTAggregator, weights_fingerprint
 from janus_cache.vggt.checkpoint import resolve_config, resolve_weights_file
-
-FEATURE_DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 def load_aggregator(settings: EncoderSettings, attention: str, device: str | torch.device = "cpu") -> VGGTAggregator:
@@ -66,11 +65,11 @@ class WindowEncoder:
         cls, encoder: EncoderSettings, cache: CacheSettings, device: str | torch.device = "cpu"
     ) -> "WindowEncoder":
         model = load_aggregator(encoder, cache.attention, device)
-        return cls(model, cache.reference_frame, cache.layer, FEATURE_DTYPES[cache.feature_dtype])
+        return cls(model, cache.reference_frame, cache.layer, TORCH_DTYPES[cache.feature_dtype])
 
     @property
     def feature_dtype_name(self) -> str:
-        return next(name for name, dtype in FEATURE_DTYPES.items() if dtype == self.feature_dtype)
+        return dtype_name(self.feature_dtype)
 
     @property
     def device(self) -> torch.device:

@@ -16,18 +16,16 @@ from typing import Any, Mapping
 
 import yaml
 
+from janus_cache.device import DEVICES
+from janus_cache.dtypes import DTYPE_NAMES
 from janus_cache.index.subinstructions import DEFAULT_SUBINSTRUCTION_RULE, SUBINSTRUCTION_RULES
 from janus_cache.resolution import Resolution
+from janus_cache.vggt.config import ATTENTION_MODES, REFERENCE_FRAMES
 from janus_cache.windows import DEFAULT_HISTORY
 
 CONFIGS_DIR = Path(__file__).resolve().parent.parent / "configs"
 PROFILES_DIR = CONFIGS_DIR / "profiles"
 
-DEVICES = ("cpu", "cuda")
-COMPUTE_DTYPES = ("float32", "bfloat16")
-FEATURE_DTYPES = ("float32", "bfloat16")
-REFERENCE_FRAMES = ("first", "last")
-ATTENTION_MODES = ("causal", "full")
 
 _ENV_PATTERN = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
@@ -177,7 +175,7 @@ def _read_cache(sec: Section) -> CacheSettings:
         reference_frame=sec.get("reference_frame", str, "first", REFERENCE_FRAMES),
         layer=sec.get("layer", int, -2),
         attention=sec.get("attention", str, "causal", ATTENTION_MODES),
-        feature_dtype=sec.get("feature_dtype", str, "bfloat16", FEATURE_DTYPES),
+        feature_dtype=sec.get("feature_dtype", str, "bfloat16", DTYPE_NAMES),
         frames_per_shard=sec.positive("frames_per_shard", 64),
         samples_per_shard=sec.positive("samples_per_shard", 16),
         vggt_batch=sec.positive("vggt_batch", 1),
@@ -244,7 +242,7 @@ def load_profile(name_or_path: str | Path) -> Profile:
     root = Section(data if data is not None else {}, "", source)
     name = root.get("name", str, source.stem)
     device = root.get("device", str, "cpu", DEVICES)
-    compute_dtype = root.get("compute_dtype", str, "float32", COMPUTE_DTYPES)
+    compute_dtype = root.get("compute_dtype", str, "float32", DTYPE_NAMES)
     nproc = root.positive("nproc_per_node", 1)
     cache = _read_cache(root.section("cache"))
     vggt = _read_vggt(root.section("vggt"))

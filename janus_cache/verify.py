@@ -51,6 +51,7 @@ from zarr.storage import LocalStore
 
 from janus_cache.index import DEFAULT_SUBINSTRUCTION_RULE, DatasetIndex, build_index
 from janus_cache.encoder import WindowEncoder, encoder_fingerprint
+from janus_cache.device import process_device
 from janus_cache.imaging import FrameError, load_frame, qwen_pixel_values
 from janus_cache.precompute import (
     dataset_identity,
@@ -1324,7 +1325,7 @@ def check_live(root: Path | str, profile: Profile | str | Path, index: DatasetIn
 
 def profile_device(profile: Profile, local_rank: int = 0) -> torch.device:
     """Where the live path runs: the profile's device (``cuda:<local rank>`` for cuda)."""
-    return torch.device(f"cuda:{local_rank}" if profile.device == "cuda" else "cpu")
+    return process_device(profile.device, local_rank)
 
 
 def dataset_indexes(data: Path | str, cache_history: int, live_history: int,

@@ -13,12 +13,12 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from janus_cache.dtypes import TORCH_DTYPES
 from janus_cache.profile import Profile
 from janus_train.model import JanusModelConfig, JanusVLNModel, vggt_feature_dim
 
 HEADS_FILE = "janus_heads.safetensors"
 QWEN_PREFIX = "qwen."
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json",
                     "preprocessor_config.json", "vocab.json", "merges.txt", "generation_config.json")
 
@@ -34,7 +34,7 @@ def consolidated_state_dict(checkpoint_dir: Path, tag: str | None = None) -> dic
 def export(checkpoint_dir: Path, out: Path, profile: Profile, config: JanusModelConfig,
            tag: str | None = None, dtype: str | None = None) -> Path:
     """Write ``out`` from the checkpoint (latest tag unless ``tag``) in ``dtype`` (default: the profile's)."""
-    torch_dtype = DTYPES[dtype or profile.compute_dtype]
+    torch_dtype = TORCH_DTYPES[dtype or profile.compute_dtype]
     state = consolidated_state_dict(checkpoint_dir, tag)
     qwen_state = {k[len(QWEN_PREFIX):]: v.to(torch_dtype) for k, v in state.items() if k.startswith(QWEN_PREFIX)}
     heads = {k: v.to(torch_dtype) for k, v in state.items() if not k.startswith(QWEN_PREFIX)}
@@ -55,7 +55,7 @@ def load_exported(out: Path, profile: Profile, config: JanusModelConfig, device:
     """A JanusVLNModel whose Qwen part transformers loaded from ``out`` and whose heads come from it too."""
     from transformers import Qwen2_5_VLForConditionalGeneration
 
-    qwen = Qwen2_5_VLForConditionalGeneration.from_pretrained(str(out), dtype=DTYPES[profile.compute_dtype])
+    qwen = Qwen2_5_VLForConditionalGeneration.from_pretrained(str(out), dtype=TORCH_DTYPES[profile.compute_dtype])
     model = JanusVLNModel(qwen, vggt_feature_dim(profile.vggt), config).to(device)
     missing, unexpected = model.load_state_dict(load_file(str(out / HEADS_FILE)), strict=False)
     unexpected_heads = [k for k in unexpected]

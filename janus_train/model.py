@@ -38,6 +38,7 @@ from janus_cache.index import ACTIONS
 from janus_cache.encoder import WindowEncoder
 from janus_cache.imaging import qwen_pixel_values
 from janus_cache.profile import EncoderSettings, LanguageModelSettings, Profile
+from janus_cache.dtypes import TORCH_DTYPES
 from janus_cache.qwen_vision import MERGE_SIZE
 from janus_cache.resolution import grid_shape, visual_tokens_for_shape
 from janus_cache.vggt import AggregatorConfig
@@ -74,7 +75,6 @@ _PART_PREFIXES: tuple[tuple[str, str], ...] = (
     ("action_head.", "action_head"),
 )
 
-TORCH_DTYPES: Mapping[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 class ModelInputError(ValueError):

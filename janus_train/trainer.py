@@ -27,6 +27,7 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset
 
 from janus_cache.profile import Profile
+from janus_cache.device import process_device
 from janus_cache.resolution import Resolution, visual_tokens
 from janus_train.config import TrainSettings, deepspeed_config
 from janus_train.data import CachedSamples, EpochSampler, LiveSamples, StreamedSamples, collate
@@ -74,7 +75,7 @@ def init_distributed(profile: Profile, alloc_conf: str = "") -> torch.device:
     deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo")
     if not cuda:
         return torch.device("cpu")
-    device = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}")
+    device = process_device(profile.device, int(os.environ.get("LOCAL_RANK", "0")))
     torch.cuda.set_device(device)
     return device
 

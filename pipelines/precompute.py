@@ -38,6 +38,7 @@ from janus_cache.precompute import (
     write_frame_shard,
 )
 from janus_cache.profile import Profile, load_profile
+from janus_cache.device import process_device
 from janus_cache.resolution import Resolution
 from janus_cache.store import CacheWriter, Manifest, open_writer, read_manifest, write_manifest
 from janus_cache.store.commit import atomic_write_bytes, read_record, verify_shard
@@ -67,7 +68,7 @@ class Options:
 
 
 def _device(profile: Profile, ranks: Ranks) -> str:
-    return f"cuda:{ranks.local_rank}" if profile.device == "cuda" else "cpu"
+    return str(process_device(profile.device, ranks.local_rank))
 
 
 def _own_pending(ranks: Ranks, writer: CacheWriter, array: str, n_shards: int) -> list[int]:

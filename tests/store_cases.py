@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from janus_cache.dtypes import TORCH_DTYPES
 from janus_cache.store import CacheWriter, WindowVariant, open_writer
 from janus_cache.windows import window_frames
 
@@ -83,7 +84,7 @@ def make_content(
             actions.append(j % 4)
             texts.append(f"walk to the {['red', 'blue'][e % 2]} door, step {j} — ü")
     generator = torch.Generator().manual_seed(seed)
-    torch_dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[feature_dtype]
+    torch_dtype = TORCH_DTYPES[feature_dtype]
     features = {
         name: torch.randn(len(sample_keys), *feature_shape, generator=generator).to(torch_dtype)
         for name in resolutions

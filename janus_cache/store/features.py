@@ -10,10 +10,11 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from janus_cache.dtypes import TORCH_DTYPES
+
 STORED_DTYPES: dict[str, str] = {"bfloat16": "uint16", "float32": "float32"}
 """Logical feature dtype -> dtype of the stored array."""
 
-_TORCH_DTYPES: dict[str, torch.dtype] = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 
 
 def stored_dtype(logical: str) -> np.dtype:
@@ -32,7 +33,7 @@ def to_stored(features: torch.Tensor | np.ndarray, logical: str) -> np.ndarray:
     """
     target = stored_dtype(logical)
     if isinstance(features, torch.Tensor):
-        if features.dtype != _TORCH_DTYPES[logical]:
+        if features.dtype != TORCH_DTYPES[logical]:
             raise TypeError(f"features are {features.dtype}, the cache stores {logical} features")
         tensor = features.detach().to("cpu").contiguous()
         if logical == "bfloat16":

@@ -33,6 +33,7 @@ from typing import Any
 from janus_cache.index.subinstructions import DEFAULT_SUBINSTRUCTION_RULE
 from janus_cache.store.commit import atomic_write_bytes
 from janus_cache.store.features import STORED_DTYPES
+from janus_cache.vggt.config import ATTENTION_MODES, REFERENCE_FRAMES
 
 SCHEMA_VERSION = 2
 """Version of the cache layout and manifest schema; bumped on any incompatible change.
@@ -40,8 +41,6 @@ SCHEMA_VERSION = 2
 
 MANIFEST_NAME = "manifest.json"
 FORMATS = ("zarr", "wds")
-REFERENCE_FRAMES = ("first", "last")
-ATTENTION_MODES = ("causal", "full")
 
 KEYED_FIELDS: tuple[str, ...] = (
     "schema_version",

@@ -1,8 +1,8 @@
 """Frozen VGGT aggregator: our own checkpoint-compatible implementation (JanusVLN's block-causal variant)."""
 
-from janus_cache.vggt.aggregator import CUDA_AUTOCAST_DTYPE, REFERENCE_FRAMES, KVCache, VGGTAggregator
+from janus_cache.vggt.aggregator import CUDA_AUTOCAST_DTYPE, KVCache, VGGTAggregator
 from janus_cache.vggt.checkpoint import CheckpointError, load_aggregator_state_dict, weights_fingerprint
-from janus_cache.vggt.config import ATTENTION_MODES, AggregatorConfig, PatchEmbedConfig
+from janus_cache.vggt.config import ATTENTION_MODES, REFERENCE_FRAMES, AggregatorConfig, PatchEmbedConfig
 from janus_cache.vggt.cost import window_flops
 
 __all__ = [

@@ -12,7 +12,7 @@ import contextlib
 import functools
 import os
 from dataclasses import dataclass, field
-from typing import Any, Literal, Mapping
+from typing import Any, Mapping
 
 import torch
 import torch.nn.functional as F
@@ -26,14 +26,13 @@ from janus_cache.vggt.config import (
     RESNET_STD,
     AggregatorConfig,
     AttentionMode,
+    REFERENCE_FRAMES,
     PatchEmbedConfig,
+    ReferenceFrame,
 )
 from janus_cache.vggt.dino import DinoVisionTransformer
 from janus_cache.vggt.layers import Block, RopeTables
 from janus_cache.vggt.rope import grid_positions, rope_tables
-
-ReferenceFrame = Literal["first", "last"]
-REFERENCE_FRAMES: tuple[str, ...] = ("first", "last")
 
 # The GPU encode path runs under autocast in this dtype (LayerNorm and softmax stay float32),
 # as JanusVLN does; CPU runs in float32.
