@@ -21,12 +21,12 @@ from janus_cache.index import ACTIONS
 from janus_cache.qwen_vision import IM_END, IM_START, IMAGE_PAD, QWEN_IMAGE_MEAN, QWEN_IMAGE_STD, QWEN_SPECIAL_TOKENS
 from janus_cache.vggt.config import AggregatorConfig
 from janus_train.prompt import ANSWER_LABELS
+from tools.tiny_corpus import tiny_corpus
 from tools.tiny_model import (
     QWEN_DIR_FILES,
     TINY_QWEN,
     TINY_VGGT_AGGREGATOR,
     TinyQwenSpec,
-    tiny_corpus,
     write_tiny_qwen_dir,
     write_tiny_vggt_config,
 )
