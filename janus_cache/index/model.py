@@ -37,7 +37,6 @@ def parse_action(value: object) -> str | None:
     return None
 
 
-
 @dataclass(frozen=True, slots=True)
 class Frame:
     """One source image. ``index`` is its id within the episode (what windows refer to)."""
