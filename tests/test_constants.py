@@ -18,16 +18,19 @@ SOURCE_DIRS = ("janus_cache", "janus_train", "pipelines", "benchmarks", "tools")
 
 # (what, pattern of a definition, the one file allowed to hold it)
 HOMES: tuple[tuple[str, str, str], ...] = (
-    ("Qwen special tokens",
-     r"""^\s*\w+\s*(:[^=]*)?=\s*["']<\|(endoftext|im_start|im_end|vision_start|vision_end|image_pad|video_pad)\|>["']""",
+    ("Qwen special tokens",  # a name bound to a token's literal
+     r"""^\s*\w+\s*(:[^=]*)?=\s*["']<\|(endoftext|im_start|im_end|vision_start|vision_end|image_pad|video_pad)"""
+     r"""\|>["']""",
      "janus_cache/qwen_vision.py"),
     ("Qwen patch geometry", r"^\s*(PATCH_SIZE|MERGE_SIZE|SPATIAL_MERGE_SIZE|TEMPORAL_PATCH\w*|PATCH_DIM)\s*[:=]",
      "janus_cache/qwen_vision.py"),
     ("CLIP mean/std", r"0\.48145466|0\.26862954", "janus_cache/qwen_vision.py"),
     ("actions", r"^\s*ACTIONS\b\s*[:=]", "janus_cache/index/model.py"),
-    ("reference frames", r"^\s*REFERENCE_FRAMES\b\s*[:=]|\(\s*\"first\",\s*\"last\"\s*\)", "janus_cache/vggt/config.py"),
+    ("reference frames", r"^\s*REFERENCE_FRAMES\b\s*[:=]|\(\s*\"first\",\s*\"last\"\s*\)",
+     "janus_cache/vggt/config.py"),
     ("attention modes", r"^\s*ATTENTION_MODES\b\s*[:=]|\(\s*\"causal\",\s*\"full\"\s*\)", "janus_cache/vggt/config.py"),
-    ("dtype name maps", r"\"bfloat16\":\s*torch\.bfloat16|^\s*(?!STORED_)\w*DTYPES\b\s*[:=].*\"float32\"", "janus_cache/dtypes.py"),
+    ("dtype name maps",  # STORED_DTYPES is the store's on-disk representation, another fact
+     r"\"bfloat16\":\s*torch\.bfloat16|^\s*(?!STORED_)\w*DTYPES\b\s*[:=].*\"float32\"", "janus_cache/dtypes.py"),
     ("device of a process", r"[\"']cuda:[{\"']|f\"cuda:\{", "janus_cache/device.py"),
     ("device names", r"^\s*DEVICES\b\s*[:=]", "janus_cache/device.py"),
 )

@@ -10,7 +10,8 @@ runs the same code path on the tiny and the 7B profile.
 
 A build-time asset generator, outside the runtime packages: the committed copy lives in
 ``configs/models/tiny-qwen2_5_vl``; regenerate it from the repository root with
-``python -m tools.tiny_model configs/models/tiny-qwen2_5_vl --vggt-config configs/models/tiny-vggt.json``. The tiny VGGT aggregator
+``python -m tools.tiny_model configs/models/tiny-qwen2_5_vl --vggt-config
+configs/models/tiny-vggt.json``. The tiny VGGT aggregator
 config ``configs/models/tiny-vggt.json`` is written by :func:`write_tiny_vggt_config`.
 """
 

@@ -34,7 +34,8 @@ def parse_rule(rule: str) -> SubinstructionRule:
     try:
         return SubinstructionRule(rule)
     except ValueError:
-        raise ValueError(f"subinstruction_rule must be one of {', '.join(SUBINSTRUCTION_RULES)}, got {rule!r}") from None
+        choices = ", ".join(SUBINSTRUCTION_RULES)
+        raise ValueError(f"subinstruction_rule must be one of {choices}, got {rule!r}") from None
 
 
 def subinstruction_for(
