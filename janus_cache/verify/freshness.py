@@ -11,8 +11,13 @@ from janus_cache.encoder import EncoderIdentity, encoder_identity
 from janus_cache.precompute import preprocessing, window_variant
 from janus_cache.profile import Profile, load_profile
 from janus_cache.resolution import Resolution
-from janus_cache.store.manifest import FieldDiff, ResolutionEntry, keyed_differences, library_versions, \
-    version_differences
+from janus_cache.store.manifest import (
+    FieldDiff,
+    ResolutionEntry,
+    keyed_differences,
+    library_versions,
+    version_differences,
+)
 from janus_cache.store.zarr_store import FRAMES_TABLE
 from janus_cache.verify.cache import CheckedCache, open_checked
 from janus_cache.verify.results import FRESHNESS, CheckResult, guarded, result, short, timer

@@ -188,9 +188,12 @@ class Contents:
 
 def _named(target: ShardTarget, problem: str) -> str:
     """The problem as one line that names the shard once, with its file."""
-    if problem.startswith(f"shard {target.array}#{target.shard} ("):
+    prefix = f"shard {target.array}#{target.shard} "
+    if problem.startswith(prefix + "("):
         return problem
-    return f"shard {target.name}: " + problem.removeprefix(f"shard {target.array}#{target.shard} ")
+    if problem.startswith(prefix):
+        return f"shard {target.name} {problem.removeprefix(prefix)}"
+    return f"shard {target.name}: {problem}"
 
 
 def integrity_result(root: Path | str, plan: IntegrityPlan, findings: Sequence[ShardFinding],
