@@ -8,11 +8,13 @@ checkpoint.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
 import subprocess
 import sys
+import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -300,6 +302,27 @@ def test_a_corrupted_tar_shard_of_a_webdataset_cache_is_named_with_its_samples(
     problems = outcome.problems("integrity")
     assert "shard-000001.tar" in problems and "fails its checksum" in problems
     assert keys_of(cache, SAMPLES_TABLE, shard_rows(cache, array, 1))[0] in problems
+
+
+def test_a_tar_shard_missing_a_member_fails_completeness_naming_the_sample(
+        built: Built, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    cache = copy_cache(built.wds, tmp_path)
+    array = next(a for a in read_manifest(cache).shards if a.startswith("wds/"))
+    path = cache / read_record(cache, array, 0).file
+    with tarfile.open(path) as source:
+        members = [(m, source.extractfile(m).read()) for m in source.getmembers()]
+    dropped = next(m for m, _ in members if m.name.endswith(".feature.blosc"))
+    with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as target:
+        for member, payload in members:
+            if member is not dropped:
+                target.addfile(member, io.BytesIO(payload))
+    key = keys_of(cache, SAMPLES_TABLE, shard_rows(cache, array, 0))[0]
+
+    outcome = verify(capsys, tmp_path, cache)
+    assert outcome.code == 1
+    assert outcome.status()["completeness"] == "fail"
+    assert f"{path.name} has samples without all of" in outcome.problems("completeness")
+    assert key in outcome.problems("completeness")
 
 
 def test_damaged_array_metadata_fails_schema_and_integrity_instead_of_crashing(
