@@ -17,12 +17,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
+import torch
 import torch.distributed as dist
 import typer
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from janus_cache.index import DatasetIndex
-from janus_cache.encoder import WindowEncoder
+from janus_cache.device import process_device
+from janus_cache.encoder import EncoderIdentity, WindowEncoder
 from janus_cache.profile import Profile, load_profile
 from janus_cache.verify import (
     CHECK_NAMES,
@@ -32,10 +34,11 @@ from janus_cache.verify import (
     INTEGRITY,
     LIVE,
     CacheProblem,
+    CheckedCache,
     CheckResult,
+    ImageEmbeddings,
     LiveChecker,
     LiveSample,
-    OpenedCache,
     ShardFinding,
     check_completeness,
     check_freshness,
@@ -48,9 +51,8 @@ from janus_cache.verify import (
     format_table,
     integrity_result,
     live_result,
-    load_fusion_model,
     plan_integrity,
-    profile_device,
+    profile_encoder,
     report_dict,
     skipped,
 )
@@ -69,6 +71,21 @@ class Options:
     seed: int = DEFAULT_SEED
     json_report: Path | None = None
     """File for the JSON report; ``-`` prints it on stdout (and the table on stderr)."""
+
+
+def load_image_embeddings(profile: Profile, device: torch.device | str) -> tuple[ImageEmbeddings | None, str]:
+    """The fused image embeddings of the profile's JanusVLN model (cached-feature path) for the
+    live check, or None and why it cannot be built.
+
+    The model lives in the ``janus_train`` package (the ``train`` extra); without it the
+    embeddings part of the live check is reported as not run.
+    """
+    try:
+        from janus_train.model import JanusVLNModel
+    except ImportError as err:
+        return None, f"janus_train.model is not importable ({err}); install the train extra"
+    model = JanusVLNModel.from_profile(profile, live=False, device=device)
+    return model.eval().image_embeddings, ""
 
 
 def gather(control: Control, fn: Callable[[], T]) -> list[T]:
@@ -110,14 +127,14 @@ def _integrity(opts: Options, ranks: Ranks, control: Control, progress: Progress
 def _live(opts: Options, ranks: Ranks, control: Control, progress: Progress, profile: Profile,
           index: DatasetIndex, encoder: WindowEncoder) -> CheckResult:
     started = time.perf_counter()
-    device = profile_device(profile, ranks.local_rank)
+    device = process_device(profile.device, ranks.local_rank)
     rows = control.on_main(lambda: choose_live_rows(opts.cache, opts.live, opts.seed))
     mine = rows[ranks.rank::ranks.world]
     progress.phase(f"{LIVE} (rank 0 of {ranks.world})" if ranks.world > 1 else LIVE, len(mine), "samples")
 
     def my_part() -> tuple[list[LiveSample], str, str | None]:
-        model, note = load_fusion_model(profile, device) if mine else (None, "")
-        checker = LiveChecker(opts.cache, profile, index, device, encoder, model, note)
+        embed, note = load_image_embeddings(profile, device) if mine else (None, "")
+        checker = LiveChecker(opts.cache, profile, index, device, encoder, embed, note)
         unavailable = checker.unavailable()
         return ([] if unavailable else checker.measure(mine, progress.update)), note, unavailable
 
@@ -153,7 +170,7 @@ def run_checks(opts: Options, ranks: Ranks, control: Control, progress: Progress
 
     def open_cache() -> int | str:
         try:
-            return OpenedCache(opts.cache).manifest.window.history
+            return CheckedCache(opts.cache).manifest.window.history
         except CacheProblem as err:
             return str(err)
 
@@ -170,17 +187,19 @@ def run_checks(opts: Options, ranks: Ranks, control: Control, progress: Progress
                                                             profile.cache.subinstruction_rule))
     index_seconds = time.perf_counter() - started
     live_wanted = indexes[1] is not None and opts.live > 0
-    # Every rank of the live check needs the encoder; otherwise rank 0 alone (for freshness),
-    # on the CPU, since only its weights are hashed.
+    # Every rank of the live check builds the encoder; freshness hashes its weights (rank 0), from
+    # the built encoder when there is one, else from the checkpoint file without building it.
     started = time.perf_counter()
-    device = profile_device(profile, ranks.local_rank) if live_wanted else "cpu"
+    device = process_device(profile.device, ranks.local_rank)
     encoder = everywhere(control, lambda: WindowEncoder.from_settings(profile.vggt, profile.cache, device)
-                         if live_wanted or ranks.is_main else None)
+                         if live_wanted else None)
+    identity: EncoderIdentity | None = control.on_main(
+        lambda: EncoderIdentity.of(encoder.model) if encoder is not None else profile_encoder(profile))
     encoder_seconds = time.perf_counter() - started
 
     results.append(_guard(INTEGRITY, lambda: _integrity(opts, ranks, control, progress)))
     results.append(_plus(control.on_main(lambda: check_completeness(opts.cache, indexes[0])), index_seconds))
-    results.append(_plus(control.on_main(lambda: check_freshness(opts.cache, profile, encoder)), encoder_seconds))
+    results.append(_plus(control.on_main(lambda: check_freshness(opts.cache, profile, identity)), encoder_seconds))
     if indexes[1] is None:
         results.append(skipped(LIVE, "not run: needs --data (the live path decodes the dataset's source images)"))
     elif opts.live <= 0:

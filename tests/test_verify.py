@@ -8,11 +8,13 @@ checkpoint.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
 import subprocess
 import sys
+import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,7 +40,7 @@ from janus_cache.verify import (
     LISTED,
     REPORT_SCHEMA_VERSION,
     CacheVerificationError,
-    OpenedCache,
+    CheckedCache,
     check_cache_for_training,
     choose_live_rows,
     compare,
@@ -140,7 +142,7 @@ def shard_rows(cache: Path, array: str, shard: int) -> range:
 
 
 def keys_of(cache: Path, table: str, rows: range) -> list[str]:
-    return OpenedCache(cache).keys(table)[rows.start:rows.stop]
+    return CheckedCache(cache).keys(table)[rows.start:rows.stop]
 
 
 def features_array(cache: Path) -> str:
@@ -268,7 +270,7 @@ def test_a_deleted_shard_file_fails_integrity(built: Built, capsys: pytest.Captu
     outcome = verify(capsys, tmp_path, cache, checksums="none")
     assert outcome.code == 1
     problems = outcome.problems("integrity")
-    assert f"{array}#2" in problems and "shard file is missing" in problems
+    assert f"{array}#2" in problems and "is missing its file" in problems
     assert keys_of(cache, SAMPLES_TABLE, shard_rows(cache, array, 2))[0] in problems
 
 
@@ -300,6 +302,27 @@ def test_a_corrupted_tar_shard_of_a_webdataset_cache_is_named_with_its_samples(
     problems = outcome.problems("integrity")
     assert "shard-000001.tar" in problems and "fails its checksum" in problems
     assert keys_of(cache, SAMPLES_TABLE, shard_rows(cache, array, 1))[0] in problems
+
+
+def test_a_tar_shard_missing_a_member_fails_completeness_naming_the_sample(
+        built: Built, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    cache = copy_cache(built.wds, tmp_path)
+    array = next(a for a in read_manifest(cache).shards if a.startswith("wds/"))
+    path = cache / read_record(cache, array, 0).file
+    with tarfile.open(path) as source:
+        members = [(m, source.extractfile(m).read()) for m in source.getmembers()]
+    dropped = next(m for m, _ in members if m.name.endswith(".feature.blosc"))
+    with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as target:
+        for member, payload in members:
+            if member is not dropped:
+                target.addfile(member, io.BytesIO(payload))
+    key = keys_of(cache, SAMPLES_TABLE, shard_rows(cache, array, 0))[0]
+
+    outcome = verify(capsys, tmp_path, cache)
+    assert outcome.code == 1
+    assert outcome.status()["completeness"] == "fail"
+    assert f"{path.name} has samples without all of" in outcome.problems("completeness")
+    assert key in outcome.problems("completeness")
 
 
 def test_damaged_array_metadata_fails_schema_and_integrity_instead_of_crashing(
@@ -345,7 +368,7 @@ def test_a_source_image_changed_after_precompute_fails_completeness_and_the_live
         built: Built, dataset_copy: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     # Change the newest frame of a sample the live check picks, so both checks see it.
     row = choose_live_rows(built.zarr, 1, seed=0)[0]
-    key = OpenedCache(built.zarr).keys(SAMPLES_TABLE)[row]
+    key = CheckedCache(built.zarr).keys(SAMPLES_TABLE)[row]
     episode, step = key.split("/")
     source = next(p for p in (dataset_copy / episode).glob("step_*.png") if _step(p) == int(step))
     _change_image(source)
@@ -515,12 +538,12 @@ def test_the_library_checks_run_in_one_process_on_an_explicit_subset(built: Buil
     integrity = check_integrity(built.zarr, checksums="sample", seed=3)
     assert integrity.passed and integrity.data["hashed"] < integrity.data["shards"]
     index = build_index(built.data, history=load_profile("tiny").cache.history)
-    n = len(OpenedCache(built.wds).keys(SAMPLES_TABLE))
-    live = check_live(built.wds, "tiny", index, rows=[0, n - 1], with_model=False)
+    n = len(CheckedCache(built.wds).keys(SAMPLES_TABLE))
+    live = check_live(built.wds, "tiny", index, rows=[0, n - 1])
     assert live.passed, live.problems
     assert [s["row"] for s in live.data["samples"]] == [0, n - 1]
     assert live.data["embeddings"] is None and live.data["embeddings_note"] == "not asked for"
-    outside = check_live(built.wds, "tiny", index, rows=[n], with_model=False)
+    outside = check_live(built.wds, "tiny", index, rows=[n])
     assert outside.failed and f"sample rows [{n}] are out of range" in outside.problems[0]
 
 
@@ -550,6 +573,6 @@ def test_torchrun_splits_the_live_check_over_ranks_and_prints_the_json_report(bu
     assert report["world_size"] == 2 and report["passed"] is True
     live = next(c for c in report["checks"] if c["name"] == "live")
     keys = [s["key"] for s in live["data"]["samples"]]
-    cache_keys = OpenedCache(built.zarr).keys(SAMPLES_TABLE)
+    cache_keys = CheckedCache(built.zarr).keys(SAMPLES_TABLE)
     assert keys == [cache_keys[r] for r in choose_live_rows(built.zarr, 4, seed=0)]
     assert "check" in result.stderr and "live" in result.stderr  # the table went to stderr

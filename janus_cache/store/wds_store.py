@@ -46,6 +46,7 @@ from urllib.parse import quote, unquote
 import numpy as np
 import torch
 import webdataset
+from webdataset import tariterators
 
 from janus_cache.store.commit import (
     CommitRecord,
@@ -341,6 +342,16 @@ class WdsCacheReader:
         if problems:
             raise StoreError(f"webdataset cache {self.root} is incomplete: " + "; ".join(str(p) for p in problems))
         return [p.file for p in planned_tar_shards(self.root, self.layout)]
+
+    def raw_samples(self, shard: int) -> Iterator[dict[str, Any]]:
+        """The members of tar shard ``shard`` grouped by sample and not decoded, as webdataset
+        groups them: ``{"__key__": encoded key, "__url__": path, extension: bytes}``. Reads the
+        file whether or not it is committed (for checking its contents; :func:`decode_sample`
+        decodes one)."""
+        path = self.root / self.array / shard_name(shard)
+        with open(path, "rb") as stream:
+            members = ({**m, "__url__": str(path)} for m in tariterators.tar_file_iterator(stream))
+            yield from tariterators.group_by_keys(members)
 
     def dataset(self, shards: Sequence[int] | None = None) -> webdataset.WebDataset:
         """A webdataset pipeline over the given shard indices (default: all), decoded to sample dicts.

@@ -181,6 +181,10 @@ class ZarrGroup:
             self._arrays[path] = array
         return array
 
+    def array(self, path: str) -> Any:
+        """Array ``path`` of the cache, opened (read-only in a reader): its shape, dtype, attributes."""
+        return self._array(path)
+
     def has_array(self, path: str) -> bool:
         return (self.root / path / "zarr.json").is_file()
 

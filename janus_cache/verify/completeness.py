@@ -1,0 +1,231 @@
+"""The completeness check: keys are unique and windows point at frames that decoded; (wds) each
+tar shard holds exactly the samples of its rows; with a dataset index, every indexed sample is
+present exactly once (samples the cache's ``report.json`` lists as failed at precompute excepted),
+no extra keys, the same windows and the same source files (path, size, content hash)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from janus_cache.index import DEFAULT_SUBINSTRUCTION_RULE, DatasetIndex, build_index
+from janus_cache.precompute import dataset_identity, read_frame_failures
+from janus_cache.store import StoreError
+from janus_cache.store.wds_store import FEATURE_MEMBER, FRAMES_MEMBER, META_MEMBER, decode_key, planned_tar_shards
+from janus_cache.store.zarr_store import FRAMES_TABLE, KEY_COLUMN, SAMPLES_TABLE, WINDOW_ROWS_COLUMN
+from janus_cache.verify.cache import REPORT_NAME, CheckedCache, open_checked
+from janus_cache.verify.results import COMPLETENESS, LISTED, CheckResult, guarded, listed, result, short, timer
+
+SAMPLE_MEMBERS = frozenset({FRAMES_MEMBER, FEATURE_MEMBER, META_MEMBER})
+"""The members every sample of a tar shard has."""
+
+
+@guarded(COMPLETENESS)
+def check_completeness(root: Path | str, index: DatasetIndex | None) -> CheckResult:
+    """Unique keys and valid windows; with ``index`` (built with the cache's history), the cache
+    against the dataset: samples, windows and source files.
+
+    Samples that the cache's ``report.json`` lists as failed at precompute (a window frame could
+    not be decoded) are expected to be absent; they are counted in the detail, not as problems.
+    """
+    with timer() as elapsed:
+        cache = open_checked(root, COMPLETENESS)
+        if isinstance(cache, CheckResult):
+            return cache
+        problems: list[str] = []
+        # Every key is always present (stable --json layout); the dataset ones stay empty without an index.
+        data: dict[str, Any] = {"dataset_compared": index is not None, "missing": [], "extra": [],
+                                "failed_at_precompute": [], "changed_windows": [], "changed_sources": [],
+                                "new_sources": [], "dataset_identity_matches": None}
+        try:
+            samples, frames = cache.table(SAMPLES_TABLE), cache.table(FRAMES_TABLE)
+        except Exception as err:  # noqa: BLE001 - unreadable tables are the finding
+            return result(COMPLETENESS, [f"cannot read the tables: {type(err).__name__}: {err}"],
+                          "tables unreadable", elapsed(), **data)
+        sample_keys, frame_keys = list(samples[KEY_COLUMN]), list(frames[KEY_COLUMN])
+        window_rows = np.asarray(samples[WINDOW_ROWS_COLUMN])
+        _duplicates(sample_keys, "sample", problems, data)
+        _duplicates(frame_keys, "frame", problems, data)
+        _window_frames_exist(cache, sample_keys, frame_keys, window_rows, problems)
+        if cache.format == "wds":
+            _tar_members(cache, sample_keys, problems)
+        detail = f"{len(sample_keys)} samples, {len(frame_keys)} frames"
+        if index is None:
+            detail += "; dataset comparison skipped (pass --data)"
+        else:
+            failed = cache.failed_samples()
+            _against_index(cache, index, sample_keys, frame_keys, window_rows, failed, problems, data)
+            detail += f" against {len(index.samples)} indexed samples of {index.source}"
+            if failed:
+                detail += f" ({len(failed)} failed at precompute, listed in {REPORT_NAME})"
+        return result(COMPLETENESS, problems, detail, elapsed(), **data)
+
+
+def _duplicates(keys: Sequence[str], kind: str, problems: list[str], data: dict[str, Any]) -> None:
+    repeated = sorted(k for k, n in Counter(keys).items() if n > 1)
+    data[f"duplicate_{kind}s"] = repeated
+    if repeated:
+        problems.append(f"{len(repeated)} {kind} key(s) appear more than once: {listed(repeated)}")
+
+
+def _window_frames_exist(cache: CheckedCache, sample_keys: Sequence[str], frame_keys: Sequence[str],
+                         window_rows: np.ndarray, problems: list[str]) -> None:
+    if window_rows.size == 0:
+        return
+    outside = np.flatnonzero(((window_rows < 0) | (window_rows >= len(frame_keys))).any(axis=1))
+    if outside.size:
+        keys = [sample_keys[i] for i in outside]
+        problems.append(f"{len(keys)} sample(s) have window rows outside the {len(frame_keys)} frames: {listed(keys)}")
+    for resolution in cache.manifest.resolutions:
+        failed = read_frame_failures(cache.root, resolution)
+        if not failed:
+            continue
+        uses_failed = np.isin(window_rows, list(failed)).any(axis=1)
+        for i in np.flatnonzero(uses_failed)[:LISTED]:
+            row = next(int(r) for r in window_rows[i] if int(r) in failed)
+            problems.append(f"sample {sample_keys[i]} uses frame {frame_keys[row]} ({resolution}), which failed to "
+                            f"decode at precompute: {failed[row]}")
+
+
+def _tar_members(cache: CheckedCache, sample_keys: Sequence[str], problems: list[str]) -> None:
+    """Each sample's three members in the tar shard of its row, every key once."""
+    for resolution in cache.manifest.resolutions:
+        try:
+            reader = cache.wds_reader(resolution)
+        except StoreError:
+            continue  # schema reports a missing layout
+        seen: Counter[str] = Counter()
+        for planned in planned_tar_shards(cache.root, reader.layout):
+            if not planned.file.is_file():
+                continue  # integrity reports a missing shard
+            where = planned.file.relative_to(cache.root)
+            want = {sample_keys[r] for r in planned.rows if r < len(sample_keys)}
+            members: dict[str, set[str]] = {}
+            try:
+                for raw in reader.raw_samples(planned.shard):
+                    members.setdefault(decode_key(raw["__key__"]), set()).update(
+                        k for k in raw if not k.startswith("__"))
+            except Exception as err:  # noqa: BLE001 - an unreadable tar is the finding
+                problems.append(f"tar shard {where} cannot be listed: {err}")
+                continue
+            seen.update(members.keys())
+            missing = sorted(want - set(members))
+            extra = sorted(set(members) - want)
+            partial = sorted(k for k, exts in members.items() if k in want and exts != SAMPLE_MEMBERS)
+            if missing:
+                problems.append(f"tar shard {where} lacks samples {listed(missing)}")
+            if extra:
+                problems.append(f"tar shard {where} holds samples of other rows or unknown keys: {listed(extra)}")
+            if partial:
+                problems.append(f"tar shard {where} has samples without all of {sorted(SAMPLE_MEMBERS)}: "
+                                f"{listed(partial)}")
+        repeated = sorted(k for k, n in seen.items() if n > 1)
+        if repeated:
+            problems.append(f"samples in more than one tar shard: {listed(repeated)}")
+
+
+def _against_index(cache: CheckedCache, index: DatasetIndex, sample_keys: Sequence[str], frame_keys: Sequence[str],
+                   window_rows: np.ndarray, failed: Mapping[str, str], problems: list[str],
+                   data: dict[str, Any]) -> None:
+    indexed = {s.key: s for s in index.samples}
+    cached = set(sample_keys)
+    missing = [s.key for s in index.samples if s.key not in cached and s.key not in failed]
+    extra = [k for k in sample_keys if k not in indexed]
+    data.update(missing=missing, extra=extra, failed_at_precompute=sorted(failed))
+    if missing:
+        problems.append(f"{len(missing)} indexed sample(s) missing from the cache: {listed(missing)}")
+    if extra:
+        problems.append(f"{len(extra)} cached sample(s) not in the dataset index: {listed(extra)}")
+    both = sorted(cached & set(failed))
+    if both:
+        problems.append(f"{len(both)} sample(s) are cached although {REPORT_NAME} lists them as failed: "
+                        f"{listed(both)}")
+    data["changed_windows"] = _changed_windows(index, indexed, sample_keys, frame_keys, window_rows, problems)
+    _changed_sources(cache, index, frame_keys, problems, data)
+
+    identity = dataset_identity(index)
+    if identity != cache.manifest.dataset:
+        differences = [
+            f"{name}: cache has {getattr(cache.manifest.dataset, name)!r}, dataset has {getattr(identity, name)!r}"
+            for name in ("n_episodes", "n_frames", "n_samples", "digest")
+            if getattr(cache.manifest.dataset, name) != getattr(identity, name)
+        ]
+        problems.append("dataset identity differs from the manifest's (" + "; ".join(differences) + ")")
+    data["dataset_identity_matches"] = identity == cache.manifest.dataset
+
+
+def _changed_windows(index: DatasetIndex, indexed: Mapping[str, Any], sample_keys: Sequence[str],
+                     frame_keys: Sequence[str], window_rows: np.ndarray, problems: list[str]) -> list[str]:
+    """Samples whose cached window is not the dataset's: the same frames, by key, in the same order."""
+    changed = []
+    for row, key in enumerate(sample_keys):
+        sample = indexed.get(key)
+        if sample is None or not all(0 <= int(r) < len(frame_keys) for r in window_rows[row]):
+            continue  # reported elsewhere
+        live = [f.key for f in index.window(sample)]
+        stored = [frame_keys[int(r)] for r in window_rows[row]]
+        if live != stored:
+            changed.append(key)
+            if len(changed) <= LISTED:
+                problems.append(f"sample {key}: cached window {stored} differs from the dataset's {live}")
+    if len(changed) > LISTED:
+        problems.append(f"... {len(changed)} samples in all have a different window")
+    return changed
+
+
+def _changed_sources(cache: CheckedCache, index: DatasetIndex, frame_keys: Sequence[str], problems: list[str],
+                     data: dict[str, Any]) -> None:
+    """Source files: path, size and content hash of every frame; new files of the dataset."""
+    frames = cache.table(FRAMES_TABLE)
+    by_key = {f.key: f for f in index.frames}
+    reasons = {e.file: e.reason.value + (f": {e.detail}" if e.detail else "") for e in index.report}
+    root = index.source if index.source.is_dir() else index.source.parent
+    changed: list[str] = []
+    for row, key in enumerate(frame_keys):
+        source = str(frames["source"][row])
+        frame = by_key.get(key)
+        if frame is None:
+            why = reasons.get(str(root / source), reasons.get(source, "not in the dataset index"))
+            message = f"source file {source} (frame {key}) is gone from the dataset: {why}"
+        else:
+            message = _source_change(
+                (source, int(frames["source_width"][row]), int(frames["source_height"][row]),
+                 str(frames["source_sha256"][row])),
+                (frame.relpath, frame.width, frame.height, frame.sha256 or ""), key)
+        if message:
+            changed.append(source)
+            if len(changed) <= LISTED:
+                problems.append(message)
+    if len(changed) > LISTED:
+        problems.append(f"... {len(changed)} source files in all differ from the cache's: {listed(changed)}")
+    cached_frames = set(frame_keys)
+    new = [f.relpath for f in index.frames if f.key not in cached_frames]
+    if new:
+        problems.append(f"{len(new)} source file(s) of the dataset are not in the cache: {listed(new)}")
+    data.update(changed_sources=changed, new_sources=new)
+
+
+def _source_change(was: tuple[str, int, int, str], now: tuple[str, int, int, str], key: str) -> str:
+    """How a frame's source (path, width, height, content hash) changed; empty when it did not."""
+    what = []
+    if was[0] != now[0]:
+        what.append(f"path {was[0]} -> {now[0]}")
+    if was[1:3] != now[1:3]:
+        what.append(f"size {was[1]}x{was[2]} -> {now[1]}x{now[2]}")
+    if was[3] != now[3]:
+        what.append(f"content hash {short(was[3])} -> {short(now[3])}")
+    return f"changed source file {was[0]} (frame {key}): {', '.join(what)}" if what else ""
+
+
+def dataset_indexes(data: Path | str, cache_history: int, live_history: int,
+                    subinstruction_rule: str = DEFAULT_SUBINSTRUCTION_RULE) -> tuple[DatasetIndex, DatasetIndex]:
+    """The index completeness compares against (the cache's window history) and the one the live
+    path reads windows from (the profile's); one index when the two agree."""
+    index = build_index(data, history=cache_history, subinstruction_rule=subinstruction_rule)
+    if live_history == cache_history:
+        return index, index
+    return index, build_index(data, history=live_history, subinstruction_rule=subinstruction_rule)

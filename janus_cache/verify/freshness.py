@@ -1,0 +1,94 @@
+"""The freshness check: the cache's keyed fingerprints (encoder weights, resolution and
+preprocessing, window variant, feature dtype) equal those a profile makes; every differing field
+is named with both values. Library versions that differ are noted, never a failure."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+from janus_cache.encoder import EncoderIdentity, encoder_identity
+from janus_cache.precompute import preprocessing, window_variant
+from janus_cache.profile import Profile, load_profile
+from janus_cache.resolution import Resolution
+from janus_cache.store.manifest import (
+    FieldDiff,
+    ResolutionEntry,
+    keyed_differences,
+    library_versions,
+    version_differences,
+)
+from janus_cache.store.zarr_store import FRAMES_TABLE
+from janus_cache.verify.cache import CheckedCache, open_checked
+from janus_cache.verify.results import FRESHNESS, CheckResult, guarded, result, short, timer
+
+
+def as_profile(profile: Profile | str | Path) -> Profile:
+    """A profile, or the one a name or YAML path names."""
+    return profile if isinstance(profile, Profile) else load_profile(profile)
+
+
+def profile_encoder(profile: Profile) -> EncoderIdentity:
+    """The fingerprint and architecture of the profile's encoder, from its checkpoint file
+    (never building the aggregator) or, for a seeded random encoder, from the seeded weights."""
+    return encoder_identity(profile.vggt, profile.cache.attention)
+
+
+def profile_differences(cache: CheckedCache, profile: Profile, encoder: EncoderIdentity) -> list[FieldDiff]:
+    """Keyed fields in which the cache differs from what ``profile`` (with its ``encoder``) makes."""
+    m = cache.manifest
+    resolution = profile.cache.resolution
+    differences: list[FieldDiff] = []
+    wanted_resolutions: dict[str, ResolutionEntry] = {}
+    if resolution.name not in m.resolutions:
+        differences.append(FieldDiff("resolution", sorted(m.resolutions), resolution.name))
+    else:
+        height, width = _frame_shape(cache, resolution)
+        wanted_resolutions[resolution.name] = ResolutionEntry(
+            name=resolution.name, preprocessing=preprocessing(resolution), frame_shape=(height, width, 3),
+            feature_shape=encoder.feature_shape(height, width),
+        )
+    wanted = replace(
+        m,
+        window=window_variant(profile.cache),
+        encoder_fingerprint=encoder.fingerprint,
+        feature_dtype=profile.cache.feature_dtype,
+        resolutions=wanted_resolutions,
+    )
+    # Dataset, layout and format are the same by construction: the dataset is completeness's job,
+    # and shard sizes change no stored value.
+    return differences + keyed_differences(m, wanted)
+
+
+def _frame_shape(cache: CheckedCache, resolution: Resolution) -> tuple[int, int]:
+    if resolution.mode == "pad":
+        return resolution.frame_shape()
+    first = cache.group.table_row(FRAMES_TABLE, 0)  # crop: the frame height follows the sources
+    return resolution.frame_shape(int(first["source_width"]), int(first["source_height"]))
+
+
+@guarded(FRESHNESS)
+def check_freshness(root: Path | str, profile: Profile | str | Path,
+                    encoder: EncoderIdentity | None = None) -> CheckResult:
+    """The cache's keyed fingerprints against ``profile``'s; the encoder's identity is computed
+    from the profile (:func:`profile_encoder`) unless given."""
+    with timer() as elapsed:
+        cache = open_checked(root, FRESHNESS)
+        if isinstance(cache, CheckResult):
+            return cache
+        profile = as_profile(profile)
+        differences = profile_differences(cache, profile, encoder or profile_encoder(profile))
+        problems = [f"{d.name}: cache has {d.existing!r}, profile {profile.name} has {d.wanted!r}" for d in differences]
+        current = replace(cache.manifest, versions=library_versions())
+        versions = version_differences(cache.manifest, current)
+        m = cache.manifest
+        detail = (f"profile {profile.name}: encoder {short(m.encoder_fingerprint)}, {', '.join(m.resolutions)}, "
+                  f"{m.window.name}, {m.feature_dtype}")
+        if problems:
+            detail = f"{len(problems)} keyed field(s) differ from profile {profile.name}"
+        if versions:
+            detail += "; made with other library versions (" + ", ".join(
+                f"{d.name.removeprefix('versions.')} {d.existing} -> {d.wanted}" for d in versions) + ")"
+        return result(FRESHNESS, problems, detail, elapsed(), profile=profile.name,
+                      differences=[{"field": d.name, "cache": d.existing, "profile": d.wanted} for d in differences],
+                      version_differences=[{"field": d.name, "cache": d.existing, "now": d.wanted} for d in versions])

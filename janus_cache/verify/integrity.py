@@ -1,0 +1,232 @@
+"""The integrity check: every planned shard has a commit record matching the plan, its file
+exists with the recorded size and (``checksums``) its sha256 matches; each bad shard is named with
+the frame or sample keys it holds.
+
+The shard rule itself is the store's (:func:`janus_cache.store.commit.check_shard`); this module
+plans which shards to check and hash, and turns findings into one result. The work splits over
+processes: :func:`plan_integrity` once, :func:`check_shards` on any share of the targets,
+:func:`integrity_result` on all findings.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from janus_cache.store import StoreError
+from janus_cache.store.commit import check_shard as store_check_shard
+from janus_cache.store.commit import read_record
+from janus_cache.store.wds_store import WDS_DIR, planned_tar_shards
+from janus_cache.store.zarr_store import FRAMES_GROUP, FRAMES_TABLE, SAMPLES_TABLE, TABLES_GROUP, PlannedShard
+from janus_cache.verify.cache import CheckedCache, open_checked
+from janus_cache.verify.results import DEFAULT_SEED, INTEGRITY, CheckResult, guarded, listed, result, timer
+
+CHECKSUM_MODES: tuple[str, ...] = ("all", "sample", "none")
+CHECKSUM_SAMPLE_FRACTION = 0.05
+"""``--checksums sample`` hashes this fraction (at least one) of each frame / feature / tar array's
+shards, chosen with the seed; table columns are small and always hashed. Every other shard still
+has its commit record, file and byte size checked."""
+
+
+@dataclass(frozen=True)
+class ShardTarget:
+    """One planned shard to check (picklable, so a list of them can be split over processes)."""
+
+    array: str
+    shard: int
+    start: int
+    stop: int
+    file: str
+    hashed: bool
+    manifest_sha256: str = ""
+
+    @property
+    def name(self) -> str:
+        return f"{self.array}#{self.shard} ({self.file})"
+
+
+@dataclass(frozen=True)
+class ShardFinding:
+    """What checking one :class:`ShardTarget` found: None when the shard is good."""
+
+    target: ShardTarget
+    problem: str | None
+
+
+@dataclass(frozen=True)
+class IntegrityPlan:
+    """The shards to check and the problems found while planning (e.g. an array that is gone)."""
+
+    checksums: str
+    targets: list[ShardTarget]
+    problems: list[str]
+
+
+def plan_integrity(root: Path | str, checksums: str = "all", seed: int = DEFAULT_SEED) -> IntegrityPlan:
+    """Which shards to check and which to hash (see :data:`CHECKSUM_SAMPLE_FRACTION`)."""
+    if checksums not in CHECKSUM_MODES:
+        raise ValueError(f"checksums must be one of {CHECKSUM_MODES}, got {checksums!r}")
+    cache = CheckedCache(root)
+    problems: list[str] = []
+    planned = _planned(cache, problems)
+    by_array: dict[str, list[PlannedShard]] = {}
+    for p in planned:
+        by_array.setdefault(p.array, []).append(p)
+    manifest_sha = {(a, e.shard): e.sha256 for a, entries in cache.manifest.shards.items() for e in entries
+                    if e.committed}
+    hashed = _choose_hashed(by_array, checksums, seed)
+    targets = [
+        ShardTarget(p.array, p.shard, p.rows.start, p.rows.stop, p.file.relative_to(cache.root).as_posix(),
+                    (p.array, p.shard) in hashed, manifest_sha.get((p.array, p.shard), ""))
+        for p in planned
+    ]
+    return IntegrityPlan(checksums, targets, problems)
+
+
+def _planned(cache: CheckedCache, problems: list[str]) -> list[PlannedShard]:
+    """Every shard the cache should hold, committed or not: the arrays of the manifest's shard
+    table (of the arrays on disk when the precompute did not finish) and the tar layouts' shards.
+    An array that is gone or cannot be opened is a problem naming what it held."""
+    contents = Contents(cache)
+    listed_arrays = {a: e for a, e in cache.manifest.shards.items() if not a.startswith(WDS_DIR + "/")}
+    try:
+        paths = list(listed_arrays) if cache.manifest.shards else cache.group.array_paths()
+    except (OSError, ValueError) as err:
+        problems.append(f"cannot list the arrays of {cache.root}: {err}")
+        paths = []
+    planned: list[PlannedShard] = []
+    for path in paths:
+        entries = listed_arrays.get(path, ())
+        held = contents.describe(path, range(entries[0].start, entries[-1].stop)) if entries else "unknown rows"
+        if not cache.group.has_array(path):
+            problems.append(f"array {path} ({len(entries)} shards in the manifest) is missing from the cache; "
+                            f"it held {held}")
+            continue
+        try:
+            plan = cache.group.array_shard_plan(path)
+            planned += [PlannedShard(path, i, rows, cache.group.shard_file(path, i)) for i, rows in enumerate(plan)]
+        except Exception as err:  # noqa: BLE001 - any failure to open the array is a finding
+            problems.append(f"array {path} cannot be opened ({type(err).__name__}: {err}); it holds {held}")
+            continue
+        if entries and len(plan) != len(entries):
+            problems.append(f"array {path} has {len(plan)} shards, the manifest's shard table lists {len(entries)}")
+    if cache.format == "wds":
+        for name in cache.manifest.resolutions:
+            try:
+                planned += planned_tar_shards(cache.root, cache.wds_layout(name))
+            except StoreError as err:
+                problems.append(str(err))
+    return planned
+
+
+def _choose_hashed(by_array: Mapping[str, list[PlannedShard]], checksums: str, seed: int) -> set[tuple[str, int]]:
+    if checksums == "none":
+        return set()
+    chosen: set[tuple[str, int]] = set()
+    rng = random.Random(seed)
+    for array in sorted(by_array):
+        shards = [p.shard for p in by_array[array]]
+        if checksums == "sample" and not array.startswith(TABLES_GROUP + "/"):
+            shards = rng.sample(shards, max(1, math.ceil(CHECKSUM_SAMPLE_FRACTION * len(shards))))
+        chosen.update((array, s) for s in shards)
+    return chosen
+
+
+def check_shard(root: Path | str, target: ShardTarget) -> ShardFinding:
+    """The store's shard check (record matching the plan, file present with the recorded size and,
+    when ``target.hashed``, sha256), plus the record agreeing with the manifest's shard table."""
+    root = Path(root)
+    check = store_check_shard(root, target.array, target.shard, range(target.start, target.stop),
+                              root / target.file, verify=True, checksum=target.hashed)
+    if not check.ok:
+        return ShardFinding(target, check.problem)
+    if target.manifest_sha256:
+        record = read_record(root, target.array, target.shard)
+        if record is not None and record.sha256 != target.manifest_sha256:
+            return ShardFinding(target, "its commit record differs from the manifest's shard table "
+                                        "(the shard was rewritten after the precompute finished)")
+    return ShardFinding(target, None)
+
+
+def check_shards(root: Path | str, targets: Sequence[ShardTarget],
+                 on_progress: Callable[[int], None] | None = None) -> list[ShardFinding]:
+    """:func:`check_shard` for each target; ``on_progress(done)`` after each."""
+    findings = []
+    for done, target in enumerate(targets, 1):
+        findings.append(check_shard(root, target))
+        if on_progress is not None:
+            on_progress(done)
+    return findings
+
+
+class Contents:
+    """Names what a shard holds: the frame keys, sample keys or table column of its rows."""
+
+    def __init__(self, cache: CheckedCache) -> None:
+        self.cache = cache
+
+    def keys(self, array: str, rows: range) -> tuple[str, list[str]]:
+        """(kind, keys) of the rows of ``array``; keys are empty for table columns or unreadable keys."""
+        if array.startswith(TABLES_GROUP + "/"):
+            return "table", []
+        table = FRAMES_TABLE if array.startswith(FRAMES_GROUP + "/") else SAMPLES_TABLE
+        keys = self.cache.readable_keys(table)
+        return table, [] if keys is None else keys[rows.start:rows.stop]
+
+    def describe(self, array: str, rows: range) -> str:
+        kind, keys = self.keys(array, rows)
+        if kind == "table":
+            column = array.removeprefix(TABLES_GROUP + "/")
+            return f"table column {column} (rows {rows.start}:{rows.stop})"
+        if not keys:
+            return f"{kind} rows {rows.start}:{rows.stop} (keys unreadable)"
+        return f"{len(keys)} {kind} {listed(keys)}"
+
+
+def _named(target: ShardTarget, problem: str) -> str:
+    """The problem as one line that names the shard once, with its file."""
+    prefix = f"shard {target.array}#{target.shard} "
+    if problem.startswith(prefix + "("):
+        return problem
+    if problem.startswith(prefix):
+        return f"shard {target.name} {problem.removeprefix(prefix)}"
+    return f"shard {target.name}: {problem}"
+
+
+def integrity_result(root: Path | str, plan: IntegrityPlan, findings: Sequence[ShardFinding],
+                     seconds: float) -> CheckResult:
+    """One result from the plan and the findings of every process."""
+    contents = Contents(CheckedCache(root))
+    problems = list(plan.problems)
+    bad = []
+    for f in sorted(findings, key=lambda f: (f.target.array, f.target.shard)):
+        if f.problem is None:
+            continue
+        rows = range(f.target.start, f.target.stop)
+        kind, keys = contents.keys(f.target.array, rows)
+        problems.append(f"{_named(f.target, f.problem)}; it holds {contents.describe(f.target.array, rows)}")
+        bad.append({"shard": f"{f.target.array}#{f.target.shard}", "file": f.target.file, "problem": f.problem,
+                    "holds": kind, "rows": [f.target.start, f.target.stop], "keys": keys})
+    n_hashed = sum(f.target.hashed for f in findings)
+    detail = (f"{len(findings) - len(bad)}/{len(findings)} shards good; checksums {plan.checksums}: "
+              f"{n_hashed} shards hashed, all checked for commit record, file and size")
+    if plan.problems:
+        detail += f"; {len(plan.problems)} array(s) missing or unreadable"
+    return result(INTEGRITY, problems, detail, seconds, checksums=plan.checksums, shards=len(findings),
+                  hashed=n_hashed, bad=bad)
+
+
+@guarded(INTEGRITY)
+def check_integrity(root: Path | str, checksums: str = "all", seed: int = DEFAULT_SEED,
+                    on_progress: Callable[[int], None] | None = None) -> CheckResult:
+    """The whole integrity check in this process."""
+    with timer() as elapsed:
+        opened = open_checked(root, INTEGRITY)
+        if isinstance(opened, CheckResult):
+            return opened
+        plan = plan_integrity(root, checksums, seed)
+        findings = check_shards(root, plan.targets, on_progress)
+        return integrity_result(root, plan, findings, elapsed())
