@@ -26,6 +26,15 @@ TAR_BYTES_PER_MEMBER = 1024
 """A tar member's header block plus, on average, half a block of padding."""
 
 
+def format_bytes(n: float) -> str:
+    """A byte count in the largest decimal unit that keeps it at least 1 (``412 B``, ``3.2 GB``)."""
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{n:.0f} B"
+        n /= 1000
+    raise AssertionError("unreachable: TB is the last unit")
+
+
 @dataclass(frozen=True)
 class Plan:
     episodes: int
@@ -87,13 +96,7 @@ class Plan:
         return data
 
     def format(self, processes: int = 1, decode_workers: int = 1) -> str:
-        def size(n: float) -> str:
-            for unit in ("B", "KB", "MB", "GB", "TB"):
-                if n < 1000 or unit == "TB":
-                    return f"{n:.1f} {unit}" if unit != "B" else f"{n:.0f} B"
-                n /= 1000
-            raise AssertionError
-
+        size = format_bytes
         seconds = self.seconds(processes, decode_workers)
         lines = [
             f"  episodes {self.episodes}, unique frames {self.frames}, samples {self.samples} "

@@ -1,8 +1,10 @@
 """Stage 1 work units: what a cache should hold, and the computation of one shard.
 
-Plain single-process code: which process runs which shard, barriers and progress across
-processes live in ``pipelines/precompute.py``. Every unit here is a pure function of the index,
-the profile and the shard number, so any split of the shards over processes gives the same cache.
+Plain single-process code. The job that runs these units in order and owns the cache's contract
+(refusals, free space, final manifest, report) is :mod:`janus_cache.precompute_job`; which
+process runs which shard, barriers and progress across processes live in
+``pipelines/precompute.py``. Every unit here is a pure function of the index, the profile and
+the shard number, so any split of the shards over processes gives the same cache.
 
 Order of work (per resolution):
 
@@ -19,7 +21,6 @@ Order of work (per resolution):
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -296,9 +297,3 @@ def committed_count(root: Path, array: str) -> int:
     """Shards of ``array`` with a commit record (cheap: counts files; for progress only)."""
     directory = Path(root) / COMMITS_DIR / array
     return sum(1 for _ in directory.glob("*.json")) if directory.is_dir() else 0
-
-
-def default_workers(local_processes: int) -> int:
-    """Decode workers per process: the machine's cores shared by the processes on it."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, cores // max(1, local_processes))

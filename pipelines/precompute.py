@@ -1,19 +1,20 @@
 """Stage 1 entry point, started on every rank: ``torchrun --nproc_per_node N -m pipelines.precompute``.
 
-Also runs as one plain process (``janus-cache precompute``). Rank 0 indexes the dataset, checks
-an existing cache's manifest, plans and writes the tables; then every rank writes the shards it
-owns (shard i belongs to rank i mod world), frames first, features second. Shards committed by an
-earlier run are checked and skipped, so re-running the same command resumes.
+Also runs as one plain process (``janus-cache precompute``). The cache's contract is the
+library's :class:`~janus_cache.precompute_job.PrecomputeJob`; this module only decides who runs
+which step: rank 0 indexes the dataset and prepares the cache, every rank writes the shards it
+owns (shard i belongs to rank i mod world), frames first, features second, with barriers in
+between, and rank 0 finishes. Shards committed by an earlier run are skipped, so re-running the
+same command resumes.
 """
 
 from __future__ import annotations
 
-import json
-import shutil
+import os
 import sys
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from multiprocessing import get_context
 from pathlib import Path
 from typing import Annotated, Optional
@@ -23,34 +24,12 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from janus_cache.index import DatasetIndex, build_index
 from janus_cache.encoder import WindowEncoder
-from janus_cache.plan import Plan, make_plan
-from janus_cache.precompute import (
-    check_windows,
-    committed_count,
-    default_workers,
-    frame_shape,
-    frame_table,
-    read_frame_failures,
-    sample_table,
-    usable_samples,
-    wanted_manifest,
-    write_feature_shards,
-    write_frame_shard,
-)
+from janus_cache.plan import Plan
+from janus_cache.precompute_job import PrecomputeJob, Prepared
 from janus_cache.profile import Profile, load_profile
 from janus_cache.device import process_device
 from janus_cache.resolution import Resolution
-from janus_cache.store import CacheWriter, Manifest, open_writer, read_manifest, write_manifest
-from janus_cache.store.commit import atomic_write_bytes, read_record, verify_shard
-from janus_cache.store.manifest import MANIFEST_NAME, check_compatible, merge_manifests
-from janus_cache.store.zarr_store import frames_array_path
 from pipelines.distributed import Control, Progress, RankFailed, Ranks, die_with_launcher
-
-REPORT_NAME = "report.json"
-
-
-class PrecomputeError(RuntimeError):
-    """A refusal or failure with a one-line reason for the user."""
 
 
 @dataclass(frozen=True)
@@ -65,115 +44,40 @@ class Options:
     allow_failures: int = 0
     workers: Optional[int] = None
     strict: bool = False
+    image_root: Optional[Path] = None
 
 
 def _device(profile: Profile, ranks: Ranks) -> str:
     return str(process_device(profile.device, ranks.local_rank))
 
 
-def _own_pending(ranks: Ranks, writer: CacheWriter, array: str, n_shards: int) -> list[int]:
-    """This rank's shards that are not committed with a matching checksum (only its own are hashed)."""
-    pending = []
-    for shard in range(n_shards):
-        if not ranks.owns(shard):
-            continue
-        record = read_record(writer.root, array, shard)
-        if record is None or verify_shard(writer.root, record).problem is not None:
-            pending.append(shard)
-    return pending
+def default_workers(local_processes: int) -> int:
+    """Decode workers per process: the machine's cores shared by the processes on it."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cores // max(1, local_processes))
 
 
-def _disk_usage(path: Path) -> int:
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+def _prepare(job: PrecomputeJob, opts: Options, resolution: Resolution, processes: int, workers: int) -> Prepared:
+    """Rank 0: the job's first step, printing its plan as soon as it is measured."""
+
+    def show(plan: Plan) -> None:
+        print(f"plan for {opts.data} -> {opts.out} ({opts.cache_format}, {resolution.name}):", flush=True)
+        print(plan.format(processes, workers), flush=True)
+
+    prepared = job.prepare(overwrite=opts.overwrite, force=opts.force, on_plan=show)
+    for warning in prepared.warnings:
+        print(f"warning: {warning}", file=sys.stderr, flush=True)
+    return prepared
 
 
-def check_free_space(directory: Path, needed_bytes: float, force: bool) -> None:
-    """Refuse to start when the filesystem of ``directory`` has less free space than ``needed_bytes``.
-
-    With ``force`` the run starts anyway (with a warning): the plan is an estimate.
-    """
-    free = shutil.disk_usage(directory).free
-    if needed_bytes <= free:
-        return
-    message = f"{directory} has {free / 1e9:.1f} GB free, the plan needs {needed_bytes / 1e9:.1f} GB more"
-    if not force:
-        raise PrecomputeError(f"{message}; free space or pass --force")
-    print(f"warning: {message}; starting anyway (--force)", file=sys.stderr, flush=True)
-
-
-def _remove_partials(root: Path) -> None:
-    """Delete temporary files of atomic writes that a killed run left behind.
-
-    Shard files are cleaned when their shard is rewritten, but a run killed while writing a
-    commit record, the manifest or zarr metadata leaves a stray ``*.partial`` that no shard
-    rewrite owns. Rank 0 runs this before any shard writer starts.
-    """
-    for leftover in root.rglob("*.partial"):
-        leftover.unlink(missing_ok=True)
-
-
-def _prepare(opts: Options, profile: Profile, resolution: Resolution, index: DatasetIndex,
-             encoder: WindowEncoder, processes: int, workers: int) -> Manifest:
-    """Rank 0: refuse an incompatible cache, plan, and write the frames table and arrays."""
-    check_windows(index)
-    wanted = wanted_manifest(index, profile.cache, resolution, opts.cache_format, encoder)
-    looks_like_cache = (opts.out / "zarr.json").exists() or (opts.out / MANIFEST_NAME).exists()
-    if opts.out.exists() and any(opts.out.iterdir()) and not looks_like_cache:
-        # Checked before --overwrite: it deletes the directory, which must be an earlier cache.
-        raise PrecomputeError(f"{opts.out} exists, is not empty and is not a janus cache; choose another --out")
-    if opts.overwrite and opts.out.exists():
-        # Before reading anything of the old cache: --overwrite must also work when it is damaged.
-        shutil.rmtree(opts.out)
-    existing = read_manifest(opts.out) if opts.out.exists() else None
-    if existing is not None:
-        check_compatible(existing, wanted, source=str(opts.out))
-
-    plan: Plan = make_plan(index, encoder, resolution, profile.cache.vggt_batch)
-    print(f"plan for {opts.data} -> {opts.out} ({opts.cache_format}, {resolution.name}):", flush=True)
-    print(plan.format(processes, workers), flush=True)
-    opts.out.mkdir(parents=True, exist_ok=True)
-    check_free_space(opts.out, plan.needed_bytes(opts.cache_format) - _disk_usage(opts.out), opts.force)
-    _remove_partials(opts.out)
-    writer = open_writer(opts.cache_format, opts.out, wanted.window.name)
-    writer.write_table("frames", frame_table(index))
-    height, width = frame_shape(index, resolution)
-    writer.prepare_frames(resolution.name, (height, width), profile.cache.frames_per_shard)
-    manifest = merge_manifests(existing, wanted) if existing is not None else wanted
-    write_manifest(opts.out, manifest)
-    return manifest
-
-
-def _finish(opts: Options, writer: CacheWriter, manifest: Manifest, index: DatasetIndex,
-            dropped: dict[str, str], frame_failures: dict[int, str], seconds: float) -> int:
-    """Rank 0: final manifest, report file and summary; the exit code."""
-    existing = read_manifest(opts.out)
-    shards = writer.shard_table(verify=False)
-    counts = dict(manifest.counts, samples_written=len(index.samples) - len(dropped), samples_failed=len(dropped))
-    final = replace(manifest, shards=shards, counts=counts)
-    write_manifest(opts.out, merge_manifests(existing, final) if existing is not None else final)
-    report = {
-        "dataset_problems": [
-            {"file": e.file, "reason": str(e.reason), "sample": e.sample_key, "detail": e.detail}
-            for e in index.report
-        ],
-        "failed_frames": {index.frames[row].relpath: reason for row, reason in sorted(frame_failures.items())},
-        "failed_samples": dict(sorted(dropped.items())),
-    }
-    atomic_write_bytes(opts.out / REPORT_NAME, (json.dumps(report, indent=1, sort_keys=True) + "\n").encode())
-    written = len(index.samples) - len(dropped)
-    print(f"precompute done in {seconds:.1f} s: {written} samples ({written / max(seconds, 1e-9):.2f}/s), "
-          f"{len(index.frames)} frames, {_disk_usage(opts.out) / 1e6:.1f} MB in {opts.out}")
-    skipped = index.report.counts()
-    if skipped:
-        print("  skipped while indexing: " + ", ".join(f"{n} {reason}" for reason, n in sorted(skipped.items())))
-    if dropped:
-        print(f"  {len(dropped)} samples failed (their frames could not be decoded); see {opts.out / REPORT_NAME}")
-        for key, reason in list(dropped.items())[:5]:  # dataset order (report.json sorts by key)
-            print(f"    {key}: {reason}")
-        if len(dropped) > opts.allow_failures:
-            print(f"error: {len(dropped)} samples failed, more than --allow-failures {opts.allow_failures}",
-                  file=sys.stderr)
-            return 1
+def _finish(job: PrecomputeJob, opts: Options, seconds: float) -> int:
+    """Rank 0: the job's last step and its summary; the exit code."""
+    outcome = job.finish()
+    print(outcome.format(seconds), flush=True)
+    if len(outcome.dropped) > opts.allow_failures:
+        print(f"error: {len(outcome.dropped)} samples failed, more than --allow-failures {opts.allow_failures}",
+              file=sys.stderr)
+        return 1
     return 0
 
 
@@ -188,67 +92,34 @@ def run(opts: Options) -> int:
         resolution = Resolution.parse(opts.resolution or profile.cache.resolution)
         workers = opts.workers or default_workers(ranks.local_world)
         index: DatasetIndex = control.on_main(
-            lambda: build_index(opts.data, history=profile.cache.history, strict=opts.strict, progress=True,
-                                subinstruction_rule=profile.cache.subinstruction_rule)
+            lambda: build_index(opts.data, history=profile.cache.history, image_root=opts.image_root,
+                                strict=opts.strict, progress=True, subinstruction_rule=profile.cache.subinstruction_rule)
         )
         encoder = WindowEncoder.from_settings(profile.vggt, profile.cache, _device(profile, ranks))
-        manifest: Manifest = control.on_main(
-            lambda: _prepare(opts, profile, resolution, index, encoder, ranks.world, workers)
-        )
-        writer = open_writer(opts.cache_format, opts.out, manifest.window.name)
+        job = PrecomputeJob(index, opts.out, opts.cache_format, profile.cache, resolution, encoder)
+        control.on_main(lambda: _prepare(job, opts, resolution, ranks.world, workers))
 
         # Frames phase: decode sources in worker processes, one writer per shard.
-        frames_array = frames_array_path(resolution.name)
-        n_frame_shards = len(writer.frame_shard_plan(resolution.name))
-        mine = _own_pending(ranks, writer, frames_array, n_frame_shards)
-        per_shard = profile.cache.frames_per_shard
-
-        def frames_done() -> int:
-            return committed_count(opts.out, frames_array) * per_shard
-
-        progress.phase("frames", len(index.frames), "frames", frames_done() if ranks.is_main else 0)
+        mine = job.pending_frame_shards(s for s in range(job.n_frame_shards) if ranks.owns(s))
+        progress.phase("frames", job.n_frames, "frames", job.frames_done() if ranks.is_main else 0)
         pool_context = get_context("spawn").Pool(workers) if workers > 1 and mine else nullcontext(None)
         with pool_context as pool:
             for shard in mine:
-                write_frame_shard(writer, index, resolution, shard, pool)
-                progress.poll(frames_done)
+                job.frame_shard(shard, pool)
+                progress.poll(job.frames_done)
         control.barrier()
-        progress.poll(frames_done, force=True)
-
-        # Samples table: every sample whose window frames all decoded (same answer on every rank).
-        frame_failures = read_frame_failures(opts.out, resolution.name)
-        samples, dropped = usable_samples(index, frame_failures)
-        table = sample_table(samples, index.history)
-        feature_shape = manifest.resolutions[resolution.name].feature_shape
-
-        def prepare_samples() -> None:
-            writer.write_table("samples", table)
-            writer.prepare_samples(resolution.name, feature_shape, manifest.feature_dtype,
-                                   profile.cache.samples_per_shard)
-
-        control.on_main(prepare_samples)
+        progress.poll(job.frames_done, force=True)
 
         # Features phase: windows read back from the stored frames, encoded in batches.
-        samples_array = writer.samples_array_path(resolution.name)
-        n_sample_shards = len(writer.sample_shard_plan(resolution.name))
-        mine = _own_pending(ranks, writer, samples_array, n_sample_shards)
-        samples_per_shard = profile.cache.samples_per_shard
-
-        def samples_done() -> int:
-            return committed_count(opts.out, samples_array) * samples_per_shard
-
-        progress.phase("features", len(samples), "samples", samples_done() if ranks.is_main else 0)
-        write_feature_shards(
-            writer, encoder, resolution.name, mine, table["window_rows"], profile.cache.vggt_batch,
-            on_done=lambda shard, n: progress.poll(samples_done),
-        )
+        control.on_main(job.prepare_features)
+        mine = job.pending_feature_shards(s for s in range(job.n_feature_shards) if ranks.owns(s))
+        progress.phase("features", len(job.samples), "samples", job.samples_done() if ranks.is_main else 0)
+        job.feature_shards(mine, on_done=lambda shard, n: progress.poll(job.samples_done))
         control.barrier()
-        progress.poll(samples_done, force=True)
+        progress.poll(job.samples_done, force=True)
         progress.close()
         seconds = time.perf_counter() - started
-        return control.on_main(
-            lambda: _finish(opts, writer, manifest, index, dropped, frame_failures, seconds)
-        )
+        return control.on_main(lambda: _finish(job, opts, seconds))
     except RankFailed as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
@@ -261,6 +132,9 @@ def command(
     data: Annotated[Path, typer.Argument(help="Episode-folder root, or a JSON/JSONL annotation file.")],
     out: Annotated[Path, typer.Option("--out", help="Cache directory (created or resumed).")],
     profile: Annotated[str, typer.Option(help="Profile name or YAML path.")] = "tiny",
+    image_root: Annotated[
+        Optional[Path], typer.Option(help="Image root of an annotation file (default: its folder).")
+    ] = None,
     cache_format: Annotated[str, typer.Option("--format", help="zarr (random access) or wds (streaming).")] = "zarr",
     resolution: Annotated[Optional[str], typer.Option(help="e.g. pad644; default: the profile's.")] = None,
     overwrite: Annotated[bool, typer.Option(help="Delete an existing cache at --out and start over.")] = False,
@@ -272,7 +146,8 @@ def command(
     """Precompute a cache of frozen-VGGT features and uint8 frames (resumable)."""
     if cache_format not in ("zarr", "wds"):
         raise typer.BadParameter(f"--format must be zarr or wds, got {cache_format!r}")
-    opts = Options(data, out, profile, cache_format, resolution, overwrite, force, allow_failures, workers, strict)
+    opts = Options(data, out, profile, cache_format, resolution, overwrite, force, allow_failures, workers, strict,
+                   image_root)
     raise typer.Exit(run(opts))
 
 

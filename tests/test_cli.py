@@ -10,7 +10,7 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from janus_cache.cli import app
+from pipelines.cache_cli import app
 
 runner = CliRunner()
 

@@ -30,11 +30,19 @@ from PIL import Image, ImageOps
 from janus_cache.index import DatasetIndex, build_index
 from janus_cache.encoder import WindowEncoder
 from janus_cache.imaging import load_frame
+from janus_cache.plan import Plan
 from janus_cache.precompute import (
     compute_frame_shard,
     encode_windows,
     usable_samples,
     window_variant,
+)
+from janus_cache.precompute_job import (
+    REPORT_NAME,
+    PrecomputeError,
+    PrecomputeJob,
+    check_free_space,
+    free_space_problem,
 )
 from janus_cache.profile import Profile, load_profile
 from janus_cache.resolution import Resolution
@@ -42,7 +50,6 @@ from janus_cache.store import WdsCacheReader, ZarrCacheReader, read_manifest
 from janus_cache.store.commit import COMMITS_DIR, read_record, record_path
 from janus_cache.store.wds_store import wds_array_path
 from janus_cache.store.zarr_store import features_array_path, frames_array_path
-from pipelines.precompute import REPORT_NAME, PrecomputeError, check_free_space
 
 FRAMES_PER_SHARD = 4
 SAMPLES_PER_SHARD = 2
@@ -253,6 +260,31 @@ def test_the_reference_run_prints_the_plan_and_a_summary(references: Callable[[s
         assert all(entry.committed for entries in manifest.shards.values() for entry in entries)
         report = json.loads((cache / REPORT_NAME).read_text())
         assert report == {"dataset_problems": [], "failed_frames": {}, "failed_samples": {}}
+
+
+def test_the_job_run_step_by_step_in_one_process_builds_the_reference_cache(
+    references: Callable[[str], Path], sample_index: DatasetIndex, settings: Profile, tmp_path: Path
+) -> None:
+    """The library's precompute job driven by hand, every shard in reverse order, writes the
+    2-process reference cache byte for byte; afterwards no shard is pending."""
+    encoder = WindowEncoder.from_settings(settings.vggt, settings.cache)
+    job = PrecomputeJob(sample_index, tmp_path / "cache", "zarr", settings.cache, Resolution.parse(RESOLUTION),
+                        encoder)
+    shown: list[Plan] = []
+    prepared = job.prepare(on_plan=shown.append)
+    assert shown == [prepared.plan] and prepared.warnings == ()
+    assert (prepared.plan.samples, job.n_frame_shards) == (36, 36 // FRAMES_PER_SHARD)
+    for shard in reversed(range(job.n_frame_shards)):
+        assert job.frame_shard(shard) == {}
+    job.prepare_features()
+    done: list[int] = []
+    job.feature_shards(list(reversed(range(job.n_feature_shards))), on_done=lambda shard, n: done.append(shard))
+    assert sorted(done) == list(range(36 // SAMPLES_PER_SHARD))
+    outcome = job.finish()
+    assert (outcome.written, outcome.dropped) == (36, {})
+    assert file_digests(job.out) == file_digests(references("zarr"))
+    assert job.pending_frame_shards(range(job.n_frame_shards)) == []
+    assert job.pending_feature_shards(range(job.n_feature_shards)) == []
 
 
 # ------------------------------------------------------------------------- kill and resume
@@ -561,8 +593,43 @@ def test_the_free_space_check_refuses_unless_forced(tmp_path: Path) -> None:
     needed = shutil.disk_usage(tmp_path).free + 10**15
     with pytest.raises(PrecomputeError, match="--force"):
         check_free_space(tmp_path, needed, force=False)
-    check_free_space(tmp_path, needed, force=True)
-    check_free_space(tmp_path, 1, force=False)
+    assert "starting anyway (--force)" in (check_free_space(tmp_path, needed, force=True) or "")
+    assert check_free_space(tmp_path, 1, force=False) is None
+
+
+def test_the_free_space_refusal_names_both_sizes_in_readable_units(tmp_path: Path) -> None:
+    """Sizes are shown in the unit that fits them: a small shortfall never reads "0.0 GB"."""
+    assert free_space_problem(tmp_path, free_bytes=3_200_000_000, needed_bytes=5_100_000_000) == (
+        f"{tmp_path} has 3.2 GB free, the plan needs 5.1 GB more")
+    assert free_space_problem(tmp_path, free_bytes=250_000, needed_bytes=4_000_000) == (
+        f"{tmp_path} has 250.0 KB free, the plan needs 4.0 MB more")
+    assert free_space_problem(tmp_path, free_bytes=4_000_000, needed_bytes=4_000_000) is None
+    with pytest.raises(PrecomputeError, match=r" free, the plan needs [0-9.]+ [KMGT]?B more; free space or pass"):
+        check_free_space(tmp_path, shutil.disk_usage(tmp_path).free + 10**15, force=False)
+
+
+# ------------------------------------------------------------------------ annotation files
+
+
+def test_an_annotation_file_with_an_image_root_gives_the_folder_cache(
+    references: Callable[[str], Path], sample_dataset: Path, sample_index: DatasetIndex, profile: Path,
+    tmp_path: Path,
+) -> None:
+    """A JSONL annotation file kept away from its images (``--image-root`` names them) that lists
+    the sample data's samples precomputes to the same cache as the episode folders, byte for byte."""
+    records = [
+        {"id": s.key, "instruction": s.instruction, "subinstruction": s.subinstruction,
+         "2D_description": s.description_2d, "3D_description": s.description_3d, "action": s.action,
+         "images": [frame.relpath for frame in sample_index.window(s)]}
+        for s in sample_index.samples
+    ]
+    annotation = tmp_path / "annotations" / "train.jsonl"
+    annotation.parent.mkdir()
+    annotation.write_text("".join(json.dumps(r) + "\n" for r in records))
+    out = tmp_path / "cache"
+    result = run(precompute_command(annotation, out, profile, "--image-root", str(sample_dataset), nproc=None))
+    assert succeeded(result), tail(result)
+    assert file_digests(out) == file_digests(references("zarr"))
 
 
 # ------------------------------------------------------------------------------ rank failure

@@ -397,7 +397,7 @@ def test_janus_train_export_writes_16_bit_weights_of_a_checkpoint(setup: Setup, 
     from transformers import Qwen2_5_VLForConditionalGeneration
     from typer.testing import CliRunner
 
-    from janus_train.cli import app
+    from pipelines.train_cli import app
 
     out = tmp_path / "bf16-export"
     result = CliRunner().invoke(app, ["export", str(reference_run.out), "--out", str(out),

@@ -27,7 +27,6 @@ from PIL import Image
 from safetensors.torch import load_file, save_file
 from typer.testing import CliRunner
 
-from janus_cache.cli import app
 from janus_cache.encoder import load_aggregator
 from janus_cache.profile import PROFILES_DIR, load_profile
 from janus_cache.sample_data import write_sample_data
@@ -46,6 +45,7 @@ from janus_cache.verify import (
     compare,
 )
 from pipelines import precompute
+from pipelines.cache_cli import app
 from pipelines.verify import Options, run
 
 TINY = PROFILES_DIR / "tiny.yaml"

@@ -1,4 +1,4 @@
-"""`janus-cache`: the command line of the precompute stage.
+"""`janus-cache`: the command line of the precompute stage (the launch layer's console script).
 
 Every command exits 0 on success and non-zero with a one-line reason otherwise.
 """
@@ -10,6 +10,10 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+
+from pipelines.bench import command as bench_command
+from pipelines.precompute import command as precompute_command
+from pipelines.verify import command as verify_command
 
 app = typer.Typer(
     add_completion=False,
@@ -94,6 +98,9 @@ def profile_cmd(
 def plan_cmd(
     data: Annotated[Path, typer.Argument(help="Episode-folder root, or a JSON/JSONL annotation file.")],
     profile: Annotated[str, typer.Option(help="Profile name or YAML path.")] = "tiny",
+    image_root: Annotated[
+        Optional[Path], typer.Option(help="Image root of an annotation file (default: its folder).")
+    ] = None,
     resolution: Annotated[Optional[str], typer.Option(help="e.g. pad644; default: the profile's.")] = None,
     nproc: Annotated[int, typer.Option(min=1, help="Processes the estimate assumes (total over nodes).")] = 1,
     workers: Annotated[int, typer.Option(min=1, help="Decode workers per process the estimate assumes.")] = 1,
@@ -110,7 +117,8 @@ def plan_cmd(
     try:
         prof = load_profile(profile)
         res = Resolution.parse(resolution or prof.cache.resolution)
-        idx = build_index(data, history=prof.cache.history, subinstruction_rule=prof.cache.subinstruction_rule)
+        idx = build_index(data, history=prof.cache.history, image_root=image_root,
+                          subinstruction_rule=prof.cache.subinstruction_rule)
         device = "cuda" if prof.device == "cuda" else "cpu"
         encoder = WindowEncoder.from_settings(prof.vggt, prof.cache, device)
         result = make_plan(idx, encoder, res, prof.cache.vggt_batch, probe=probe)
@@ -161,19 +169,11 @@ def info_cmd(
         typer.echo(f"  {name}: {done}/{total} shards committed")
 
 
-def _register_stage_commands() -> None:
-    # Each stage's entry point defines its options once, for torchrun and for this CLI (where it
-    # runs as a single process).
-    from pipelines.bench import command as bench_command
-    from pipelines.precompute import command as precompute_command
-    from pipelines.verify import command as verify_command
-
-    app.command("precompute")(precompute_command)
-    app.command("verify")(verify_command)
-    app.command("bench")(bench_command)
-
-
-_register_stage_commands()
+# Each stage's entry point defines its options once, for torchrun and for this CLI (where it runs
+# as a single process).
+app.command("precompute")(precompute_command)
+app.command("verify")(verify_command)
+app.command("bench")(bench_command)
 
 
 def main() -> None:

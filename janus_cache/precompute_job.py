@@ -1,0 +1,306 @@
+"""The precompute job: the cache's contract for building one resolution of a cache.
+
+A :class:`PrecomputeJob` is plain single-process code with five steps, run in this order:
+
+1. ``prepare()`` (one process, before any shard): refuse a directory that is not a cache and a
+   cache made with other keyed settings, measure the plan, refuse when the disk is too small,
+   delete what a killed run left half-written, write the frames table, create the frames
+   array and write the manifest (no shard table yet);
+2. ``frame_shard(i)`` for every frame shard (any process, each shard written by exactly one);
+3. ``prepare_features()`` (one process, after every frame shard): the samples table (samples
+   whose window frames all decoded) and the feature storage;
+4. ``feature_shards(shards)`` for every sample shard (any process, each shard by exactly one);
+5. ``finish()`` (one process, after every shard): the final manifest with its shard table and
+   ``report.json``.
+
+Which process runs which shard, barriers and progress displays belong to the caller
+(``pipelines/precompute.py``). The units of work themselves are in :mod:`janus_cache.precompute`.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, replace
+from functools import cached_property
+from multiprocessing.pool import Pool
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from janus_cache.index import DatasetIndex, Sample
+from janus_cache.encoder import WindowEncoder
+from janus_cache.plan import Plan, format_bytes, make_plan
+from janus_cache.precompute import (
+    check_windows,
+    committed_count,
+    frame_shape,
+    frame_table,
+    read_frame_failures,
+    sample_table,
+    usable_samples,
+    wanted_manifest,
+    window_variant,
+    write_feature_shards,
+    write_frame_shard,
+)
+from janus_cache.profile import CacheSettings
+from janus_cache.resolution import Resolution
+from janus_cache.store import CacheWriter, Manifest, open_writer, read_manifest, write_manifest
+from janus_cache.store.commit import atomic_write_bytes, read_record, verify_shard
+from janus_cache.store.manifest import MANIFEST_NAME, check_compatible, merge_manifests
+from janus_cache.store.zarr_store import frames_array_path
+
+REPORT_NAME = "report.json"
+"""What a finished precompute reports in the cache directory: dataset problems, failed frames and
+samples. Its presence marks the precompute as finished."""
+
+ZARR_ROOT_NAME = "zarr.json"
+"""The root metadata file of a zarr store: with the manifest, what marks a directory as a cache."""
+
+
+class PrecomputeError(RuntimeError):
+    """A refusal or failure with a one-line reason for the user."""
+
+
+def disk_usage(path: Path) -> int:
+    """Bytes of every file under ``path``."""
+    return sum(p.stat().st_size for p in Path(path).rglob("*") if p.is_file())
+
+
+def free_space_problem(directory: Path, free_bytes: int, needed_bytes: float) -> str | None:
+    """The sentence saying that ``directory`` is too small, or None when ``needed_bytes`` fit."""
+    if needed_bytes <= free_bytes:
+        return None
+    return f"{directory} has {format_bytes(free_bytes)} free, the plan needs {format_bytes(needed_bytes)} more"
+
+
+def check_free_space(directory: Path, needed_bytes: float, force: bool) -> str | None:
+    """Refuse (:class:`PrecomputeError`) when the filesystem of ``directory`` has less free space
+    than ``needed_bytes``. With ``force`` the run may start anyway (the plan is an estimate): the
+    warning to show is returned instead."""
+    problem = free_space_problem(directory, shutil.disk_usage(directory).free, needed_bytes)
+    if problem is None:
+        return None
+    if not force:
+        raise PrecomputeError(f"{problem}; free space or pass --force")
+    return f"{problem}; starting anyway (--force)"
+
+
+def remove_partials(root: Path) -> None:
+    """Delete temporary files of atomic writes that a killed run left behind.
+
+    Shard files are cleaned when their shard is rewritten, but a run killed while writing a
+    commit record, the manifest or zarr metadata leaves a stray ``*.partial`` that no shard
+    rewrite owns. Runs before any shard writer starts.
+    """
+    for leftover in Path(root).rglob("*.partial"):
+        leftover.unlink(missing_ok=True)
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """What ``prepare()`` decided: the manifest written, the measured plan, warnings to show."""
+
+    manifest: Manifest
+    plan: Plan
+    warnings: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a finished precompute wrote: sample counts, failures and the cache's size."""
+
+    out: Path
+    samples: int
+    frames: int
+    dropped: dict[str, str]
+    skipped_while_indexing: dict[str, int]
+    bytes_on_disk: int
+
+    @property
+    def written(self) -> int:
+        return self.samples - len(self.dropped)
+
+    def format(self, seconds: float) -> str:
+        """The summary printed at the end of a run (failed samples in dataset order, at most 5)."""
+        lines = [
+            f"precompute done in {seconds:.1f} s: {self.written} samples ({self.written / max(seconds, 1e-9):.2f}/s), "
+            f"{self.frames} frames, {self.bytes_on_disk / 1e6:.1f} MB in {self.out}"
+        ]
+        if self.skipped_while_indexing:
+            lines.append("  skipped while indexing: " + ", ".join(
+                f"{n} {reason}" for reason, n in sorted(self.skipped_while_indexing.items())))
+        if self.dropped:
+            lines.append(f"  {len(self.dropped)} samples failed (their frames could not be decoded); "
+                         f"see {self.out / REPORT_NAME}")
+            lines.extend(f"    {key}: {reason}" for key, reason in list(self.dropped.items())[:5])
+        return "\n".join(lines)
+
+
+class PrecomputeJob:
+    """Build resolution ``resolution`` of the ``cache_format`` cache at ``out`` from ``index``.
+
+    Every step is a pure function of the index, the settings and the shard number, so any split
+    of the shards over processes gives the same cache, byte for byte.
+    """
+
+    def __init__(self, index: DatasetIndex, out: Path, cache_format: str, settings: CacheSettings,
+                 resolution: Resolution, encoder: WindowEncoder) -> None:
+        self.index = index
+        self.out = Path(out)
+        self.cache_format = cache_format
+        self.settings = settings
+        self.resolution = resolution
+        self.encoder = encoder
+
+    # ------------------------------------------------------------------------------ queries
+
+    @cached_property
+    def writer(self) -> CacheWriter:
+        return open_writer(self.cache_format, self.out, window_variant(self.settings).name)
+
+    @property
+    def frames_array(self) -> str:
+        return frames_array_path(self.resolution.name)
+
+    @property
+    def samples_array(self) -> str:
+        return self.writer.samples_array_path(self.resolution.name)
+
+    @property
+    def n_frames(self) -> int:
+        return len(self.index.frames)
+
+    @property
+    def n_frame_shards(self) -> int:
+        """Frame shards of the cache (after ``prepare()``)."""
+        return len(self.writer.frame_shard_plan(self.resolution.name))
+
+    @property
+    def n_feature_shards(self) -> int:
+        """Sample shards of the cache (after ``prepare_features()``)."""
+        return len(self.writer.sample_shard_plan(self.resolution.name))
+
+    def frames_done(self) -> int:
+        """Frames in committed shards, roughly (counts commit files; for progress displays)."""
+        return committed_count(self.out, self.frames_array) * self.settings.frames_per_shard
+
+    def samples_done(self) -> int:
+        """Samples in committed shards, roughly (counts commit files; for progress displays)."""
+        return committed_count(self.out, self.samples_array) * self.settings.samples_per_shard
+
+    def pending_frame_shards(self, shards: Iterable[int]) -> list[int]:
+        """Those of ``shards`` that are not committed with a matching checksum (only they are hashed)."""
+        return self._pending(self.frames_array, shards)
+
+    def pending_feature_shards(self, shards: Iterable[int]) -> list[int]:
+        """Those of ``shards`` that are not committed with a matching checksum (only they are hashed)."""
+        return self._pending(self.samples_array, shards)
+
+    def _pending(self, array: str, shards: Iterable[int]) -> list[int]:
+        pending = []
+        for shard in shards:
+            record = read_record(self.out, array, shard)
+            if record is None or verify_shard(self.out, record).problem is not None:
+                pending.append(shard)
+        return pending
+
+    @cached_property
+    def _usable(self) -> tuple[list[Sample], dict[str, str]]:
+        # Read from the failure records on disk, so every process gets the same answer once every
+        # frame shard is committed, whichever process decoded it.
+        return usable_samples(self.index, read_frame_failures(self.out, self.resolution.name))
+
+    @property
+    def samples(self) -> list[Sample]:
+        """Samples whose window frames all decoded (after every frame shard)."""
+        return self._usable[0]
+
+    @property
+    def dropped(self) -> dict[str, str]:
+        """Sample key -> why it is left out (after every frame shard)."""
+        return self._usable[1]
+
+    @cached_property
+    def _sample_table(self) -> dict[str, Any]:
+        return sample_table(self.samples, self.index.history)
+
+    # -------------------------------------------------------------------------------- steps
+
+    def prepare(self, overwrite: bool = False, force: bool = False,
+                on_plan: Callable[[Plan], None] = lambda plan: None) -> Prepared:
+        """Step 1 (one process): refusals, plan, free space, cleanup, frames table, manifest.
+
+        ``overwrite`` deletes an earlier cache at ``out`` first; ``force`` starts although the
+        plan needs more space than is free. ``on_plan`` sees the plan before the free-space check.
+        """
+        check_windows(self.index)
+        wanted = wanted_manifest(self.index, self.settings, self.resolution, self.cache_format, self.encoder)
+        out = self.out
+        looks_like_cache = (out / ZARR_ROOT_NAME).exists() or (out / MANIFEST_NAME).exists()
+        if out.exists() and any(out.iterdir()) and not looks_like_cache:
+            # Checked before --overwrite: it deletes the directory, which must be an earlier cache.
+            raise PrecomputeError(f"{out} exists, is not empty and is not a janus cache; choose another --out")
+        if overwrite and out.exists():
+            # Before reading anything of the old cache: --overwrite must also work when it is damaged.
+            shutil.rmtree(out)
+        existing = read_manifest(out) if out.exists() else None
+        if existing is not None:
+            check_compatible(existing, wanted, source=str(out))
+
+        plan = make_plan(self.index, self.encoder, self.resolution, self.settings.vggt_batch)
+        on_plan(plan)
+        out.mkdir(parents=True, exist_ok=True)
+        warning = check_free_space(out, plan.needed_bytes(self.cache_format) - disk_usage(out), force)
+        remove_partials(out)
+        self.writer.write_table("frames", frame_table(self.index))
+        self.writer.prepare_frames(self.resolution.name, frame_shape(self.index, self.resolution),
+                                   self.settings.frames_per_shard)
+        manifest = merge_manifests(existing, wanted) if existing is not None else wanted
+        write_manifest(out, manifest)
+        return Prepared(manifest, plan, (warning,) if warning else ())
+
+    def frame_shard(self, shard: int, pool: Pool | None = None) -> dict[int, str]:
+        """Step 2 (any process): decode, write and commit frame shard ``shard``, decoding in
+        ``pool``'s worker processes when given; returns {frame row: reason} of frames that failed."""
+        return write_frame_shard(self.writer, self.index, self.resolution, shard, pool)
+
+    def prepare_features(self) -> None:
+        """Step 3 (one process, after every frame shard): samples table and feature storage."""
+        height, width = frame_shape(self.index, self.resolution)
+        self.writer.write_table("samples", self._sample_table)
+        self.writer.prepare_samples(self.resolution.name, self.encoder.feature_shape(height, width),
+                                    self.settings.feature_dtype, self.settings.samples_per_shard)
+
+    def feature_shards(self, shards: Sequence[int],
+                       on_done: Callable[[int, int], None] = lambda shard, n: None) -> None:
+        """Step 4 (any process, after ``prepare_features()``): encode, write and commit the given
+        sample shards; ``on_done(shard, n_samples)`` follows each commit."""
+        write_feature_shards(self.writer, self.encoder, self.resolution.name, shards,
+                             np.asarray(self._sample_table["window_rows"]), self.settings.vggt_batch, on_done)
+
+    def finish(self) -> Outcome:
+        """Step 5 (one process, after every shard): final manifest with its shard table, report.json."""
+        current = read_manifest(self.out)
+        if current is None:
+            raise PrecomputeError(f"{self.out} has no {MANIFEST_NAME}: finish() runs after prepare()")
+        index, dropped = self.index, self.dropped
+        counts = dict(current.counts, samples_written=len(index.samples) - len(dropped), samples_failed=len(dropped))
+        # Arrays of other resolutions keep their entries; this run's arrays get the table on disk.
+        shards = {**current.shards, **self.writer.shard_table(verify=False)}
+        write_manifest(self.out, replace(current, shards=shards, counts=counts))
+        failed_frames = read_frame_failures(self.out, self.resolution.name)
+        report = {
+            "dataset_problems": [
+                {"file": e.file, "reason": str(e.reason), "sample": e.sample_key, "detail": e.detail}
+                for e in index.report
+            ],
+            "failed_frames": {index.frames[row].relpath: reason for row, reason in sorted(failed_frames.items())},
+            "failed_samples": dict(sorted(dropped.items())),
+        }
+        atomic_write_bytes(self.out / REPORT_NAME, (json.dumps(report, indent=1, sort_keys=True) + "\n").encode())
+        return Outcome(self.out, len(index.samples), len(index.frames), dropped, dict(index.report.counts()),
+                       disk_usage(self.out))
