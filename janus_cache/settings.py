@@ -59,11 +59,6 @@ def setting(
     return dataclasses.field(default=default, metadata=meta)
 
 
-def settings_doc(cls: type) -> dict[str, str]:
-    """Each YAML key of a settings dataclass with its doc (for help texts and the README)."""
-    return {f.name: f.metadata.get("doc", "") for f in dataclasses.fields(cls) if f.metadata.get("yaml", True)}
-
-
 def expand_env(value: Any, setting_name: str, source: Path) -> Any:
     """``${VAR}`` / ``${VAR:-default}`` in a string replaced by the environment's value."""
     if not isinstance(value, str):
@@ -111,7 +106,7 @@ def read_settings(cls: type[T], data: Any, section: str, source: Path, given: Ma
             values[name] = read_settings(nested, raw, key, source)
             continue
         if raw is None:
-            if field.default is _NO_DEFAULT:
+            if field.default is _NO_DEFAULT and field.default_factory is _NO_DEFAULT:
                 raise SettingsError(f"{source}: missing setting '{key}'")
             continue
         values[name] = _value(raw, kind, field.metadata, key, source)
@@ -120,8 +115,8 @@ def read_settings(cls: type[T], data: Any, section: str, source: Path, given: Ma
     except SettingsError:
         raise
     except ValueError as err:
-        where = f"section '{section}'" if section else "settings"
-        raise SettingsError(f"{source}: {where}: {err}") from None
+        where = f"section '{section}': " if section else ""
+        raise SettingsError(f"{source}: {where}{err}") from None
 
 
 def _name(section: str, key: str) -> str:

@@ -201,6 +201,14 @@ def test_h800_trains_with_the_reference_settings(
     assert settings == replace(TrainSettings(), alloc_conf="expandable_segments:True")
 
 
+def test_a_profile_without_a_train_section_trains_with_the_defaults(tmp_path: Path) -> None:
+    data = {"cache": {"resolution": "pad224"}, "vggt": {"config": str(PROFILES_DIR / "../models/tiny-vggt.json")},
+            "qwen": {"path": str(PROFILES_DIR / "../models/tiny-qwen2_5_vl")}}
+    prof = load_profile(write_profile(tmp_path, data))
+    assert prof.train == {} and prof.name == "p" and prof.nproc_per_node == 1
+    assert load_train_settings(prof) == TrainSettings()
+
+
 def test_env_values_are_parsed_as_the_declared_type(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("WORKERS", "4")
     monkeypatch.delenv("ACCUM", raising=False)

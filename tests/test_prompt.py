@@ -226,8 +226,8 @@ def test_janus_wording_is_an_opt_in_template_with_the_same_supervision(samples: 
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("user: 'Look at {current}.'\n", r"t.yaml: settings: 'user' needs the placeholder \{instruction\}"),
-        ("user: '{history}{current}{instruction}{goal}'\n", r"t.yaml: settings: a user text has an unknown placeholder"),
+        ("user: 'Look at {current}.'\n", r"t.yaml: 'user' needs the placeholder \{instruction\}"),
+        ("user: '{history}{current}{instruction}{goal}'\n", r"t.yaml: a user text has an unknown placeholder"),
         ("sytem: x\n", r"t.yaml: unknown setting 'sytem' \(did you mean 'system'\?\)"),
         ("system: x\n", r"t.yaml: missing setting 'user'"),
     ],
