@@ -11,7 +11,7 @@ from janus_cache.profile import CONFIGS_DIR, Profile, ProfileError
 from janus_cache.settings import SettingsError, read_settings, setting
 from janus_train.loss import LossConfig
 from janus_train.model import JanusModelConfig, TrainableParts
-from janus_train.prompt import DEFAULT_TEMPLATE, PROMPTS_DIR, PromptTemplate
+from janus_train.prompt_template import DEFAULT_TEMPLATE, PromptTemplate
 
 DEEPSPEED_DIR = CONFIGS_DIR / "deepspeed"
 

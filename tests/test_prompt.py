@@ -23,9 +23,9 @@ from janus_train.prompt import (
     EncodedPrompt,
     PromptBuilder,
     PromptError,
-    PromptTemplate,
     collate_prompts,
 )
+from janus_train.prompt_template import PromptTemplate, TemplateError
 from janus_train.sample_view import describe_sample
 
 # The reference's user text, copied from janusvln_interop.md §1 ({H}: one <image> per history image).
@@ -234,7 +234,7 @@ def test_janus_wording_is_an_opt_in_template_with_the_same_supervision(samples: 
 )
 def test_a_wrong_template_file_is_named(tmp_path: Path, text: str, message: str) -> None:
     (tmp_path / "t.yaml").write_text(text)
-    with pytest.raises(PromptError, match=message):
+    with pytest.raises(TemplateError, match=message):
         PromptTemplate.load(tmp_path / "t.yaml")
 
 
