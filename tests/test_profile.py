@@ -249,3 +249,11 @@ def test_the_profile_command_validates_the_train_section_in_one_line(tmp_path: P
                              capture_output=True, text=True)
         assert bad.returncode == 1 and bad.stdout == ""
         assert bad.stderr.strip().splitlines() == [f"error: {tmp_path / 'p.yaml'}: {message}"]
+
+
+def test_the_ramp_keys_of_the_train_section_make_the_loss_schedule(tmp_path: Path) -> None:
+    ramp = {"distill_loss_weight": 1.0, "distill_loss_weight_end": 0.25, "distill_loss_weight_warmup_steps": 4}
+    config = load_train_settings(load_profile(shipped_tiny(tmp_path, ramp))).loss_config()
+    assert [config.distill_weight_at(step) for step in range(6)] == [1.0, 0.8125, 0.625, 0.4375, 0.25, 0.25]
+    constant = load_train_settings(load_profile(shipped_tiny(tmp_path, {"distill_loss_weight": 0.5}))).loss_config()
+    assert not constant.ramps and constant.distill_weight_at(100) == 0.5
