@@ -26,10 +26,12 @@ Supervision (the reference's rules, whatever the template):
   (``SUBINSTRUCTION:`` ...) to the token before the next marker, segment 4 to the end of the labels;
 * the action head reads the hidden state just before the first supervised token.
 
-Tokenisation: the question (system + user turn, one ``<|image_pad|>`` per image) and the target are
-tokenised per sample in one batched call of the fast tokenizer, then every image pad is repeated
-to its image's visual tokens. Special tokens split the text, so these ids equal those of the
-whole conversation tokenised at once; the constructor checks that on a probe sample.
+Tokenisation: the question (system + user turn, one ``<|image_pad|>`` per image) up to its last
+image is tokenised once per window length; per sample, the rest of the question (the instruction
+and what follows), the target and its growing prefixes are tokenised in one batched call of the
+fast tokenizer, then every image pad is repeated to its image's visual tokens. Special tokens split
+the text, so these ids equal those of the whole conversation tokenised at once; the constructor
+checks that on a probe sample.
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ corpus is built from it."""
 
 CLOSING_WEIGHT = 1.0
 """Loss weight of the supervised tokens outside the target lines (closing ``<|im_end|>``, ``\\n``)."""
+_MAX_CACHED_HEADS = 64
 # The reference looks for each marker preceded by one of these (the first match wins).
 _MARKER_PREFIXES = ("", "\n", " ", "\n\n")
 
@@ -193,6 +196,7 @@ class PromptBuilder:
         # 3 tokens with Qwen's tokenizer (<|im_start|>, assistant, \n): the head the reference masks.
         self._header = self._ids(f"{IM_START}assistant\n")
         self._closing = self._ids(f"{IM_END}\n")
+        self._heads: dict[str, np.ndarray] = {}
         # Marker variants as the reference searches them: (ids of prefix+marker, marker length).
         self._markers = [
             [(self._ids(prefix + marker).tolist(), len(self._ids(marker))) for prefix in _MARKER_PREFIXES]
@@ -273,13 +277,15 @@ class PromptBuilder:
         text = self.texts(instruction, subinstruction, description_2d, description_3d, action, n_images, key)
         # Growing prefixes "line1\n", "line1\nline2\n", "line1\nline2\nline3\n": segment ends.
         prefixes = ["\n".join(text.lines[: k + 1]) + "\n" for k in range(N_SEGMENTS - 1)]
-        question_ids, target_ids, *prefix_ids = (
+        # The question up to its last image is the same for every sample of a window length: its
+        # ids are cached. Special tokens split the text, so the parts tokenise as the whole does.
+        question = self._question_text(text.user)
+        cut = question.rfind(VISION_END) + len(VISION_END) if VISION_END in question else 0
+        tail_ids, target_ids, *prefix_ids = (
             np.asarray(ids, dtype=np.int64)
-            for ids in self.tokenizer(
-                [self._question_text(text.user), text.target, *prefixes], add_special_tokens=False
-            )["input_ids"]
+            for ids in self.tokenizer([question[cut:], text.target, *prefixes], add_special_tokens=False)["input_ids"]
         )
-        question_ids = self._expand_images(question_ids, visual, key)
+        question_ids = self._expand_images(np.concatenate([self._head_ids(question[:cut]), tail_ids]), visual, key)
         ends = [len(ids) for ids in prefix_ids] + [len(target_ids)]
 
         answer = np.concatenate([target_ids, self._closing])
@@ -307,6 +313,14 @@ class PromptBuilder:
             action_id=text.action_id,
             visual_tokens=visual,
         )
+
+    def _head_ids(self, head: str) -> np.ndarray:
+        ids = self._heads.get(head)
+        if ids is None:
+            if len(self._heads) >= _MAX_CACHED_HEADS:  # a template with the instruction before the images
+                self._heads.clear()
+            ids = self._heads[head] = self._ids(head)
+        return ids
 
     def _expand_images(self, ids: np.ndarray, visual: tuple[int, ...], key: str | None) -> np.ndarray:
         pads = np.flatnonzero(ids == self.image_token_id)

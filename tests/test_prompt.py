@@ -266,7 +266,8 @@ def test_builder_settings_are_checked() -> None:
 
 
 def test_a_sample_costs_one_batched_tokenizer_call(samples: list[Sample]) -> None:
-    """Question, target and the three growing target prefixes, images as one pad each."""
+    """The question after its last image, the target and its three growing prefixes; the question
+    up to its last image is tokenised once per window length."""
 
     class CountingTokenizer:
         def __init__(self, inner: object) -> None:
@@ -282,11 +283,12 @@ def test_a_sample_costs_one_batched_tokenizer_call(samples: list[Sample]) -> Non
 
     counting = CountingTokenizer(tiny_tokenizer())
     b = PromptBuilder(counting, VISUAL_TOKENS)
+    b.build_sample(samples[0])  # the first sample of a window length tokenises its head once
     counting.calls, counting.texts = 0, []
-    for sample in samples[:5]:
+    for sample in samples[1:6]:
         b.build_sample(sample)
     assert counting.calls == 5 and len(counting.texts) == 5 * 5
-    assert all(IMAGE_PAD * 2 not in text for text in counting.texts)
+    assert all(IMAGE_PAD not in text and "This is your historical observation" not in text for text in counting.texts)
 
 
 def test_a_tokenizer_that_splits_the_conversation_differently_is_refused() -> None:
