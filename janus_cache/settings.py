@@ -51,7 +51,8 @@ def setting(
     allowed values; ``parse`` turns the YAML string into the field's type (raising ValueError);
     ``yaml=False`` marks a field the caller fills (never read from the file).
     """
-    meta = {"doc": doc, "min": min, "max": max, "above": above, "below": below, "choices": tuple(choices), "parse": parse, "yaml": yaml}
+    meta = {"doc": doc, "min": min, "max": max, "above": above, "below": below, "choices": tuple(choices),
+            "parse": parse, "yaml": yaml}
     if isinstance(default, dict):  # a raw section: each instance gets its own copy
         return dataclasses.field(default_factory=lambda: dict(default), metadata=meta)
     if isinstance(default, (list, set)):

@@ -142,7 +142,9 @@ def action_index(action: str | int, key: str | None = None) -> int:
     if isinstance(action, int) and not isinstance(action, bool) and 0 <= action < len(ACTIONS):
         return action
     where = f"sample {key}: " if key is not None else ""
-    raise PromptError(f"{where}unknown action {action!r}; expected one of {', '.join(ACTIONS)} or 0..{len(ACTIONS) - 1}")
+    raise PromptError(
+        f"{where}unknown action {action!r}; expected one of {', '.join(ACTIONS)} or 0..{len(ACTIONS) - 1}"
+    )
 
 
 class PromptBuilder:

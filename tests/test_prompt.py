@@ -61,7 +61,8 @@ def reference_ids(user: str, target: str, visual_tokens: list[int]) -> list[int]
     pieces = user.split("<image>")
     assert len(pieces) == len(visual_tokens) + 1
     user = pieces[0] + "".join(
-        f"<|vision_start|>{IMAGE_PAD * n}<|vision_end|>{piece}" for n, piece in zip(visual_tokens, pieces[1:], strict=True)
+        f"<|vision_start|>{IMAGE_PAD * n}<|vision_end|>{piece}"
+        for n, piece in zip(visual_tokens, pieces[1:], strict=True)
     )
     text = (
         "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
@@ -123,7 +124,8 @@ def test_closing_tokens_weigh_one_whatever_the_segment_weights(samples: list[Sam
     weights = p.loss_weights[first:].tolist()
     assert decode(p.input_ids[-2:]) == "<|im_end|>\n" and weights[-2:] == [1.0, 1.0]
     assert decode(p.input_ids[p.loss_weights == 3.0]) == f"ACTION: {sample.action}"
-    assert decode(p.input_ids[first:][torch.tensor(weights) == 1.0][:-2]) == target_text(sample).rsplit("\n", 1)[0] + "\n"
+    lines_1_to_3 = target_text(sample).rsplit("\n", 1)[0] + "\n"
+    assert decode(p.input_ids[first:][torch.tensor(weights) == 1.0][:-2]) == lines_1_to_3
     assert (p.loss_weights[:first] == 0).all() and p.loss_weights.dtype == torch.float32
 
 
@@ -163,7 +165,9 @@ def test_texts_are_stripped_keep_inner_newlines_and_lists_use_their_first_elemen
     texts = builder().texts("  Go to the hall.\nThen stop. ", ["  Walk\non. ", "ignored"], ("A wall.",),
                             "Near\n\nthe door.", 2, n_images=2)
     assert texts.user == REFERENCE_USER.format(H="<image>", instruction="Go to the hall.\nThen stop.")
-    assert texts.target == "SUBINSTRUCTION: Walk\non.\n2D_DESCRIPTION: A wall.\n3D_DESCRIPTION: Near\n\nthe door.\nACTION: TURN_LEFT"
+    assert texts.target == (
+        "SUBINSTRUCTION: Walk\non.\n2D_DESCRIPTION: A wall.\n3D_DESCRIPTION: Near\n\nthe door.\nACTION: TURN_LEFT"
+    )
     p = builder().build("  Go to the hall.\nThen stop. ", ["  Walk\non. ", "ignored"], ("A wall.",),
                         "Near\n\nthe door.", 2, n_images=2)
     first, _ = supervised_span(p)
