@@ -7,96 +7,79 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from janus_cache.profile import CONFIGS_DIR, Profile, ProfileError, Section
+from janus_cache.profile import CONFIGS_DIR, Profile, ProfileError
+from janus_cache.settings import SettingsError, read_settings, setting
 from janus_train.loss import LossConfig
 from janus_train.model import JanusModelConfig, TrainableParts
+from janus_train.prompt_template import DEFAULT_TEMPLATE, PromptTemplate
 
 DEEPSPEED_DIR = CONFIGS_DIR / "deepspeed"
 
 
 @dataclass(frozen=True)
 class TrainSettings:
-    micro_batch: int = 1
-    grad_accum: int = 8
-    epochs: int = 3
-    max_steps: int = 0
-    """Optimizer steps to run (0: all epochs)."""
-    lr_base: float = 2e-5
-    lr_projector: float = 1e-5
-    lr_vision: float = 1e-6
-    weight_decay: float = 0.0
-    warmup_ratio: float = 0.03
-    gradient_clipping: float = 1.0
-    segment_weights: tuple[float, float, float, float] = (1.0, 1.0, 1.0, 1.0)
-    distill_weight: float = 1.0
-    distill_ramp_steps: int = 0
-    lam: float = 0.2
-    merger_hidden: int = 4096
-    train_vision: bool = False
-    gradient_checkpointing: bool = True
-    seed: int = 0
-    num_workers: int = 2
-    save_every: int = 500
-    save_total_limit: int = 2
-    log_every: int = 10
-    empty_cache_every: int = 0
-    live_check_every: int = 0
-    deepspeed: str = "zero3.json"
-    wall_clock_breakdown: bool = False
-    alloc_conf: str = ""
-    """PYTORCH_CUDA_ALLOC_CONF for the training processes (e.g. expandable_segments:True)."""
+    """The ``train`` section of a profile; the defaults are the reference 8xH800 launch."""
+
+    micro_batch: int = setting(1, "Samples per GPU per forward pass.", min=1)
+    grad_accum: int = setting(8, "Micro-batches accumulated per optimizer step.", min=1)
+    epochs: int = setting(3, "Passes over the data.", min=1)
+    max_steps: int = setting(0, "Optimizer steps to run (0: all epochs).", min=0)
+    lr_base: float = setting(2e-5, "Learning rate of the language model.", min=0.0)
+    lr_projector: float = setting(1e-5, "Learning rate of every *merger* parameter.", min=0.0)
+    lr_vision: float = setting(1e-6, "Learning rate of the vision tower (with train_vision).", min=0.0)
+    weight_decay: float = setting(0.0, "AdamW weight decay.", min=0.0)
+    warmup_ratio: float = setting(0.03, "Share of the steps of linear LR warm-up, in [0, 1).", min=0.0, below=1.0)
+    gradient_clipping: float = setting(1.0, "Gradient norm clipping (> 0).", above=0.0)
+    segment_weights: tuple[float, float, float, float] = setting(
+        (1.0, 1.0, 1.0, 1.0), "Loss weights of the answer lines: subinstruction, 2D, 3D, action "
+        "(the closing <|im_end|> and newline always weigh 1.0); each > 0.", above=0.0)
+    distill_loss_weight: float = setting(1.0, "Weight of the action-head loss (the start of the ramp).", min=0.0)
+    distill_loss_weight_end: float | None = setting(
+        None, "With distill_loss_weight_warmup_steps: the action-head weight the ramp ends at.", min=0.0)
+    distill_loss_weight_warmup_steps: int = setting(
+        0, "Optimizer steps of the linear ramp from distill_loss_weight to distill_loss_weight_end.", min=0)
+    lam: float = setting(0.2, "Scale of the VGGT merger's output added to the image embeddings.")
+    merger_hidden: int = setting(4096, "Hidden size of the VGGT merger (vggt_merger_hidden_dim).", min=1)
+    train_vision: bool = setting(False, "Train the vision tower too.")
+    gradient_checkpointing: bool = setting(True, "Recompute activations in the backward pass.")
+    seed: int = setting(0, "Seed of initialisation and data order.")
+    num_workers: int = setting(16, "Data loader workers per process.", min=0)
+    save_every: int = setting(1000, "Optimizer steps between checkpoints (0: only at the end).", min=0)
+    save_total_limit: int = setting(4, "Checkpoints kept.", min=1)
+    log_every: int = setting(10, "Optimizer steps between logged records.", min=1)
+    empty_cache_every: int = setting(0, "Optimizer steps between CUDA cache flushes (0: never).", min=0)
+    live_check_every: int = setting(0, "Optimizer steps between live-feature checks (0: never).", min=0)
+    deepspeed: str = setting("zero3.json", "DeepSpeed config file (relative: under configs/deepspeed/).")
+    wall_clock_breakdown: bool = setting(False, "DeepSpeed's per-phase timings.")
+    alloc_conf: str = setting("", "PYTORCH_CUDA_ALLOC_CONF for the training processes "
+                              "(e.g. expandable_segments:True).")
+    prompt_template: str = setting(
+        DEFAULT_TEMPLATE, "Prompt template file (relative: under configs/prompts/): janusvln.yaml, the reference "
+        "wording (default), or janus.yaml, janus's own wording.")
 
     def loss_config(self) -> LossConfig:
-        return LossConfig(self.segment_weights, self.distill_weight, self.distill_ramp_steps)
+        return LossConfig(self.distill_loss_weight, self.distill_loss_weight_end,
+                          self.distill_loss_weight_warmup_steps)
 
     def model_config(self) -> JanusModelConfig:
         trainable = TrainableParts(vision_tower=self.train_vision)
         return JanusModelConfig(lam=self.lam, merger_hidden=self.merger_hidden, trainable=trainable,
                                 init_seed=self.seed)
 
+    def template(self) -> PromptTemplate:
+        """The prompt template file this run uses."""
+        return PromptTemplate.load(self.prompt_template)
+
 
 def load_train_settings(profile: Profile) -> TrainSettings:
     """Validate the profile's ``train`` section; a wrong setting is named with the profile file."""
-    sec = Section(dict(profile.train), "train", profile.source)
-    d = TrainSettings()
-    weights = sec.get("segment_weights", list, list(d.segment_weights))
-    if len(weights) != 4 or not all(isinstance(w, (int, float)) for w in weights):
-        raise ProfileError(f"{profile.source}: setting 'train.segment_weights' needs 4 numbers, got {weights!r}")
-    number = (int, float)
-    settings = TrainSettings(
-        micro_batch=sec.positive("micro_batch", d.micro_batch),
-        grad_accum=sec.positive("grad_accum", d.grad_accum),
-        epochs=sec.positive("epochs", d.epochs),
-        max_steps=sec.get("max_steps", int, d.max_steps),
-        lr_base=float(sec.get("lr_base", number, d.lr_base)),
-        lr_projector=float(sec.get("lr_projector", number, d.lr_projector)),
-        lr_vision=float(sec.get("lr_vision", number, d.lr_vision)),
-        weight_decay=float(sec.get("weight_decay", number, d.weight_decay)),
-        warmup_ratio=float(sec.get("warmup_ratio", number, d.warmup_ratio)),
-        gradient_clipping=float(sec.get("gradient_clipping", number, d.gradient_clipping)),
-        segment_weights=tuple(float(w) for w in weights),  # type: ignore[arg-type]
-        distill_weight=float(sec.get("distill_weight", number, d.distill_weight)),
-        distill_ramp_steps=sec.get("distill_ramp_steps", int, d.distill_ramp_steps),
-        lam=float(sec.get("lam", number, d.lam)),
-        merger_hidden=sec.positive("merger_hidden", d.merger_hidden),
-        train_vision=sec.get("train_vision", bool, d.train_vision),
-        gradient_checkpointing=sec.get("gradient_checkpointing", bool, d.gradient_checkpointing),
-        seed=sec.get("seed", int, d.seed),
-        num_workers=sec.get("num_workers", int, d.num_workers),
-        save_every=sec.get("save_every", int, d.save_every),
-        save_total_limit=sec.positive("save_total_limit", d.save_total_limit),
-        log_every=sec.positive("log_every", d.log_every),
-        empty_cache_every=sec.get("empty_cache_every", int, d.empty_cache_every),
-        live_check_every=sec.get("live_check_every", int, d.live_check_every),
-        deepspeed=sec.get("deepspeed", str, d.deepspeed),
-        wall_clock_breakdown=sec.get("wall_clock_breakdown", bool, d.wall_clock_breakdown),
-        alloc_conf=sec.get("alloc_conf", str, d.alloc_conf),
-    )
-    sec.finish()
-    if settings.gradient_clipping <= 0:
-        raise ProfileError(f"{profile.source}: setting 'train.gradient_clipping' must be > 0 (set it explicitly)")
-    if not 0 <= settings.warmup_ratio < 1:
-        raise ProfileError(f"{profile.source}: setting 'train.warmup_ratio' must be in [0, 1)")
+    try:
+        settings = read_settings(TrainSettings, dict(profile.train), "train", profile.source)
+        settings.loss_config()  # the ramp's settings together
+        settings.template()
+    except (SettingsError, ValueError) as err:
+        message = str(err) if str(err).startswith(str(profile.source)) else f"{profile.source}: train: {err}"
+        raise ProfileError(message) from None
     if not deepspeed_config_path(settings).is_file():
         raise ProfileError(f"{profile.source}: setting 'train.deepspeed' names {deepspeed_config_path(settings)}, "
                            "which does not exist")

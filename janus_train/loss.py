@@ -1,19 +1,23 @@
-"""The training loss: weighted segment cross-entropy + action-head cross-entropy.
+"""The training loss: per-token weighted cross-entropy + action-head cross-entropy.
 
 For one optimizer step over micro-batches m (gradient accumulation, all ranks)::
 
-    loss = sum_m sum_k w_k * CE_sum[m, k] / D_tokens  +  distill(step) * sum_m ACE_sum[m] / D_samples
+    loss = sum_m sum_t w_t * CE_t / W  +  d(step) * sum_m ACE_sum[m] / D_samples
 
-with ``CE_sum[m, k]`` the summed token cross-entropy of answer segment k (1..4) in micro-batch m,
-``D_tokens = sum_k w_k * tokens_k`` and ``D_samples`` the number of samples, both over the whole
-accumulated batch on all ranks. So the loss is the per-token weighted mean of the whole step
-(plus the per-sample mean action CE), whatever the split into micro-batches and ranks.
+with ``w_t`` the loss weight of the token position t predicts (the prompt's ``loss_weights``:
+segment weight of its answer line, 1.0 on the closing ``<|im_end|>\\n``), ``W = sum_t w_t`` and
+``D_samples`` the number of samples, both over the whole accumulated batch on all ranks, and
+``d(step)`` the action-head weight (:meth:`LossConfig.distill_weight_at`). So the loss is the
+weighted per-token mean of the whole step (plus the per-sample mean action CE), whatever the split
+into micro-batches and ranks. The reference normalises each micro-batch by its own ``max(1, W)`` and
+sums micro-batches over accumulation: per sample the two agree, per step the reference's is
+``grad_accum`` times larger (janus deliberately normalises over the accumulated batch).
 
 How a trainer uses it:
 
-1. before the forward passes of a step, :func:`count_segment_tokens` on every micro-batch (CPU
-   tensors, no model needed), :meth:`LossDenominators.from_counts`, then all-reduce
-   :meth:`LossDenominators.as_tensor` (sum) across ranks;
+1. before the forward passes of a step, :meth:`LossDenominators.from_batches` on the step's
+   micro-batches (CPU tensors, no model needed), then all-reduce :meth:`LossDenominators.as_tensor`
+   (sum) across ranks;
 2. per micro-batch: the model's forward returns :class:`LossParts` (sums, not means);
    :func:`micro_batch_loss` gives this micro-batch's share of the step's loss; ``backward`` it.
    The shares of all micro-batches on all ranks add up to the step's loss; a trainer whose engine
@@ -35,7 +39,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from janus_train.prompt import IGNORE_INDEX, N_SEGMENTS, SEGMENT_NAMES
+from janus_train.prompt import IGNORE_INDEX, N_SEGMENTS
 
 DEFAULT_LOGIT_CHUNK_ROWS = 1024
 """Rows of token logits alive at once (1024 x 152k float32 = 620 MB at Qwen's vocabulary)."""
@@ -43,33 +47,39 @@ DEFAULT_LOGIT_CHUNK_ROWS = 1024
 
 @dataclass(frozen=True)
 class LossConfig:
-    """Loss weights. ``segment_weights`` follow :data:`janus_train.prompt.SEGMENT_NAMES`.
+    """The action-head term's weight ``d``: ``distill_loss_weight``, or, when
+    ``distill_loss_weight_end`` is set and ``distill_loss_weight_warmup_steps > 0``, a linear ramp
+    from ``distill_loss_weight`` at optimizer step 0 to ``distill_loss_weight_end`` at step
+    ``distill_loss_weight_warmup_steps``, constant after (the reference trainer's schedule).
 
-    The action-head term weighs ``distill_weight``; with ``distill_ramp_steps > 0`` it rises
-    linearly from 0 at optimizer step 0 to ``distill_weight`` at step ``distill_ramp_steps``.
+    The token weights are not here: they come per token with the batch (``loss_weights``).
     """
 
-    segment_weights: tuple[float, float, float, float] = (1.0, 1.0, 1.0, 1.0)
-    distill_weight: float = 1.0
-    distill_ramp_steps: int = 0
+    distill_loss_weight: float = 1.0
+    distill_loss_weight_end: float | None = None
+    distill_loss_weight_warmup_steps: int = 0
 
     def __post_init__(self) -> None:
-        if len(self.segment_weights) != N_SEGMENTS:
+        if self.distill_loss_weight < 0:
+            raise ValueError(f"distill_loss_weight must be >= 0, got {self.distill_loss_weight}")
+        if self.distill_loss_weight_end is not None and self.distill_loss_weight_end < 0:
+            raise ValueError(f"distill_loss_weight_end must be >= 0, got {self.distill_loss_weight_end}")
+        if self.distill_loss_weight_warmup_steps < 0:
             raise ValueError(
-                f"segment_weights needs {N_SEGMENTS} values ({', '.join(SEGMENT_NAMES)}), got {self.segment_weights}"
+                f"distill_loss_weight_warmup_steps must be >= 0, got {self.distill_loss_weight_warmup_steps}"
             )
-        if any(w < 0 for w in self.segment_weights) or not any(w > 0 for w in self.segment_weights):
-            raise ValueError(f"segment_weights must be >= 0 with at least one > 0, got {self.segment_weights}")
-        if self.distill_weight < 0:
-            raise ValueError(f"distill_weight must be >= 0, got {self.distill_weight}")
-        if self.distill_ramp_steps < 0:
-            raise ValueError(f"distill_ramp_steps must be >= 0, got {self.distill_ramp_steps}")
+
+    @property
+    def ramps(self) -> bool:
+        return self.distill_loss_weight_end is not None and self.distill_loss_weight_warmup_steps > 0
 
     def distill_weight_at(self, step: int) -> float:
         """Weight of the action-head term at optimizer step ``step`` (0-based)."""
-        if self.distill_ramp_steps == 0:
-            return self.distill_weight
-        return self.distill_weight * min(1.0, max(step, 0) / self.distill_ramp_steps)
+        if not self.ramps:
+            return self.distill_loss_weight
+        assert self.distill_loss_weight_end is not None
+        progress = min(1.0, max(step, 0) / self.distill_loss_weight_warmup_steps)
+        return self.distill_loss_weight + (self.distill_loss_weight_end - self.distill_loss_weight) * progress
 
 
 class LossParts(NamedTuple):
@@ -79,8 +89,9 @@ class LossParts(NamedTuple):
     DeepSpeed's ZeRO-3 hooks can see the tensors in the model's output.
     """
 
-    segment_ce_sum: torch.Tensor  # float32 [B, 4]: summed token CE per sample and segment
+    segment_ce_sum: torch.Tensor  # float32 [B, 4]: summed token CE per sample and segment (metrics)
     segment_tokens: torch.Tensor  # int64 [B, 4]: supervised tokens per sample and segment
+    weighted_ce_sum: torch.Tensor  # float32 [B]: sum_t w_t * CE_t per sample (the loss)
     action_ce: torch.Tensor  # float32 [B]: action-head CE per sample
     action_correct: torch.Tensor  # bool [B]: action-head argmax == target
     logit_rows: int  # rows of token logits computed (= supervised tokens)
@@ -90,6 +101,7 @@ class LossParts(NamedTuple):
         return {
             "segment_ce_sum": self.segment_ce_sum.detach().sum(0).double(),
             "segment_tokens": self.segment_tokens.sum(0).double(),
+            "weighted_ce_sum": self.weighted_ce_sum.detach().sum().double(),
             "action_ce_sum": self.action_ce.detach().sum().double(),
             "action_correct": self.action_correct.sum().double(),
             "samples": torch.tensor(float(self.action_ce.shape[0]), dtype=torch.float64, device=self.action_ce.device),
@@ -98,25 +110,21 @@ class LossParts(NamedTuple):
 
 @dataclass(frozen=True)
 class LossDenominators:
-    """Normalisers of one optimizer step: ``sum_k w_k * tokens_k`` and the sample count."""
+    """Normalisers of one optimizer step: the summed token loss weights and the sample count."""
 
     weight_sum: float
     samples: float
 
     @classmethod
-    def from_counts(cls, segment_tokens: torch.Tensor, config: LossConfig) -> LossDenominators:
-        """From supervised-token counts [..., 4] of the step's micro-batches (one row per sample)."""
-        counts = segment_tokens.reshape(-1, N_SEGMENTS).to(torch.float64)
-        weights = torch.tensor(config.segment_weights, dtype=torch.float64)
-        return cls(weight_sum=float((counts.sum(0) * weights).sum()), samples=float(counts.shape[0]))
-
-    @classmethod
-    def from_batches(cls, batches: Iterable[dict[str, torch.Tensor]], config: LossConfig) -> LossDenominators:
+    def from_batches(cls, batches: Iterable[dict[str, torch.Tensor]]) -> LossDenominators:
         """Local denominators of a step's micro-batches (collated prompts); all-reduce before use."""
-        counts = [count_segment_tokens(b["labels"], b["segment_ids"]) for b in batches]
-        if not counts:
+        batches = list(batches)
+        if not batches:
             raise ValueError("no micro-batches to normalise over")
-        return cls.from_counts(torch.cat(counts), config)
+        for b in batches:
+            count_segment_tokens(b["labels"], b["segment_ids"])  # checks labels and segments agree
+        weight_sum = sum(float(b["loss_weights"].double().sum()) for b in batches)
+        return cls(weight_sum=weight_sum, samples=float(sum(b["labels"].shape[0] for b in batches)))
 
     def as_tensor(self, device: torch.device | str = "cpu") -> torch.Tensor:
         """float64 [2] for a sum all-reduce across ranks."""
@@ -151,20 +159,30 @@ def count_segment_tokens(labels: torch.Tensor, segment_ids: torch.Tensor) -> tor
     return one_hot.sum(1).to(torch.int64)
 
 
+class TokenLoss(NamedTuple):
+    """Token cross-entropy sums of one micro-batch (see :func:`token_cross_entropy`)."""
+
+    ce_sum: torch.Tensor  # float32 [B, 4]: summed CE per sample and segment
+    tokens: torch.Tensor  # int64 [B, 4]: supervised tokens per sample and segment
+    weighted_ce_sum: torch.Tensor  # float32 [B]: sum_t w_t * CE_t per sample
+    rows: int  # rows of logits computed
+
+
 def token_cross_entropy(
     hidden: torch.Tensor,
     labels: torch.Tensor,
     segment_ids: torch.Tensor,
+    loss_weights: torch.Tensor,
     lm_head: nn.Module,
     chunk_rows: int = DEFAULT_LOGIT_CHUNK_ROWS,
-) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """Summed CE per sample and segment from last hidden states [B, L, H].
+) -> TokenLoss:
+    """Summed CE per sample and segment, and the per-token weighted sum, from hidden states [B, L, H].
 
     The hidden state at position t predicts token t+1, so only rows t with a supervised label at
-    t+1 are gathered and passed to ``lm_head``; their logits are cast to float32. With more rows
-    than ``chunk_rows``, chunks are recomputed in the backward pass (activation checkpointing), so
-    only one chunk of logits is alive at a time. Returns ``(ce_sum [B, 4] float32,
-    tokens [B, 4] int64, rows)``.
+    t+1 are gathered and passed to ``lm_head``; their logits are cast to float32, and each row's CE
+    weighs ``loss_weights`` of the token it predicts. With more rows than ``chunk_rows``, chunks are
+    recomputed in the backward pass (activation checkpointing), so only one chunk of logits is
+    alive at a time.
     """
     batch, device = hidden.shape[0], hidden.device
     # Row selection on the labels' device (the CPU batch in training: no device sync), then moved.
@@ -172,8 +190,10 @@ def token_cross_entropy(
     rows_b, rows_t = (targets != IGNORE_INDEX).nonzero(as_tuple=True)
     selected_targets = targets[rows_b, rows_t].to(device, non_blocking=True)
     segments = segment_ids[:, 1:].to(labels.device)[rows_b, rows_t]
+    weights = loss_weights[:, 1:].to(labels.device)[rows_b, rows_t].to(device, torch.float32, non_blocking=True)
     bucket = (rows_b * N_SEGMENTS + segments - 1).to(device, non_blocking=True)
-    selected = hidden[:, :-1][rows_b.to(device, non_blocking=True), rows_t.to(device, non_blocking=True)]  # [T, H]
+    sample = rows_b.to(device, non_blocking=True)
+    selected = hidden[:, :-1][sample, rows_t.to(device, non_blocking=True)]  # [T, H]
     rows = int(selected.shape[0])
     if chunk_rows < 1:
         raise ValueError(f"chunk_rows must be >= 1, got {chunk_rows}")
@@ -192,7 +212,8 @@ def token_cross_entropy(
     ce_sum = flat.index_add(0, bucket, ce).view(batch, N_SEGMENTS)
     tokens = torch.zeros(batch * N_SEGMENTS, dtype=torch.int64, device=device)
     tokens = tokens.index_add(0, bucket, torch.ones_like(bucket)).view(batch, N_SEGMENTS)
-    return ce_sum, tokens, rows
+    weighted = torch.zeros(batch, dtype=torch.float32, device=device).index_add(0, sample, ce * weights)
+    return TokenLoss(ce_sum, tokens, weighted, rows)
 
 
 def action_cross_entropy(action_logits: torch.Tensor, action_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -217,8 +238,7 @@ def micro_batch_loss(
     """
     if denominators.weight_sum <= 0 or denominators.samples <= 0:
         raise ValueError(f"loss denominators must be positive, got {denominators}")
-    weights = torch.tensor(config.segment_weights, dtype=torch.float32, device=parts.segment_ce_sum.device)
-    token_term = (parts.segment_ce_sum * weights).sum() / denominators.weight_sum
+    token_term = parts.weighted_ce_sum.sum() / denominators.weight_sum
     # The action term is added even at weight 0 (warm-up start), so the action head always gets a
     # gradient (zeros) rather than none, which sharded engines treat as a different graph.
     action_term = parts.action_ce.sum() / denominators.samples

@@ -382,14 +382,16 @@ class JanusVLNModel(nn.Module):
         ).last_hidden_state
 
         labels, segment_ids = _required(batch, "labels"), _required(batch, "segment_ids")
-        ce_sum, tokens, rows = token_cross_entropy(
-            hidden, labels, segment_ids, self.qwen.lm_head, self.config.logit_chunk_rows
+        token = token_cross_entropy(
+            hidden, labels, segment_ids, _required(batch, "loss_weights"), self.qwen.lm_head,
+            self.config.logit_chunk_rows,
         )
         positions = _required(batch, "action_positions").to(device, non_blocking=True)
         action_logits = self.action_head(hidden[torch.arange(b, device=device), positions]).float()
         action_ce, correct = action_cross_entropy(action_logits, _required(batch, "action_ids"))
         parts = LossParts(
-            segment_ce_sum=ce_sum, segment_tokens=tokens, action_ce=action_ce, action_correct=correct, logit_rows=rows
+            segment_ce_sum=token.ce_sum, segment_tokens=token.tokens, weighted_ce_sum=token.weighted_ce_sum,
+            action_ce=action_ce, action_correct=correct, logit_rows=token.rows,
         )
         return JanusOutput(parts, action_logits, features, hidden if return_hidden else None)
 

@@ -1,31 +1,37 @@
-"""The training prompt of one sample: token ids, labels, segment ids and the action position.
+"""The training sample of one window, token for token as the reference JanusVLN trainer builds it.
 
-Layout (Qwen2.5-VL chat format; ``<img>`` = ``<|vision_start|>`` + N x ``<|image_pad|>`` +
-``<|vision_end|>`` with N the visual tokens of that image)::
+Conversation (Qwen2.5-VL chat format, no generation prompt)::
 
-    <|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n
-    <|im_start|>user\\n{ROLE} {HISTORY}\\n<img>...<img>\\n{CURRENT}\\n<img>\\n{TASK} {instruction}\\n
-    {ANSWER} {ACTIONS}<|im_end|>\\n
-    <|im_start|>assistant\\n
-    SUBINSTRUCTION: {subinstruction}\\n2D_DESCRIPTION: {2d}\\n3D_DESCRIPTION: {3d}\\nACTION: {action}<|im_end|>\\n
+    <|im_start|>system\\n{system}<|im_end|>\\n
+    <|im_start|>user\\n{USER}<|im_end|>\\n
+    <|im_start|>assistant\\n{TARGET}<|im_end|>\\n
 
-(with no history images the ``{HISTORY}`` sentence and its images are left out).
+``{USER}`` comes from a prompt template file (``configs/prompts/``): by default ``janusvln.yaml``,
+the reference text word for word (typo included), where ``{history}`` is ``<image>`` once per
+history image (no separator) and ``{current}`` the current image; ``janus.yaml`` is janus's own
+wording, an option. Each ``<image>`` becomes ``<|vision_start|>`` + N x ``<|image_pad|>`` +
+``<|vision_end|>``. ``{TARGET}`` is ``SUBINSTRUCTION: {sub}\\n2D_DESCRIPTION: {2d}\\n3D_DESCRIPTION:
+{3d}\\nACTION: {action}``. Texts are stripped of surrounding whitespace, inner newlines are kept,
+a list-valued text uses its first element.
 
-Supervision: labels are ``-100`` everywhere except the assistant's answer, which runs from
-``SUBINSTRUCTION:`` up to and including the closing ``<|im_end|>`` (so the model learns to write
-the labels and to stop); the template's ``<|im_start|>assistant\\n`` and the newline after
-``<|im_end|>`` are not supervised. Segment ids (0 outside the answer) split the answer into four
-contiguous segments that cover every supervised token exactly once: segment k holds its line label,
-its value and the newline ending the line; segment 4 (``ACTION: <name>``) ends with ``<|im_end|>``.
-A line's label therefore carries its line's loss weight.
+Supervision (the reference's rules, whatever the template):
 
-Speed: the fixed parts are tokenised once, at construction; per sample only the instruction and
-the three free-text answer values are tokenised, in one batched call of the fast (Rust)
-tokenizer, and the pieces are concatenated as numpy arrays. Every variable text is tokenised with
-its leading space and trailing newline, and each fixed part before it ends in ``:``; with Qwen2's
-pre-tokenizer both are word-piece boundaries, so the ids equal those of tokenising the whole
-rendered text at once. The constructor checks that on a probe sample and refuses a tokenizer
-that splits differently.
+* labels: every token of the assistant turn after its header ``<|im_start|>assistant\\n`` (3 tokens
+  with a Qwen tokenizer, as the reference masks): the target, the closing ``<|im_end|>`` and the
+  ``\\n`` after it;
+* loss weights: target line k (its trailing newline included for lines 1-3) weighs the segment
+  weight w_k, its extent found by tokenising the growing prefixes ``line1\\n``, ``line1\\nline2\\n``,
+  ...; every other supervised token (the closing ``<|im_end|>`` and ``\\n``) weighs 1.0;
+* segment ids (per-segment metrics): segment k runs from the first token of its marker
+  (``SUBINSTRUCTION:`` ...) to the token before the next marker, segment 4 to the end of the labels;
+* the action head reads the hidden state just before the first supervised token.
+
+Tokenisation: the question (system + user turn, one ``<|image_pad|>`` per image) up to its last
+image is tokenised once per window length; per sample, the rest of the question (the instruction
+and what follows), the target and its growing prefixes are tokenised in one batched call of the
+fast tokenizer, then every image pad is repeated to its image's visual tokens. Special tokens split
+the text, so these ids equal those of the whole conversation tokenised at once; the constructor
+checks that on a probe sample.
 """
 
 from __future__ import annotations
@@ -38,33 +44,32 @@ import numpy as np
 import torch
 
 from janus_cache.index import ACTIONS, Sample
-from janus_cache.qwen_vision import DEFAULT_SYSTEM_PROMPT, IM_END, IM_START, IMAGE_PAD, VISION_END, VISION_START
+from janus_cache.qwen_vision import IM_END, IM_START, IMAGE_PAD, VISION_END, VISION_START
+from janus_train.prompt_template import IMAGE_TAG, PromptTemplate
 
 IGNORE_INDEX = -100
 """Label of positions without loss (the value PyTorch's cross-entropy ignores)."""
 
-SYSTEM_PROMPT = DEFAULT_SYSTEM_PROMPT
-ROLE_TEXT = "You are a visual language navigation agent in an indoor environment."
-HISTORY_TEXT = "These are your historical observations, from the oldest to the newest:"
-CURRENT_TEXT = "This is your current observation:"
-TASK_TEXT = "Your task is to:"
-ANSWER_TEXT = (
-    "Answer with four lines: the current subinstruction, a 2D description of the view, "
-    "a 3D description of the scene, and the next action."
-)
-ACTIONS_TEXT = "The possible actions are " + ", ".join(ACTIONS) + "."
-
 ANSWER_LABELS: tuple[str, ...] = ("SUBINSTRUCTION:", "2D_DESCRIPTION:", "3D_DESCRIPTION:", "ACTION:")
-"""Line labels of the four answer lines; line k (1-based) is segment k."""
+"""Markers of the four target lines; line k (1-based) is segment k."""
 SEGMENT_NAMES: tuple[str, ...] = ("subinstruction", "description_2d", "description_3d", "action")
 N_SEGMENTS = len(ANSWER_LABELS)
+ACTIONS_TEXT = "The possible actions are " + ", ".join(ACTIONS) + "."
+"""The action sentence of janus's own wording (configs/prompts/janus.yaml); the tiny tokenizer's
+corpus is built from it."""
 
-# Texts of the probe sample the constructor checks the piecewise tokenisation on: punctuation and
-# digits at both ends of every variable text, where a boundary could merge differently.
+CLOSING_WEIGHT = 1.0
+"""Loss weight of the supervised tokens outside the target lines (closing ``<|im_end|>``, ``\\n``)."""
+_MAX_CACHED_HEADS = 64
+# The reference looks for each marker preceded by one of these (the first match wins).
+_MARKER_PREFIXES = ("", "\n", " ", "\n\n")
+
+# Texts of the probe sample the constructor checks the piecewise tokenisation on: punctuation,
+# digits and an inner newline at the ends of the variable texts, where a boundary could merge.
 _PROBE_TEXTS = (
     "Walk past the 2 chairs, then stop.",
     "Turn left at the door.",
-    '"Red" wall ahead; 3 doors to the left...',
+    '"Red" wall ahead;\n3 doors to the left...',
     "1.5 m to the wall (left side).",
 )
 
@@ -74,17 +79,33 @@ class PromptError(ValueError):
 
 
 @dataclass(frozen=True, slots=True)
+class SampleText:
+    """The texts of one sample: the user turn (images as ``<image>``) and the assistant's target."""
+
+    user: str
+    lines: tuple[str, ...]
+    """The four target lines (``SUBINSTRUCTION: ...`` ... ``ACTION: ...``)."""
+    action_id: int
+
+    @property
+    def target(self) -> str:
+        return "\n".join(self.lines)
+
+
+@dataclass(frozen=True, slots=True)
 class EncodedPrompt:
-    """Token-level tensors of one sample (all int64, length L).
+    """Token-level tensors of one sample (length L): int64 ids, labels, segment ids, image-token
+    types, float32 ``loss_weights`` (0 where unsupervised).
 
     ``action_position`` is the index of the hidden state just before the first supervised token
-    (the last token of ``<|im_start|>assistant\\n``): the action head reads it.
+    (the ``\\n`` of ``<|im_start|>assistant\\n``): the action head reads it.
     """
 
     input_ids: torch.Tensor
     labels: torch.Tensor
     segment_ids: torch.Tensor
     mm_token_type_ids: torch.Tensor
+    loss_weights: torch.Tensor
     action_position: int
     action_id: int
     visual_tokens: tuple[int, ...]
@@ -93,30 +114,54 @@ class EncodedPrompt:
         return int(self.input_ids.shape[0])
 
 
-def _clean(text: Any, field: str, key: str | None) -> str:
-    """One line of text: surrounding whitespace stripped, line breaks turned into spaces (a value
-    spanning lines would break the four-line answer format)."""
+def clean_text(text: Any, field: str, key: str | None) -> str:
+    """A text as the reference reads it: the first element of a list, surrounding whitespace
+    stripped, inner newlines kept. Empty texts are refused."""
     where = f"sample {key}: " if key is not None else ""
+    if isinstance(text, (list, tuple)):
+        if not text:
+            raise PromptError(f"{where}{field} is an empty list")
+        text = text[0]
     if not isinstance(text, str):
         raise PromptError(f"{where}{field} must be a string, got {type(text).__name__}")
-    cleaned = text.replace("\r\n", " ").replace("\r", " ").replace("\n", " ").strip()
+    cleaned = text.strip()
     if not cleaned:
         raise PromptError(f"{where}{field} is empty")
     return cleaned
 
 
+def action_index(action: str | int, key: str | None = None) -> int:
+    """Action id of the action head: STOP 0, MOVE_FORWARD 1, TURN_LEFT 2, TURN_RIGHT 3."""
+    if isinstance(action, str) and action.strip() in ACTIONS:
+        return ACTIONS.index(action.strip())
+    if isinstance(action, int) and not isinstance(action, bool) and 0 <= action < len(ACTIONS):
+        return action
+    where = f"sample {key}: " if key is not None else ""
+    raise PromptError(
+        f"{where}unknown action {action!r}; expected one of {', '.join(ACTIONS)} or 0..{len(ACTIONS) - 1}"
+    )
+
+
 class PromptBuilder:
-    """Builds :class:`EncodedPrompt` s with a Qwen2.5(-VL) tokenizer.
+    """Builds :class:`EncodedPrompt` s with a Qwen2.5(-VL) fast tokenizer.
 
     ``visual_tokens_per_image`` is the number of ``<|image_pad|>`` tokens per image: one int for
     every image (e.g. 529 at pad644), or one int per image of the window (its length is then the
-    number of images every sample must have).
+    number of images every sample must have). ``segment_weights`` are the loss weights of the four
+    target lines; ``template`` the user turn's wording (default: the reference's).
     """
 
-    def __init__(self, tokenizer: Any, visual_tokens_per_image: int | Sequence[int]) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        visual_tokens_per_image: int | Sequence[int],
+        segment_weights: Sequence[float] = (1.0, 1.0, 1.0, 1.0),
+        template: PromptTemplate | None = None,
+    ) -> None:
         if not getattr(tokenizer, "is_fast", False):
             raise PromptError(f"PromptBuilder needs a fast tokenizer, got {type(tokenizer).__name__}")
         self.tokenizer = tokenizer
+        self.template = template if template is not None else PromptTemplate.load()
         if isinstance(visual_tokens_per_image, int):
             self._per_image: tuple[int, ...] | None = None
             self._uniform = visual_tokens_per_image
@@ -129,6 +174,12 @@ class PromptBuilder:
                 raise PromptError("visual_tokens_per_image is an empty sequence")
         if any(n < 1 for n in counts):
             raise PromptError(f"visual tokens per image must be >= 1, got {list(counts)}")
+        weights = tuple(float(w) for w in segment_weights)
+        if len(weights) != N_SEGMENTS or any(not w > 0 for w in weights):
+            # The reference turns a weight of 0 into 1.0 (its fallback); janus refuses it instead.
+            raise PromptError(f"segment_weights needs {N_SEGMENTS} numbers > 0 ({', '.join(SEGMENT_NAMES)}), "
+                              f"got {list(segment_weights)}")
+        self.segment_weights = weights
 
         specials = (IM_START, IM_END, VISION_START, VISION_END, IMAGE_PAD)
         self.token_ids = {name: self._special_id(name) for name in specials}
@@ -138,24 +189,16 @@ class PromptBuilder:
             raise PromptError("the tokenizer has no pad token; set tokenizer.pad_token (Qwen uses <|endoftext|>)")
         self.pad_token_id = int(pad)
 
-        ids = self._ids
-        self._head_history = ids(
-            f"{IM_START}system\n{SYSTEM_PROMPT}{IM_END}\n{IM_START}user\n{ROLE_TEXT} {HISTORY_TEXT}\n"
-        )
-        # Without history the role sentence runs straight into the current-view sentence: one piece,
-        # since "." + "\n" is a single word piece for Qwen2's pre-tokenizer.
-        self._head_no_history = ids(
-            f"{IM_START}system\n{SYSTEM_PROMPT}{IM_END}\n{IM_START}user\n{ROLE_TEXT}\n{CURRENT_TEXT}\n"
-        )
-        self._current = ids(f"\n{CURRENT_TEXT}\n")
-        self._task = ids(f"\n{TASK_TEXT}")
-        self._question_end = ids(f"{ANSWER_TEXT} {ACTIONS_TEXT}{IM_END}\n{IM_START}assistant\n")
-        self._labels = [ids(label) for label in ANSWER_LABELS]
-        self._action_values = {action: ids(f" {action}") for action in ACTIONS}
-        self._end = ids(IM_END)
-        self._newline = ids("\n")
-        self._image_blocks: dict[int, np.ndarray] = {}
-        self._prefixes: dict[tuple[int, ...], tuple[np.ndarray, np.ndarray]] = {}
+        self._image_block = f"{VISION_START}{IMAGE_PAD}{VISION_END}"
+        # 3 tokens with Qwen's tokenizer (<|im_start|>, assistant, \n): the head the reference masks.
+        self._header = self._ids(f"{IM_START}assistant\n")
+        self._closing = self._ids(f"{IM_END}\n")
+        self._heads: dict[str, np.ndarray] = {}
+        # Marker variants as the reference searches them: (ids of prefix+marker, marker length).
+        self._markers = [
+            [(self._ids(prefix + marker).tolist(), len(self._ids(marker))) for prefix in _MARKER_PREFIXES]
+            for marker in ANSWER_LABELS
+        ]
         self._check_boundaries()
 
     # -------------------------------------------------------------------------------- helpers
@@ -170,14 +213,6 @@ class PromptBuilder:
     def _ids(self, text: str) -> np.ndarray:
         return np.asarray(self.tokenizer(text, add_special_tokens=False)["input_ids"], dtype=np.int64)
 
-    def _image_block(self, n: int) -> np.ndarray:
-        block = self._image_blocks.get(n)
-        if block is None:
-            block = np.full(n + 2, self.image_token_id, dtype=np.int64)
-            block[0], block[-1] = self.token_ids[VISION_START], self.token_ids[VISION_END]
-            self._image_blocks[n] = block
-        return block
-
     def visual_tokens(self, n_images: int) -> tuple[int, ...]:
         """Image-pad count of each image of a sample with ``n_images`` images."""
         if self._per_image is not None:
@@ -190,75 +225,137 @@ class PromptBuilder:
             raise PromptError(f"a sample needs at least one image (the current view), got {n_images}")
         return (self._uniform,) * n_images
 
-    def _prefix(self, visual: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
-        """Ids and image-token types of everything before the instruction, cached per image layout."""
-        cached = self._prefixes.get(visual)
-        if cached is None:
-            *history, current = visual
-            if history:
-                parts = [self._head_history, *(self._image_block(n) for n in history), self._current]
-            else:
-                parts = [self._head_no_history]
-            parts += [self._image_block(current), self._task]
-            ids = np.concatenate(parts)
-            cached = (ids, (ids == self.image_token_id).astype(np.int64))
-            self._prefixes[visual] = cached
-        return cached
-
     # ------------------------------------------------------------------------------- building
+
+    def texts(
+        self,
+        instruction: Any,
+        subinstruction: Any,
+        description_2d: Any,
+        description_3d: Any,
+        action: str | int,
+        n_images: int,
+        key: str | None = None,
+    ) -> SampleText:
+        """The exact user text (images as ``<image>``) and target text of a sample."""
+        action_id = action_index(action, key)
+        if n_images < 1:
+            raise PromptError(f"a sample needs at least one image (the current view), got {n_images}")
+        lines = self._lines(subinstruction, description_2d, description_3d, action_id, key)
+        user = self.template.user_text(clean_text(instruction, "instruction", key), n_images - 1)
+        return SampleText(user=user, lines=tuple(lines), action_id=action_id)
+
+    def _lines(self, sub: Any, d2: Any, d3: Any, action_id: int, key: str | None) -> list[str]:
+        values = (
+            clean_text(sub, "subinstruction", key),
+            clean_text(d2, "2D description", key),
+            clean_text(d3, "3D description", key),
+            ACTIONS[action_id],
+        )
+        return [f"{label} {value}" for label, value in zip(ANSWER_LABELS, values, strict=True)]
+
+    def _question_text(self, user: str) -> str:
+        """System and user turns, one image pad per image."""
+        user = user.replace(IMAGE_TAG, self._image_block)
+        return f"{IM_START}system\n{self.template.system}{IM_END}\n{IM_START}user\n{user}{IM_END}\n"
 
     def build(
         self,
-        instruction: str,
-        subinstruction: str,
-        description_2d: str,
-        description_3d: str,
+        instruction: Any,
+        subinstruction: Any,
+        description_2d: Any,
+        description_3d: Any,
         action: str | int,
         n_images: int,
         key: str | None = None,
     ) -> EncodedPrompt:
         """Encode one sample; ``key`` (the sample key) only serves error messages."""
-        action_id = self._action_id(action, key)
-        texts = [
-            _clean(instruction, "instruction", key),
-            _clean(subinstruction, "subinstruction", key),
-            _clean(description_2d, "2D description", key),
-            _clean(description_3d, "3D description", key),
-        ]
-        variable = self.tokenizer([f" {text}\n" for text in texts], add_special_tokens=False)["input_ids"]
-        instruction_ids, *values = (np.asarray(v, dtype=np.int64) for v in variable)
-        values.append(self._action_values[ACTIONS[action_id]])
-
         visual = self.visual_tokens(n_images)
-        prefix_ids, prefix_mm = self._prefix(visual)
-        question = [prefix_ids, instruction_ids, self._question_end]
-        answer: list[np.ndarray] = []
-        segment_lengths: list[int] = []
-        for k in range(N_SEGMENTS):
-            pieces = [self._labels[k], values[k]] + ([self._end] if k == N_SEGMENTS - 1 else [])
-            answer.extend(pieces)
-            segment_lengths.append(sum(len(p) for p in pieces))
-        prompt_len = len(prefix_ids) + len(instruction_ids) + len(self._question_end)
-        answer_len = sum(segment_lengths)
-
-        input_ids = np.concatenate([*question, *answer, self._newline])
-        length = len(input_ids)
-        segment_ids = np.zeros(length, dtype=np.int64)
-        segment_ids[prompt_len : prompt_len + answer_len] = np.repeat(
-            np.arange(1, N_SEGMENTS + 1, dtype=np.int64), segment_lengths
+        text = self.texts(instruction, subinstruction, description_2d, description_3d, action, n_images, key)
+        # Growing prefixes "line1\n", "line1\nline2\n", "line1\nline2\nline3\n": segment ends.
+        prefixes = ["\n".join(text.lines[: k + 1]) + "\n" for k in range(N_SEGMENTS - 1)]
+        # The question up to its last image is the same for every sample of a window length: its
+        # ids are cached. Special tokens split the text, so the parts tokenise as the whole does.
+        question = self._question_text(text.user)
+        cut = question.rfind(VISION_END) + len(VISION_END) if VISION_END in question else 0
+        tail_ids, target_ids, *prefix_ids = (
+            np.asarray(ids, dtype=np.int64)
+            for ids in self.tokenizer([question[cut:], text.target, *prefixes], add_special_tokens=False)["input_ids"]
         )
-        labels = np.where(segment_ids > 0, input_ids, IGNORE_INDEX)
-        mm_token_type_ids = np.zeros(length, dtype=np.int64)
-        mm_token_type_ids[: len(prefix_mm)] = prefix_mm
+        question_ids = self._expand_images(np.concatenate([self._head_ids(question[:cut]), tail_ids]), visual, key)
+        ends = [len(ids) for ids in prefix_ids] + [len(target_ids)]
+
+        answer = np.concatenate([target_ids, self._closing])
+        start = len(question_ids) + len(self._header)
+        input_ids = np.concatenate([question_ids, self._header, answer])
+        length = len(input_ids)
+        labels = np.full(length, IGNORE_INDEX, dtype=np.int64)
+        labels[start:] = answer
+        weights = np.zeros(length, dtype=np.float32)
+        previous = 0
+        for k, end in enumerate(ends):
+            weights[start + previous : start + end] = self.segment_weights[k]
+            previous = end
+        weights[(labels != IGNORE_INDEX) & (weights == 0)] = CLOSING_WEIGHT
+        segment_ids = np.zeros(length, dtype=np.int64)
+        segment_ids[start:] = self._segments(answer, key)
+        mm_token_type_ids = (input_ids == self.image_token_id).astype(np.int64)
         return EncodedPrompt(
             input_ids=torch.from_numpy(input_ids),
             labels=torch.from_numpy(labels),
             segment_ids=torch.from_numpy(segment_ids),
             mm_token_type_ids=torch.from_numpy(mm_token_type_ids),
-            action_position=prompt_len - 1,
-            action_id=action_id,
+            loss_weights=torch.from_numpy(weights),
+            action_position=start - 1,
+            action_id=text.action_id,
             visual_tokens=visual,
         )
+
+    def _head_ids(self, head: str) -> np.ndarray:
+        ids = self._heads.get(head)
+        if ids is None:
+            if len(self._heads) >= _MAX_CACHED_HEADS:  # a template with the instruction before the images
+                self._heads.clear()
+            ids = self._heads[head] = self._ids(head)
+        return ids
+
+    def _expand_images(self, ids: np.ndarray, visual: tuple[int, ...], key: str | None) -> np.ndarray:
+        pads = np.flatnonzero(ids == self.image_token_id)
+        if len(pads) != len(visual):
+            where = f"sample {key}: " if key is not None else ""
+            raise PromptError(
+                f"{where}the user turn holds {len(pads)} images but the window has {len(visual)} "
+                f"(does a text contain '{IMAGE_TAG}' or an image token, or does the template lack {{history}}?)"
+            )
+        repeats = np.ones(len(ids), dtype=np.int64)
+        repeats[pads] = visual
+        return np.repeat(ids, repeats)
+
+    def _segments(self, answer: np.ndarray, key: str | None) -> np.ndarray:
+        """Segment ids of the supervised tokens, by the reference's marker search."""
+        tokens = answer.tolist()
+        starts: list[int] = []
+        search = 0
+        for variants in self._markers:
+            best: tuple[int, int] | None = None
+            for variant, marker_len in variants:
+                at = _find(tokens, variant, search)
+                if at >= 0:
+                    marker_at = at + len(variant) - marker_len
+                    if best is None or marker_at < best[0]:
+                        best = (marker_at, marker_len)
+            if best is None:
+                break
+            starts.append(best[0])
+            search = best[0] + best[1]
+        if len(starts) != N_SEGMENTS or starts[0] != 0:
+            where = f"sample {key}: " if key is not None else ""
+            raise PromptError(f"{where}the target does not tokenise into its four marked lines "
+                              f"({', '.join(ANSWER_LABELS)})")
+        segments = np.zeros(len(tokens), dtype=np.int64)
+        for k, begin in enumerate(starts):
+            segments[begin:] = k + 1
+        return segments
 
     def build_sample(self, sample: Sample) -> EncodedPrompt:
         """Encode a dataset-index sample (its window length is the number of images)."""
@@ -272,46 +369,30 @@ class PromptBuilder:
             key=sample.key,
         )
 
+    def sample_texts(self, sample: Sample) -> SampleText:
+        """The user and target texts of a dataset-index sample."""
+        return self.texts(sample.instruction, sample.subinstruction, sample.description_2d,
+                          sample.description_3d, sample.action, len(sample.window), sample.key)
+
     def collate(self, prompts: Sequence[EncodedPrompt]) -> dict[str, torch.Tensor]:
         """Right-pad a micro-batch with this tokenizer's pad id (see :func:`collate_prompts`)."""
         return collate_prompts(prompts, self.pad_token_id)
 
     def render_text(
         self,
-        instruction: str,
-        subinstruction: str,
-        description_2d: str,
-        description_3d: str,
+        instruction: Any,
+        subinstruction: Any,
+        description_2d: Any,
+        description_3d: Any,
         action: str | int,
         n_images: int,
     ) -> str:
-        """The whole prompt as text, image pads expanded (for inspection; ``build`` never uses it)."""
-        images = [f"{VISION_START}{IMAGE_PAD * n}{VISION_END}" for n in self.visual_tokens(n_images)]
-        *history, current = images
-        values = [
-            _clean(subinstruction, "subinstruction", None),
-            _clean(description_2d, "2D description", None),
-            _clean(description_3d, "3D description", None),
-            ACTIONS[self._action_id(action, None)],
-        ]
-        intro = f"{ROLE_TEXT} {HISTORY_TEXT}\n{''.join(history)}" if history else f"{ROLE_TEXT}"
-        answer = "\n".join(f"{label} {value}" for label, value in zip(ANSWER_LABELS, values, strict=True))
-        return (
-            f"{IM_START}system\n{SYSTEM_PROMPT}{IM_END}\n"
-            f"{IM_START}user\n{intro}\n{CURRENT_TEXT}\n{current}\n"
-            f"{TASK_TEXT} {_clean(instruction, 'instruction', None)}\n{ANSWER_TEXT} {ACTIONS_TEXT}{IM_END}\n"
-            f"{IM_START}assistant\n{answer}{IM_END}\n"
-        )
-
-    def _action_id(self, action: str | int, key: str | None) -> int:
-        if isinstance(action, str) and action in ACTIONS:
-            return ACTIONS.index(action)
-        if isinstance(action, int) and not isinstance(action, bool) and 0 <= action < len(ACTIONS):
-            return action
-        where = f"sample {key}: " if key is not None else ""
-        raise PromptError(
-            f"{where}unknown action {action!r}; expected one of {', '.join(ACTIONS)} or 0..{len(ACTIONS) - 1}"
-        )
+        """The whole conversation as text, image pads expanded (for inspection; ``build`` never uses it)."""
+        text = self.texts(instruction, subinstruction, description_2d, description_3d, action, n_images)
+        pieces = self._question_text(text.user).split(IMAGE_PAD)
+        counts = self.visual_tokens(n_images)
+        question = pieces[0] + "".join(IMAGE_PAD * n + piece for n, piece in zip(counts, pieces[1:], strict=True))
+        return f"{question}{IM_START}assistant\n{text.target}{IM_END}\n"
 
     def _check_boundaries(self) -> None:
         """Piecewise ids must equal the ids of the whole text, or the model trains on a tokenisation
@@ -319,14 +400,29 @@ class PromptBuilder:
         layouts = (len(self._per_image),) if self._per_image is not None else (1, 2)
         for n_images in layouts:
             probe = (*_PROBE_TEXTS, "STOP", n_images)
-            built = self.build(*probe).input_ids.numpy()
+            try:
+                built = self.build(*probe).input_ids.numpy()
+            except PromptError:
+                built = None  # e.g. its markers do not come out as whole tokens
             whole = self._ids(self.render_text(*probe))
-            if not np.array_equal(built, whole):
+            if built is None or not np.array_equal(built, whole):
                 raise PromptError(
-                    f"{type(self.tokenizer).__name__} tokenises the prompt template differently in pieces "
+                    f"{type(self.tokenizer).__name__} tokenises the conversation differently in pieces "
                     "than as a whole (its pre-tokenizer does not split where Qwen2's does); "
                     "PromptBuilder supports Qwen2/Qwen2.5 tokenizers"
                 )
+
+
+def _find(sequence: list[int], pattern: list[int], start: int) -> int:
+    """First index >= start where ``pattern`` occurs in ``sequence``, or -1."""
+    n = len(pattern)
+    if n == 0:
+        return -1
+    first = pattern[0]
+    for i in range(start, len(sequence) - n + 1):
+        if sequence[i] == first and sequence[i : i + n] == pattern:
+            return i
+    return -1
 
 
 def collate_prompts(prompts: Sequence[EncodedPrompt], pad_token_id: int) -> dict[str, torch.Tensor]:
@@ -334,18 +430,20 @@ def collate_prompts(prompts: Sequence[EncodedPrompt], pad_token_id: int) -> dict
 
     Returns int64 tensors ``input_ids`` (padded with ``pad_token_id``), ``attention_mask`` (1 on
     real tokens), ``labels`` (padded with -100), ``segment_ids`` and ``mm_token_type_ids`` (padded
-    with 0), all [B, L_max], plus ``action_positions`` and ``action_ids`` [B].
+    with 0), float32 ``loss_weights`` (padded with 0), all [B, L_max], plus ``action_positions``
+    and ``action_ids`` [B].
     """
     if not prompts:
         raise PromptError("cannot collate an empty micro-batch")
     batch, length = len(prompts), max(len(p) for p in prompts)
-    fills: Mapping[str, int] = {
-        "input_ids": pad_token_id,
-        "labels": IGNORE_INDEX,
-        "segment_ids": 0,
-        "mm_token_type_ids": 0,
+    fills: Mapping[str, tuple[float, torch.dtype]] = {
+        "input_ids": (pad_token_id, torch.int64),
+        "labels": (IGNORE_INDEX, torch.int64),
+        "segment_ids": (0, torch.int64),
+        "mm_token_type_ids": (0, torch.int64),
+        "loss_weights": (0.0, torch.float32),
     }
-    out = {name: torch.full((batch, length), fill, dtype=torch.int64) for name, fill in fills.items()}
+    out = {name: torch.full((batch, length), fill, dtype=dtype) for name, (fill, dtype) in fills.items()}
     out["attention_mask"] = torch.zeros((batch, length), dtype=torch.int64)
     for row, prompt in enumerate(prompts):
         n = len(prompt)

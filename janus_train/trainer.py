@@ -29,7 +29,7 @@ from torch.utils.data import DataLoader, Dataset
 from janus_cache.profile import Profile
 from janus_cache.device import process_device
 from janus_cache.resolution import Resolution, visual_tokens
-from janus_train.config import TrainSettings, deepspeed_config
+from janus_train.config import TrainSettings, deepspeed_config, load_train_settings
 from janus_train.data import CachedSamples, EpochSampler, LiveSamples, StreamedSamples, collate
 from janus_train.loss import LossDenominators, micro_batch_loss
 from janus_train.model import JanusVLNModel
@@ -111,9 +111,12 @@ def load_tokenizer(profile: Profile) -> Any:
     return AutoTokenizer.from_pretrained(str(profile.qwen.path), use_fast=True)
 
 
-def prompt_builder(profile: Profile) -> PromptBuilder:
-    """The prompt builder of a profile: its tokenizer, its resolution's visual tokens per image."""
-    return PromptBuilder(load_tokenizer(profile), visual_tokens(Resolution.parse(profile.cache.resolution)))
+def prompt_builder(profile: Profile, settings: TrainSettings | None = None) -> PromptBuilder:
+    """The prompt builder of a profile: its tokenizer, its resolution's visual tokens per image, the
+    train section's segment weights and prompt template (``settings``: the validated train section)."""
+    settings = settings if settings is not None else load_train_settings(profile)
+    return PromptBuilder(load_tokenizer(profile), visual_tokens(Resolution.parse(profile.cache.resolution)),
+                         segment_weights=settings.segment_weights, template=settings.template())
 
 
 def make_dataset(profile: Profile, builder: PromptBuilder, cache: Path | None, live_data: Path | None,
@@ -156,7 +159,7 @@ class Trainer:
         self.device = init_distributed(profile, settings.alloc_conf)
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
 
-        self.builder = prompt_builder(profile)
+        self.builder = prompt_builder(profile, settings)
         self.pad_token_id = self.builder.pad_token_id
         self.dataset = make_dataset(profile, self.builder, cache, live_data, self.rank, self.world)
         self.streaming = isinstance(self.dataset, StreamedSamples)
@@ -282,7 +285,7 @@ class Trainer:
             fetched = [next(batches) for _ in range(self.settings.grad_accum)]
             micro = [batch for batch, _, _ in fetched]
             times.data_wait = time.perf_counter() - start
-            local = LossDenominators.from_batches(micro, self.loss_config).as_tensor(self.device)
+            local = LossDenominators.from_batches(micro).as_tensor(self.device)
             dist.all_reduce(local)
             denominators = LossDenominators.from_tensor(local)
 
@@ -337,11 +340,16 @@ class Trainer:
         ])
         dist.all_reduce(packed)
         values = packed.tolist()
-        segment_ce, segment_tokens = values[0:4], values[4:8]
-        action_ce, action_correct, samples = values[8], values[9], values[10]
-        tokens_all, images_all, visual_all, wait_sum, compute_sum, forward_sum, backward_sum, optim_sum = values[11:19]
-        weights = self.loss_config.segment_weights
-        token_loss = sum(w * c for w, c in zip(weights, segment_ce)) / max(denominators.weight_sum, 1e-12)
+        sizes = {name: v.numel() for name, v in sums.items()}
+        by_name, at = {}, 0
+        for name, size in sizes.items():
+            by_name[name] = values[at : at + size] if size > 1 else values[at]
+            at += size
+        segment_ce, segment_tokens = by_name["segment_ce_sum"], by_name["segment_tokens"]
+        action_ce, action_correct, samples = by_name["action_ce_sum"], by_name["action_correct"], by_name["samples"]
+        tokens_all, images_all, visual_all, wait_sum, compute_sum, forward_sum, backward_sum, optim_sum = values[at:]
+        token_loss = by_name["weighted_ce_sum"] / max(denominators.weight_sum, 1e-12)
+        # The weight the step that just ran used (self.step already counts it).
         distill = self.loss_config.distill_weight_at(self.step - 1)
         step_time = (wait_sum + compute_sum) / self.world
         record: dict[str, Any] = {
@@ -350,6 +358,7 @@ class Trainer:
             "loss": token_loss + distill * action_ce / max(samples, 1.0),
             "token_loss": token_loss,
             "action_loss": action_ce / max(samples, 1.0),
+            "distill_loss_weight": distill,
             "action_accuracy": action_correct / max(samples, 1.0),
             "grad_norm": float(self.engine.get_global_grad_norm() or 0.0),
             "lr": lr,
@@ -418,7 +427,7 @@ class Trainer:
             live = self.engine({**batch, "features": None})
         finally:
             self.engine.train(was_training)
-        denominators = LossDenominators.from_batches([batch], self.loss_config)
+        denominators = LossDenominators.from_batches([batch])
         cached_loss, live_loss = (micro_batch_loss(out.loss_parts, denominators, self.loss_config, self.step - 1)
                                   for out in (cached, live))
         feature_diff = (live.features.to(self.device).float() - cached.features.to(self.device).float()).abs().max()

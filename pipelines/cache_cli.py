@@ -76,9 +76,11 @@ def profile_cmd(
 ) -> None:
     """Validate a profile and print the settings it resolves to."""
     from janus_cache.profile import ProfileError, load_profile
+    from janus_train.config import load_train_settings  # this command belongs to the launch layer
 
     try:
         prof = load_profile(name)
+        train = load_train_settings(prof)
     except ProfileError as err:
         fail(str(err))
     typer.echo(f"profile {prof.name} ({prof.source})")
@@ -92,6 +94,13 @@ def profile_cmd(
     typer.echo(f"  vggt: {vggt}")
     qwen = f"{prof.qwen.path}" + (f" (random weights, seed {prof.qwen.seed})" if prof.qwen.random_init else "")
     typer.echo(f"  qwen: {qwen}")
+    ramp = (f" -> {train.distill_loss_weight_end} over {train.distill_loss_weight_warmup_steps} steps"
+            if train.loss_config().ramps else "")
+    typer.echo(
+        f"  train: micro-batch {train.micro_batch} x accumulation {train.grad_accum}, {train.epochs} epochs, "
+        f"segment weights {list(train.segment_weights)}, action weight {train.distill_loss_weight}{ramp}, "
+        f"template {train.prompt_template}, {train.num_workers} loader workers"
+    )
 
 
 @app.command("plan")

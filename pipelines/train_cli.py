@@ -44,5 +44,33 @@ def export_cmd(
     typer.echo(f"exported {run / CHECKPOINTS} to {path}")
 
 
+@app.command("show-sample")
+def show_sample_cmd(
+    data: Annotated[Path, typer.Option("--data", help="Episode-folder root, or a JSON/JSONL annotation file.")],
+    key: Annotated[str, typer.Option("--key", help="Sample key, e.g. EPISODE/STEP.")],
+    profile: Annotated[str, typer.Option(help="Profile name or YAML path (template, weights, resolution).")] = "tiny",
+) -> None:
+    """Print one sample as trained: user and target text, token counts, and the weight and segment
+    of every supervised token."""
+    from janus_cache.index import DatasetError, build_index
+    from janus_cache.profile import ProfileError, load_profile
+    from janus_train.prompt import PromptError
+    from janus_train.sample_view import describe_sample
+    from janus_train.trainer import prompt_builder
+
+    try:
+        prof = load_profile(profile)
+        builder = prompt_builder(prof)
+        index = build_index(data, history=prof.cache.history, subinstruction_rule=prof.cache.subinstruction_rule)
+        sample = index.sample(key)
+        typer.echo(describe_sample(builder, sample))
+    except (ProfileError, DatasetError, PromptError, FileNotFoundError) as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(1)
+    except KeyError:
+        typer.echo(f"error: {data} has no sample {key!r} (keys look like {index.samples[0].key!r})", err=True)
+        raise typer.Exit(1)
+
+
 def main() -> None:
     app()

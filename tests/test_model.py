@@ -190,8 +190,8 @@ def test_cached_and_live_features_give_the_same_loss(pair_batch: dict[str, torch
     vggt_calls: list[int] = []
     hook = tiny_encoder().model.patch_embed.register_forward_pre_hook(lambda *_: vggt_calls.append(1))
     try:
-        config = LossConfig(segment_weights=(1.0, 1.0, 1.0, 3.0))
-        den = LossDenominators.from_batches([pair_batch], config)
+        config = LossConfig()
+        den = LossDenominators.from_batches([pair_batch])
         with torch.no_grad():
             cached = model(pair_batch)
             assert not vggt_calls
@@ -224,8 +224,8 @@ def test_lm_head_sees_only_the_supervised_positions(pair_batch: dict[str, torch.
 
 def test_backward_reaches_trainable_parts_only(pair_batch: dict[str, torch.Tensor]) -> None:
     model = tiny_model()
-    config = LossConfig(distill_weight=1.0)
-    den = LossDenominators.from_batches([pair_batch], config)
+    config = LossConfig(distill_loss_weight=1.0)
+    den = LossDenominators.from_batches([pair_batch])
     loss = micro_batch_loss(model(pair_batch).loss_parts, den, config, 0)
     loss.backward()
     touched = {part: False for part in ("language_model", "projector", "vggt_merger", "action_head")}
@@ -242,7 +242,7 @@ def test_backward_reaches_trainable_parts_only(pair_batch: dict[str, torch.Tenso
 def test_gradient_checkpointing_toggles_and_keeps_the_loss(pair_batch: dict[str, torch.Tensor]) -> None:
     model = tiny_model().train()
     config = LossConfig()
-    den = LossDenominators.from_batches([pair_batch], config)
+    den = LossDenominators.from_batches([pair_batch])
     mlp = model.qwen.model.language_model.layers[0].mlp
     mlp_runs: list[int] = []
     mlp.register_forward_pre_hook(lambda *_: mlp_runs.append(1))

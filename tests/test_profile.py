@@ -1,14 +1,28 @@
-"""Profiles: the shipped ones load, and every wrong or missing setting is named."""
+"""Profiles: the shipped ones load, every setting has one declaration (its default), and every
+wrong or missing setting is named in one line with the file."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
 import yaml
 
-from janus_cache.profile import PROFILES_DIR, ProfileError, load_profile
+from janus_cache.profile import (
+    PROFILES_DIR,
+    CacheSettings,
+    EncoderSettings,
+    LanguageModelSettings,
+    Profile,
+    ProfileError,
+    load_profile,
+)
 from janus_cache.resolution import Resolution
+from janus_cache.settings import SettingsError, read_settings, setting
+from janus_train.config import TrainSettings, load_train_settings
 
 
 def write_profile(tmp_path: Path, data: dict, name: str = "p.yaml") -> Path:
@@ -86,13 +100,18 @@ def test_a_vggt_path_that_does_not_exist_is_named(tmp_path: Path, fake_checkpoin
         ({"cache": {"resolution": "pad644", "reference_frame": "middle"}}, r"'cache.reference_frame' is 'middle'"),
         ({"cache": {"resolution": "pad644", "attention": "sparse"}}, r"'cache.attention' is 'sparse'"),
         ({"cache": {"resolution": "zoom644"}}, r"'cache.resolution'"),
-        ({"cache": {"resolution": "pad644", "history": "eight"}}, r"'cache.history' must be int"),
-        ({"cache": {"resolution": "pad644", "samples_per_shard": 0}}, r"'cache.samples_per_shard' must be >= 1"),
-        ({"cache": {"resolution": "pad644", "histroy": 8}}, r"unknown setting\(s\) cache.histroy"),
+        ({"cache": {"resolution": "pad644", "history": "eight"}}, r"'cache.history' must be an integer, got 'eight'"),
+        ({"cache": {"resolution": "pad644", "samples_per_shard": 0}},
+         r"'cache.samples_per_shard' is 0; it must be >= 1"),
+        ({"cache": {"resolution": "pad644", "histroy": 8}},
+         r"unknown setting 'cache.histroy' \(did you mean 'cache.history'\?\)"),
         ({"device": "tpu"}, r"'device' is 'tpu'"),
         ({"compute_dtype": "float16"}, r"'compute_dtype' is 'float16'"),
-        ({"learning_rate": 1e-5}, r"unknown setting\(s\) learning_rate"),
+        ({"learning_rate": 1e-5}, r"unknown setting 'learning_rate'"),
         ({"cache": {}}, r"missing setting 'cache.resolution'"),
+        ({"cache": {"resolution": "pad644", "history": 0}}, r"'cache.history' is 0; it must be >= 1"),
+        ({"nproc_per_node": True}, r"'nproc_per_node' must be an integer, got True"),
+        ({"cache": "pad644"}, r"section 'cache' must be a mapping of settings, got str"),
     ],
 )
 def test_wrong_settings_are_named(tmp_path: Path, change: dict, message: str) -> None:
@@ -122,3 +141,124 @@ def test_invalid_yaml_is_reported_with_the_file(tmp_path: Path) -> None:
     path.write_text("cache: [unclosed\n")
     with pytest.raises(ProfileError, match=r"broken.yaml: not valid YAML"):
         load_profile(path)
+
+
+# --- each setting declared once: the train section, the generic reader, the shipped defaults -----
+
+
+def shipped_tiny(tmp_path: Path, train: dict | None = None, **changes: object) -> Path:
+    """The tiny profile with absolute model paths, its train section changed by ``train``."""
+    data = tiny_data() | changes
+    data["vggt"] = {"config": str(PROFILES_DIR / data["vggt"]["config"]), "seed": 0}
+    data["qwen"] = dict(data["qwen"], path=str(PROFILES_DIR / data["qwen"]["path"]))
+    data["train"] = dict(data["train"]) | (train or {})
+    return write_profile(tmp_path, data)
+
+
+@pytest.mark.parametrize(
+    ("train", "message"),
+    [
+        ({"num_workers": -1}, r"setting 'train.num_workers' is -1; it must be >= 0"),
+        ({"segment_weights": [1, 1, 1]}, r"'train.segment_weights' must be a list of 4 floats, got \[1, 1, 1\]"),
+        ({"segment_weights": [1, 0, 1, 3]}, r"'train.segment_weights' is 0.0; it must be > 0.0"),
+        ({"distill_weight": 1.0},
+         r"unknown setting 'train.distill_weight' \(did you mean 'train.distill_loss_weight'\?\)"),
+        ({"distill_loss_weight_end": -1}, r"'train.distill_loss_weight_end' is -1.0; it must be >= 0.0"),
+        ({"warmup_ratio": 1.0}, r"'train.warmup_ratio' is 1.0; it must be < 1.0"),
+        ({"gradient_checkpointing": "yes"}, r"'train.gradient_checkpointing' must be true or false, got 'yes'"),
+        ({"prompt_template": "nowhere.yaml"},
+         r"prompt template nowhere.yaml: no file .*known templates: janus.yaml, janusvln.yaml"),
+        ({"deepspeed": "zero9.json"}, r"'train.deepspeed' names .*zero9.json, which does not exist"),
+    ],
+)
+def test_wrong_train_settings_are_named_with_the_file(tmp_path: Path, train: dict, message: str) -> None:
+    with pytest.raises(ProfileError, match=message) as err:
+        load_train_settings(load_profile(shipped_tiny(tmp_path, train)))
+    assert str(err.value).startswith(str(tmp_path / "p.yaml")) and "\n" not in str(err.value)
+
+
+def test_every_train_default_is_the_dataclass_field_and_the_reference_launch() -> None:
+    """A setting left out takes its one declared default; those defaults are the reference launch."""
+    defaults = TrainSettings()
+    assert (defaults.micro_batch, defaults.grad_accum, defaults.epochs) == (1, 8, 3)
+    assert (defaults.lr_base, defaults.lr_projector, defaults.lr_vision) == (2e-5, 1e-5, 1e-6)
+    assert defaults.segment_weights == (1.0, 1.0, 1.0, 1.0)
+    assert (defaults.distill_loss_weight, defaults.distill_loss_weight_end) == (1.0, None)
+    assert not defaults.loss_config().ramps and defaults.lam == 0.2
+    assert (defaults.num_workers, defaults.save_every) == (16, 1000)
+    assert (defaults.save_total_limit, defaults.log_every) == (4, 10)
+    assert defaults.prompt_template == "janusvln.yaml"
+    assert CacheSettings(resolution=Resolution.parse("pad644")).reference_frame == "last"
+    empty = Profile(source=Path("p.yaml"), cache=CacheSettings(Resolution.parse("pad644")),
+                    vggt=EncoderSettings(), qwen=LanguageModelSettings(path=Path(".")))
+    assert load_train_settings(empty) == defaults
+
+
+def test_h800_trains_with_the_reference_settings(
+    monkeypatch: pytest.MonkeyPatch, fake_checkpoints: tuple[Path, Path]
+) -> None:
+    qwen, vggt = fake_checkpoints
+    monkeypatch.setenv("JANUS_QWEN_PATH", str(qwen))
+    monkeypatch.setenv("JANUS_VGGT_PATH", str(vggt))
+    prof = load_profile("h800")
+    settings = load_train_settings(prof)
+    assert prof.cache.reference_frame == "last" and prof.cache.history == 8
+    assert settings == replace(TrainSettings(), alloc_conf="expandable_segments:True")
+
+
+def test_a_profile_without_a_train_section_trains_with_the_defaults(tmp_path: Path) -> None:
+    data = {"cache": {"resolution": "pad224"}, "vggt": {"config": str(PROFILES_DIR / "../models/tiny-vggt.json")},
+            "qwen": {"path": str(PROFILES_DIR / "../models/tiny-qwen2_5_vl")}}
+    prof = load_profile(write_profile(tmp_path, data))
+    assert prof.train == {} and prof.name == "p" and prof.nproc_per_node == 1
+    assert load_train_settings(prof) == TrainSettings()
+
+
+def test_env_values_are_parsed_as_the_declared_type(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WORKERS", "4")
+    monkeypatch.delenv("ACCUM", raising=False)
+    path = shipped_tiny(tmp_path, {"num_workers": "${WORKERS}", "grad_accum": "${ACCUM:-3}"})
+    settings = load_train_settings(load_profile(path))
+    assert (settings.num_workers, settings.grad_accum) == (4, 3)
+
+
+def test_the_reader_validates_any_settings_dataclass(tmp_path: Path) -> None:
+    """The one generic reader: declared defaults, choices, bounds and optional paths."""
+
+    @dataclass(frozen=True)
+    class Toy:
+        size: int = setting(2, "A size.", min=1)
+        mode: str = setting("a", "A mode.", choices=("a", "b"))
+        where: Path | None = setting(None, "A path, relative to the file.")
+
+    source = tmp_path / "toy.yaml"
+    assert read_settings(Toy, {}, "toy", source) == Toy()
+    assert read_settings(Toy, {"where": "x/y"}, "toy", source).where == tmp_path / "x" / "y"
+    with pytest.raises(SettingsError, match=r"toy.yaml: setting 'toy.mode' is 'c'; expected one of a, b"):
+        read_settings(Toy, {"mode": "c"}, "toy", source)
+    with pytest.raises(SettingsError, match=r"unknown setting 'toy.sise' \(did you mean 'toy.size'\?\)"):
+        read_settings(Toy, {"sise": 3}, "toy", source)
+
+
+def test_the_profile_command_validates_the_train_section_in_one_line(tmp_path: Path) -> None:
+    janus_cache = Path(sys.executable).parent / "janus-cache"
+    good = subprocess.run([janus_cache, "profile", "tiny"], capture_output=True, text=True)
+    assert good.returncode == 0, good.stderr
+    assert "train: micro-batch 1 x accumulation 2" in good.stdout and "template janusvln.yaml" in good.stdout
+    for train, cache, message in (
+        ({"num_workers": -1}, {}, "setting 'train.num_workers' is -1; it must be >= 0"),
+        ({}, {"history": 0}, "setting 'cache.history' is 0; it must be >= 1"),
+    ):
+        data_cache = tiny_data()["cache"] | cache
+        bad = subprocess.run([janus_cache, "profile", str(shipped_tiny(tmp_path, train, cache=data_cache))],
+                             capture_output=True, text=True)
+        assert bad.returncode == 1 and bad.stdout == ""
+        assert bad.stderr.strip().splitlines() == [f"error: {tmp_path / 'p.yaml'}: {message}"]
+
+
+def test_the_ramp_keys_of_the_train_section_make_the_loss_schedule(tmp_path: Path) -> None:
+    ramp = {"distill_loss_weight": 1.0, "distill_loss_weight_end": 0.25, "distill_loss_weight_warmup_steps": 4}
+    config = load_train_settings(load_profile(shipped_tiny(tmp_path, ramp))).loss_config()
+    assert [config.distill_weight_at(step) for step in range(6)] == [1.0, 0.8125, 0.625, 0.4375, 0.25, 0.25]
+    constant = load_train_settings(load_profile(shipped_tiny(tmp_path, {"distill_loss_weight": 0.5}))).loss_config()
+    assert not constant.ramps and constant.distill_weight_at(100) == 0.5
