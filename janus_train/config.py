@@ -45,6 +45,9 @@ class TrainSettings:
     wall_clock_breakdown: bool = False
     alloc_conf: str = ""
     """PYTORCH_CUDA_ALLOC_CONF for the training processes (e.g. expandable_segments:True)."""
+    init_from: Path | None = None
+    """A reference JanusVLN checkpoint directory to start from: its Qwen weights, VGGT merger,
+    action head, ``lam`` and merger width replace the profile's (janus_train.reference_checkpoint)."""
 
     def loss_config(self) -> LossConfig:
         return LossConfig(self.segment_weights, self.distill_weight, self.distill_ramp_steps)
@@ -91,6 +94,7 @@ def load_train_settings(profile: Profile) -> TrainSettings:
         deepspeed=sec.get("deepspeed", str, d.deepspeed),
         wall_clock_breakdown=sec.get("wall_clock_breakdown", bool, d.wall_clock_breakdown),
         alloc_conf=sec.get("alloc_conf", str, d.alloc_conf),
+        init_from=sec.path("init_from", required=False),
     )
     sec.finish()
     if settings.gradient_clipping <= 0:
