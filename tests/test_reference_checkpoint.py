@@ -317,3 +317,37 @@ def test_live_check_parts_of_a_reference_directory(reference_dir: Path, profile:
         expected = model.image_embeddings(batch["frames"], features)
     assert torch.equal(fuse(batch["frames"], features), expected)
     assert encoder.reference_frame == "first" and fuse.lam == LAM
+
+
+# ------------------------------------------------------------- training from it, under torchrun
+
+
+def test_two_process_zero3_run_starts_from_the_directory_and_exports_it_back(reference_dir: Path,
+                                                                            tmp_path: Path) -> None:
+    """``train.init_from`` through the real trainer (torchrun, 2 processes, ZeRO-3 over gloo), at
+    learning rate 0 so the weights stay the initial ones; ``janus-train export --format janusvln``
+    of its checkpoint then gives back the directory's state dict, tensor for tensor."""
+    from test_train import assert_succeeded, precompute, torchrun_train, write_train_profile
+    from typer.testing import CliRunner
+
+    from janus_cache.sample_data import write_sample_data
+    from janus_train.cli import app
+
+    zero_lr = {"lr_base": 0.0, "lr_projector": 0.0, "lr_vision": 0.0, "live_check_every": 0, "max_steps": 2,
+               "save_every": 2, "init_from": str(reference_dir)}
+    profile_path = write_train_profile(tmp_path / "init.yaml", cache={"resolution": RESOLUTION}, train=zero_lr)
+    data = write_sample_data(tmp_path / "data", episodes=2, steps=4, seed=0)
+    cache = precompute(data, tmp_path / "cache", profile_path)
+    run = tmp_path / "run"
+    assert_succeeded(torchrun_train("--out", run, "--cache", cache, "--profile", profile_path, "--no-export"))
+
+    out = tmp_path / "janusvln"
+    result = CliRunner().invoke(app, ["export", str(run), "--out", str(out), "--profile", str(profile_path),
+                                      "--format", "janusvln", "--vggt", str(reference_dir)])
+    assert result.exit_code == 0, result.output
+    exported, original = load_file(out / "model.safetensors"), load_file(reference_dir / "model.safetensors")
+    assert set(exported) == set(original)
+    for key, tensor in original.items():
+        assert torch.equal(exported[key], tensor), key
+    config = json.loads((out / "config.json").read_text())
+    assert (config["lam"], config["vggt_merger_hidden_dim"], config["reference_frame"]) == (LAM, MERGER_HIDDEN, "first")

@@ -157,8 +157,8 @@ class VGGTAggregator(nn.Module):
     ) -> "VGGTAggregator":
         """Load a VGGT checkpoint from a local directory or file; never downloads.
 
-        ``path`` is a directory holding ``model.safetensors`` (preferred), a sharded
-        ``model.safetensors.index.json``, ``model.pt`` or ``model.pth``, or one such file. Keys may
+        ``path`` is a directory holding ``model.safetensors`` (preferred), ``model.pt``,
+        ``model.pth`` or a sharded ``model.safetensors.index.json``, or one such file. Keys may
         be those of a reference JanusVLN checkpoint (``vggt.aggregator.*``; its Qwen weights,
         merger and action head are ignored), full-model keys (``aggregator.*``; other heads such as
         ``depth_head.*`` are ignored) or bare aggregator keys. Loading is strict:

@@ -26,7 +26,7 @@ AGGREGATOR_PREFIXES: tuple[str, ...] = ("vggt." + AGGREGATOR_PREFIX, AGGREGATOR_
 # Looked up in this order inside a checkpoint directory (the index names the shards of a sharded
 # safetensors checkpoint, as transformers writes big models).
 SAFETENSORS_INDEX_SUFFIX = ".safetensors.index.json"
-WEIGHT_FILE_NAMES: tuple[str, ...] = ("model.safetensors", "model" + SAFETENSORS_INDEX_SUFFIX, "model.pt", "model.pth")
+WEIGHT_FILE_NAMES: tuple[str, ...] = ("model.safetensors", "model.pt", "model.pth", "model" + SAFETENSORS_INDEX_SUFFIX)
 WEIGHT_SUFFIXES: tuple[str, ...] = (".safetensors", SAFETENSORS_INDEX_SUFFIX, ".pt", ".pth")
 CONFIG_FILE_NAME = "config.json"
 # Bumped if the byte layout hashed by weights_fingerprint ever changes.
