@@ -30,6 +30,7 @@ from janus_cache.encoder import FEATURE_DTYPES, WindowEncoder
 from janus_cache.profile import CacheSettings, Profile
 from janus_cache.vggt import REFERENCE_FRAMES, AggregatorConfig, VGGTAggregator
 from janus_cache.vggt.checkpoint import (
+    SAFETENSORS_INDEX_SUFFIX,
     CheckpointError,
     check_state_dict,
     read_safetensors,
@@ -210,7 +211,7 @@ def imported_model_config(config: JanusModelConfig, reference: ReferenceConfig) 
 def _weights(directory: Path) -> tuple[Path, dict[str, Path]]:
     try:
         weights_file = resolve_weights_file(directory)
-        if not weights_file.name.endswith((".safetensors", ".safetensors.index.json")):
+        if not weights_file.name.endswith((".safetensors", SAFETENSORS_INDEX_SUFFIX)):
             raise ReferenceCheckpointError(f"{weights_file}: a reference checkpoint keeps its weights as safetensors")
         return weights_file, safetensors_shards(weights_file)
     except CheckpointError as exc:
@@ -334,25 +335,30 @@ def write_reference_checkpoint(out: Path, state: Mapping[str, torch.Tensor], enc
 @dataclass
 class ReferenceImageFusion:
     """The fused image embeddings of a reference checkpoint: its Qwen vision tower plus ``lam``
-    times its VGGT merger. Call with uint8 frames [B, S, H, W, 3] and features [B, N, 2C]."""
+    times its VGGT merger. ``image_embeddings`` has the signature of
+    :meth:`JanusVLNModel.image_embeddings`, so verify's live check takes it in the model's place."""
 
     visual: nn.Module
     merger: VGGTMerger
     lam: float
 
     @torch.no_grad()
-    def __call__(self, frames: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+    def image_embeddings(self, frames: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+        """uint8 frames [B, S, H, W, 3] and VGGT features [B, N, 2C] -> [B, S, T, hidden]."""
         device = self.merger.norm.weight.device
         return fuse_image_embeddings(self.visual, self.merger, self.lam, frames.to(device), features)
 
 
-def reference_live_check(directory: Path, cache: CacheSettings, encoder: AggregatorConfig | None = None,
-                         device: torch.device | str = "cpu") -> tuple[WindowEncoder, ReferenceImageFusion]:
+def reference_live_check(directory: Path, cache: CacheSettings, aggregator: AggregatorConfig | None = None,
+                         device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
+                         ) -> tuple[WindowEncoder, ReferenceImageFusion]:
     """The frozen encoder (``vggt.aggregator.*``) and the fused-embedding function of a reference
     checkpoint directory, for checking a cache made with ``cache`` settings against it.
 
-    ``encoder`` is the aggregator architecture (default: VGGT-1B, as the reference always uses).
-    Only the encoder, the vision tower and the merger are read (the language model is not built).
+    ``aggregator`` is the encoder's architecture (default: VGGT-1B, as the reference always uses).
+    The vision tower and merger compute in ``dtype`` (the profile's compute dtype, for verify's
+    tolerances). Only the encoder, the vision tower and the merger are read (the language model is
+    not built).
     """
     directory = Path(directory)
     reference = read_reference_config(directory)
@@ -363,12 +369,12 @@ def reference_live_check(directory: Path, cache: CacheSettings, encoder: Aggrega
         )
     weights_file, shards = _weights(directory)
     device = torch.device(device)
-    architecture = replace(encoder if encoder is not None else AggregatorConfig(), attention=cache.attention)
+    architecture = replace(aggregator if aggregator is not None else AggregatorConfig(), attention=cache.attention)
     try:
-        aggregator = VGGTAggregator.from_pretrained(weights_file, config=architecture)
+        model = VGGTAggregator.from_pretrained(weights_file, config=architecture)
     except CheckpointError as exc:
         raise ReferenceCheckpointError(str(exc)) from exc
-    window_encoder = WindowEncoder(aggregator.to(device), cache.reference_frame, cache.layer,
+    window_encoder = WindowEncoder(model.to(device), cache.reference_frame, cache.layer,
                                    FEATURE_DTYPES[cache.feature_dtype])
 
     visual = Qwen2_5_VisionTransformerPretrainedModel._from_config(reference.qwen.vision_config, dtype=torch.float32)
@@ -384,4 +390,5 @@ def reference_live_check(directory: Path, cache: CacheSettings, encoder: Aggrega
         found = read_safetensors(shards, [key for key in shards if key.startswith(prefix)])
         _check(expected, found, weights_file, f"the {prefix.rstrip('.')} of a JanusVLN model")
         module.load_state_dict({local_name(key): tensor.float() for key, tensor in found.items()})
-    return window_encoder, ReferenceImageFusion(visual.to(device).eval(), merger.to(device).eval(), reference.lam)
+    return window_encoder, ReferenceImageFusion(visual.to(device, dtype).eval(), merger.to(device, dtype).eval(),
+                                                reference.lam)

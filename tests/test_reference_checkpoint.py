@@ -306,7 +306,7 @@ def test_live_check_parts_of_a_reference_directory(reference_dir: Path, profile:
     imported model computes from the same frames and features."""
     tiny_vggt = AggregatorConfig.from_dict(json.loads(VGGT_CONFIG.read_text()))
     cache = CacheSettings(resolution=Resolution.parse(RESOLUTION), reference_frame="first")
-    encoder, fuse = reference_live_check(reference_dir, cache, encoder=tiny_vggt)
+    encoder, fusion = reference_live_check(reference_dir, cache, aggregator=tiny_vggt)
     stored = load_file(reference_dir / "model.safetensors")
     for key, tensor in encoder.model.state_dict().items():
         assert torch.equal(tensor, stored[f"vggt.aggregator.{key}"]), key
@@ -315,8 +315,8 @@ def test_live_check_parts_of_a_reference_directory(reference_dir: Path, profile:
     model = load_reference_model(reference_dir, profile, JanusModelConfig())
     with torch.no_grad():
         expected = model.image_embeddings(batch["frames"], features)
-    assert torch.equal(fuse(batch["frames"], features), expected)
-    assert encoder.reference_frame == "first" and fuse.lam == LAM
+    assert torch.equal(fusion.image_embeddings(batch["frames"], features), expected)
+    assert encoder.reference_frame == "first" and fusion.lam == LAM
 
 
 # ------------------------------------------------------------- training from it, under torchrun
