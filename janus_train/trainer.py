@@ -31,7 +31,6 @@ from janus_cache.resolution import Resolution, visual_tokens
 from janus_train.config import TrainSettings, deepspeed_config
 from janus_train.data import CachedSamples, EpochSampler, LiveSamples, StreamedSamples, collate
 from janus_train.loss import LossDenominators, micro_batch_loss
-from janus_train.model import JanusVLNModel
 from janus_train.prompt import IGNORE_INDEX, SEGMENT_NAMES, PromptBuilder
 from janus_train.reference_checkpoint import start_model
 

@@ -170,6 +170,23 @@ def test_import_takes_weights_lam_and_merger_width_from_the_directory(reference_
         assert torch.equal(tensor, stored[key]), key
 
 
+def test_import_reads_a_sharded_directory_through_its_index(reference_dir: Path, profile: Profile,
+                                                            tmp_path: Path) -> None:
+    """A 7B checkpoint comes as shards named by ``model.safetensors.index.json``."""
+    state = load_file(reference_dir / "model.safetensors")
+    sharded = write_reference_dir(tmp_path / "sharded", state)
+    (sharded / "model.safetensors").unlink()
+    keys = sorted(state)
+    shards = {"model-00001-of-00002.safetensors": keys[::2], "model-00002-of-00002.safetensors": keys[1::2]}
+    for name, shard_keys in shards.items():
+        save_file({k: state[k] for k in shard_keys}, sharded / name, metadata={"format": "pt"})
+    index = {"metadata": {}, "weight_map": {k: name for name, shard_keys in shards.items() for k in shard_keys}}
+    (sharded / "model.safetensors.index.json").write_text(json.dumps(index))
+    ours = as_reference(load_reference_model(sharded, profile, JanusModelConfig()))
+    for key, tensor in ours.items():
+        assert torch.equal(tensor, state[key]), key
+
+
 def test_config_of_the_directory_reads_as_a_transformers_5_config(reference_dir: Path) -> None:
     reference = read_reference_config(reference_dir)
     tiny = AutoConfig.from_pretrained(QWEN_DIR)
