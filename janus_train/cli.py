@@ -44,18 +44,19 @@ def export_cmd(
     except ProfileError as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(1)
-    if not (run / CHECKPOINTS / "latest").is_file() and tag is None:
-        typer.echo(f"error: {run / CHECKPOINTS} holds no checkpoint", err=True)
-        raise typer.Exit(1)
     if fmt not in FORMATS:
         typer.echo(f"error: --format must be one of {', '.join(FORMATS)}, got {fmt!r}", err=True)
         raise typer.Exit(2)
+    vggt = vggt if vggt is not None else prof.vggt.path
+    if fmt == "janusvln" and vggt is None:
+        typer.echo(f"error: --format janusvln needs --vggt PATH (profile {prof.name} names no vggt.path)", err=True)
+        raise typer.Exit(2)
+    if not (run / CHECKPOINTS / "latest").is_file() and tag is None:
+        typer.echo(f"error: {run / CHECKPOINTS} holds no checkpoint", err=True)
+        raise typer.Exit(1)
     try:
         if fmt == "janusvln":
-            vggt = vggt if vggt is not None else prof.vggt.path
-            if vggt is None:
-                typer.echo(f"error: --format janusvln needs --vggt PATH (profile {prof.name} names no vggt.path)", err=True)
-                raise typer.Exit(2)
+            assert vggt is not None
             path = export_janusvln(run / CHECKPOINTS, out, prof, settings, vggt, tag=tag, dtype=dtype)
         else:
             path = export(run / CHECKPOINTS, out, prof, run_model_config(settings), tag=tag, dtype=dtype)

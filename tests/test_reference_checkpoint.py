@@ -314,6 +314,19 @@ def test_exported_directory_has_exactly_the_documented_keys_and_config_fields(tm
     assert read_reference_config(out).merger_hidden == MERGER_HIDDEN
 
 
+def test_export_command_names_a_missing_vggt_or_an_unknown_format(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from janus_train.cli import app
+
+    profile_path = write_test_profile(tmp_path / "p.yaml")  # the tiny profile: random VGGT, no vggt.path
+    for args, words in ((["--format", "janusvln"], "needs --vggt PATH"), (["--format", "hf"], "--format must be one of")):
+        result = CliRunner().invoke(app, ["export", str(tmp_path), "--out", str(tmp_path / "x"),
+                                          "--profile", str(profile_path), *args])
+        assert result.exit_code == 2 and words in result.output, result.output
+        assert result.output.strip().count("\n") == 0
+
+
 # ---------------------------------------------------------------------- checking a cache against it
 
 
