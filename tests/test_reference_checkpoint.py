@@ -187,6 +187,19 @@ def test_import_reads_a_sharded_directory_through_its_index(reference_dir: Path,
         assert torch.equal(tensor, state[key]), key
 
 
+def test_tied_lm_head_is_stored_once_as_the_embedding(reference_dir: Path, profile: Profile, tmp_path: Path) -> None:
+    """Qwen2.5-VL-3B ties lm_head to the embeddings; transformers saves the matrix once."""
+    state = load_file(reference_dir / "model.safetensors")
+    del state["lm_head.weight"]
+    tied = write_reference_dir(tmp_path / "tied", state, {**reference_config(), "tie_word_embeddings": True})
+    model = load_reference_model(tied, profile, JanusModelConfig())
+    assert model.qwen.lm_head.weight.data_ptr() == model.qwen.model.language_model.embed_tokens.weight.data_ptr()
+    assert torch.equal(model.qwen.lm_head.weight, state["model.embed_tokens.weight"])
+    config = reference_config_dict(model.qwen.config, model.config, "first", DistillSchedule(), "float32")
+    out = write_reference_checkpoint(tmp_path / "export", model.state_dict(), {}, config, QWEN_DIR, torch.float32)
+    assert "lm_head.weight" not in load_file(out / "model.safetensors") and config["tie_word_embeddings"] is True
+
+
 def test_config_of_the_directory_reads_as_a_transformers_5_config(reference_dir: Path) -> None:
     reference = read_reference_config(reference_dir)
     tiny = AutoConfig.from_pretrained(QWEN_DIR)
