@@ -56,6 +56,9 @@ class TrainSettings:
     prompt_template: str = setting(
         DEFAULT_TEMPLATE, "Prompt template file (relative: under configs/prompts/): janusvln.yaml, the reference "
         "wording (default), or janus.yaml, janus's own wording.")
+    init_from: Path | None = setting(
+        None, "A reference JanusVLN checkpoint directory to start from: its Qwen weights, VGGT merger, action head, "
+        "lam and merger width replace the profile's (janus_train.reference_checkpoint).")
 
     def loss_config(self) -> LossConfig:
         return LossConfig(self.distill_loss_weight, self.distill_loss_weight_end,

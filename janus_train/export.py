@@ -1,8 +1,13 @@
-"""Export a ZeRO-3 checkpoint as consolidated weights that transformers loads.
+"""Export a ZeRO-3 checkpoint as consolidated weights, in one of two formats (:data:`FORMATS`).
 
-``<out>/`` becomes a Qwen2.5-VL directory (config, tokenizer, safetensors) that
-``Qwen2_5_VLForConditionalGeneration.from_pretrained`` loads, plus ``janus_heads.safetensors``
-with the VGGT merger and the action head, which ``load_exported`` puts back on a JanusVLNModel.
+``janus``: ``<out>/`` becomes a transformers-5 Qwen2.5-VL directory (config, tokenizer,
+safetensors) that ``Qwen2_5_VLForConditionalGeneration.from_pretrained`` loads, plus
+``janus_heads.safetensors`` with the VGGT merger and the action head, which ``load_exported``
+puts back on a JanusVLNModel.
+
+``janusvln``: ``<out>/`` becomes a reference JanusVLN checkpoint directory (transformers-4.50
+config with the JanusVLN fields, one state dict with the frozen VGGT encoder included), which the
+reference evaluation loads and ``init_from`` reads back (:mod:`janus_train.reference_checkpoint`).
 """
 
 from __future__ import annotations
@@ -13,14 +18,22 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from janus_cache.dtypes import TORCH_DTYPES
 from janus_cache.profile import Profile
-from janus_train.model import JanusModelConfig, JanusVLNModel, vggt_feature_dim
+from janus_cache.vggt import CheckpointError, VGGTAggregator
+from janus_train.config import TrainSettings
+from janus_cache.dtypes import TORCH_DTYPES
+from janus_train.model import JanusModelConfig, JanusVLNModel, aggregator_config, vggt_feature_dim
+from janus_train.reference_checkpoint import (
+    TOKENIZER_FILES,
+    read_reference_config,
+    reference_config_dict,
+    run_model_config,
+    write_reference_checkpoint,
+)
 
+FORMATS: tuple[str, ...] = ("janus", "janusvln")
 HEADS_FILE = "janus_heads.safetensors"
 QWEN_PREFIX = "qwen."
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json",
-                    "preprocessor_config.json", "vocab.json", "merges.txt", "generation_config.json")
 
 
 def consolidated_state_dict(checkpoint_dir: Path, tag: str | None = None) -> dict[str, torch.Tensor]:
@@ -44,11 +57,33 @@ def export(checkpoint_dir: Path, out: Path, profile: Profile, config: JanusModel
         raise ValueError(f"{checkpoint_dir}: head keys {sorted(set(heads) ^ expected_heads)} do not match the model")
     out.mkdir(parents=True, exist_ok=True)
     model.qwen.to(torch_dtype).save_pretrained(str(out), state_dict=qwen_state, safe_serialization=True)
-    for name in _TOKENIZER_FILES:
+    for name in TOKENIZER_FILES:
         if (profile.qwen.path / name).is_file():
             shutil.copy2(profile.qwen.path / name, out / name)
     save_file(heads, str(out / HEADS_FILE), metadata={"lam": str(config.lam)})
     return out
+
+
+def export_janusvln(checkpoint_dir: Path, out: Path, profile: Profile, settings: TrainSettings, vggt: Path,
+                    tag: str | None = None, dtype: str | None = None) -> Path:
+    """Write ``out`` as a reference JanusVLN checkpoint directory from the run's checkpoint (latest
+    tag unless ``tag``) in ``dtype`` (default: the profile's), with the VGGT encoder read from
+    ``vggt`` (a VGGT checkpoint or a reference directory; the profile's encoder architecture)."""
+    from transformers import Qwen2_5_VLConfig
+
+    torch_dtype = TORCH_DTYPES[dtype or profile.compute_dtype]
+    try:
+        encoder = VGGTAggregator.from_pretrained(vggt, config=aggregator_config(profile.vggt))
+    except CheckpointError as exc:
+        raise ValueError(f"--vggt: {exc}") from exc
+    if settings.init_from is not None:
+        qwen_config = read_reference_config(settings.init_from).qwen
+    else:
+        qwen_config = Qwen2_5_VLConfig.from_pretrained(str(profile.qwen.path), local_files_only=True)
+    state = consolidated_state_dict(checkpoint_dir, tag)
+    config = reference_config_dict(qwen_config, run_model_config(settings), profile.cache.reference_frame,
+                                   settings.loss_config(), dtype or profile.compute_dtype)
+    return write_reference_checkpoint(out, state, encoder.state_dict(), config, profile.qwen.path, torch_dtype)
 
 
 def load_exported(out: Path, profile: Profile, config: JanusModelConfig, device: str = "cpu") -> JanusVLNModel:

@@ -122,14 +122,17 @@ def load_qwen(
         ) from exc
 
 
+def aggregator_config(settings: EncoderSettings) -> AggregatorConfig:
+    """The architecture of a profile's VGGT encoder, from its config (no weights loaded)."""
+    if settings.path is not None:
+        return resolve_config(resolve_weights_file(settings.path), None)
+    assert settings.config is not None
+    return AggregatorConfig.from_dict(json.loads(Path(settings.config).read_text()))
+
+
 def vggt_feature_dim(settings: EncoderSettings) -> int:
     """Width 2C of the VGGT features of a profile's encoder, from its config (no weights loaded)."""
-    if settings.path is not None:
-        config = resolve_config(resolve_weights_file(settings.path), None)
-    else:
-        assert settings.config is not None
-        config = AggregatorConfig.from_dict(json.loads(Path(settings.config).read_text()))
-    return 2 * config.embed_dim
+    return 2 * aggregator_config(settings).embed_dim
 
 
 # ------------------------------------------------------------------------------------ modules
@@ -396,22 +399,9 @@ class JanusVLNModel(nn.Module):
         return JanusOutput(parts, action_logits, features, hidden if return_hidden else None)
 
     def image_embeddings(self, frames: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
-        """The fused image embeddings the LLM sees, [B, S, T, hidden]: Qwen's ViT embeddings of each
-        uint8 frame [B, S, H, W, 3] (pixel values built on the model's device) plus
-        ``lam * merger(feature)`` of that frame's own sample (features [B, N, 2C])."""
-        b, s, height, width, _ = frames.shape
-        grid = grid_shape(height, width)
-        pixel_values, image_grid_thw = qwen_pixel_values(
-            frames.to(self.device, non_blocking=True).view(b * s, height, width, 3)
-        )
-        image_embeds = torch.cat(self.qwen.model.get_image_features(pixel_values, image_grid_thw).pooler_output)
-        per_image = image_embeds.shape[0] // (b * s)
-        merger_dtype = self.vggt_merger.norm.weight.dtype
-        vggt_embeds = self.vggt_merger(features.to(self.device, merger_dtype, non_blocking=True), grid)
-        if vggt_embeds.shape[1] != per_image:
-            raise ModelInputError(f"the VGGT merger gives {vggt_embeds.shape[1]} tokens per sample, Qwen's ViT {per_image} per image")
-        # Per sample: sample i's 3-D embedding goes to the S images of sample i only.
-        return image_embeds.view(b, s, per_image, -1) + self.config.lam * vggt_embeds.unsqueeze(1).to(image_embeds.dtype)
+        """The fused image embeddings the LLM sees, [B, S, T, hidden] (see :func:`fuse_image_embeddings`)."""
+        return fuse_image_embeddings(self.qwen.model.visual, self.vggt_merger, self.config.lam,
+                                     frames.to(self.device, non_blocking=True), features)
 
     def _check_features(self, features: torch.Tensor, batch: int, grid: tuple[int, int]) -> None:
         expected = (batch, grid[0] * grid[1], self.feature_dim)
@@ -437,6 +427,26 @@ class JanusVLNModel(nn.Module):
         # (every sample has the same pad count, checked by _check_image_pads).
         mask = (ids == self.image_token_id).unsqueeze(-1)
         return embeds.masked_scatter(mask, image_embeds.to(embeds.dtype))
+
+
+def fuse_image_embeddings(visual: nn.Module, merger: VGGTMerger, lam: float, frames: torch.Tensor,
+                          features: torch.Tensor) -> torch.Tensor:
+    """Qwen's ViT embeddings of each uint8 frame [B, S, H, W, 3] (pixel values built on the frames'
+    device) plus ``lam * merger(feature)`` of that frame's own sample (features [B, N, 2C]):
+    [B, S, T, hidden]. ``visual`` is Qwen2.5-VL's vision tower; the model and the reference
+    checkpoint check (:mod:`janus_train.reference_checkpoint`) both fuse through here."""
+    b, s, height, width, _ = frames.shape
+    grid = grid_shape(height, width)
+    pixel_values, image_grid_thw = qwen_pixel_values(frames.reshape(b * s, height, width, 3))
+    # As Qwen's get_image_features: pixel values in the tower's dtype, all images in one pass.
+    image_embeds = visual(pixel_values.type(visual.dtype), grid_thw=image_grid_thw).pooler_output
+    per_image = image_embeds.shape[0] // (b * s)
+    merger_dtype = merger.norm.weight.dtype
+    vggt_embeds = merger(features.to(frames.device, merger_dtype, non_blocking=True), grid)
+    if vggt_embeds.shape[1] != per_image:
+        raise ModelInputError(f"the VGGT merger gives {vggt_embeds.shape[1]} tokens per sample, Qwen's ViT {per_image} per image")
+    # Per sample: sample i's 3-D embedding goes to the S images of sample i only.
+    return image_embeds.view(b, s, per_image, -1) + lam * vggt_embeds.unsqueeze(1).to(image_embeds.dtype)
 
 
 def _required(batch: Mapping[str, torch.Tensor | None], name: str) -> torch.Tensor:

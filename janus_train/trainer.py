@@ -32,8 +32,8 @@ from janus_cache.resolution import Resolution, visual_tokens
 from janus_train.config import TrainSettings, deepspeed_config, load_train_settings
 from janus_train.data import CachedSamples, EpochSampler, LiveSamples, StreamedSamples, collate
 from janus_train.loss import LossDenominators, micro_batch_loss
-from janus_train.model import JanusVLNModel
 from janus_train.prompt import IGNORE_INDEX, SEGMENT_NAMES, PromptBuilder
+from janus_train.reference_checkpoint import start_model
 
 CHECKPOINTS = "checkpoints"
 METRICS_FILE = "metrics.jsonl"
@@ -166,7 +166,7 @@ class Trainer:
 
         # The frozen VGGT is built only to train live or to recompute a batch live now and then.
         live = live_data is not None or settings.live_check_every > 0
-        model = JanusVLNModel.from_profile(profile, settings.model_config(), live=live, device=self.device)
+        model = start_model(profile, settings, live=live, device=self.device)
         model.set_gradient_checkpointing(settings.gradient_checkpointing)
         self.loss_config = settings.loss_config()
         self.samples_per_step = settings.micro_batch * settings.grad_accum * self.world

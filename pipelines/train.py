@@ -27,6 +27,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from janus_cache.profile import Profile, ProfileError, load_profile
 from janus_train.config import load_train_settings
 from janus_train.export import export
+from janus_train.reference_checkpoint import ReferenceCheckpointError, check_reference_checkpoint, run_model_config
 from janus_train.trainer import CHECKPOINTS, EXPORT_DIR, Trainer, init_distributed
 from pipelines.distributed import Control, RankFailed, Ranks
 
@@ -75,7 +76,9 @@ def command(
     try:
         prof = load_profile(profile)
         settings = load_train_settings(prof)
-    except ProfileError as err:
+        if settings.init_from is not None:
+            check_reference_checkpoint(settings.init_from, prof)
+    except (ProfileError, ReferenceCheckpointError) as err:
         print(f"error: {err}", file=sys.stderr)
         raise typer.Exit(1)
     if max_steps is not None:
@@ -102,7 +105,7 @@ def command(
             if record_outputs_to is not None:
                 record_outputs(trainer, record_outputs_to, record_samples)
             if export_at_end and trainer.rank == 0:
-                path = export(out / CHECKPOINTS, out / EXPORT_DIR, prof, settings.model_config())
+                path = export(out / CHECKPOINTS, out / EXPORT_DIR, prof, run_model_config(settings))
                 print(f"exported consolidated weights to {path}", flush=True)
             dist.barrier()
         finally:

@@ -24,11 +24,18 @@ def export_cmd(
     profile: Annotated[str, typer.Option(help="Profile the run was trained with.")] = "tiny",
     tag: Annotated[Optional[str], typer.Option(help="Checkpoint tag (default: the latest).")] = None,
     dtype: Annotated[Optional[str], typer.Option(help="float32 or bfloat16 (default: the profile's).")] = None,
+    fmt: Annotated[str, typer.Option(
+        "--format", help="janus: transformers-5 weights + janus heads; janusvln: a reference JanusVLN checkpoint "
+        "directory (transformers 4.50, VGGT included).")] = "janus",
+    vggt: Annotated[Optional[Path], typer.Option(
+        help="--format janusvln: the VGGT checkpoint to include (default: the profile's vggt.path).")] = None,
 ) -> None:
-    """Consolidate a ZeRO-3 checkpoint into 16-bit (or fp32) HF weights plus the janus heads."""
+    """Consolidate a ZeRO-3 checkpoint into 16-bit (or fp32) weights: HF weights plus the janus
+    heads, or a reference JanusVLN checkpoint directory."""
     from janus_cache.profile import ProfileError, load_profile
     from janus_train.config import load_train_settings
-    from janus_train.export import export
+    from janus_train.export import FORMATS, export, export_janusvln
+    from janus_train.reference_checkpoint import ReferenceCheckpointError, run_model_config
     from janus_train.trainer import CHECKPOINTS
 
     try:
@@ -37,10 +44,25 @@ def export_cmd(
     except ProfileError as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(1)
+    if fmt not in FORMATS:
+        typer.echo(f"error: --format must be one of {', '.join(FORMATS)}, got {fmt!r}", err=True)
+        raise typer.Exit(2)
+    vggt = vggt if vggt is not None else prof.vggt.path
+    if fmt == "janusvln" and vggt is None:
+        typer.echo(f"error: --format janusvln needs --vggt PATH (profile {prof.name} names no vggt.path)", err=True)
+        raise typer.Exit(2)
     if not (run / CHECKPOINTS / "latest").is_file() and tag is None:
         typer.echo(f"error: {run / CHECKPOINTS} holds no checkpoint", err=True)
         raise typer.Exit(1)
-    path = export(run / CHECKPOINTS, out, prof, settings.model_config(), tag=tag, dtype=dtype)
+    try:
+        if fmt == "janusvln":
+            assert vggt is not None
+            path = export_janusvln(run / CHECKPOINTS, out, prof, settings, vggt, tag=tag, dtype=dtype)
+        else:
+            path = export(run / CHECKPOINTS, out, prof, run_model_config(settings), tag=tag, dtype=dtype)
+    except (ReferenceCheckpointError, ValueError) as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(1)
     typer.echo(f"exported {run / CHECKPOINTS} to {path}")
 
 

@@ -114,6 +114,58 @@ def test_config_json_without_an_aggregator_section_means_vggt1b(
         VGGTAggregator.from_pretrained(tmp_path)
 
 
+def reference_janusvln_state(aggregator: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A reference JanusVLN state dict: the encoder as ``vggt.aggregator.*`` next to Qwen weights,
+    the VGGT merger and the action head, which must be ignored."""
+    generator = torch.Generator().manual_seed(1)
+    others = {
+        "model.embed_tokens.weight": torch.randn(16, 8, generator=generator),
+        "lm_head.weight": torch.randn(16, 8, generator=generator),
+        "visual.patch_embed.proj.weight": torch.randn(8, 3, 2, 2, 2, generator=generator),
+        "merger.ln_q.weight": torch.randn(128, generator=generator),
+        "action_head.3.bias": torch.randn(4, generator=generator),
+    }
+    return {**{f"vggt.aggregator.{k}": v for k, v in aggregator.items()}, **others}
+
+
+def test_loads_the_encoder_of_a_reference_janusvln_checkpoint_directory(
+    tmp_path: Path, tiny_state: dict[str, torch.Tensor], tiny_config: dict[str, Any]
+) -> None:
+    save_file(reference_janusvln_state(tiny_state), tmp_path / "model.safetensors")
+    assert_loaded(VGGTAggregator.from_pretrained(tmp_path, config=tiny_config), tiny_state)
+
+
+def test_reference_janusvln_checkpoint_is_read_strictly(
+    tmp_path: Path, tiny_state: dict[str, torch.Tensor], tiny_config: dict[str, Any]
+) -> None:
+    state = reference_janusvln_state(tiny_state)
+    del state["vggt.aggregator.global_blocks.0.attn.qkv.bias"]
+    state["vggt.aggregator.frame_blocks.9.ls1.gamma"] = torch.ones(128)
+    save_file(state, tmp_path / "model.safetensors")
+    with pytest.raises(CheckpointError) as err:
+        VGGTAggregator.from_pretrained(tmp_path, config=tiny_config)
+    message = str(err.value)
+    assert "missing key(s): global_blocks.0.attn.qkv.bias" in message
+    assert "unexpected key(s): frame_blocks.9.ls1.gamma" in message and "\n" not in message
+
+
+def test_loads_a_sharded_safetensors_checkpoint_through_its_index(
+    tmp_path: Path, tiny_state: dict[str, torch.Tensor], tiny_config: dict[str, Any]
+) -> None:
+    """Big checkpoints (a 7B JanusVLN) come as shards named by ``model.safetensors.index.json``."""
+    state = reference_janusvln_state(tiny_state)
+    keys = sorted(state)
+    shards = {"model-00001-of-00002.safetensors": keys[::2], "model-00002-of-00002.safetensors": keys[1::2]}
+    for name, shard_keys in shards.items():
+        save_file({k: state[k] for k in shard_keys}, tmp_path / name)
+    weight_map = {k: name for name, shard_keys in shards.items() for k in shard_keys}
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    assert_loaded(VGGTAggregator.from_pretrained(tmp_path, config=tiny_config), tiny_state)
+    (tmp_path / "model-00002-of-00002.safetensors").unlink()
+    with pytest.raises(CheckpointError, match="shard model-00002-of-00002.safetensors is missing"):
+        VGGTAggregator.from_pretrained(tmp_path, config=tiny_config)
+
+
 # ----------------------------------------------------------------------------- strictness
 
 

@@ -156,9 +156,11 @@ class VGGTAggregator(nn.Module):
     ) -> "VGGTAggregator":
         """Load a VGGT checkpoint from a local directory or file; never downloads.
 
-        ``path`` is a directory holding ``model.safetensors`` (preferred), ``model.pt`` or
-        ``model.pth``, or one such file. Keys may be full-model keys (``aggregator.*``; other
-        heads such as ``depth_head.*`` are ignored) or bare aggregator keys. Loading is strict:
+        ``path`` is a directory holding ``model.safetensors`` (preferred), ``model.pt``,
+        ``model.pth`` or a sharded ``model.safetensors.index.json``, or one such file. Keys may
+        be those of a reference JanusVLN checkpoint (``vggt.aggregator.*``; its Qwen weights,
+        merger and action head are ignored), full-model keys (``aggregator.*``; other heads such as
+        ``depth_head.*`` are ignored) or bare aggregator keys. Loading is strict:
         a missing or unexpected aggregator key, or a shape mismatch, raises
         :class:`~janus_cache.vggt.checkpoint.CheckpointError` naming the key.
 

@@ -19,9 +19,15 @@ from torch import Tensor, nn
 from janus_cache.vggt.config import AggregatorConfig
 
 AGGREGATOR_PREFIX = "aggregator."
-# Looked up in this order inside a checkpoint directory.
-WEIGHT_FILE_NAMES: tuple[str, ...] = ("model.safetensors", "model.pt", "model.pth")
-WEIGHT_SUFFIXES: tuple[str, ...] = (".safetensors", ".pt", ".pth")
+# A reference JanusVLN checkpoint directory holds the frozen VGGT as ``vggt.aggregator.*`` next to
+# the Qwen weights, merger and action head; a VGGT checkpoint holds it as ``aggregator.*``.
+# Checked in this order: the first prefix any key carries selects the aggregator's keys.
+AGGREGATOR_PREFIXES: tuple[str, ...] = ("vggt." + AGGREGATOR_PREFIX, AGGREGATOR_PREFIX)
+# Looked up in this order inside a checkpoint directory (the index names the shards of a sharded
+# safetensors checkpoint, as transformers writes big models).
+SAFETENSORS_INDEX_SUFFIX = ".safetensors.index.json"
+WEIGHT_FILE_NAMES: tuple[str, ...] = ("model.safetensors", "model.pt", "model.pth", "model" + SAFETENSORS_INDEX_SUFFIX)
+WEIGHT_SUFFIXES: tuple[str, ...] = (".safetensors", SAFETENSORS_INDEX_SUFFIX, ".pt", ".pth")
 CONFIG_FILE_NAME = "config.json"
 # Bumped if the byte layout hashed by weights_fingerprint ever changes.
 FINGERPRINT_SCHEME = "janus-vggt-weights-v1"
@@ -42,7 +48,7 @@ def resolve_weights_file(path: str | os.PathLike[str]) -> Path:
         raise CheckpointError(f"{path}: no checkpoint found; looked for {', '.join(WEIGHT_FILE_NAMES)}")
     if not path.is_file():
         raise CheckpointError(f"{path}: no such checkpoint file or directory")
-    if path.suffix not in WEIGHT_SUFFIXES:
+    if not path.name.endswith(WEIGHT_SUFFIXES):
         raise CheckpointError(f"{path}: unsupported checkpoint format; expected one of {', '.join(WEIGHT_SUFFIXES)}")
     return path
 
@@ -74,14 +80,64 @@ def resolve_config(
 def aggregator_key_map(keys: Iterable[str]) -> dict[str, str]:
     """Bare aggregator key -> key as stored, for the keys of a checkpoint.
 
-    A full VGGT state dict (any key starting with ``aggregator.``) contributes its
-    ``aggregator.*`` entries and the other heads are ignored; otherwise every key is taken as a
-    bare aggregator key.
+    A reference JanusVLN state dict (any key starting with ``vggt.aggregator.``) contributes its
+    ``vggt.aggregator.*`` entries, a full VGGT state dict (``aggregator.*``) its ``aggregator.*``
+    entries; every other key (heads, Qwen, merger) is ignored. Without either prefix every key is
+    taken as a bare aggregator key.
     """
     keys = list(keys)
-    if any(key.startswith(AGGREGATOR_PREFIX) for key in keys):
-        return {key.removeprefix(AGGREGATOR_PREFIX): key for key in keys if key.startswith(AGGREGATOR_PREFIX)}
+    for prefix in AGGREGATOR_PREFIXES:
+        if any(key.startswith(prefix) for key in keys):
+            return {key.removeprefix(prefix): key for key in keys if key.startswith(prefix)}
     return {key: key for key in keys}
+
+
+def safetensors_shards(weights_file: Path) -> dict[str, Path]:
+    """Key -> the safetensors file holding it, for one file or the shards named by an index."""
+    try:
+        if not weights_file.name.endswith(SAFETENSORS_INDEX_SUFFIX):
+            with safe_open(weights_file, framework="pt") as handle:
+                return {key: weights_file for key in handle.keys()}
+        weight_map = json.loads(weights_file.read_text())["weight_map"]
+    except (OSError, SafetensorError, json.JSONDecodeError, KeyError, TypeError) as exc:
+        raise CheckpointError(f"{weights_file}: cannot read checkpoint: {exc}") from exc
+    if not isinstance(weight_map, dict):
+        raise CheckpointError(f"{weights_file}: 'weight_map' must map keys to shard files")
+    shards = {key: weights_file.parent / str(name) for key, name in weight_map.items()}
+    for shard in sorted(set(shards.values())):
+        if not shard.is_file():
+            raise CheckpointError(f"{weights_file}: shard {shard.name} is missing")
+    return shards
+
+
+def safetensors_shapes(shards: Mapping[str, Path]) -> dict[str, tuple[int, ...]]:
+    """Key -> shape of every tensor of a safetensors checkpoint, from the file headers (no data read)."""
+    by_file: dict[Path, list[str]] = {}
+    for key, file in shards.items():
+        by_file.setdefault(file, []).append(key)
+    shapes: dict[str, tuple[int, ...]] = {}
+    for file, file_keys in by_file.items():
+        try:
+            with safe_open(file, framework="pt") as handle:
+                shapes.update({key: tuple(handle.get_slice(key).get_shape()) for key in file_keys})
+        except (OSError, SafetensorError) as exc:
+            raise CheckpointError(f"{file}: cannot read checkpoint: {exc}") from exc
+    return shapes
+
+
+def read_safetensors(shards: Mapping[str, Path], keys: Iterable[str], device: str | torch.device = "cpu") -> dict[str, Tensor]:
+    """The tensors ``keys`` (as stored) of a safetensors checkpoint; only those are read."""
+    by_file: dict[Path, list[str]] = {}
+    for key in keys:
+        by_file.setdefault(shards[key], []).append(key)
+    tensors: dict[str, Tensor] = {}
+    for file, file_keys in by_file.items():
+        try:
+            with safe_open(file, framework="pt", device=str(device)) as handle:
+                tensors.update({key: handle.get_tensor(key) for key in file_keys})
+        except (OSError, SafetensorError) as exc:
+            raise CheckpointError(f"{file}: cannot read checkpoint: {exc}") from exc
+    return tensors
 
 
 def load_aggregator_state_dict(path: str | os.PathLike[str], device: str | torch.device = "cpu") -> dict[str, Tensor]:
@@ -91,10 +147,12 @@ def load_aggregator_state_dict(path: str | os.PathLike[str], device: str | torch
     memory-mapped), so the heads of a full VGGT checkpoint cost no memory.
     """
     weights_file = resolve_weights_file(path)
+    if weights_file.name.endswith((".safetensors", SAFETENSORS_INDEX_SUFFIX)):
+        shards = safetensors_shards(weights_file)
+        key_map = aggregator_key_map(shards)
+        stored = read_safetensors(shards, key_map.values(), device)
+        return {bare: stored[key] for bare, key in key_map.items()}
     try:
-        if weights_file.suffix == ".safetensors":
-            with safe_open(weights_file, framework="pt", device=str(device)) as handle:
-                return {bare: handle.get_tensor(stored) for bare, stored in aggregator_key_map(handle.keys()).items()}
         state = torch.load(weights_file, map_location="cpu", weights_only=True, mmap=True)
     except (OSError, RuntimeError, SafetensorError, ValueError, EOFError, pickle.UnpicklingError) as exc:
         raise CheckpointError(f"{weights_file}: cannot read checkpoint: {exc}") from exc
@@ -106,8 +164,12 @@ def load_aggregator_state_dict(path: str | os.PathLike[str], device: str | torch
     return {bare: state[stored].to(device) for bare, stored in aggregator_key_map(state).items()}
 
 
-def check_state_dict(expected: Mapping[str, Tensor], found: Mapping[str, Tensor], source: os.PathLike[str] | str) -> None:
-    """Raise CheckpointError naming every missing or unexpected key and every shape mismatch."""
+def check_state_dict(
+    expected: Mapping[str, Tensor], found: Mapping[str, Tensor], source: os.PathLike[str] | str,
+    what: str = "the aggregator",
+) -> None:
+    """Raise CheckpointError naming every missing or unexpected key and every shape mismatch
+    (``what``: the module the checkpoint should match, for the message)."""
     problems = []
     missing = [key for key in expected if key not in found]
     unexpected = [key for key in found if key not in expected]
@@ -122,7 +184,7 @@ def check_state_dict(expected: Mapping[str, Tensor], found: Mapping[str, Tensor]
             more = f" and {len(items) - _MAX_KEYS_IN_ERROR} more" if len(items) > _MAX_KEYS_IN_ERROR else ""
             problems.append(f"{len(items)} {label}(s): {shown}{more}")
     if problems:
-        raise CheckpointError(f"{source}: checkpoint does not match the aggregator: " + "; ".join(problems))
+        raise CheckpointError(f"{source}: checkpoint does not match {what}: " + "; ".join(problems))
 
 
 def weights_fingerprint(weights: nn.Module | Mapping[str, Tensor]) -> str:

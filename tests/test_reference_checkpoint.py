@@ -1,0 +1,396 @@
+"""Checkpoints move both ways between janus and the reference JanusVLN trainer (issue 12, items 3, 4).
+
+A reference checkpoint directory is built here by hand, in the layout the reference trainer saves
+(transformers 4.50): a flat Qwen2.5-VL ``config.json`` with the JanusVLN fields and no
+``text_config``, one ``model.safetensors`` with ``model.*``, ``lm_head.*``, ``visual.*``,
+``merger.*``, ``action_head.{0,1,3}.*`` and ``vggt.aggregator.*``, and the tokenizer files; at the
+tiny sizes (the tiny Qwen config, the tiny VGGT config), every tensor random.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import yaml
+from conftest import REPO_ROOT, write_test_profile
+from model_cases import QWEN_DIR, VGGT_CONFIG, make_batch
+from safetensors.torch import load_file, save_file
+from transformers import AutoConfig, Qwen2_5_VLForConditionalGeneration
+
+from janus_cache.dataset import DatasetIndex
+from janus_cache.profile import CacheSettings, LanguageModelSettings, Profile, load_profile
+from janus_cache.resolution import Resolution
+from janus_cache.vggt import AggregatorConfig, VGGTAggregator
+from janus_train.model import JanusModelConfig, JanusVLNModel, load_qwen
+from janus_train.loss import LossConfig
+from janus_train.reference_checkpoint import (
+    ReferenceCheckpointError,
+    check_reference_checkpoint,
+    load_reference_model,
+    read_reference_config,
+    reference_config_dict,
+    reference_live_check,
+    write_reference_checkpoint,
+)
+
+LAM = 0.35  # not the profile's 0.2: the checkpoint's value must win
+MERGER_HIDDEN = 48  # not the profile's 128
+HIDDEN = 64  # the tiny Qwen's hidden size
+FEATURE_DIM = 128  # 2 x the tiny VGGT's embed_dim
+RESOLUTION = "pad56"  # the resolution of model_cases' batches
+
+# §2 of janusvln_interop.md: the top-level fields of the reference config.json.
+DOCUMENTED_CONFIG_FIELDS = {
+    "model_type", "architectures", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+    "intermediate_size", "vocab_size", "rope_theta", "rope_scaling", "max_position_embeddings", "rms_norm_eps",
+    "tie_word_embeddings", "image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id",
+    "bos_token_id", "eos_token_id", "vision_config", "lam", "reference_frame", "vggt_merger_hidden_dim",
+    "distill_loss_weight", "distill_loss_weight_end", "distill_loss_weight_warmup_steps",
+}
+KEY_GROUPS = ("model.", "lm_head.", "visual.", "merger.", "action_head.", "vggt.aggregator.")
+
+
+# ------------------------------------------------------------------------ the reference directory
+
+
+def reference_names_of_qwen() -> list[str]:
+    """The 4.50 state-dict names of the tiny Qwen: transformers 5 nests the LLM under
+    ``model.language_model`` and the ViT under ``model.visual``; 4.50 keeps them at ``model``/``visual``."""
+    config = AutoConfig.from_pretrained(QWEN_DIR)
+    with torch.device("meta"):
+        names = list(Qwen2_5_VLForConditionalGeneration._from_config(config).state_dict())
+    renamed = []
+    for name in names:
+        if name.startswith("model.language_model."):
+            name = "model." + name.removeprefix("model.language_model.")
+        elif name.startswith("model.visual."):
+            name = "visual." + name.removeprefix("model.visual.")
+        renamed.append(name)
+    return renamed
+
+
+def reference_shapes() -> dict[str, tuple[int, ...]]:
+    config = AutoConfig.from_pretrained(QWEN_DIR)
+    with torch.device("meta"):
+        qwen = Qwen2_5_VLForConditionalGeneration._from_config(config).state_dict()
+        vggt = VGGTAggregator.from_config(AggregatorConfig.from_dict(json.loads(VGGT_CONFIG.read_text()))).state_dict()
+    shapes = dict(zip(reference_names_of_qwen(), (tuple(t.shape) for t in qwen.values())))
+    shapes.update({
+        "merger.ln_q.weight": (FEATURE_DIM,),
+        "merger.mlp.0.weight": (MERGER_HIDDEN, 4 * FEATURE_DIM), "merger.mlp.0.bias": (MERGER_HIDDEN,),
+        "merger.mlp.2.weight": (HIDDEN, MERGER_HIDDEN), "merger.mlp.2.bias": (HIDDEN,),
+        "action_head.0.weight": (512, HIDDEN), "action_head.0.bias": (512,),
+        "action_head.1.weight": (512,), "action_head.1.bias": (512,),
+        "action_head.3.weight": (4, 512), "action_head.3.bias": (4,),
+    })
+    shapes.update({f"vggt.aggregator.{k}": tuple(v.shape) for k, v in vggt.items()})
+    return shapes
+
+
+def reference_config(reference_frame: str = "first") -> dict[str, Any]:
+    """The tiny Qwen config flattened as transformers 4.50 writes it, plus the JanusVLN fields."""
+    tiny = json.loads((QWEN_DIR / "config.json").read_text())
+    text = {k: v for k, v in tiny.pop("text_config").items() if k not in ("model_type", "dtype")}
+    rope = text.pop("rope_parameters")
+    vision = {k: v for k, v in tiny.pop("vision_config").items() if k not in ("model_type", "dtype")}
+    tiny.pop("dtype")
+    return {
+        **tiny, **text,
+        "architectures": ["Qwen2_5_VLForConditionalGenerationForJanusVLN"],
+        "rope_theta": rope["rope_theta"],
+        "rope_scaling": {"type": "mrope", "mrope_section": rope["mrope_section"]},
+        "vision_config": vision,
+        "torch_dtype": "float32",
+        "transformers_version": "4.50.0",
+        "lam": LAM, "reference_frame": reference_frame, "vggt_merger_hidden_dim": MERGER_HIDDEN,
+        "distill_loss_weight": 1.0, "distill_loss_weight_end": None, "distill_loss_weight_warmup_steps": None,
+    }
+
+
+def write_reference_dir(path: Path, state: dict[str, torch.Tensor] | None = None,
+                        config: dict[str, Any] | None = None) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    if state is None:
+        generator = torch.Generator().manual_seed(1)
+        state = {key: 0.05 * torch.randn(shape, generator=generator) for key, shape in reference_shapes().items()}
+    save_file(state, path / "model.safetensors", metadata={"format": "pt"})
+    (path / "config.json").write_text(json.dumps(config if config is not None else reference_config(), indent=2))
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "preprocessor_config.json"):
+        shutil.copy2(QWEN_DIR / name, path / name)
+    return path
+
+
+@pytest.fixture(scope="module")
+def reference_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_reference_dir(tmp_path_factory.mktemp("reference") / "janusvln")
+
+
+@pytest.fixture(scope="module")
+def profile(tmp_path_factory: pytest.TempPathFactory) -> Profile:
+    return load_profile(write_test_profile(tmp_path_factory.mktemp("profile") / "tiny.yaml",
+                                           cache={"resolution": RESOLUTION}))
+
+
+def as_reference(model: JanusVLNModel) -> dict[str, torch.Tensor]:
+    """The model's state dict under the reference names, by the documented correspondence."""
+    renames = (("qwen.model.language_model.", "model."), ("qwen.model.visual.", "visual."), ("qwen.lm_head.", "lm_head."),
+               ("vggt_merger.norm.", "merger.ln_q."), ("vggt_merger.mlp.", "merger.mlp."),
+               ("action_head.net.", "action_head."))
+    out = {}
+    for name, tensor in model.state_dict().items():
+        prefix = next(p for p in renames if name.startswith(p[0]))
+        out[prefix[1] + name.removeprefix(prefix[0])] = tensor
+    return out
+
+
+def outputs(model: JanusVLNModel, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    with torch.no_grad():
+        out = model.eval()(batch, return_hidden=True)
+    return {"segment_ce_sum": out.loss_parts.segment_ce_sum, "action_logits": out.action_logits,
+            "hidden_states": out.hidden_states}
+
+
+# --------------------------------------------------------------------------------------- import
+
+
+def test_import_takes_weights_lam_and_merger_width_from_the_directory(reference_dir: Path, profile: Profile) -> None:
+    model = load_reference_model(reference_dir, profile, JanusModelConfig(lam=0.2, merger_hidden=128))
+    assert model.config.lam == LAM and model.config.merger_hidden == MERGER_HIDDEN
+    stored = load_file(reference_dir / "model.safetensors")
+    ours = as_reference(model)
+    assert set(ours) == {k for k in stored if not k.startswith("vggt.")}
+    for key, tensor in ours.items():
+        assert torch.equal(tensor, stored[key]), key
+
+
+def test_import_reads_a_sharded_directory_through_its_index(reference_dir: Path, profile: Profile,
+                                                            tmp_path: Path) -> None:
+    """A 7B checkpoint comes as shards named by ``model.safetensors.index.json``."""
+    state = load_file(reference_dir / "model.safetensors")
+    sharded = write_reference_dir(tmp_path / "sharded", state)
+    (sharded / "model.safetensors").unlink()
+    keys = sorted(state)
+    shards = {"model-00001-of-00002.safetensors": keys[::2], "model-00002-of-00002.safetensors": keys[1::2]}
+    for name, shard_keys in shards.items():
+        save_file({k: state[k] for k in shard_keys}, sharded / name, metadata={"format": "pt"})
+    index = {"metadata": {}, "weight_map": {k: name for name, shard_keys in shards.items() for k in shard_keys}}
+    (sharded / "model.safetensors.index.json").write_text(json.dumps(index))
+    ours = as_reference(load_reference_model(sharded, profile, JanusModelConfig()))
+    for key, tensor in ours.items():
+        assert torch.equal(tensor, state[key]), key
+
+
+def test_tied_lm_head_is_stored_once_as_the_embedding(reference_dir: Path, profile: Profile, tmp_path: Path) -> None:
+    """Qwen2.5-VL-3B ties lm_head to the embeddings; transformers saves the matrix once."""
+    state = load_file(reference_dir / "model.safetensors")
+    del state["lm_head.weight"]
+    tied = write_reference_dir(tmp_path / "tied", state, {**reference_config(), "tie_word_embeddings": True})
+    model = load_reference_model(tied, profile, JanusModelConfig())
+    assert model.qwen.lm_head.weight.data_ptr() == model.qwen.model.language_model.embed_tokens.weight.data_ptr()
+    assert torch.equal(model.qwen.lm_head.weight, state["model.embed_tokens.weight"])
+    config = reference_config_dict(model.qwen.config, model.config, "first", LossConfig(), "float32")
+    out = write_reference_checkpoint(tmp_path / "export", model.state_dict(), {}, config, QWEN_DIR, torch.float32)
+    assert "lm_head.weight" not in load_file(out / "model.safetensors") and config["tie_word_embeddings"] is True
+
+
+def test_config_of_the_directory_reads_as_a_transformers_5_config(reference_dir: Path) -> None:
+    reference = read_reference_config(reference_dir)
+    tiny = AutoConfig.from_pretrained(QWEN_DIR)
+    assert reference.qwen.text_config.hidden_size == tiny.text_config.hidden_size
+    assert reference.qwen.text_config.rope_parameters["mrope_section"] == tiny.text_config.rope_parameters["mrope_section"]
+    assert reference.qwen.text_config.rope_parameters["rope_theta"] == tiny.text_config.rope_parameters["rope_theta"]
+    assert reference.qwen.vision_config.out_hidden_size == tiny.vision_config.out_hidden_size
+    assert reference.qwen.image_token_id == tiny.image_token_id
+    assert (reference.lam, reference.reference_frame, reference.merger_hidden) == (LAM, "first", MERGER_HIDDEN)
+    assert reference.distill == LossConfig(1.0, None, 0)
+
+
+def damaged(reference_dir: Path, tmp_path: Path, drop: str | None = None, add: str | None = None) -> Path:
+    state = load_file(reference_dir / "model.safetensors")
+    if drop is not None:
+        del state[drop]
+    if add is not None:
+        state[add] = torch.zeros(3)
+    return write_reference_dir(tmp_path / "damaged", state)
+
+
+@pytest.mark.parametrize("drop", ["action_head.3.bias", "merger.ln_q.weight", "vggt.aggregator.camera_token"])
+def test_a_missing_key_is_a_one_line_error_naming_it(reference_dir: Path, profile: Profile, tmp_path: Path,
+                                                       drop: str) -> None:
+    with pytest.raises(ReferenceCheckpointError) as err:
+        load_reference_model(damaged(reference_dir, tmp_path, drop=drop), profile, JanusModelConfig())
+    assert drop in str(err.value) and "missing" in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("add", ["action_head.2.weight", "merger.extra.bias", "vggt.camera_head.trunk.0.weight"])
+def test_an_unexpected_key_is_a_one_line_error_naming_it(reference_dir: Path, profile: Profile, tmp_path: Path,
+                                                          add: str) -> None:
+    with pytest.raises(ReferenceCheckpointError) as err:
+        load_reference_model(damaged(reference_dir, tmp_path, add=add), profile, JanusModelConfig())
+    assert add in str(err.value) and "unexpected" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_train_refuses_a_damaged_init_from_in_one_line_before_starting(reference_dir: Path, tmp_path: Path) -> None:
+    directory = damaged(reference_dir, tmp_path, drop="action_head.0.weight")
+    path = write_test_profile(tmp_path / "p.yaml", cache={"resolution": RESOLUTION})
+    data = yaml.safe_load(path.read_text())
+    data["train"]["init_from"] = str(directory)
+    path.write_text(yaml.safe_dump(data))
+    result = subprocess.run([sys.executable, "-m", "pipelines.train", "--out", str(tmp_path / "run"),
+                             "--cache", str(tmp_path / "no-cache"), "--profile", str(path)],
+                            cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1
+    assert result.stderr.strip().count("\n") == 0 and "action_head.0.weight" in result.stderr, result.stderr
+
+
+def test_other_reference_frame_or_a_transformers_5_config_is_refused(reference_dir: Path, profile: Profile,
+                                                                     tmp_path: Path) -> None:
+    state = load_file(reference_dir / "model.safetensors")
+    last = write_reference_dir(tmp_path / "last", state, reference_config("last"))
+    with pytest.raises(ReferenceCheckpointError, match="reference_frame 'last'.*cache.reference_frame is 'first'"):
+        check_reference_checkpoint(last, profile)
+    modern = write_reference_dir(tmp_path / "v5", state, {**reference_config(), "text_config": {}})
+    with pytest.raises(ReferenceCheckpointError, match="text_config"):
+        check_reference_checkpoint(modern, profile)
+
+
+def test_vggt_encoder_loads_from_the_reference_directory(reference_dir: Path) -> None:
+    config = AggregatorConfig.from_dict(json.loads(VGGT_CONFIG.read_text()))
+    model = VGGTAggregator.from_pretrained(reference_dir, config=config)
+    stored = load_file(reference_dir / "model.safetensors")
+    state = model.state_dict()
+    assert set(state) == {k.removeprefix("vggt.aggregator.") for k in stored if k.startswith("vggt.aggregator.")}
+    for key, tensor in state.items():
+        assert torch.equal(tensor, stored[f"vggt.aggregator.{key}"]), key
+
+
+# --------------------------------------------------------------------------------------- export
+
+
+def trained_like_model() -> JanusVLNModel:
+    """A tiny model whose every weight differs from a fresh one (as after training)."""
+    qwen = load_qwen(LanguageModelSettings(path=QWEN_DIR, random_init=True, seed=3))
+    model = JanusVLNModel(qwen, FEATURE_DIM, JanusModelConfig(lam=LAM, merger_hidden=MERGER_HIDDEN))
+    generator = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(0.01 * torch.randn(param.shape, generator=generator))
+    return model
+
+
+def test_round_trip_export_then_import_gives_the_same_outputs(sample_index: DatasetIndex, profile: Profile,
+                                                              tmp_path: Path) -> None:
+    model = trained_like_model()
+    encoder = VGGTAggregator.from_config(AggregatorConfig.from_dict(json.loads(VGGT_CONFIG.read_text())))
+    config = reference_config_dict(model.qwen.config, model.config, "first", LossConfig(1.0), "float32")
+    out = write_reference_checkpoint(tmp_path / "export", model.state_dict(), encoder.state_dict(), config, QWEN_DIR,
+                                     torch.float32)
+    imported = load_reference_model(out, profile, JanusModelConfig())
+    batch = make_batch(sample_index, [sample_index.samples[3], sample_index.samples[20]])
+    expected, got = outputs(model, batch), outputs(imported, batch)
+    for name, value in expected.items():
+        assert torch.equal(got[name], value), name
+
+
+def test_exported_directory_has_exactly_the_documented_keys_and_config_fields(tmp_path: Path) -> None:
+    model = trained_like_model()
+    encoder = VGGTAggregator.from_config(AggregatorConfig.from_dict(json.loads(VGGT_CONFIG.read_text())))
+    config = reference_config_dict(model.qwen.config, model.config, "last", LossConfig(0.5, 2.0, 100), "bfloat16")
+    out = write_reference_checkpoint(tmp_path / "export", model.state_dict(), encoder.state_dict(), config, QWEN_DIR,
+                                     torch.bfloat16)
+    written = json.loads((out / "config.json").read_text())
+    assert DOCUMENTED_CONFIG_FIELDS <= set(written) and "text_config" not in written
+    assert written["architectures"] == ["Qwen2_5_VLForConditionalGenerationForJanusVLN"]
+    assert written["model_type"] == "qwen2_5_vl" and written["rope_scaling"]["mrope_section"] == [2, 3, 3]
+    assert (written["lam"], written["reference_frame"], written["vggt_merger_hidden_dim"]) == (LAM, "last", MERGER_HIDDEN)
+    assert (written["distill_loss_weight"], written["distill_loss_weight_end"],
+            written["distill_loss_weight_warmup_steps"]) == (0.5, 2.0, 100)
+    assert written["hidden_size"] == HIDDEN and written["vision_config"]["out_hidden_size"] == HIDDEN
+    stored = load_file(out / "model.safetensors")
+    expected = set(reference_shapes()) - {k for k in reference_shapes() if k.startswith("merger.")}
+    expected |= {"merger.ln_q.weight", "merger.mlp.0.weight", "merger.mlp.0.bias", "merger.mlp.2.weight",
+                 "merger.mlp.2.bias"}
+    assert set(stored) == expected
+    assert all(key.startswith(KEY_GROUPS) for key in stored)
+    assert {k.split(".")[1] for k in stored if k.startswith("action_head.")} == {"0", "1", "3"}
+    assert all(t.dtype == torch.bfloat16 for t in stored.values())
+    assert {p.name for p in out.iterdir()} >= {"config.json", "model.safetensors", "tokenizer.json",
+                                               "tokenizer_config.json", "preprocessor_config.json"}
+    # janus reads it back (the reference trainer's own reader is transformers 4.50).
+    assert read_reference_config(out).merger_hidden == MERGER_HIDDEN
+
+
+def test_export_command_names_a_missing_vggt_or_an_unknown_format(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from janus_train.cli import app
+
+    profile_path = write_test_profile(tmp_path / "p.yaml")  # the tiny profile: random VGGT, no vggt.path
+    for args, words in ((["--format", "janusvln"], "needs --vggt PATH"), (["--format", "hf"], "--format must be one of")):
+        result = CliRunner().invoke(app, ["export", str(tmp_path), "--out", str(tmp_path / "x"),
+                                          "--profile", str(profile_path), *args])
+        assert result.exit_code == 2 and words in result.output, result.output
+        assert result.output.strip().count("\n") == 0
+
+
+# ---------------------------------------------------------------------- checking a cache against it
+
+
+def test_live_check_parts_of_a_reference_directory(reference_dir: Path, profile: Profile,
+                                                   sample_index: DatasetIndex) -> None:
+    """The encoder is the directory's ``vggt.aggregator``; the fused embeddings are those the
+    imported model computes from the same frames and features."""
+    tiny_vggt = AggregatorConfig.from_dict(json.loads(VGGT_CONFIG.read_text()))
+    cache = CacheSettings(resolution=Resolution.parse(RESOLUTION), reference_frame="first")
+    encoder, fusion = reference_live_check(reference_dir, cache, aggregator=tiny_vggt)
+    stored = load_file(reference_dir / "model.safetensors")
+    for key, tensor in encoder.model.state_dict().items():
+        assert torch.equal(tensor, stored[f"vggt.aggregator.{key}"]), key
+    batch = make_batch(sample_index, [sample_index.samples[3], sample_index.samples[20]], with_features=False)
+    features = encoder.encode(batch["frames"])
+    model = load_reference_model(reference_dir, profile, JanusModelConfig())
+    with torch.no_grad():
+        expected = model.image_embeddings(batch["frames"], features)
+    assert torch.equal(fusion.image_embeddings(batch["frames"], features), expected)
+    assert encoder.reference_frame == "first" and fusion.lam == LAM
+
+
+# ------------------------------------------------------------- training from it, under torchrun
+
+
+def test_two_process_zero3_run_starts_from_the_directory_and_exports_it_back(reference_dir: Path,
+                                                                            tmp_path: Path) -> None:
+    """``train.init_from`` through the real trainer (torchrun, 2 processes, ZeRO-3 over gloo), at
+    learning rate 0 so the weights stay the initial ones; ``janus-train export --format janusvln``
+    of its checkpoint then gives back the directory's state dict, tensor for tensor."""
+    from test_train import assert_succeeded, precompute, torchrun_train, write_train_profile
+    from typer.testing import CliRunner
+
+    from janus_cache.sample_data import write_sample_data
+    from janus_train.cli import app
+
+    zero_lr = {"lr_base": 0.0, "lr_projector": 0.0, "lr_vision": 0.0, "live_check_every": 0, "max_steps": 2,
+               "save_every": 2, "init_from": str(reference_dir)}
+    profile_path = write_train_profile(tmp_path / "init.yaml", cache={"resolution": RESOLUTION}, train=zero_lr)
+    data = write_sample_data(tmp_path / "data", episodes=2, steps=4, seed=0)
+    cache = precompute(data, tmp_path / "cache", profile_path)
+    run = tmp_path / "run"
+    assert_succeeded(torchrun_train("--out", run, "--cache", cache, "--profile", profile_path, "--no-export"))
+
+    out = tmp_path / "janusvln"
+    result = CliRunner().invoke(app, ["export", str(run), "--out", str(out), "--profile", str(profile_path),
+                                      "--format", "janusvln", "--vggt", str(reference_dir)])
+    assert result.exit_code == 0, result.output
+    exported, original = load_file(out / "model.safetensors"), load_file(reference_dir / "model.safetensors")
+    assert set(exported) == set(original)
+    for key, tensor in original.items():
+        assert torch.equal(exported[key], tensor), key
+    config = json.loads((out / "config.json").read_text())
+    assert (config["lam"], config["vggt_merger_hidden_dim"], config["reference_frame"]) == (LAM, MERGER_HIDDEN, "first")
