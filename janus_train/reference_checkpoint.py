@@ -26,7 +26,7 @@ from torch import nn
 from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTransformerPretrainedModel
 
-from janus_cache.encoder import FEATURE_DTYPES, WindowEncoder
+from janus_cache.encoder import WindowEncoder
 from janus_cache.profile import CacheSettings, Profile
 from janus_cache.vggt import REFERENCE_FRAMES, AggregatorConfig, VGGTAggregator
 from janus_cache.vggt.checkpoint import (
@@ -368,7 +368,7 @@ def reference_live_check(directory: Path, cache: CacheSettings, aggregator: Aggr
     except CheckpointError as exc:
         raise ReferenceCheckpointError(str(exc)) from exc
     window_encoder = WindowEncoder(model.to(device), cache.reference_frame, cache.layer,
-                                   FEATURE_DTYPES[cache.feature_dtype])
+                                   TORCH_DTYPES[cache.feature_dtype])
 
     visual = Qwen2_5_VisionTransformerPretrainedModel._from_config(reference.qwen.vision_config, dtype=torch.float32)
     merger = VGGTMerger(2 * architecture.embed_dim, reference.qwen.text_config.hidden_size, reference.merger_hidden)

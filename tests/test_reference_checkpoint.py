@@ -24,7 +24,7 @@ from model_cases import QWEN_DIR, VGGT_CONFIG, make_batch
 from safetensors.torch import load_file, save_file
 from transformers import AutoConfig, Qwen2_5_VLForConditionalGeneration
 
-from janus_cache.dataset import DatasetIndex
+from janus_cache.index import DatasetIndex
 from janus_cache.profile import CacheSettings, LanguageModelSettings, Profile, load_profile
 from janus_cache.resolution import Resolution
 from janus_cache.vggt import AggregatorConfig, VGGTAggregator
@@ -330,7 +330,7 @@ def test_exported_directory_has_exactly_the_documented_keys_and_config_fields(tm
 def test_export_command_names_a_missing_vggt_or_an_unknown_format(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
-    from janus_train.cli import app
+    from pipelines.train_cli import app
 
     profile_path = write_test_profile(tmp_path / "p.yaml")  # the tiny profile: random VGGT, no vggt.path
     for args, words in ((["--format", "janusvln"], "needs --vggt PATH"), (["--format", "hf"], "--format must be one of")):
@@ -374,7 +374,7 @@ def test_two_process_zero3_run_starts_from_the_directory_and_exports_it_back(ref
     from typer.testing import CliRunner
 
     from janus_cache.sample_data import write_sample_data
-    from janus_train.cli import app
+    from pipelines.train_cli import app
 
     zero_lr = {"lr_base": 0.0, "lr_projector": 0.0, "lr_vision": 0.0, "live_check_every": 0, "max_steps": 2,
                "save_every": 2, "init_from": str(reference_dir)}
