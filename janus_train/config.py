@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from janus_cache.profile import CONFIGS_DIR, Profile, ProfileError, Section
+from janus_train.activation_checkpointing import FULL, ActivationCheckpointing
 from janus_train.loss import LossConfig
 from janus_train.model import JanusModelConfig, TrainableParts
 
@@ -33,7 +34,8 @@ class TrainSettings:
     lam: float = 0.2
     merger_hidden: int = 4096
     train_vision: bool = False
-    gradient_checkpointing: bool = True
+    gradient_checkpointing: ActivationCheckpointing = FULL
+    """Decoder layers that recompute activations in backward: full | none | every_K (true/false too)."""
     seed: int = 0
     num_workers: int = 2
     save_every: int = 500
@@ -80,7 +82,7 @@ def load_train_settings(profile: Profile) -> TrainSettings:
         lam=float(sec.get("lam", number, d.lam)),
         merger_hidden=sec.positive("merger_hidden", d.merger_hidden),
         train_vision=sec.get("train_vision", bool, d.train_vision),
-        gradient_checkpointing=sec.get("gradient_checkpointing", bool, d.gradient_checkpointing),
+        gradient_checkpointing=_checkpointing(sec, profile, str(d.gradient_checkpointing)),
         seed=sec.get("seed", int, d.seed),
         num_workers=sec.get("num_workers", int, d.num_workers),
         save_every=sec.get("save_every", int, d.save_every),
@@ -101,6 +103,13 @@ def load_train_settings(profile: Profile) -> TrainSettings:
         raise ProfileError(f"{profile.source}: setting 'train.deepspeed' names {deepspeed_config_path(settings)}, "
                            "which does not exist")
     return settings
+
+
+def _checkpointing(sec: Section, profile: Profile, default: str) -> ActivationCheckpointing:
+    try:
+        return ActivationCheckpointing.parse(sec.get("gradient_checkpointing", (bool, str), default))
+    except ValueError as exc:
+        raise ProfileError(f"{profile.source}: setting 'train.gradient_checkpointing': {exc}") from None
 
 
 def deepspeed_config_path(settings: TrainSettings) -> Path:
