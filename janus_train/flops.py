@@ -22,18 +22,18 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode
-from transformers import AutoConfig, Qwen2_5_VLForConditionalGeneration
+from transformers import AutoConfig, PretrainedConfig, Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 from transformers.vision_utils import get_vision_cu_seqlens, get_vision_position_ids, get_vision_window_index
 
 from janus_cache.vggt import AggregatorConfig, VGGTAggregator, window_flops
 from janus_train.activation_checkpointing import FULL, NONE, ActivationCheckpointing
 from janus_train.model import JanusModelConfig, JanusVLNModel
-from janus_train.workload import VGGT_LAYER, SampleShape, StepRunner, make_batch
+from janus_train.workload import VGGT_LAYER, SampleShape, StepRunner, make_batch, stream_window_features
 
 COMPONENTS: tuple[str, ...] = ("vggt", "vit", "merger", "llm_forward", "logits", "backward", "recompute")
 META = torch.device("meta")
@@ -102,12 +102,12 @@ class PhaseCounter:
 
 
 def build_model(
-    qwen_dir: Path, feature_dim: int, merger_hidden: int = 4096, device: torch.device = META,
+    qwen: Path | PretrainedConfig, feature_dim: int, merger_hidden: int = 4096, device: torch.device = META,
     dtype: torch.dtype = torch.bfloat16, attn_implementation: str = "sdpa",
 ) -> JanusVLNModel:
-    """A JanusVLN model of the Qwen2.5-VL architecture in ``qwen_dir/config.json``, built directly on
-    ``device`` (random weights; none on the meta device)."""
-    config = AutoConfig.from_pretrained(qwen_dir, local_files_only=True)
+    """A JanusVLN model of the Qwen2.5-VL architecture ``qwen`` (a config, or a directory with its
+    ``config.json``), built directly on ``device`` (random weights; none on the meta device)."""
+    config = qwen if isinstance(qwen, PretrainedConfig) else AutoConfig.from_pretrained(qwen, local_files_only=True)
     with torch.device(device):
         qwen = Qwen2_5_VLForConditionalGeneration._from_config(config, dtype=dtype,
                                                                 attn_implementation=attn_implementation)
@@ -123,9 +123,38 @@ def load_vggt_config(path: Path) -> AggregatorConfig:
     return AggregatorConfig.from_dict(json.loads(Path(path).read_text()))
 
 
-def vit_block_flops(model: JanusVLNModel, shape: SampleShape) -> float:
-    """FLOPs of Qwen's ViT without its merger for the images of one sample (counted at one image)."""
-    visual = model.qwen.model.visual
+def qwen_config(qwen_dir: Path, layers: int | None = None, vision_full: tuple[bool, ...] | None = None) -> Qwen2_5_VLConfig:
+    """The Qwen2.5-VL config of ``qwen_dir``, optionally with ``layers`` decoder layers and ViT blocks
+    ``vision_full`` (True: a full-attention block, False: a window-attention block)."""
+    values = json.loads((Path(qwen_dir) / "config.json").read_text())
+    if layers is not None:
+        values["text_config"] = {**values["text_config"], "num_hidden_layers": layers}
+    if vision_full is not None:
+        values["vision_config"] = {**values["vision_config"], "depth": len(vision_full),
+                                   "fullatt_block_indexes": [i for i, full in enumerate(vision_full) if full]}
+    return Qwen2_5_VLConfig.from_dict(values)
+
+
+def vit_block_flops(qwen_dir: Path, shape: SampleShape) -> float:
+    """FLOPs of Qwen's ViT without its merger for the images of one sample.
+
+    Counted at one image (images never attend to each other) with the window layout computed on
+    the CPU, for 1 window + 1 full-attention block, 2 + 1 and 1 + 2, and extrapolated to the real
+    numbers of each kind of block.
+    """
+    real = qwen_config(qwen_dir).vision_config
+    n_full = len(real.fullatt_block_indexes)
+
+    def count(blocks: tuple[bool, ...]) -> float:
+        visual = build_model(qwen_config(qwen_dir, layers=1, vision_full=blocks), 2).qwen.model.visual
+        return _vit_flops_one_image(visual, shape)
+
+    one_each = count((False, True))
+    window, full = count((False, False, True)) - one_each, count((False, True, True)) - one_each
+    return (one_each + (real.depth - n_full - 1) * window + (n_full - 1) * full) * shape.images
+
+
+def _vit_flops_one_image(visual: torch.nn.Module, shape: SampleShape) -> float:
     vc = visual.config
     gh, gw = shape.side // vc.patch_size, shape.side // vc.patch_size
     grid = torch.tensor([[1, gh, gw]])
@@ -145,7 +174,7 @@ def vit_block_flops(model: JanusVLNModel, shape: SampleShape) -> float:
             visual(pixel_values, grid, **layout)
         with FlopCounterMode(display=False) as merger:
             visual.merger(torch.empty(gh * gw, vc.hidden_size, device=visual.device, dtype=visual.dtype))
-    return float(whole.get_total_flops() - merger.get_total_flops()) * shape.images
+    return float(whole.get_total_flops() - merger.get_total_flops())
 
 
 def merger_only(model: JanusVLNModel, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> torch.Tensor:
@@ -154,6 +183,26 @@ def merger_only(model: JanusVLNModel, pixel_values: torch.Tensor, grid_thw: torc
     visual = model.qwen.model.visual
     rows = pixel_values.shape[0]
     return visual.merger(torch.empty(rows, visual.config.hidden_size, device=pixel_values.device, dtype=visual.dtype))
+
+
+def vggt_stream_flops(config: AggregatorConfig, shape: SampleShape) -> float:
+    """FLOPs of the reference's per-frame VGGT loop over one window (all block pairs).
+
+    Counted at 1 and 2 DINOv2 blocks and 2 and 3 aggregator block pairs and extrapolated linearly to
+    the real depths: the blocks of a half all have the same shape, and counting the full 48-pair
+    loop block by block on the meta device would take a minute.
+    """
+    frames = torch.empty(1, shape.images, shape.side, shape.side, 3, dtype=torch.uint8, device=META)
+
+    def count(dino_depth: int, depth: int) -> float:
+        small = replace(config, depth=depth, patch_embed=replace(config.patch_embed, depth=dino_depth))
+        with FlopCounterMode(display=False) as counter:
+            stream_window_features(build_vggt(small), frames)
+        return float(counter.get_total_flops())
+
+    base = count(1, 2)  # two pairs at least: the feature is read at pair -2
+    per_dino_block, per_pair = count(2, 2) - base, count(1, 3) - base
+    return base + (config.patch_embed.depth - 1) * per_dino_block + (config.depth - 2) * per_pair
 
 
 def count_step(runner: StepRunner, path: str, batch: dict[str, torch.Tensor],
@@ -179,16 +228,38 @@ def count_flops(
     checkpointing: ActivationCheckpointing = FULL,
     merger_hidden: int = 4096,
 ) -> FlopTable:
-    """The FLOP table of one janus step and one reference step at ``shape`` (meta device)."""
+    """The FLOP table of one janus step and one reference step at ``shape`` (meta device).
+
+    The steps are counted with 2 and 3 decoder layers and extrapolated to the real depth (every
+    decoder layer has the same shape, so per-layer components grow exactly linearly); the ViT blocks
+    and VGGT the same way (:func:`vit_block_flops`, :func:`vggt_stream_flops`). Checkpointing must
+    be ``full`` or ``none`` (every K-th layer does not extrapolate from 2 layers).
+    """
+    if checkpointing.every > 1:
+        raise ValueError(f"FLOPs are counted for full or no checkpointing, not {checkpointing}")
     aggregator = load_vggt_config(vggt_config)
-    model = build_model(qwen_dir, 2 * aggregator.embed_dim, merger_hidden)
-    runner = StepRunner(model, build_vggt(aggregator), vit=merger_only)
-    batch = make_batch(model, shape)
-    vit_blocks = vit_block_flops(model, shape)
+    layers = qwen_config(qwen_dir).text_config.num_hidden_layers
+    patches = (shape.side // aggregator.patch_size) ** 2
+
+    def counted(n_layers: int) -> dict[str, dict[str, float]]:
+        model = build_model(qwen_config(qwen_dir, layers=n_layers, vision_full=(True,)), 2 * aggregator.embed_dim,
+                            merger_hidden)
+
+        def features(frames: torch.Tensor) -> torch.Tensor:  # counted by vggt_stream_flops
+            return torch.empty(1, patches, model.feature_dim, device=META, dtype=torch.bfloat16)
+
+        runner = StepRunner(model, vit=merger_only, reference_vggt=features)
+        batch = make_batch(model, shape)
+        return {path: count_step(runner, path, batch, checkpointing) for path in ("janus", "reference")}
+
+    two, three = counted(2), counted(3)
+    vit_blocks = vit_block_flops(qwen_dir, shape)
     steps = {}
     for path in ("janus", "reference"):
-        flops = count_step(runner, path, batch, checkpointing)
+        flops = {name: two[path][name] + (layers - 2) * (three[path][name] - two[path][name]) for name in COMPONENTS}
         flops["vit"] += vit_blocks
+        if path == "reference":
+            flops["vggt"] = vggt_stream_flops(aggregator, shape)
         steps[path] = StepFlops(path, flops)
     precompute = window_flops(aggregator, shape.side, shape.side, shape.images, last_layer=VGGT_LAYER)
     return FlopTable(shape, str(checkpointing), steps["janus"], steps["reference"], precompute,

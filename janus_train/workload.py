@@ -37,6 +37,9 @@ Phase = Callable[[str], contextlib.AbstractContextManager[None]]
 VitRunner = Callable[[JanusVLNModel, torch.Tensor, torch.Tensor], torch.Tensor]
 """Runs Qwen's ViT: ``(model, pixel_values, image_grid_thw) -> image embeddings [n*T, hidden]``."""
 
+VggtRunner = Callable[[torch.Tensor], torch.Tensor]
+"""The reference step's VGGT: uint8 frames [1, S, H, W, 3] on the device -> feature [1, N, 2C]."""
+
 PATHS: tuple[str, ...] = ("janus", "reference")
 VGGT_LAYER = -2
 """The aggregator output JanusVLN consumes."""
@@ -111,11 +114,13 @@ def run_vit(model: JanusVLNModel, pixel_values: torch.Tensor, grid_thw: torch.Te
 
 @dataclass
 class StepRunner:
-    """Runs one step of either path on a model (and, for the reference path, a VGGT aggregator)."""
+    """Runs one step of either path on a model; the reference path also needs ``vggt`` (an
+    aggregator, run by :func:`stream_window_features`) or a ``reference_vggt`` runner."""
 
     model: JanusVLNModel
     vggt: VGGTAggregator | None = None
     vit: VitRunner = run_vit
+    reference_vggt: VggtRunner | None = None
 
     @property
     def device(self) -> torch.device:
@@ -147,7 +152,7 @@ class StepRunner:
         return self._language_loss(batch, pixel_values, grid_thw, features, phase, full_vocab=False)
 
     def reference_loss(self, batch: dict[str, torch.Tensor], phase: Phase = no_phase) -> torch.Tensor:
-        if self.vggt is None:
+        if self.vggt is None and self.reference_vggt is None:
             raise ValueError("the reference path needs a VGGT aggregator (StepRunner.vggt)")
         with phase("vggt"):
             features = self.stream_vggt(batch["frames"].to(self.device, non_blocking=True))
@@ -159,6 +164,8 @@ class StepRunner:
         return self._language_loss(batch, pixel_values, grid_thw, features, phase, full_vocab=True)
 
     def stream_vggt(self, frames: torch.Tensor) -> torch.Tensor:
+        if self.reference_vggt is not None:
+            return self.reference_vggt(frames)
         assert self.vggt is not None
         return stream_window_features(self.vggt, frames)
 
