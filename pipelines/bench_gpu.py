@@ -37,6 +37,7 @@ from janus_train.activation_checkpointing import ActivationCheckpointing
 from janus_train.flops import FlopTable, build_model, build_vggt, count_flops, load_vggt_config
 from janus_train.model import attention_implementation
 from janus_train.workload import VGGT_LAYER, SampleShape, StepRunner, make_batch, stream_window_features
+from pipelines.bench import Stat
 from pipelines.bench_projection import (
     TARGET_GPU_S_PER_SAMPLE,
     TARGET_VGGT_WINDOWS_PER_S,
@@ -68,19 +69,8 @@ class GpuBenchSettings:
 
 REAL = GpuBenchSettings(MODELS / "qwen2_5_vl_7b", MODELS / "vggt_1b.json", SampleShape(), "cuda", torch.bfloat16)
 SMOKE = GpuBenchSettings(MODELS / "tiny-qwen2_5_vl", MODELS / "tiny-vggt.json", SampleShape(side=56), "cpu",
-                         torch.float32, merger_hidden=96, repeats=2, warmup=1, vggt_batches=(1, 2),
+                         torch.float32, merger_hidden=96, repeats=1, warmup=1, vggt_batches=(1, 2),
                          checkpointing=("full", "none", "every_2"), threads=1)
-
-
-@dataclass(frozen=True)
-class Stat:
-    median: float
-    min: float
-    max: float
-
-    @classmethod
-    def of(cls, values: list[float]) -> Stat:
-        return cls(statistics.median(values), min(values), max(values))
 
 
 # ------------------------------------------------------------------------------ measuring

@@ -200,7 +200,7 @@ def test_projection_reproduces_the_reference_epoch_and_adds_zero3_traffic() -> N
 
 
 def test_gpu_bench_smoke_mode_runs_every_section_and_writes_table_and_plots(tmp_path: Path) -> None:
-    bench_gpu.command(out=tmp_path, smoke=True, repeats=2)
+    bench_gpu.command(out=tmp_path, smoke=True)
     results = json.loads((tmp_path / "gpu_smoke.json").read_text())
     pre, train = results["precompute"], results["training"]
     assert set(pre["rows"]) == {"janus_b1", "janus_b2", "reference_b1"}
