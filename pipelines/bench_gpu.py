@@ -11,7 +11,8 @@ warm-up:
   analytically), per activation-checkpointing policy; s/sample, tokens/s, MFU, peak memory;
   optionally with Liger's fused Qwen2.5-VL kernels when installed;
 * FLOPs per component from :mod:`janus_train.flops` (meta device) and the projection to an
-  epoch on 8 GPUs (:mod:`pipelines.bench_projection`).
+  epoch on 8 GPUs (:mod:`pipelines.bench_projection`);
+* the data path at the real shape on the host's cores (``--no-data-path`` skips it).
 
 ``--smoke`` runs every code path at tiny shapes on the CPU in float32 (the test suite does).
 """
@@ -21,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import json
+import shutil
 import statistics
 import time
 from collections.abc import Callable, Iterator
@@ -288,6 +290,7 @@ def run(settings: GpuBenchSettings) -> dict[str, Any]:
 
 
 def _run(settings: GpuBenchSettings, device: Device, started: float) -> dict[str, Any]:
+    print("[gpu 1/4] FLOPs per sample (meta device)...", flush=True)
     flops = count_flops(settings.qwen_dir, settings.vggt_config, settings.shape, merger_hidden=settings.merger_hidden)
     results: dict[str, Any] = {
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
@@ -298,7 +301,9 @@ def _run(settings: GpuBenchSettings, device: Device, started: float) -> dict[str
         "models": {"qwen": settings.qwen_dir.name, "vggt": settings.vggt_config.name},
         "flops": flops.to_dict(),
     }
+    print("[gpu 2/4] precompute: VGGT windows, batched vs per-frame loop...", flush=True)
     results["precompute"] = precompute(settings, device)
+    print("[gpu 3/4] training compute per sample, janus vs reference...", flush=True)
     results["training"] = training(settings, device, flops)
     results["seconds"] = time.perf_counter() - started
     return results
@@ -308,6 +313,9 @@ def command(
     out: Annotated[Path, typer.Option(help="Where gpu.json, gpu.md and the plots go.")] = Path("bench"),
     smoke: Annotated[bool, typer.Option(help="Tiny models on the CPU: checks the code paths, measures nothing real.")] = False,
     repeats: Annotated[int, typer.Option(min=1, help="Timed repeats per row (after warm-up).")] = 3,
+    data: Annotated[bool, typer.Option("--data-path/--no-data-path",
+                                       help="Also measure the data path on the host's cores (not in --smoke).")] = True,
+    workers: Annotated[int, typer.Option(min=1, help="Loader workers for the data path.")] = 8,
 ) -> None:
     """Measure precompute and training compute of janus vs the reference on one GPU."""
     settings = SMOKE if smoke else REAL
@@ -318,6 +326,14 @@ def command(
 
     results = run(settings)
     out.mkdir(parents=True, exist_ok=True)
+    if data and not smoke:
+        from pipelines.bench import data_path
+
+        print("[gpu 4/4] data path on the host's cores (pad644, live vs cached)...", flush=True)
+        work = out / "work"
+        shutil.rmtree(work, ignore_errors=True)
+        results["data_path"] = data_path(work, repeats, workers)
+        shutil.rmtree(work, ignore_errors=True)
     stem = "gpu_smoke" if smoke else "gpu"
     (out / f"{stem}.json").write_text(json.dumps(results, indent=2) + "\n")
     table = gpu_markdown(results)

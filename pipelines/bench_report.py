@@ -112,6 +112,14 @@ def gpu_markdown(results: dict[str, Any]) -> str:
         )
     else:
         lines.append("Projection: not made (no nominal NVLink figure for this device).")
+    data = results.get("data_path")
+    if data:
+        lines.append(
+            f"Data path on the host's cores ({data['frames_per_sample']}×{data['resolution']} frames + tokens, samples/s): "
+            f"per core live {_st(data['live_per_core'])} vs cached {_st(data['cached_per_core'])} "
+            f"({data['speedup_per_core']:.1f}×); with {data['loader_workers']} loader workers live "
+            f"{_st(data['live_with_workers'])} vs cached {_st(data['cached_with_workers'])} ({data['speedup_with_workers']:.1f}×)."
+        )
     return "\n".join(lines) + "\n\n" + flops_markdown(results["flops"])
 
 
