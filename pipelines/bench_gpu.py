@@ -236,8 +236,9 @@ def training(settings: GpuBenchSettings, device: Device, flops: FlopTable) -> di
     if liger is None:
         measure("janus_full_liger", "janus", "full")
     rows_ok = {k: r for k, r in rows.items() if "s_per_sample" in r}
-    janus_best = min((r for r in rows_ok.values() if r["path"] == "janus"), key=lambda r: r["s_per_sample"]["median"],
-                     default=None)
+    best_name = min((k for k, r in rows_ok.items() if r["path"] == "janus"),
+                    key=lambda k: rows_ok[k]["s_per_sample"]["median"], default=None)
+    janus_best = rows_ok[best_name] if best_name else None
     reference = rows_ok.get(f"reference_{settings.reference_checkpointing}")
     params = sum(p.numel() for p in model.parameters())
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
@@ -248,7 +249,7 @@ def training(settings: GpuBenchSettings, device: Device, flops: FlopTable) -> di
         "trainable_params": trainable,
         "zero3_share_8_gpus": ZeroShare.of(params, trainable).__dict__,
         "liger": "applied" if liger is None else f"not used ({liger})",
-        "best_janus": janus_best and f"janus_{janus_best['checkpointing']}",
+        "best_janus": best_name,
         "target_gpu_s_per_sample": TARGET_GPU_S_PER_SAMPLE,
     }
     if janus_best and reference:

@@ -77,7 +77,7 @@ def gpu_markdown(results: dict[str, Any]) -> str:
     lines += [
         "",
         f"janus batched (best B={pre['best_batch']}) / reference per-frame loop: **{pre['ratio_best']:.2f}×** "
-        f"(B=1: {pre['ratio_b1']:.2f}×); target ≥ {pre['target_windows_per_s']:g} windows/s per H100-class GPU.",
+        f"(B=1: {_fmt(pre['ratio_b1'])}×); target ≥ {pre['target_windows_per_s']:g} windows/s per H100-class GPU.",
         "",
         "| training step (forward + backward, 1 sample) | s/sample | tokens/s | TFLOP/s | MFU | peak GiB |",
         "|---|---|---|---|---|---|",
