@@ -28,7 +28,7 @@ PRECOMPUTE_ARGS ?=
 VERIFY_ARGS ?=
 STAMP := $(VENV)/.janus-setup
 
-.PHONY: help setup test demo precompute train verify bench clean-demo
+.PHONY: help setup test demo precompute train verify bench bench-gpu clean-demo
 
 help:
 	@echo "make setup       install janus and its dependencies into $(VENV)"
@@ -37,6 +37,8 @@ help:
 	@echo "make precompute DATA=dir [PROFILE=tiny] [OUT=cache] [NPROC=n] [FORMAT=zarr|wds]"
 	@echo "make verify CACHE=dir [DATA=dir] [PROFILE=tiny] [NPROC=n] [VERIFY_ARGS='--live 8 --json report.json']"
 	@echo "make train [PROFILE=tiny|h800] [CACHE=cache] [RUN=runs/PROFILE] [NPROC=n]"
+	@echo "make bench       live vs cached data path, storage, FLOPs per sample (CPU; GPU section with CUDA)"
+	@echo "make bench-gpu   janus vs reference precompute and training step on one GPU (< 10 min)"
 
 $(STAMP): pyproject.toml $(TORCH_CONSTRAINTS)
 	@test -x $(PY) || $(PYTHON_SYS) -m venv $(VENV)
@@ -80,6 +82,9 @@ verify: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m pipelines.bench --out bench $(BENCH_ARGS)
+
+bench-gpu: $(STAMP)
+	$(PY) -m pipelines.bench_gpu --out bench $(BENCH_ARGS)
 
 clean-demo:
 	rm -rf $(DEMO_DIR)

@@ -142,11 +142,12 @@ def _value(raw: Any, kind: Any, meta: Mapping[str, Any], key: str, source: Path)
     kind, _ = _optional(kind)
     parse = meta.get("parse")
     if parse is not None:
-        if not isinstance(raw, str):
+        # Strings, and YAML's true/false for settings whose parser gives them a meaning.
+        if not isinstance(raw, (str, bool)):
             raise SettingsError(f"{source}: setting '{key}' must be a string, got {raw!r}")
         try:
             return parse(raw)
-        except ValueError as err:
+        except (ValueError, TypeError) as err:
             raise SettingsError(f"{source}: setting '{key}': {err}") from None
     if typing.get_origin(kind) is tuple:
         args = typing.get_args(kind)

@@ -9,6 +9,7 @@ from typing import Any
 
 from janus_cache.profile import CONFIGS_DIR, Profile, ProfileError
 from janus_cache.settings import SettingsError, read_settings, setting
+from janus_train.activation_checkpointing import FULL, ActivationCheckpointing
 from janus_train.loss import LossConfig
 from janus_train.model import JanusModelConfig, TrainableParts
 from janus_train.prompt_template import DEFAULT_TEMPLATE, PromptTemplate
@@ -41,7 +42,9 @@ class TrainSettings:
     lam: float = setting(0.2, "Scale of the VGGT merger's output added to the image embeddings.")
     merger_hidden: int = setting(4096, "Hidden size of the VGGT merger (vggt_merger_hidden_dim).", min=1)
     train_vision: bool = setting(False, "Train the vision tower too.")
-    gradient_checkpointing: bool = setting(True, "Recompute activations in the backward pass.")
+    gradient_checkpointing: ActivationCheckpointing = setting(
+        FULL, "Decoder layers that recompute activations in the backward pass: full, none or every_K "
+        "(true/false too).", parse=ActivationCheckpointing.parse)
     seed: int = setting(0, "Seed of initialisation and data order.")
     num_workers: int = setting(16, "Data loader workers per process.", min=0)
     save_every: int = setting(1000, "Optimizer steps between checkpoints (0: only at the end).", min=0)

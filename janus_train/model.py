@@ -43,6 +43,7 @@ from janus_cache.qwen_vision import MERGE_SIZE
 from janus_cache.resolution import grid_shape, visual_tokens_for_shape
 from janus_cache.vggt import AggregatorConfig
 from janus_cache.vggt.checkpoint import resolve_config, resolve_weights_file
+from janus_train.activation_checkpointing import ActivationCheckpointing
 from janus_train.loss import (
     DEFAULT_LOGIT_CHUNK_ROWS,
     LossParts,
@@ -316,12 +317,10 @@ class JanusVLNModel(nn.Module):
                 group["param_names"].append(name)
         return [group for group in groups.values() if group["params"]]
 
-    def set_gradient_checkpointing(self, enabled: bool) -> None:
-        """Recompute Qwen's decoder (and ViT) layer activations in the backward pass."""
-        if enabled:
-            self.qwen.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-        else:
-            self.qwen.activation_checkpointing_disable()
+    def set_gradient_checkpointing(self, policy: bool | ActivationCheckpointing) -> None:
+        """Recompute Qwen's decoder (and ViT) layer activations in the backward pass: all layers
+        (``True``), none (``False``) or as an :class:`ActivationCheckpointing` policy says."""
+        (ActivationCheckpointing.parse(policy) if isinstance(policy, bool) else policy).apply(self.qwen)
 
     @property
     def gradient_checkpointing(self) -> bool:

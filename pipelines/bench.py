@@ -7,7 +7,9 @@ comparison is a ratio of two figures of the same run. Writes ``bench/results.jso
 Sections: (1) data path at the real shape (640x480 PNG sources, 9 frames, pad644): the live
 reference path vs the cached path, per core and with loader workers; (2) storage per sample and
 extrapolated to the real set; (3) precompute throughput per phase; (4) training step cached vs
-live (tiny profile, 2 processes); (5) GPU figures where CUDA is available.
+live (tiny profile, 2 processes); (5) FLOPs per sample of a janus and a reference step at the real
+7B / VGGT-1B shapes, counted on the meta device (:mod:`janus_train.flops`); (6) the GPU bench
+(:mod:`pipelines.bench_gpu`) where CUDA is available.
 """
 
 from __future__ import annotations
@@ -40,11 +42,11 @@ from janus_cache.qwen_vision import PATCH_DIM
 from janus_cache.resolution import Resolution, grid_shape, visual_tokens
 from janus_cache.sample_data import write_sample_data
 from janus_cache.store import ZarrCacheReader, open_writer
+from janus_train.flops import count_flops
+from pipelines.bench_projection import REAL_SAMPLES
 from pipelines.precompute import Options
 from pipelines.precompute import run as run_precompute
 
-REAL_SAMPLES = 612_492
-"""Samples (= frames with descriptions) of the real R2R-CE training set."""
 REAL_FEATURE_SHAPE = (2116, 2048)
 """VGGT-1B layer -2 patch tokens at 644x644."""
 REPO = Path(__file__).resolve().parent.parent
@@ -301,30 +303,24 @@ def training(work: Path, steps: int) -> dict[str, Any]:
     return results
 
 
+def flops_section() -> dict[str, Any]:
+    """FLOPs per sample of one janus and one reference step at the real shapes (meta device)."""
+    from pipelines.bench_gpu import REAL
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # meta tensors do no arithmetic; one thread avoids contention
+    try:
+        return count_flops(REAL.qwen_dir, REAL.vggt_config, REAL.shape, merger_hidden=REAL.merger_hidden).to_dict()
+    finally:
+        torch.set_num_threads(threads)
+
+
 def gpu_section() -> dict[str, Any]:
     if not torch.cuda.is_available():
-        return {"skipped": "no CUDA device on this machine; run `make bench` on a GPU machine for this section"}
-    from janus_cache.vggt import AggregatorConfig, VGGTAggregator, window_flops
+        return {"skipped": "no CUDA device on this machine; run `make bench-gpu` on a GPU machine for this section"}
+    from pipelines.bench_gpu import REAL, run
 
-    with torch.device("cuda"):
-        model = VGGTAggregator.from_config(AggregatorConfig())
-    images = torch.rand(2, 9, 3, 644, 644, device="cuda")
-    result: dict[str, Any] = {"device": torch.cuda.get_device_name()}
-    for batch in (1, 2, 4):
-        x = images[:1].expand(batch, -1, -1, -1, -1).contiguous()
-        model.window_features(x)
-        torch.cuda.synchronize()
-        times = []
-        for _ in range(3):
-            start = time.perf_counter()
-            model.window_features(x)
-            torch.cuda.synchronize()
-            times.append(time.perf_counter() - start)
-        per_s = Stat.of([batch / t for t in times])
-        flops = window_flops(model.config, 644, 644, 9, last_layer=-2) * batch
-        result[f"vggt1b_windows_per_s_b{batch}"] = asdict(per_s)
-        result[f"vggt1b_tflops_b{batch}"] = flops / statistics.median(times) / 1e12
-    return result
+    return run(REAL)
 
 
 # ------------------------------------------------------------------------------------ output
@@ -365,44 +361,15 @@ def markdown(results: dict[str, Any]) -> str:
         f"frame writes {st(p['frames_per_s_write'])} frames/s, encode {st(p['samples_per_s_encode'])} samples/s, "
         f"feature writes {st(p['samples_per_s_write'])} samples/s.",
     ]
+    from pipelines.bench_report import flops_markdown, gpu_markdown
+
     gpu = results["gpu"]
+    tail = [flops_markdown(results["flops"])]
     if "skipped" in gpu:
-        lines.append(f"GPU section: skipped ({gpu['skipped']}).")
+        tail.append(f"GPU section: skipped ({gpu['skipped']}).")
     else:
-        lines.append(f"GPU ({gpu['device']}): " + ", ".join(
-            f"B={b}: {gpu[f'vggt1b_windows_per_s_b{b}']['median']:.2f} windows/s "
-            f"({gpu[f'vggt1b_tflops_b{b}']:.0f} TFLOP/s)" for b in (1, 2, 4)))
-    return "\n".join(lines) + "\n"
-
-
-def plot(results: dict[str, Any], path: Path) -> None:
-    """A stacked bar per path: data wait, forward, backward, optimizer (PIL, no plotting library)."""
-    from PIL import Image, ImageDraw
-
-    parts = [("data_wait_s", (214, 96, 77)), ("forward_s", (67, 147, 195)),
-             ("backward_s", (146, 197, 222)), ("optimizer_s", (120, 120, 120))]
-    runs = results["training"]
-    width, height, left, bar_w = 720, 360, 80, 160
-    top = max(sum(runs[r].get(k, {"median": 0})["median"] for k, _ in parts) for r in ("cached", "live")) or 1.0
-    scale = (height - 90) / top
-    image = Image.new("RGB", (width, height), "white")
-    draw = ImageDraw.Draw(image)
-    draw.text((10, 10), "training step time breakdown (median s), tiny profile, 2 processes", fill="black")
-    for i, run in enumerate(("cached", "live")):
-        x0 = left + i * (bar_w + 80)
-        y = height - 40
-        for key, colour in parts:
-            value = runs[run].get(key, {"median": 0.0})["median"]
-            h = value * scale
-            draw.rectangle([x0, y - h, x0 + bar_w, y], fill=colour)
-            y -= h
-        draw.text((x0, height - 30), f"{run}: {runs[run]['step_s']['median']:.2f} s/step", fill="black")
-    for j, (key, colour) in enumerate(parts):
-        draw.rectangle([width - 130, 40 + 20 * j, width - 118, 52 + 20 * j], fill=colour)
-        draw.text((width - 112, 40 + 20 * j), key.removesuffix("_s"), fill="black")
-    image.save(path)
-
-
+        tail.append(gpu_markdown(gpu))
+    return "\n".join(lines) + "\n\n" + "\n".join(tail) + "\n"
 def cpu_name() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -429,24 +396,33 @@ def command(
         "date": date.today().isoformat(),
         "machine": f"{cpu_name()}, {os.cpu_count()} cores, torch {torch.__version__}",
     }
-    print("[1/5] data path (pad644, live vs cached)...", flush=True)
+    print("[1/6] data path (pad644, live vs cached)...", flush=True)
     results["data_path"] = data_path(work, repeats, workers)
-    print("[2/5] storage...", flush=True)
+    print("[2/6] storage...", flush=True)
     results["storage"] = storage(work, Path(results["data_path"]["cache"]))
-    print("[3/5] precompute phases...", flush=True)
+    print("[3/6] precompute phases...", flush=True)
     results["precompute"] = precompute_phases(work, repeats)
-    print("[4/5] training step, cached vs live...", flush=True)
+    print("[4/6] training step, cached vs live...", flush=True)
     results["training"] = training(work, steps)
-    print("[5/5] GPU section...", flush=True)
+    print("[5/6] FLOPs per sample at the real shapes (meta device)...", flush=True)
+    results["flops"] = flops_section()
+    print("[6/6] GPU section...", flush=True)
     results["gpu"] = gpu_section()
     results["seconds"] = time.perf_counter() - started
     (out / "results.json").write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
     table = markdown(results)
     (out / "results.md").write_text(table)
-    plot(results, out / "step_breakdown.png")
+    from pipelines.bench_report import plot_cpu_steps, plot_flops, plot_gpu_steps
+
+    when = results["date"]
+    plot_cpu_steps(results["training"], results["machine"], when, out / "step_breakdown.png")
+    plot_flops(results["flops"], "FLOPs per training sample, Qwen2.5-VL-7B + VGGT-1B architectures",
+               out / "flops_per_component.png", results["machine"], when)
+    if "skipped" not in results["gpu"]:
+        plot_gpu_steps(results["gpu"], out / "gpu_step_breakdown.png")
     shutil.rmtree(work, ignore_errors=True)
     print(table)
-    print(f"wrote {out / 'results.json'}, {out / 'results.md'}, {out / 'step_breakdown.png'} "
+    print(f"wrote {out / 'results.json'}, {out / 'results.md'}, {out / 'step_breakdown.png'}, {out / 'flops_per_component.png'} "
           f"in {results['seconds']:.0f} s")
 
 

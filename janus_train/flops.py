@@ -1,0 +1,266 @@
+"""FLOPs of one training step, per component, counted on any machine.
+
+The models are built on PyTorch's meta device (shapes only: no memory, no arithmetic) from their
+config files, and one step of each path of :mod:`janus_train.workload` runs under
+``torch.utils.flop_counter.FlopCounterMode``, one counter per phase. So the counts are of the very
+code that runs in training and in the GPU bench, at the real 7B / VGGT-1B shapes, in seconds.
+
+Components: ``vggt`` (the reference runs VGGT in every step; janus ran it once, in precompute),
+``vit`` (Qwen's frozen ViT; the same in both paths), ``merger`` (VGGT merger and embedding
+fusion), ``llm_forward``, ``logits`` (LM head + losses), ``backward`` (without recomputation) and
+``recompute`` (the extra forward that activation checkpointing replays in the backward pass).
+
+Two meta-device specifics: Qwen's ViT derives its window layout from ``image_grid_thw`` values,
+which meta tensors do not have, so the ViT blocks are counted once at one image, with the layout
+computed on the CPU, and multiplied by the images of a sample (images never attend to each other,
+so this is exact); inside the step the ViT contributes its merger only. Attention is counted as
+PyTorch's counter counts it: dense (a causal mask's skipped half is not subtracted).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+from transformers import AutoConfig, PretrainedConfig, Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+from transformers.vision_utils import get_vision_cu_seqlens, get_vision_position_ids, get_vision_window_index
+
+from janus_cache.vggt import AggregatorConfig, VGGTAggregator, window_flops
+from janus_train.activation_checkpointing import FULL, NONE, ActivationCheckpointing
+from janus_train.model import JanusModelConfig, JanusVLNModel
+from janus_train.workload import VGGT_LAYER, SampleShape, StepRunner, make_batch, stream_window_features
+
+COMPONENTS: tuple[str, ...] = ("vggt", "vit", "merger", "llm_forward", "logits", "backward", "recompute")
+META = torch.device("meta")
+
+
+@dataclass(frozen=True)
+class StepFlops:
+    """FLOPs of one step of one path, per component (see :data:`COMPONENTS`)."""
+
+    path: str
+    components: dict[str, float]
+
+    @property
+    def total(self) -> float:
+        return sum(self.components.values())
+
+    @property
+    def model_flops(self) -> float:
+        """FLOPs the step needs without recomputation (the numerator of MFU)."""
+        return self.total - self.components.get("recompute", 0.0)
+
+
+@dataclass(frozen=True)
+class FlopTable:
+    """One janus step against one reference step at ``shape``."""
+
+    shape: SampleShape
+    checkpointing: str
+    janus: StepFlops
+    reference: StepFlops
+    precompute_vggt: float
+    """janus's VGGT window per sample, paid once in precompute (layer -2, batched, block-causal)."""
+    models: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def ratio(self) -> float:
+        """Reference FLOPs per step over janus FLOPs per step."""
+        return self.reference.total / self.janus.total
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "shape": {**self.shape.__dict__, "sequence_length": self.shape.sequence_length},
+            "checkpointing": self.checkpointing,
+            "models": self.models,
+            "janus": self.janus.components,
+            "reference": self.reference.components,
+            "janus_total": self.janus.total,
+            "reference_total": self.reference.total,
+            "precompute_vggt_per_sample": self.precompute_vggt,
+            "ratio": self.ratio,
+        }
+
+
+class PhaseCounter:
+    """A ``phase(name)`` for :class:`StepRunner` that counts the FLOPs of each phase."""
+
+    def __init__(self) -> None:
+        self.flops: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        counter = FlopCounterMode(display=False)
+        with counter:
+            yield
+        self.flops[name] = self.flops.get(name, 0.0) + float(counter.get_total_flops())
+
+
+def build_model(
+    qwen: Path | PretrainedConfig, feature_dim: int, merger_hidden: int = 4096, device: torch.device = META,
+    dtype: torch.dtype = torch.bfloat16, attn_implementation: str = "sdpa",
+) -> JanusVLNModel:
+    """A JanusVLN model of the Qwen2.5-VL architecture ``qwen`` (a config, or a directory with its
+    ``config.json``), built directly on ``device`` (random weights; none on the meta device)."""
+    config = qwen if isinstance(qwen, PretrainedConfig) else AutoConfig.from_pretrained(qwen, local_files_only=True)
+    with torch.device(device):
+        qwen = Qwen2_5_VLForConditionalGeneration._from_config(config, dtype=dtype,
+                                                                attn_implementation=attn_implementation)
+        return JanusVLNModel(qwen, feature_dim, JanusModelConfig(merger_hidden=merger_hidden))
+
+
+def build_vggt(config: AggregatorConfig, device: torch.device = META) -> VGGTAggregator:
+    with torch.device(device):
+        return VGGTAggregator.from_config(config)
+
+
+def load_vggt_config(path: Path) -> AggregatorConfig:
+    return AggregatorConfig.from_dict(json.loads(Path(path).read_text()))
+
+
+def qwen_config(qwen_dir: Path, layers: int | None = None, vision_full: tuple[bool, ...] | None = None) -> Qwen2_5_VLConfig:
+    """The Qwen2.5-VL config of ``qwen_dir``, optionally with ``layers`` decoder layers and ViT blocks
+    ``vision_full`` (True: a full-attention block, False: a window-attention block)."""
+    values = json.loads((Path(qwen_dir) / "config.json").read_text())
+    if layers is not None:
+        values["text_config"] = {**values["text_config"], "num_hidden_layers": layers}
+    if vision_full is not None:
+        values["vision_config"] = {**values["vision_config"], "depth": len(vision_full),
+                                   "fullatt_block_indexes": [i for i, full in enumerate(vision_full) if full]}
+    return Qwen2_5_VLConfig.from_dict(values)
+
+
+def vit_block_flops(qwen_dir: Path, shape: SampleShape) -> float:
+    """FLOPs of Qwen's ViT without its merger for the images of one sample.
+
+    Counted at one image (images never attend to each other) with the window layout computed on
+    the CPU, for 1 window + 1 full-attention block, 2 + 1 and 1 + 2, and extrapolated to the real
+    numbers of each kind of block.
+    """
+    real = qwen_config(qwen_dir).vision_config
+    n_full = len(real.fullatt_block_indexes)
+
+    def count(blocks: tuple[bool, ...]) -> float:
+        visual = build_model(qwen_config(qwen_dir, layers=1, vision_full=blocks), 2).qwen.model.visual
+        return _vit_flops_one_image(visual, shape)
+
+    one_each = count((False, True))
+    window, full = count((False, False, True)) - one_each, count((False, True, True)) - one_each
+    return (one_each + (real.depth - n_full - 1) * window + (n_full - 1) * full) * shape.images
+
+
+def _vit_flops_one_image(visual: torch.nn.Module, shape: SampleShape) -> float:
+    vc = visual.config
+    gh, gw = shape.side // vc.patch_size, shape.side // vc.patch_size
+    grid = torch.tensor([[1, gh, gw]])
+    window_index, cu_window_seqlens = get_vision_window_index(grid, vc.spatial_merge_size, vc.window_size, vc.patch_size)
+    layout = {
+        # Values the ViT would compute from grid_thw, given precomputed: index tensors on the model's
+        # device, sequence boundaries on the CPU (they are read as Python numbers).
+        "position_ids": get_vision_position_ids(grid, vc.spatial_merge_size).to(visual.device),
+        "cu_seqlens": get_vision_cu_seqlens(grid),
+        "window_index": window_index.to(visual.device),
+        "cu_window_seqlens": cu_window_seqlens,
+    }
+    patch_dim = vc.in_channels * vc.temporal_patch_size * vc.patch_size**2
+    pixel_values = torch.empty(gh * gw, patch_dim, device=visual.device, dtype=visual.dtype)
+    with torch.no_grad():
+        with FlopCounterMode(display=False) as whole:
+            visual(pixel_values, grid, **layout)
+        with FlopCounterMode(display=False) as merger:
+            visual.merger(torch.empty(gh * gw, vc.hidden_size, device=visual.device, dtype=visual.dtype))
+    return float(whole.get_total_flops() - merger.get_total_flops())
+
+
+def merger_only(model: JanusVLNModel, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> torch.Tensor:
+    """Stand-in for the ViT inside a meta-device step: its merger on hidden states of the right shape
+    (the blocks are counted by :func:`vit_block_flops`)."""
+    visual = model.qwen.model.visual
+    rows = pixel_values.shape[0]
+    return visual.merger(torch.empty(rows, visual.config.hidden_size, device=pixel_values.device, dtype=visual.dtype))
+
+
+def vggt_stream_flops(config: AggregatorConfig, shape: SampleShape) -> float:
+    """FLOPs of the reference's per-frame VGGT loop over one window (all block pairs).
+
+    Counted at 1 and 2 DINOv2 blocks and 2 and 3 aggregator block pairs and extrapolated linearly to
+    the real depths: the blocks of a half all have the same shape, and counting the full 48-pair
+    loop block by block on the meta device would take a minute.
+    """
+    frames = torch.empty(1, shape.images, shape.side, shape.side, 3, dtype=torch.uint8, device=META)
+
+    def count(dino_depth: int, depth: int) -> float:
+        small = replace(config, depth=depth, patch_embed=replace(config.patch_embed, depth=dino_depth))
+        with FlopCounterMode(display=False) as counter:
+            stream_window_features(build_vggt(small), frames)
+        return float(counter.get_total_flops())
+
+    base = count(1, 2)  # two pairs at least: the feature is read at pair -2
+    per_dino_block, per_pair = count(2, 2) - base, count(1, 3) - base
+    return base + (config.patch_embed.depth - 1) * per_dino_block + (config.depth - 2) * per_pair
+
+
+def count_step(runner: StepRunner, path: str, batch: dict[str, torch.Tensor],
+               checkpointing: ActivationCheckpointing) -> dict[str, float]:
+    """Per-phase FLOPs of one step; ``recompute`` from the same step counted without checkpointing."""
+    counted = {}
+    for policy in (checkpointing, NONE) if checkpointing.enabled else (NONE,):
+        runner.model.set_gradient_checkpointing(policy)
+        runner.model.train()
+        counter = PhaseCounter()
+        runner.step(path, batch, counter)
+        counted[policy.every] = counter.flops
+    plain = counted[0]
+    flops = {name: plain.get(name, 0.0) for name in COMPONENTS if name != "recompute"}
+    flops["recompute"] = counted[checkpointing.every]["backward"] - plain["backward"] if checkpointing.enabled else 0.0
+    return flops
+
+
+def count_flops(
+    qwen_dir: Path,
+    vggt_config: Path,
+    shape: SampleShape = SampleShape(),
+    checkpointing: ActivationCheckpointing = FULL,
+    merger_hidden: int = 4096,
+) -> FlopTable:
+    """The FLOP table of one janus step and one reference step at ``shape`` (meta device).
+
+    The steps are counted with 2 and 3 decoder layers and extrapolated to the real depth (every
+    decoder layer has the same shape, so per-layer components grow exactly linearly); the ViT blocks
+    and VGGT the same way (:func:`vit_block_flops`, :func:`vggt_stream_flops`). Checkpointing must
+    be ``full`` or ``none`` (every K-th layer does not extrapolate from 2 layers).
+    """
+    if checkpointing.every > 1:
+        raise ValueError(f"FLOPs are counted for full or no checkpointing, not {checkpointing}")
+    aggregator = load_vggt_config(vggt_config)
+    layers = qwen_config(qwen_dir).text_config.num_hidden_layers
+    patches = (shape.side // aggregator.patch_size) ** 2
+
+    def counted(n_layers: int) -> dict[str, dict[str, float]]:
+        model = build_model(qwen_config(qwen_dir, layers=n_layers, vision_full=(True,)), 2 * aggregator.embed_dim,
+                            merger_hidden)
+
+        def features(frames: torch.Tensor) -> torch.Tensor:  # counted by vggt_stream_flops
+            return torch.empty(1, patches, model.feature_dim, device=META, dtype=torch.bfloat16)
+
+        runner = StepRunner(model, vit=merger_only, reference_vggt=features)
+        batch = make_batch(model, shape)
+        return {path: count_step(runner, path, batch, checkpointing) for path in ("janus", "reference")}
+
+    two, three = counted(2), counted(3)
+    vit_blocks = vit_block_flops(qwen_dir, shape)
+    steps = {}
+    for path in ("janus", "reference"):
+        flops = {name: two[path][name] + (layers - 2) * (three[path][name] - two[path][name]) for name in COMPONENTS}
+        flops["vit"] += vit_blocks
+        if path == "reference":
+            flops["vggt"] = vggt_stream_flops(aggregator, shape)
+        steps[path] = StepFlops(path, flops)
+    precompute = window_flops(aggregator, shape.side, shape.side, shape.images, last_layer=VGGT_LAYER)
+    return FlopTable(shape, str(checkpointing), steps["janus"], steps["reference"], precompute,
+                     {"qwen": Path(qwen_dir).name, "vggt": Path(vggt_config).name})

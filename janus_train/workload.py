@@ -1,0 +1,228 @@
+"""One training sample at a chosen shape, and the two ways of running a training step on it.
+
+* **janus** (the cached path): the VGGT feature comes with the batch; ``pixel_values`` are built
+  on the model's device from the uint8 frames; token logits only at the supervised rows
+  (:func:`janus_train.loss.token_cross_entropy`).
+* **reference** (JanusVLN's way): VGGT runs on the window frame by frame with a key/value cache
+  (all block pairs, as the reference forward does); ``pixel_values`` are built on the CPU and
+  copied to the device; logits over the full vocabulary for every position, in float32.
+
+Both steps are composed from the real modules of a :class:`~janus_train.model.JanusVLNModel` and
+report each phase through a ``phase(name)`` context manager, so the same code is timed on a GPU
+(``pipelines.bench_gpu``) and FLOP-counted on the meta device (:mod:`janus_train.flops`). The
+batch is synthetic (random frames, features and token ids) but has the real layout: 9 image
+blocks of ``<|vision_start|> + T x <|image_pad|> + <|vision_end|>``, text around them and a
+supervised answer of four segments.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from janus_cache.imaging import qwen_pixel_values
+from janus_cache.resolution import grid_shape, visual_tokens_for_shape
+from janus_cache.vggt import VGGTAggregator
+from janus_train.loss import action_cross_entropy, token_cross_entropy
+from janus_train.prompt import IGNORE_INDEX, N_SEGMENTS
+from janus_train.model import JanusVLNModel
+
+Phase = Callable[[str], contextlib.AbstractContextManager[None]]
+"""``phase(name)``: a context manager around one phase of a step (timing, FLOP counting, nothing)."""
+
+VitRunner = Callable[[JanusVLNModel, torch.Tensor, torch.Tensor], torch.Tensor]
+"""Runs Qwen's ViT: ``(model, pixel_values, image_grid_thw) -> image embeddings [n*T, hidden]``."""
+
+VggtRunner = Callable[[torch.Tensor], torch.Tensor]
+"""The reference step's VGGT: uint8 frames [1, S, H, W, 3] on the device -> feature [1, N, 2C]."""
+
+PATHS: tuple[str, ...] = ("janus", "reference")
+VGGT_LAYER = -2
+"""The aggregator output JanusVLN consumes."""
+
+
+@dataclass(frozen=True)
+class SampleShape:
+    """The real sample: 9 images of 644x644 (529 visual tokens each) and ~300 text tokens, of which
+    ``answer_tokens`` are supervised: ~5.1k tokens in all."""
+
+    images: int = 9
+    side: int = 644
+    prompt_tokens: int = 150
+    instruction_tokens: int = 50
+    answer_tokens: int = 100
+
+    @property
+    def visual_tokens(self) -> int:
+        return visual_tokens_for_shape(self.side, self.side)
+
+    @property
+    def sequence_length(self) -> int:
+        return self.prompt_tokens + self.images * (self.visual_tokens + 2) + self.instruction_tokens + self.answer_tokens
+
+
+def no_phase(name: str) -> contextlib.AbstractContextManager[None]:
+    return contextlib.nullcontext()
+
+
+def make_batch(model: JanusVLNModel, shape: SampleShape, seed: int = 0) -> dict[str, torch.Tensor]:
+    """A one-sample micro-batch of the layout :meth:`JanusVLNModel.forward` takes, on the CPU (as a
+    loader delivers it): random uint8 frames and VGGT feature, token ids with the model's special
+    tokens, an answer of ``N_SEGMENTS`` equal segments."""
+    config = model.qwen.config
+    generator = torch.Generator().manual_seed(seed)
+    # Ordinary text ids stay below the special tokens, which sit at the top of Qwen's vocabulary.
+    text_top = min(config.image_token_id, config.vision_start_token_id, config.vision_end_token_id)
+
+    def text(n: int) -> torch.Tensor:
+        return torch.randint(0, text_top, (n,), generator=generator)
+
+    block = torch.full((shape.visual_tokens + 2,), config.image_token_id)
+    block[0], block[-1] = config.vision_start_token_id, config.vision_end_token_id
+    answer = text(shape.answer_tokens)
+    ids = torch.cat([text(shape.prompt_tokens), *[block] * shape.images, text(shape.instruction_tokens), answer])
+    length = ids.numel()
+    start = length - shape.answer_tokens
+    labels = torch.full((length,), IGNORE_INDEX)
+    labels[start:] = answer
+    segment_ids = torch.zeros(length, dtype=torch.int64)
+    segment_ids[start:] = 1 + torch.arange(shape.answer_tokens) * N_SEGMENTS // shape.answer_tokens
+    grid = grid_shape(shape.side, shape.side)
+    features = torch.randn(1, grid[0] * grid[1], model.feature_dim, generator=generator)
+    return {
+        "input_ids": ids[None],
+        "attention_mask": torch.ones(1, length, dtype=torch.int64),
+        "labels": labels[None],
+        "segment_ids": segment_ids[None],
+        "mm_token_type_ids": (ids == config.image_token_id).long()[None],
+        "action_positions": torch.tensor([start - 1]),
+        "action_ids": torch.tensor([0]),
+        "frames": torch.randint(0, 256, (1, shape.images, shape.side, shape.side, 3), dtype=torch.uint8,
+                                generator=generator),
+        "features": features.to(torch.bfloat16),
+    }
+
+
+def run_vit(model: JanusVLNModel, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> torch.Tensor:
+    """Qwen's ViT as the model runs it (window attention, 2x2 merger): [n*T, hidden]."""
+    return torch.cat(model.qwen.model.get_image_features(pixel_values, grid_thw).pooler_output)
+
+
+@dataclass
+class StepRunner:
+    """Runs one step of either path on a model; the reference path also needs ``vggt`` (an
+    aggregator, run by :func:`stream_window_features`) or a ``reference_vggt`` runner."""
+
+    model: JanusVLNModel
+    vggt: VGGTAggregator | None = None
+    vit: VitRunner = run_vit
+    reference_vggt: VggtRunner | None = None
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.device
+
+    def loss(self, path: str, batch: dict[str, torch.Tensor], phase: Phase = no_phase) -> torch.Tensor:
+        """The forward of ``path`` (``janus`` or ``reference``) to a scalar loss."""
+        if path == "janus":
+            return self.janus_loss(batch, phase)
+        if path == "reference":
+            return self.reference_loss(batch, phase)
+        raise ValueError(f"unknown path {path!r}; expected one of {PATHS}")
+
+    def step(self, path: str, batch: dict[str, torch.Tensor], phase: Phase = no_phase) -> float:
+        """Forward + backward (no optimizer: its state lives sharded elsewhere); returns the loss."""
+        loss = self.loss(path, batch, phase)
+        with phase("backward"):
+            loss.backward()
+        self.model.zero_grad(set_to_none=True)
+        return float(loss.detach().float().cpu()) if loss.device.type != "meta" else float("nan")
+
+    # ------------------------------------------------------------------------------ the paths
+
+    def janus_loss(self, batch: dict[str, torch.Tensor], phase: Phase = no_phase) -> torch.Tensor:
+        with phase("pixel_values"):
+            frames = batch["frames"].to(self.device, non_blocking=True)
+            pixel_values, grid_thw = qwen_pixel_values(frames.flatten(0, 1))
+        features = batch["features"]
+        return self._language_loss(batch, pixel_values, grid_thw, features, phase, full_vocab=False)
+
+    def reference_loss(self, batch: dict[str, torch.Tensor], phase: Phase = no_phase) -> torch.Tensor:
+        if self.vggt is None and self.reference_vggt is None:
+            raise ValueError("the reference path needs a VGGT aggregator (StepRunner.vggt)")
+        with phase("vggt"):
+            features = self.stream_vggt(batch["frames"].to(self.device, non_blocking=True))
+        with phase("pixel_values"):
+            # The reference builds pixel_values on the CPU (its processor) and copies them over.
+            pixel_values, grid_thw = qwen_pixel_values(batch["frames"].flatten(0, 1).cpu())
+            pixel_values = pixel_values.to(self.device, non_blocking=True)
+            grid_thw = grid_thw.to(self.device)
+        return self._language_loss(batch, pixel_values, grid_thw, features, phase, full_vocab=True)
+
+    def stream_vggt(self, frames: torch.Tensor) -> torch.Tensor:
+        if self.reference_vggt is not None:
+            return self.reference_vggt(frames)
+        assert self.vggt is not None
+        return stream_window_features(self.vggt, frames)
+
+    def _language_loss(
+        self,
+        batch: dict[str, torch.Tensor],
+        pixel_values: torch.Tensor,
+        grid_thw: torch.Tensor,
+        features: torch.Tensor,
+        phase: Phase,
+        full_vocab: bool,
+    ) -> torch.Tensor:
+        model, device = self.model, self.device
+        b, s, height, width, _ = batch["frames"].shape
+        grid = grid_shape(height, width)
+        with phase("vit"):
+            image_embeds = self.vit(model, pixel_values, grid_thw)
+        with phase("merger"):
+            merger_dtype = model.vggt_merger.norm.weight.dtype
+            vggt_embeds = model.vggt_merger(features.to(device, merger_dtype, non_blocking=True), grid)
+            per_image = image_embeds.shape[0] // (b * s)
+            fused = image_embeds.view(b, s, per_image, -1) + model.config.lam * vggt_embeds.unsqueeze(1).to(image_embeds.dtype)
+            ids = batch["input_ids"].to(device, non_blocking=True)
+            embeds = model.qwen.model.get_input_embeddings()(ids)
+            mask = (ids == model.image_token_id).unsqueeze(-1)
+            inputs_embeds = embeds.masked_scatter(mask, fused.reshape(-1, fused.shape[-1]).to(embeds.dtype))
+        with phase("llm_forward"):
+            position_ids, _ = model.qwen.model.get_rope_index(
+                batch["input_ids"], batch["mm_token_type_ids"],
+                image_grid_thw=torch.tensor([[1, *grid]], dtype=torch.int64).expand(b * s, 3),
+                attention_mask=batch["attention_mask"],
+            )
+            # No padding in a one-sample batch: a causal mask without a padding mask.
+            hidden = model.qwen.model.language_model(
+                inputs_embeds=inputs_embeds, position_ids=position_ids.to(device), attention_mask=None, use_cache=False
+            ).last_hidden_state
+        with phase("logits"):
+            if full_vocab:
+                logits = model.qwen.lm_head(hidden).float()
+                token_loss = F.cross_entropy(logits[:, :-1].flatten(0, 1), batch["labels"][:, 1:].flatten().to(device),
+                                             ignore_index=IGNORE_INDEX)
+            else:
+                ce_sum, tokens, _ = token_cross_entropy(hidden, batch["labels"], batch["segment_ids"],
+                                                        model.qwen.lm_head, model.config.logit_chunk_rows)
+                token_loss = ce_sum.sum() / max(1, int(batch["labels"].ne(IGNORE_INDEX).sum()))
+            positions = batch["action_positions"].to(device)
+            action_logits = model.action_head(hidden[torch.arange(b, device=device), positions]).float()
+            action_ce, _ = action_cross_entropy(action_logits, batch["action_ids"])
+        return token_loss + action_ce.mean()
+
+
+def stream_window_features(vggt: VGGTAggregator, frames: torch.Tensor) -> torch.Tensor:
+    """The reference's VGGT call: one frame at a time through all block pairs with a KV cache; the
+    feature is the last frame's patch tokens at layer -2. ``frames`` uint8 [B, S, H, W, 3]."""
+    images = frames.permute(0, 1, 4, 2, 3).float().div(255)
+    cache = vggt.new_cache()
+    outputs: list[torch.Tensor] = []
+    for t in range(images.shape[1]):
+        outputs = vggt.stream_step(images[:, t : t + 1], cache)
+    return outputs[VGGT_LAYER][:, -1, vggt.config.patch_start_idx :]

@@ -1,0 +1,196 @@
+"""Tables and plots of the benchmarks: the FLOP table, the GPU table, step-time breakdowns.
+
+Plots use matplotlib's non-interactive backend; each has labelled axes with units and names the
+machine and date in its title.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402  (after choosing the backend)
+
+from janus_train.flops import COMPONENTS  # noqa: E402
+
+COMPONENT_LABELS = {
+    "vggt": "VGGT (in the step)",
+    "vit": "Qwen ViT",
+    "merger": "VGGT merger + fusion",
+    "llm_forward": "LLM forward",
+    "logits": "logits + losses",
+    "backward": "backward",
+    "recompute": "recompute (checkpointing)",
+}
+PHASE_ORDER = ("vggt", "pixel_values", "vit", "merger", "llm_forward", "logits", "backward")
+
+
+def _st(x: dict[str, float], fmt: str = ".3g") -> str:
+    return f"{x['median']:{fmt}} ({x['min']:{fmt}}–{x['max']:{fmt}})"
+
+
+def flops_markdown(flops: dict[str, Any]) -> str:
+    """The per-component FLOP table of one janus and one reference step (TFLOP per sample)."""
+    shape = flops["shape"]
+    lines = [
+        f"FLOPs per training sample, counted with PyTorch's FLOP counter on the meta device "
+        f"({flops['models'].get('qwen', '')} + {flops['models'].get('vggt', '')}; {shape['images']} images of "
+        f"{shape['side']}², {shape['sequence_length']} tokens, activation checkpointing {flops['checkpointing']}):",
+        "",
+        "| component (TFLOP per sample) | janus | reference |",
+        "|---|---|---|",
+    ]
+    for name in COMPONENTS:
+        lines.append(f"| {COMPONENT_LABELS[name]} | {flops['janus'][name] / 1e12:.2f} | {flops['reference'][name] / 1e12:.2f} |")
+    lines += [
+        f"| **total** | **{flops['janus_total'] / 1e12:.1f}** | **{flops['reference_total'] / 1e12:.1f}** |",
+        "",
+        f"Reference / janus FLOPs per step: **{flops['ratio']:.2f}×**. janus pays its VGGT window once per "
+        f"sample in precompute ({flops['precompute_vggt_per_sample'] / 1e12:.1f} TFLOP, reused every epoch); the "
+        "reference runs VGGT frame by frame through all block pairs in every step and computes full-vocabulary "
+        "float32 logits at every position. Attention is counted dense; non-reentrant recomputation stops once the "
+        "saved tensors are rebuilt, so it skips each layer's last projection.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def gpu_markdown(results: dict[str, Any]) -> str:
+    """The GPU bench's table: precompute rows, training rows, ratios, projection (labelled)."""
+    pre, train = results["precompute"], results["training"]
+    lines = [
+        f"Measured {results['date']} on {results['device']} (torch {results['torch']}, {results['dtype']}, "
+        f"attention {results['attention']}; models {results['models']['qwen']} + {results['models']['vggt']} "
+        "with random weights; median, min–max over repeats after warm-up).",
+        "",
+        "| precompute (VGGT window) | windows/s | TFLOP/s | peak GiB |",
+        "|---|---|---|---|",
+    ]
+    for name, row in pre["rows"].items():
+        if "error" in row:
+            lines.append(f"| {name} | {row['error']} | | |")
+            continue
+        peak = "–" if row["peak_gib"] is None else f"{row['peak_gib']:.1f}"
+        lines.append(f"| {name} | {_st(row['windows_per_s'])} | {row['tflop_per_s']:.1f} | {peak} |")
+    lines += [
+        "",
+        f"janus batched (best B={pre['best_batch']}) / reference per-frame loop: **{pre['ratio_best']:.2f}×** "
+        f"(B=1: {_fmt(pre['ratio_b1'])}×); target ≥ {pre['target_windows_per_s']:g} windows/s per H100-class GPU.",
+        "",
+        "| training step (forward + backward, 1 sample) | s/sample | tokens/s | TFLOP/s | MFU | peak GiB |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, row in train["rows"].items():
+        if "error" in row:
+            lines.append(f"| {name} | {row['error']} | | | | |")
+            continue
+        mfu = "–" if row["mfu"] is None else f"{100 * row['mfu']:.0f}%"
+        peak = "–" if row["peak_gib"] is None else f"{row['peak_gib']:.1f}"
+        lines.append(f"| {name} | {_st(row['s_per_sample'])} | {row['tokens_per_s']:,.0f} | "
+                     f"{row['tflop_per_s']:.0f} | {mfu} | {peak} |")
+    share = train["zero3_share_8_gpus"]
+    lines += [
+        "",
+        f"Reference / janus seconds per sample: best janus ({train['best_janus']}) "
+        f"**{_fmt(train.get('ratio_best'))}×**, same checkpointing {_fmt(train.get('ratio_same_checkpointing'))}×; "
+        f"target ≤ {train['target_gpu_s_per_sample']} GPU-s per sample at 7B (reference measured 6.9). "
+        f"Liger kernels: {train['liger']}.",
+        f"Not measured, analytic: ZeRO-3 model state per GPU over 8 GPUs: weights {share['params_bytes'] / 2**30:.1f} GiB, "
+        f"gradients {share['grads_bytes'] / 2**30:.1f} GiB, Adam state {share['optimizer_bytes'] / 2**30:.1f} GiB "
+        f"({train['params'] / 1e9:.2f} B parameters, {train['trainable_params'] / 1e9:.2f} B trainable).",
+    ]
+    projection = train.get("projection")
+    if projection:
+        lines.append(
+            f"Projected (measured compute {projection['compute_s_per_sample']:.2f} s/sample + analytic ZeRO-3 traffic "
+            f"{projection['comm_s_per_sample']:.2f} s/sample at nominal {projection['device']} NVLink): "
+            f"{projection['hours_per_epoch_full_overlap']:.1f}–{projection['hours_per_epoch_no_overlap']:.1f} h per "
+            f"612,492-sample epoch on {projection['gpus']} GPUs (full overlap – none; optimizer step and data wait "
+            f"excluded), against the reference's measured {projection['reference_hours_per_epoch']:g} h on 8×H800."
+        )
+    else:
+        lines.append("Projection: not made (no nominal NVLink figure for this device).")
+    data = results.get("data_path")
+    if data:
+        lines.append(
+            f"Data path on the host's cores ({data['frames_per_sample']}×{data['resolution']} frames + tokens, samples/s): "
+            f"per core live {_st(data['live_per_core'])} vs cached {_st(data['cached_per_core'])} "
+            f"({data['speedup_per_core']:.1f}×); with {data['loader_workers']} loader workers live "
+            f"{_st(data['live_with_workers'])} vs cached {_st(data['cached_with_workers'])} ({data['speedup_with_workers']:.1f}×)."
+        )
+    return "\n".join(lines) + "\n\n" + flops_markdown(results["flops"])
+
+
+def _fmt(value: float | None) -> str:
+    return "–" if value is None else f"{value:.2f}"
+
+
+def _title(ax: Any, what: str, machine: str, when: str) -> None:
+    ax.set_title(f"{what}\n{machine}, {when}", fontsize=10)
+
+
+def plot_flops(flops: dict[str, Any], what: str, path: Path, machine: str, when: str) -> None:
+    """Stacked horizontal bars: TFLOP per sample of each component, janus vs reference."""
+    fig, ax = plt.subplots(figsize=(9, 3.4))
+    paths = ("janus", "reference")
+    left = [0.0, 0.0]
+    colours = plt.get_cmap("tab10")
+    for i, name in enumerate(COMPONENTS):
+        values = [flops[p][name] / 1e12 for p in paths]
+        ax.barh(paths, values, left=left, color=colours(i), label=COMPONENT_LABELS[name])
+        left = [a + b for a, b in zip(left, values)]
+    for y, total in enumerate(left):
+        ax.text(total, y, f" {total:.3g}", va="center", fontsize=9)
+    ax.invert_yaxis()
+    ax.set_xlabel("TFLOP per training sample")
+    ax.set_xlim(0, max(left) * 1.12)
+    ax.legend(fontsize=8, ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.28), frameon=False)
+    _title(ax, f"{what} (reference/janus {flops['ratio']:.2f}×)", f"counted on the meta device of {machine}", when)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_gpu_steps(results: dict[str, Any], path: Path) -> None:
+    """Stacked horizontal bars: median seconds per phase of each measured training row."""
+    rows = {k: r for k, r in results["training"]["rows"].items() if "phases_s" in r}
+    fig, ax = plt.subplots(figsize=(9, 0.5 * len(rows) + 2.2))
+    names = list(rows)
+    left = [0.0] * len(names)
+    colours = plt.get_cmap("tab10")
+    for i, phase in enumerate(PHASE_ORDER):
+        values = [rows[n]["phases_s"].get(phase, 0.0) for n in names]
+        ax.barh(names, values, left=left, color=colours(i), label=phase.replace("_", " "))
+        left = [a + b for a, b in zip(left, values)]
+    ax.set_xlabel("seconds per training sample (forward + backward, no optimizer)")
+    ax.invert_yaxis()
+    ax.legend(fontsize=8, ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.2), frameon=False)
+    _title(ax, f"training step breakdown, {results['models']['qwen']} + {results['models']['vggt']}",
+           results["device"], results["date"])
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_cpu_steps(training: dict[str, Any], machine: str, when: str, path: Path) -> None:
+    """Stacked bars of the CPU training bench: data wait, forward, backward, optimizer per step."""
+    parts = ("data_wait_s", "forward_s", "backward_s", "optimizer_s")
+    runs = ("cached", "live")
+    fig, ax = plt.subplots(figsize=(7, 4))
+    bottom = [0.0, 0.0]
+    for part in parts:
+        values = [training[r].get(part, {"median": 0.0})["median"] for r in runs]
+        ax.bar(runs, values, bottom=bottom, label=part.removesuffix("_s").replace("_", " "), width=0.5)
+        bottom = [a + b for a, b in zip(bottom, values)]
+    for x, run in enumerate(runs):
+        ax.text(x, bottom[x], f"{training[run]['step_s']['median']:.2f} s/step", ha="center", va="bottom", fontsize=9)
+    ax.set_ylabel("seconds per optimizer step (median)")
+    ax.set_xlabel("data path")
+    ax.set_ylim(0, max(bottom) * 1.15)
+    ax.legend(fontsize=8)
+    _title(ax, "training step breakdown, tiny profile, 2 processes (CPU)", machine, when)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
