@@ -91,6 +91,7 @@ def make_batch(model: JanusVLNModel, shape: SampleShape, seed: int = 0) -> dict[
     labels[start:] = answer
     segment_ids = torch.zeros(length, dtype=torch.int64)
     segment_ids[start:] = 1 + torch.arange(shape.answer_tokens) * N_SEGMENTS // shape.answer_tokens
+    loss_weights = (labels != IGNORE_INDEX).float()
     grid = grid_shape(shape.side, shape.side)
     features = torch.randn(1, grid[0] * grid[1], model.feature_dim, generator=generator)
     return {
@@ -98,6 +99,7 @@ def make_batch(model: JanusVLNModel, shape: SampleShape, seed: int = 0) -> dict[
         "attention_mask": torch.ones(1, length, dtype=torch.int64),
         "labels": labels[None],
         "segment_ids": segment_ids[None],
+        "loss_weights": loss_weights[None],
         "mm_token_type_ids": (ids == config.image_token_id).long()[None],
         "action_positions": torch.tensor([start - 1]),
         "action_ids": torch.tensor([0]),
@@ -208,9 +210,9 @@ class StepRunner:
                 token_loss = F.cross_entropy(logits[:, :-1].flatten(0, 1), batch["labels"][:, 1:].flatten().to(device),
                                              ignore_index=IGNORE_INDEX)
             else:
-                ce_sum, tokens, _ = token_cross_entropy(hidden, batch["labels"], batch["segment_ids"],
-                                                        model.qwen.lm_head, model.config.logit_chunk_rows)
-                token_loss = ce_sum.sum() / max(1, int(batch["labels"].ne(IGNORE_INDEX).sum()))
+                parts = token_cross_entropy(hidden, batch["labels"], batch["segment_ids"], batch["loss_weights"],
+                                            model.qwen.lm_head, model.config.logit_chunk_rows)
+                token_loss = parts.weighted_ce_sum.sum() / batch["loss_weights"].sum().clamp_min(1)
             positions = batch["action_positions"].to(device)
             action_logits = model.action_head(hidden[torch.arange(b, device=device), positions]).float()
             action_ce, _ = action_cross_entropy(action_logits, batch["action_ids"])
