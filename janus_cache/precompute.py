@@ -44,7 +44,8 @@ from janus_cache.store import (
     ResolutionEntry,
     WindowVariant,
 )
-from janus_cache.store.commit import COMMITS_DIR, atomic_write_bytes
+from janus_cache.store.commit import atomic_write_bytes
+from janus_cache.store.layout import CacheLayout
 from janus_cache.store.compression import FEATURES_COMPRESSION, FRAMES_COMPRESSION
 from janus_cache.store.manifest import library_versions
 
@@ -292,7 +293,7 @@ def write_feature_shards(
 
 def committed_count(root: Path, array: str) -> int:
     """Shards of ``array`` with a commit record (cheap: counts files; for progress only)."""
-    directory = Path(root) / COMMITS_DIR / array
+    directory = CacheLayout(root).commit_dir(array)
     return sum(1 for _ in directory.glob("*.json")) if directory.is_dir() else 0
 
 

@@ -61,7 +61,14 @@ from janus_cache.precompute import (
 from janus_cache.profile import Profile, load_profile
 from janus_cache.resolution import Resolution
 from janus_cache.store import Manifest, ManifestError, StoreError, read_manifest
-from janus_cache.store.commit import read_record, record_path, sha256_file
+from janus_cache.store.commit import read_record, sha256_file
+from janus_cache.store.layout import FRAMES_GROUP, REPORT_NAME, TABLES_GROUP, WDS_DIR, CacheLayout
+from janus_cache.store.layout import WDS_LAYOUT_NAME as LAYOUT_NAME
+from janus_cache.store.layout import features_array as features_array_path
+from janus_cache.store.layout import frames_array as frames_array_path
+from janus_cache.store.layout import wds_samples as wds_array_path
+from janus_cache.store.layout import wds_shard_name as shard_name
+from janus_cache.store.records import CacheSample
 from janus_cache.store.manifest import (
     FieldDiff,
     ResolutionEntry,
@@ -72,29 +79,21 @@ from janus_cache.store.manifest import (
 from janus_cache.store.wds_store import (
     FEATURE_MEMBER,
     FRAMES_MEMBER,
-    LAYOUT_NAME,
     META_MEMBER,
-    WDS_DIR,
     WdsLayout,
     decode_key,
     decode_sample,
     encode_key,
     planned_tar_shards,
-    shard_name,
-    wds_array_path,
 )
 from janus_cache.store.zarr_store import (
-    FRAMES_GROUP,
     FRAMES_TABLE,
     KEY_COLUMN,
     SAMPLES_TABLE,
-    TABLES_GROUP,
     WINDOW_ROWS_COLUMN,
     PlannedShard,
     ZarrCacheReader,
     ZarrGroup,
-    features_array_path,
-    frames_array_path,
 )
 from janus_cache.vggt import CUDA_AUTOCAST_DTYPE
 
@@ -113,8 +112,6 @@ DEFAULT_SEED = 0
 REPORT_SCHEMA_VERSION = 1
 """Version of the ``--json`` report layout (docs/verify.md); bumped when a key changes meaning."""
 
-REPORT_NAME = "report.json"
-"""The precompute's report in the cache directory (written by ``pipelines/precompute.py``)."""
 
 LISTED = 8
 """Keys or files named per problem line before "and N more"."""
@@ -568,7 +565,7 @@ def check_shard(root: Path | str, target: ShardTarget) -> ShardFinding:
     except StoreError as err:
         return ShardFinding(target, f"unreadable commit record: {err}")
     if record is None:
-        where = record_path(root, target.array, target.shard).relative_to(root)
+        where = CacheLayout(root).commit_record(target.array, target.shard).relative_to(root)
         return ShardFinding(target, f"not committed (no commit record {where})")
     if (record.start, record.stop, record.file) != (target.start, target.stop, target.file):
         return ShardFinding(target, f"commit record is for rows {record.start}:{record.stop} in {record.file}, "
@@ -1056,13 +1053,13 @@ def choose_live_rows(root: Path | str, n: int, seed: int = DEFAULT_SEED) -> list
 
 
 def read_cached_samples(cache: OpenedCache, resolution: str, rows: Sequence[int],
-                        variant: str | None = None) -> dict[int, dict[str, Any] | str]:
+                        variant: str | None = None) -> dict[int, CacheSample | str]:
     """Row -> the cache's sample dict (frames, feature, key) or the reason it cannot be read.
 
     zarr: through :class:`ZarrCacheReader`; webdataset: the sample's members from the tar shard
     of its row, decoded as the webdataset reader decodes them.
     """
-    out: dict[int, dict[str, Any] | str] = {}
+    out: dict[int, CacheSample | str] = {}
     if cache.format == "zarr":
         reader = ZarrCacheReader(cache.root, resolution, variant or cache.variant)
         for row in rows:
@@ -1093,8 +1090,8 @@ def read_cached_samples(cache: OpenedCache, resolution: str, rows: Sequence[int]
                             raise StoreError(f"{path} member {base}.{member} is not a file")
                         raw[member] = handle.read()
                     sample = decode_sample(raw)
-                    if (sample["key"], sample["row"]) != (keys[row], row):
-                        raise StoreError(f"{path}: member {base} says key {sample['key']!r} row {sample['row']}, "
+                    if (sample.key, sample.row) != (keys[row], row):
+                        raise StoreError(f"{path}: member {base} says key {sample.key!r} row {sample.row}, "
                                          f"the samples table has {keys[row]!r} at row {row}")
                     out[row] = sample
         except Exception as err:  # noqa: BLE001 - unreadable tar content is a finding for its samples
@@ -1183,8 +1180,8 @@ class LiveChecker:
                     on_progress(done)
         return [results[r] for r in rows]
 
-    def _frames(self, row: int, cached: dict[str, Any]) -> np.ndarray | LiveSample:
-        key = cached["key"]
+    def _frames(self, row: int, cached: CacheSample) -> np.ndarray | LiveSample:
+        key = cached.key
         try:
             sample = self.index.sample(key)
         except KeyError:
@@ -1194,23 +1191,23 @@ class LiveChecker:
             live = np.stack([load_frame(f.path, self.resolution) for f in window])
         except FrameError as err:
             return LiveSample(key, row, problem=f"sample {key}: {err}")
-        stored = np.asarray(cached["frames"])
+        stored = np.asarray(cached.frames)
         if live.shape != stored.shape:
             return LiveSample(key, row, problem=f"sample {key}: live window frames are {live.shape}, "
                                                 f"cached {stored.shape}")
         return live
 
-    def _compare(self, row: int, live_frames: np.ndarray, cached: dict[str, Any],
+    def _compare(self, row: int, live_frames: np.ndarray, cached: CacheSample,
                  live_feature: torch.Tensor) -> LiveSample:
-        key = cached["key"]
-        stored = np.asarray(cached["frames"])
+        key = cached.key
+        stored = np.asarray(cached.frames)
         differing = live_frames != stored
         sources = tuple(f.relpath for f, bad in zip(self.index.window(self.index.sample(key)),
                                                     differing.reshape(len(stored), -1).any(axis=1)) if bad)
         pixels_live, _ = qwen_pixel_values(live_frames)
         pixels_cached, _ = qwen_pixel_values(stored)
         pixels_identical = bool(torch.equal(pixels_live, pixels_cached))
-        cached_feature = cached["feature"]
+        cached_feature = cached.feature
         if tuple(cached_feature.shape) != tuple(live_feature.shape):
             return LiveSample(key, row, problem=f"sample {key}: live feature {tuple(live_feature.shape)}, "
                                                 f"cached {tuple(cached_feature.shape)}")

@@ -41,11 +41,10 @@ from janus_cache.profile import Profile, load_profile
 from janus_cache.resolution import Resolution
 from janus_cache.store import CacheWriter, Manifest, open_writer, read_manifest, write_manifest
 from janus_cache.store.commit import atomic_write_bytes, read_record, verify_shard
-from janus_cache.store.manifest import MANIFEST_NAME, check_compatible, merge_manifests
-from janus_cache.store.zarr_store import frames_array_path
+from janus_cache.store.layout import MANIFEST_NAME, REPORT_NAME
+from janus_cache.store.layout import frames_array as frames_array_path
+from janus_cache.store.manifest import check_compatible, merge_manifests
 from pipelines.distributed import Control, Progress, RankFailed, Ranks, die_with_launcher
-
-REPORT_NAME = "report.json"
 
 
 class PrecomputeError(RuntimeError):

@@ -1,6 +1,7 @@
 """zarr v3 cache: frames once per frame row, one feature per sample, tables; sharded, committed.
 
-Layout of a cache directory (one zarr v3 group; ``<variant>`` is ``WindowVariant.name``):
+Layout of a cache directory (one zarr v3 group; ``<variant>`` is ``WindowVariant.name``; every
+path is named in :mod:`janus_cache.store.layout`):
 
 ``frames/<resolution>``
     uint8 ``[n_frames, H, W, 3]``; one chunk per frame, ``frames_per_shard`` frames per shard.
@@ -67,31 +68,27 @@ from janus_cache.store.compression import (
     Compression,
 )
 from janus_cache.store.features import from_stored, stored_dtype, to_stored
+from janus_cache.store.layout import (
+    FRAMES_TABLE,
+    KEY_COLUMN,
+    SAMPLES_TABLE,
+    TEXT_OFFSETS,
+    TEXT_PAYLOAD,
+    WINDOW_ROWS_COLUMN,
+    ZARR_ROOT_NAME,
+    CacheLayout,
+    features_array,
+    frames_array,
+    table_column,
+    table_group,
+)
 from janus_cache.store.manifest import ShardEntry
+from janus_cache.store.records import CacheSample, SampleMeta
 
-FRAMES_GROUP = "frames"
-FEATURES_GROUP = "vggt"
-TABLES_GROUP = "tables"
-FRAMES_TABLE = "frames"
-SAMPLES_TABLE = "samples"
-KEY_COLUMN = "key"
-WINDOW_ROWS_COLUMN = "window_rows"
 TABLE_CHUNK_ROWS = 65536
 """Rows per chunk of a table column (UTF-8 payloads: bytes per chunk)."""
 
 ColumnData = np.ndarray | Sequence[str]
-
-
-def frames_array_path(resolution: str) -> str:
-    return f"{FRAMES_GROUP}/{resolution}"
-
-
-def features_array_path(variant: str, resolution: str) -> str:
-    return f"{FEATURES_GROUP}/{variant}/{resolution}"
-
-
-def table_group_path(table: str) -> str:
-    return f"{TABLES_GROUP}/{table}"
 
 
 def _check_name(kind: str, name: str) -> None:
@@ -171,7 +168,7 @@ class ZarrGroup:
         self._this_process()
         array = self._arrays.get(path)
         if array is None:
-            if not (self.root / path / "zarr.json").is_file():
+            if not (self.root / path / ZARR_ROOT_NAME).is_file():
                 raise StoreError(f"cache {self.root} has no array {path!r}")
             array = zarr.open_array(self._store(), path=path, mode="r" if self._read_only else "r+", zarr_format=3)
             if not self._read_only:
@@ -182,17 +179,7 @@ class ZarrGroup:
         return array
 
     def has_array(self, path: str) -> bool:
-        return (self.root / path / "zarr.json").is_file()
-
-    def _children(self, path: str) -> list[str]:
-        directory = self.root / path
-        if not directory.is_dir():
-            return []
-        return sorted(p.name for p in directory.iterdir() if (p / "zarr.json").is_file())
-
-    def resolutions(self) -> list[str]:
-        """Resolutions whose frames array exists."""
-        return self._children(FRAMES_GROUP)
+        return (self.root / path / ZARR_ROOT_NAME).is_file()
 
     def shard_file(self, path: str, shard: int) -> Path:
         """The file holding shard ``shard`` of array ``path``."""
@@ -206,7 +193,7 @@ class ZarrGroup:
         return shard_plan(array.shape[0], array.shards[0])
 
     def frame_shard_plan(self, resolution: str) -> list[range]:
-        return self.array_shard_plan(frames_array_path(resolution))
+        return self.array_shard_plan(frames_array(resolution))
 
     def check_array(self, path: str, verify: bool = True) -> list[ShardCheck]:
         """One :class:`ShardCheck` per planned shard of array ``path``."""
@@ -220,14 +207,14 @@ class ZarrGroup:
         return {c.shard for c in self.check_array(path, verify) if c.ok}
 
     def committed_frame_shards(self, resolution: str, verify: bool = True) -> set[int]:
-        return self.committed_shards(frames_array_path(resolution), verify)
+        return self.committed_shards(frames_array(resolution), verify)
 
     def array_paths(self) -> list[str]:
         """Every array of the cache's zarr group, sorted (commit records and tar shards are not zarr)."""
         found: list[str] = []
 
         def visit(directory: Path, rel: str) -> None:
-            meta = directory / "zarr.json"
+            meta = directory / ZARR_ROOT_NAME
             if not meta.is_file():
                 return
             if json.loads(meta.read_text()).get("node_type") == "array":
@@ -270,7 +257,7 @@ class ZarrGroup:
 
     def frames(self, resolution: str, rows: Sequence[int] | np.ndarray | range) -> np.ndarray:
         """uint8 ``[len(rows), H, W, 3]`` frames of ``resolution`` at frame rows ``rows`` (any order)."""
-        array = self._array(frames_array_path(resolution))
+        array = self._array(frames_array(resolution))
         if isinstance(rows, range) and rows.step == 1:
             if rows.start < 0 or rows.stop > array.shape[0]:
                 raise IndexError(f"frame rows {rows} out of range for {array.shape[0]} frames of {resolution}")
@@ -290,7 +277,7 @@ class ZarrGroup:
     # -- tables ---------------------------------------------------------------------------------
 
     def has_table(self, table: str) -> bool:
-        return (self.root / table_group_path(table) / "zarr.json").is_file()
+        return (self.root / table_group(table) / ZARR_ROOT_NAME).is_file()
 
     def table_columns(self, table: str) -> dict[str, str]:
         """Column name -> kind (``"utf8"`` or a numpy dtype name) of a table."""
@@ -311,7 +298,7 @@ class ZarrGroup:
         if attrs is None:
             if not self.has_table(table):
                 raise StoreError(f"cache {self.root} has no {table!r} table")
-            group = zarr.open_group(self._store(), path=table_group_path(table), mode="r", zarr_format=3)
+            group = zarr.open_group(self._store(), path=table_group(table), mode="r", zarr_format=3)
             attrs = self._tables[table] = group.attrs.asdict()
         return attrs
 
@@ -321,16 +308,16 @@ class ZarrGroup:
         self._this_process()
         cached = self._columns.get(key)
         if cached is None:
-            cached = self._array(f"{table_group_path(table)}/{key[1]}")[...]
+            cached = self._array(table_column(table, column, part))[...]
             self._columns[key] = cached
         return cached
 
     def _text(self, table: str, column: str, row: int) -> str:
-        offsets = self._column_array(table, column, "offsets")
+        offsets = self._column_array(table, column, TEXT_OFFSETS)
         start, stop = int(offsets[row]), int(offsets[row + 1])
         if stop == start:
             return ""
-        payload = self._array(f"{table_group_path(table)}/{column}/utf8")[start:stop]
+        payload = self._array(table_column(table, column, TEXT_PAYLOAD))[start:stop]
         return payload.tobytes().decode("utf-8")
 
     def table_row(self, table: str, row: int) -> dict[str, Any]:
@@ -346,13 +333,18 @@ class ZarrGroup:
                 values[column] = self._column_array(table, column)[row].tolist()
         return values
 
+    def sample_meta_row(self, row: int) -> tuple[str, dict[str, Any]]:
+        """Sample row ``row``'s key and its table row without the key (as the tars store it)."""
+        values = self.table_row(SAMPLES_TABLE, row)
+        return values.pop(KEY_COLUMN), values
+
     def read_table(self, table: str) -> dict[str, np.ndarray | list[str]]:
         """A whole table: numeric columns as arrays, text columns as lists of str."""
         result: dict[str, np.ndarray | list[str]] = {}
         for column, kind in self.table_columns(table).items():
             if kind == "utf8":
-                offsets = self._column_array(table, column, "offsets")
-                payload = self._array(f"{table_group_path(table)}/{column}/utf8")[...].tobytes()
+                offsets = self._column_array(table, column, TEXT_OFFSETS)
+                payload = self._array(table_column(table, column, TEXT_PAYLOAD))[...].tobytes()
                 result[column] = [payload[a:b].decode("utf-8") for a, b in pairwise(offsets)]
             else:
                 result[column] = self._column_array(table, column)
@@ -370,10 +362,10 @@ class ZarrGroupWriter(ZarrGroup):
         super().__init__(root, read_only=False)
 
     def _ensure_group(self) -> None:
-        if not (self.root / "zarr.json").is_file():
+        if not (self.root / ZARR_ROOT_NAME).is_file():
             self.root.mkdir(parents=True, exist_ok=True)
             zarr.open_group(self._store(), mode="a", zarr_format=3)
-            fsync_path(self.root / "zarr.json")
+            fsync_path(self.root / ZARR_ROOT_NAME)
 
     def _prepare_array(self, path: str, spec: _ArraySpec) -> None:
         """Create array ``path`` as ``spec``; an existing equal array is kept with its shards."""
@@ -399,7 +391,7 @@ class ZarrGroupWriter(ZarrGroup):
             attributes=dict(spec.attributes), zarr_format=3, overwrite=True,
         )
         for parent in [self.root / path, *(self.root / path).parents]:
-            fsync_path(parent / "zarr.json")
+            fsync_path(parent / ZARR_ROOT_NAME)
             if parent == self.root:
                 break
         self._arrays.pop(path, None)
@@ -457,9 +449,9 @@ class ZarrGroupWriter(ZarrGroup):
             )
 
         self._ensure_group()
-        group_path = table_group_path(table)
+        group_path = table_group(table)
         # Drop the old table and its records, then write the new one column by column.
-        for old in (self.root / group_path, self.root / "commits" / group_path):
+        for old in (self.root / group_path, CacheLayout(self.root).commit_dir(group_path)):
             if old.exists():
                 shutil.rmtree(old)
         self._arrays = {k: v for k, v in self._arrays.items() if not k.startswith(group_path + "/")}
@@ -472,15 +464,15 @@ class ZarrGroupWriter(ZarrGroup):
                 offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
                 np.cumsum([len(b) for b in encoded], out=offsets[1:])
                 payload = np.frombuffer(b"".join(encoded), dtype=np.uint8)
-                self._write_whole(f"{group_path}/{name}/offsets", offsets)
-                self._write_whole(f"{group_path}/{name}/utf8", payload)
+                self._write_whole(table_column(table, name, TEXT_OFFSETS), offsets)
+                self._write_whole(table_column(table, name, TEXT_PAYLOAD), payload)
                 kinds[name] = "utf8"
             else:
-                self._write_whole(f"{group_path}/{name}", data)
+                self._write_whole(table_column(table, name), data)
                 kinds[name] = data.dtype.name
         group = zarr.open_group(self._store(), path=group_path, mode="a", zarr_format=3)
         group.attrs.update({"n_rows": n_rows, "columns": kinds})
-        fsync_path(self.root / group_path / "zarr.json")
+        fsync_path(self.root / group_path / ZARR_ROOT_NAME)
         self._tables.pop(table, None)
 
     def _table_state(self, table: str, columns: Mapping[str, np.ndarray | list[str]]) -> str:
@@ -491,7 +483,7 @@ class ZarrGroupWriter(ZarrGroup):
         self._tables.pop(table, None)
         if "columns" not in self._table_attrs(table):  # the attributes are written last
             return "incomplete"
-        group_path = table_group_path(table)
+        group_path = table_group(table)
         if not all(c.ok for path in self.array_paths() if path.startswith(group_path + "/")
                    for c in self.check_array(path)):
             return "incomplete"
@@ -525,11 +517,11 @@ class ZarrGroupWriter(ZarrGroup):
         n_frames = self.table_rows(FRAMES_TABLE)
         spec = _row_spec((n_frames, height, width, 3), np.dtype(np.uint8), 1, frames_per_shard, FRAMES_COMPRESSION,
                          {"resolution": resolution})
-        self._prepare_array(frames_array_path(resolution), spec)
+        self._prepare_array(frames_array(resolution), spec)
 
     def write_frame_shard(self, resolution: str, shard: int, frames: np.ndarray) -> CommitRecord:
         """Write frame shard ``shard`` of ``resolution``: uint8 ``[rows in shard, H, W, 3]``."""
-        return self._write_shard(frames_array_path(resolution), shard, np.ascontiguousarray(frames))
+        return self._write_shard(frames_array(resolution), shard, np.ascontiguousarray(frames))
 
     # -- shared by the sample writers -------------------------------------------------------------
 
@@ -545,12 +537,6 @@ class ZarrGroupWriter(ZarrGroup):
                 f"the {n_frames} frame rows"
             )
         return n_samples
-
-    def sample_meta(self, row: int) -> dict[str, Any]:
-        """The sample's metadata as both readers return it: its table row without the key."""
-        values = self.table_row(SAMPLES_TABLE, row)
-        values.pop(KEY_COLUMN)
-        return values
 
 
 def _column(table: str, name: str, data: ColumnData) -> np.ndarray | list[str]:
@@ -601,7 +587,7 @@ class ZarrCacheWriter(VariantWriter):
     format = "zarr"
 
     def samples_array_path(self, resolution: str) -> str:
-        return features_array_path(self.variant, resolution)
+        return features_array(self.variant, resolution)
 
     def prepare_samples(self, resolution: str, feature_shape: tuple[int, int], feature_dtype: str,
                         samples_per_shard: int) -> None:
@@ -633,63 +619,56 @@ class ZarrCacheWriter(VariantWriter):
 
 
 class ZarrCacheReader(ZarrGroup):
-    """Random access to a zarr cache; ``reader[row]`` is the sample dict of sample row ``row``.
+    """Random access to one resolution and window variant of a zarr cache; ``reader[row]`` is the
+    :class:`~janus_cache.store.records.CacheSample` of sample row ``row``.
 
-    A sample dict is ``{"key": str, "row": int, "frames": uint8 [history + 1, H, W, 3],
-    "feature": torch tensor [N, 2C] (bf16 or float32), "meta": dict}``, the same as
-    :class:`janus_cache.store.wds_store.WdsCacheReader` yields. ``resolution`` and ``variant``
-    default to the cache's only one.
+    The reader reads exactly the ``resolution`` and ``variant`` it is given; open it through
+    :func:`janus_cache.store.open_cache`, which checks them against the cache's manifest.
     """
 
-    def __init__(self, root: Path | str, resolution: str | None = None, variant: str | None = None) -> None:
+    format = "zarr"
+
+    def __init__(self, root: Path | str, resolution: str, variant: str) -> None:
         super().__init__(root, read_only=True)
-        if not (self.root / "zarr.json").is_file():
-            raise StoreError(f"{self.root} is not a zarr cache (no zarr.json)")
-        self._resolution = resolution
-        self._variant = variant
+        if not (self.root / ZARR_ROOT_NAME).is_file():
+            raise StoreError(f"{self.root} is not a zarr cache (no {ZARR_ROOT_NAME})")
+        _check_name("resolution", resolution)
+        _check_name("variant", variant)
+        self.resolution, self.variant = resolution, variant
+        self.frames_array = frames_array(resolution)
+        self.features_array = features_array(variant, resolution)
+        for array in (self.frames_array, self.features_array):
+            if not self.has_array(array):
+                raise StoreError(f"cache {self.root} has no array {array!r}")
 
-    @property
-    def resolution(self) -> str:
-        """The resolution read when none is named: the one given, else the cache's only one."""
-        return self._resolution or only_one(self.resolutions(), "resolution", self.root)
-
-    @property
-    def variant(self) -> str:
-        """The window variant read when none is named: the one given, else the cache's only one."""
-        return self._variant or only_one(self.variants(), "variant", self.root)
-
-    def variants(self) -> list[str]:
-        return self._children(FEATURES_GROUP)
-
-    def feature(self, row: int, resolution: str | None = None, variant: str | None = None) -> torch.Tensor:
+    def feature(self, row: int) -> torch.Tensor:
         """Feature ``[N, 2C]`` of sample row ``row`` in its logical dtype (bf16 viewed from uint16)."""
-        array = self._array(features_array_path(variant or self.variant, resolution or self.resolution))
+        array = self._array(self.features_array)
         if not 0 <= row < array.shape[0]:
             raise IndexError(f"sample row {row} out of range for {array.shape[0]} samples in {self.root}")
         return from_stored(array[row], str(array.attrs["logical_dtype"]))
 
+    def sample_shard_plan(self) -> list[range]:
+        """Sample rows of each feature shard."""
+        return self.array_shard_plan(self.features_array)
+
+    def check(self, verify: bool = True) -> list[ShardCheck]:
+        """One check per planned shard of this resolution's frames and this variant's features."""
+        return self.check_array(self.frames_array, verify) + self.check_array(self.features_array, verify)
+
     def __len__(self) -> int:
         return self.table_rows(SAMPLES_TABLE)
 
-    def sample(self, row: int, resolution: str | None = None) -> dict[str, Any]:
-        resolution = resolution or self.resolution
-        meta = self.table_row(SAMPLES_TABLE, row)
-        key = meta.pop(KEY_COLUMN)
-        window = self._column_array(SAMPLES_TABLE, WINDOW_ROWS_COLUMN)[row]
-        return {
-            "key": key,
-            "row": row,
-            "frames": self.frames(resolution, window),
-            "feature": self.feature(row, resolution),
-            "meta": meta,
-        }
+    def sample(self, row: int) -> CacheSample:
+        key, values = self.sample_meta_row(row)
+        meta = SampleMeta.from_row(values, f"sample row {row} of {self.root}")
+        return CacheSample(
+            key=key,
+            row=row,
+            frames=self.frames(self.resolution, meta.window_rows),
+            feature=self.feature(row),
+            meta=meta,
+        )
 
-    def __getitem__(self, row: int) -> dict[str, Any]:
+    def __getitem__(self, row: int) -> CacheSample:
         return self.sample(row)
-
-
-def only_one(names: list[str], what: str, root: Path) -> str:
-    """The single name in ``names``; an error naming them all when there are none or several."""
-    if len(names) != 1:
-        raise StoreError(f"cache {root} holds {what}s {names}; name the {what} to read")
-    return names[0]
