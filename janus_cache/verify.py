@@ -86,15 +86,8 @@ from janus_cache.store.wds_store import (
     encode_key,
     planned_tar_shards,
 )
-from janus_cache.store.zarr_store import (
-    FRAMES_TABLE,
-    KEY_COLUMN,
-    SAMPLES_TABLE,
-    WINDOW_ROWS_COLUMN,
-    PlannedShard,
-    ZarrCacheReader,
-    ZarrGroup,
-)
+from janus_cache.store.layout import FRAMES_TABLE, KEY_COLUMN, SAMPLES_TABLE, WINDOW_ROWS_COLUMN
+from janus_cache.store.zarr_store import PlannedShard, ZarrCacheReader, ZarrGroup
 from janus_cache.vggt import CUDA_AUTOCAST_DTYPE
 
 SCHEMA, INTEGRITY, COMPLETENESS, FRESHNESS, LIVE = "schema", "integrity", "completeness", "freshness", "live"

@@ -7,7 +7,8 @@ Writing a cache (either format) goes through one interface, :class:`CacheWriter`
     writer = open_writer("zarr", cache_dir, variant.name)      # or "wds"
     # single process (rank 0), before any shard is written:
     writer.write_table("frames", {"key": [...], ...})
-    writer.write_table("samples", {"key": [...], "window_rows": int32 [n, history + 1], ...})
+    writer.write_table("samples", {"key": [...], "window_rows": int32 [n, history + 1], "action": [...],
+                                   "instruction": [...], ...})   # columns of records.SampleMeta
     writer.prepare_frames(resolution, (H, W), frames_per_shard)
     writer.prepare_samples(resolution, (N, 2C), "bfloat16", samples_per_shard)
     # any process, one writer per shard, skipping writer.committed_*_shards(resolution):

@@ -38,7 +38,7 @@ import io
 import json
 import os
 import uuid
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
@@ -78,7 +78,8 @@ from janus_cache.store.layout import (
     wds_variant,
 )
 from janus_cache.store.records import CacheSample, SampleMeta
-from janus_cache.store.zarr_store import PlannedShard, VariantWriter, _check_name
+from janus_cache.store.zarr_group import PlannedShard, _check_name
+from janus_cache.store.zarr_group_writer import VariantWriter
 
 FRAMES_MEMBER = "frames.blosc"
 FEATURE_MEMBER = "feature.blosc"
