@@ -78,3 +78,18 @@ def test_janus_cache_verify_passes_on_a_two_resolution_cache(two_resolution_cach
                             cwd=REPO_ROOT, env=dict(os.environ), capture_output=True, text=True, check=False,
                             timeout=TIMEOUT_S)
     assert result.returncode == 0, f"verify failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+
+
+def test_janus_cache_info_opens_every_resolution_and_a_non_cache_is_one_line(two_resolution_cache,
+                                                                           tmp_path: Path) -> None:
+    _, _, cache = two_resolution_cache
+    console_script = Path(sys.executable).parent / "janus-cache"
+    info = subprocess.run([str(console_script), "info", str(cache)], capture_output=True, text=True, check=False,
+                          timeout=TIMEOUT_S)
+    assert info.returncode == 0, info.stderr
+    for name in (OTHER, "pad224"):
+        assert f"resolution {name}: 8 samples" in info.stdout
+    missing = subprocess.run([str(console_script), "info", str(tmp_path)], capture_output=True, text=True,
+                             check=False, timeout=TIMEOUT_S)
+    assert missing.returncode == 1
+    assert missing.stderr.strip() == f"error: {tmp_path} is not a janus cache (no manifest.json)"
