@@ -1,6 +1,6 @@
 """webdataset cache: tar shards of whole samples, for streaming.
 
-A webdataset cache directory is the zarr group of :mod:`janus_cache.store.zarr_store` (frames
+A webdataset cache directory is the zarr group of :mod:`janus_cache.store.zarr_group` (frames
 once per frame row and the tables: the tars are assembled from them, and verify re-derives from
 them) plus, per window variant and resolution, ``wds/<variant>/<resolution>/`` (every path is
 named in :mod:`janus_cache.store.layout`):
