@@ -182,7 +182,7 @@ def test_first_step_is_the_loss_and_gradient_of_the_whole_accumulated_batch(setu
     (2 ranks x 2 micro-batches): normalised over the whole batch, not summed over micro-steps or
     averaged over ranks."""
     settings = setup.settings()
-    dataset = CachedSamples(setup.fp32_cache, prompt_builder(setup.profile()))
+    dataset = CachedSamples(open_training_cache(setup.profile(), setup.fp32_cache).reader, prompt_builder(setup.profile()))
     per_rank = settings.micro_batch * settings.grad_accum
     rows = [row for rank in range(N_PROC)
             for row in EpochSampler(len(dataset), rank, N_PROC, settings.seed, epoch=0).rows()[:per_rank]]
