@@ -182,7 +182,8 @@ def test_first_step_is_the_loss_and_gradient_of_the_whole_accumulated_batch(setu
     (2 ranks x 2 micro-batches): normalised over the whole batch, not summed over micro-steps or
     averaged over ranks."""
     settings = setup.settings()
-    dataset = CachedSamples(open_training_cache(setup.profile(), setup.fp32_cache).reader, prompt_builder(setup.profile()))
+    profile = setup.profile()
+    dataset = CachedSamples(open_training_cache(profile, setup.fp32_cache).reader, prompt_builder(profile))
     per_rank = settings.micro_batch * settings.grad_accum
     rows = [row for rank in range(N_PROC)
             for row in EpochSampler(len(dataset), rank, N_PROC, settings.seed, epoch=0).rows()[:per_rank]]
@@ -369,7 +370,8 @@ def recorded_batch(setup: Setup, run: Run) -> tuple[dict[str, torch.Tensor], dic
     recorded = load_file(str(run.outputs))
     with safe_open(str(run.outputs), "pt") as f:
         metadata = f.metadata()
-    dataset = CachedSamples(open_training_cache(setup.profile(), setup.fp32_cache).reader, prompt_builder(setup.profile()))
+    profile = setup.profile()
+    dataset = CachedSamples(open_training_cache(profile, setup.fp32_cache).reader, prompt_builder(profile))
     rows = json.loads(metadata["rows"])
     items = [dataset[row] for row in rows]
     assert [item.key for item in items] == json.loads(metadata["keys"])
