@@ -175,7 +175,7 @@ def main() -> None:
                 if fmt == "zarr":
                     feature_bytes = dir_bytes(root / "vggt")
                     total = frames_bytes + feature_bytes + tables_bytes
-                    reader = ZarrCacheReader(root)
+                    reader = ZarrCacheReader(root, name, variant.name)
                     order = np.random.default_rng(0).permutation(n_samples)
                     t0 = time.perf_counter()
                     for row in order:
@@ -189,7 +189,7 @@ def main() -> None:
                     tar_bytes = dir_bytes(root / "wds", "*.tar")
                     total = tar_bytes
                     t0 = time.perf_counter()
-                    count = sum(1 for _ in WdsCacheReader(root))
+                    count = sum(1 for _ in WdsCacheReader(root, name, variant.name))
                     read_rate = count / (time.perf_counter() - t0)
                     extra = {"tar_bytes": tar_bytes, "stream_samples_per_s": read_rate,
                              "zarr_frames_and_tables_bytes": frames_bytes + tables_bytes,

@@ -45,14 +45,14 @@ from janus_cache.store import (
     ResolutionEntry,
     WindowVariant,
 )
-from janus_cache.store.commit import COMMITS_DIR, atomic_write_bytes
+from janus_cache.store.commit import atomic_write_bytes
+from janus_cache.store.layout import CacheLayout
 from janus_cache.store.compression import FEATURES_COMPRESSION, FRAMES_COMPRESSION
 from janus_cache.store.manifest import library_versions
 
 SAMPLING_RULE = "linspace"
 """Name of the window rule of janus_cache.windows (front padding with frame 0, then linspace)."""
 
-FAILURES_DIR = "failures"
 """Per-frame-shard records of source images that could not be turned into frames."""
 
 RESAMPLING = "PIL bicubic"
@@ -186,13 +186,13 @@ def decode_frame(job: FrameJob) -> tuple[int, np.ndarray | None, str | None]:
 
 
 def failures_path(root: Path, resolution: str, shard: int) -> Path:
-    return Path(root) / FAILURES_DIR / "frames" / resolution / f"{shard:06d}.json"
+    return CacheLayout(root).frame_failures(resolution, shard)
 
 
 def read_frame_failures(root: Path, resolution: str) -> dict[int, str]:
     """Frame row -> reason, for every committed frame shard that had failures."""
     failures: dict[int, str] = {}
-    directory = Path(root) / FAILURES_DIR / "frames" / resolution
+    directory = CacheLayout(root).frame_failures_dir(resolution)
     for path in sorted(directory.glob("*.json")) if directory.is_dir() else ():
         failures.update({int(row): reason for row, reason in json.loads(path.read_text()).items()})
     return failures
@@ -295,5 +295,5 @@ def write_feature_shards(
 
 def committed_count(root: Path, array: str) -> int:
     """Shards of ``array`` with a commit record (cheap: counts files; for progress only)."""
-    directory = Path(root) / COMMITS_DIR / array
+    directory = CacheLayout(root).commit_dir(array)
     return sum(1 for _ in directory.glob("*.json")) if directory.is_dir() else 0

@@ -50,15 +50,8 @@ from janus_cache.profile import CacheSettings
 from janus_cache.resolution import Resolution
 from janus_cache.store import CacheWriter, Manifest, open_writer, read_manifest, write_manifest
 from janus_cache.store.commit import atomic_write_bytes, read_record, verify_shard
-from janus_cache.store.manifest import MANIFEST_NAME, check_compatible, merge_manifests
-from janus_cache.store.zarr_store import frames_array_path
-
-REPORT_NAME = "report.json"
-"""What a finished precompute reports in the cache directory: dataset problems, failed frames and
-samples. Its presence marks the precompute as finished."""
-
-ZARR_ROOT_NAME = "zarr.json"
-"""The root metadata file of a zarr store: with the manifest, what marks a directory as a cache."""
+from janus_cache.store.layout import MANIFEST_NAME, REPORT_NAME, ZARR_ROOT_NAME, frames_array
+from janus_cache.store.manifest import check_compatible, merge_manifests
 
 
 class PrecomputeError(RuntimeError):
@@ -164,7 +157,7 @@ class PrecomputeJob:
 
     @property
     def frames_array(self) -> str:
-        return frames_array_path(self.resolution.name)
+        return frames_array(self.resolution.name)
 
     @property
     def samples_array(self) -> str:

@@ -1,11 +1,15 @@
 """The reader stage: cache samples -> token ids, labels, uint8 frames and the VGGT feature.
 
-Three sources yield the same item dict ``{"key", "prompt", "frames", "features"}``:
+Three sources yield the same :class:`TrainItem`:
 
-* :class:`CachedSamples`: map-style over a zarr cache (random access, O(1) resume);
-* :class:`StreamedSamples`: iterable over a webdataset cache's tar shards (streaming);
+* :class:`CachedSamples`: map-style over a zarr cache's reader (random access, O(1) resume);
+* :class:`StreamedSamples`: iterable over a webdataset cache's reader (streaming);
 * :class:`LiveSamples`: decodes the source images and has no feature (the model runs VGGT
   itself): the reference path the cache replaces, used for the live baseline and checks.
+
+The cached sources take the reader of a cache opened with :func:`janus_cache.store.open_cache`
+(so they read exactly the profile's resolution and window variant). How data is split over
+ranks and loader workers is decided in :mod:`janus_cache.store.split` only.
 
 Workers do no image processing on the cached paths: ``pixel_values`` are built from the uint8
 frames on the training device by the model.
@@ -14,87 +18,80 @@ frames on the training device by the model.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset, IterableDataset, Sampler, get_worker_info
+from torch.utils.data import Dataset, IterableDataset, Sampler
 
 from janus_cache.index import ACTIONS, DatasetIndex
 from janus_cache.imaging import load_frame
 from janus_cache.resolution import Resolution
-from janus_cache.store import WdsCacheReader, ZarrCacheReader
+from janus_cache.store import CacheSample, WdsCacheReader, ZarrCacheReader
+from janus_cache.store.split import epoch_rows
 from janus_train.prompt import EncodedPrompt, PromptBuilder
 
-Item = dict[str, Any]
+
+@dataclass(frozen=True)
+class TrainItem:
+    """One training sample: its key, encoded prompt, uint8 frames ``[S, H, W, 3]`` and the cached
+    feature ``[N, 2C]`` (None on the live path, where the model computes it)."""
+
+    key: str
+    prompt: EncodedPrompt
+    frames: torch.Tensor
+    features: torch.Tensor | None
 
 
-def _prompt(builder: PromptBuilder, key: str, meta: dict[str, Any], n_images: int) -> EncodedPrompt:
-    action = meta["action"]
-    return builder.build(
-        meta["instruction"],
-        meta["subinstruction"],
-        meta["description_2d"],
-        meta["description_3d"],
-        ACTIONS[int(action)] if not isinstance(action, str) else action,
-        n_images=n_images,
-        key=key,
+def cached_item(builder: PromptBuilder, sample: CacheSample) -> TrainItem:
+    """The training item of a cached sample (the cache's typed record, straight into the prompt)."""
+    frames = torch.from_numpy(np.ascontiguousarray(sample.frames))
+    meta = sample.meta
+    prompt = builder.build(
+        meta.instruction,
+        meta.subinstruction,
+        meta.description_2d,
+        meta.description_3d,
+        ACTIONS[meta.action],
+        n_images=frames.shape[0],
+        key=sample.key,
     )
+    return TrainItem(key=sample.key, prompt=prompt, frames=frames, features=sample.feature)
 
 
-def _item(builder: PromptBuilder, sample: dict[str, Any]) -> Item:
-    frames = torch.from_numpy(np.ascontiguousarray(sample["frames"]))
-    return {
-        "key": sample["key"],
-        "prompt": _prompt(builder, sample["key"], sample["meta"], frames.shape[0]),
-        "frames": frames,
-        "features": sample["feature"],
-    }
+class CachedSamples(Dataset[TrainItem]):
+    """Samples of a zarr cache, by sample row; the DataLoader gives each worker its rows."""
 
-
-class CachedSamples(Dataset[Item]):
-    """Samples of a zarr cache, by sample row."""
-
-    def __init__(self, cache: Path | str, builder: PromptBuilder, resolution: str | None = None,
-                 variant: str | None = None) -> None:
-        self.reader = ZarrCacheReader(cache, resolution=resolution, variant=variant)
+    def __init__(self, reader: ZarrCacheReader, builder: PromptBuilder) -> None:
+        self.reader = reader
         self.builder = builder
 
     def __len__(self) -> int:
         return len(self.reader)
 
-    def __getitem__(self, row: int) -> Item:
-        return _item(self.builder, self.reader.sample(int(row)))
+    def __getitem__(self, row: int) -> TrainItem:
+        return cached_item(self.builder, self.reader.sample(int(row)))
 
 
-class StreamedSamples(IterableDataset[Item]):
-    """Samples of a webdataset cache; shards are split over ranks, then over loader workers."""
+class StreamedSamples(IterableDataset[TrainItem]):
+    """Samples of a webdataset cache for rank ``rank`` of ``world``; the reader's pipeline splits
+    the shards over ranks and loader workers (once, in :mod:`janus_cache.store.split`)."""
 
-    def __init__(self, cache: Path | str, builder: PromptBuilder, rank: int = 0, world: int = 1,
-                 resolution: str | None = None, variant: str | None = None) -> None:
-        self.reader = WdsCacheReader(cache, resolution=resolution, variant=variant)
+    def __init__(self, reader: WdsCacheReader, builder: PromptBuilder, rank: int = 0, world: int = 1) -> None:
+        self.reader = reader
         self.builder = builder
         self.rank, self.world = rank, world
 
     def __len__(self) -> int:
         return len(self.reader)
 
-    def shards_of_this_worker(self) -> list[int]:
-        n_shards = len(self.reader.shard_paths())
-        mine = list(range(self.rank, n_shards, self.world))
-        info = get_worker_info()
-        return mine if info is None else mine[info.id :: info.num_workers]
-
-    def __iter__(self) -> Iterator[Item]:
-        shards = self.shards_of_this_worker()
-        if not shards:
-            return
-        for sample in self.reader.dataset(shards):
-            yield _item(self.builder, sample)
+    def __iter__(self) -> Iterator[TrainItem]:
+        for sample in self.reader.dataset(self.rank, self.world):
+            yield cached_item(self.builder, sample)
 
 
-class LiveSamples(Dataset[Item]):
+class LiveSamples(Dataset[TrainItem]):
     """Samples decoded from the source images, as the reference training does (no feature)."""
 
     def __init__(self, index: DatasetIndex, builder: PromptBuilder, resolution: Resolution) -> None:
@@ -103,36 +100,33 @@ class LiveSamples(Dataset[Item]):
     def __len__(self) -> int:
         return len(self.index.samples)
 
-    def __getitem__(self, row: int) -> Item:
+    def __getitem__(self, row: int) -> TrainItem:
         sample = self.index.samples[int(row)]
         frames = np.stack([load_frame(self.index.frames[r].path, self.resolution) for r in sample.window_rows])
-        return {
-            "key": sample.key,
-            "prompt": self.builder.build_sample(sample),
-            "frames": torch.from_numpy(frames),
-            "features": None,
-        }
+        return TrainItem(key=sample.key, prompt=self.builder.build_sample(sample),
+                         frames=torch.from_numpy(frames), features=None)
 
 
-def collate(items: Sequence[Item], pad_token_id: int) -> dict[str, Any]:
+def collate(items: Sequence[TrainItem], pad_token_id: int) -> dict[str, Any]:
     """A micro-batch: padded prompt tensors, frames [B, S, H, W, 3] uint8, features [B, N, 2C] or None."""
     from janus_train.prompt import collate_prompts
 
-    batch: dict[str, Any] = collate_prompts([item["prompt"] for item in items], pad_token_id)
-    batch["keys"] = [item["key"] for item in items]
-    batch["frames"] = torch.stack([item["frames"] for item in items])
-    features = [item["features"] for item in items]
+    batch: dict[str, Any] = collate_prompts([item.prompt for item in items], pad_token_id)
+    batch["keys"] = [item.key for item in items]
+    batch["frames"] = torch.stack([item.frames for item in items])
+    features = [item.features for item in items]
     batch["features"] = None if any(f is None for f in features) else torch.stack(features)
     return batch
 
 
 class EpochSampler(Sampler[int]):
-    """This rank's sample rows of one epoch: a seeded permutation, split over ranks, from ``start``.
+    """This rank's sample rows of one epoch (:func:`janus_cache.store.split.epoch_rows`), from ``start``.
 
     The permutation depends only on (seed, epoch), so resuming at position ``start`` continues
     with the next unseen sample at once, without iterating over the ones already trained on.
-    Positions count micro-batch samples of this rank; the tail that does not fill a sample for
-    every rank is dropped so that all ranks take the same number of steps.
+    Positions count this rank's samples. Over all ranks an epoch holds every sample exactly once
+    (ranks' shares differ by at most one); the trainer takes the same number of steps on every
+    rank.
     """
 
     def __init__(self, n_samples: int, rank: int, world: int, seed: int, epoch: int, start: int = 0) -> None:
@@ -140,13 +134,10 @@ class EpochSampler(Sampler[int]):
         self.seed, self.epoch, self.start = seed, epoch, start
 
     def rows(self) -> list[int]:
-        generator = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
-        order = torch.randperm(self.n_samples, generator=generator).tolist()
-        per_rank = self.n_samples // self.world
-        return order[self.rank * per_rank : (self.rank + 1) * per_rank]
+        return epoch_rows(self.n_samples, self.rank, self.world, self.seed, self.epoch)
 
     def __len__(self) -> int:
-        return max(0, self.n_samples // self.world - self.start)
+        return max(0, len(range(self.rank, self.n_samples, self.world)) - self.start)
 
     def __iter__(self) -> Iterator[int]:
         return iter(self.rows()[self.start :])

@@ -26,9 +26,11 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset
 
+from janus_cache.precompute import window_variant
 from janus_cache.profile import Profile
 from janus_cache.device import process_device
 from janus_cache.resolution import Resolution, visual_tokens
+from janus_cache.store import OpenedCache, open_cache
 from janus_train.config import TrainSettings, deepspeed_config, load_train_settings
 from janus_train.data import CachedSamples, EpochSampler, LiveSamples, StreamedSamples, collate
 from janus_train.loss import LossDenominators, micro_batch_loss
@@ -119,6 +121,13 @@ def prompt_builder(profile: Profile, settings: TrainSettings | None = None) -> P
                          segment_weights=settings.segment_weights, template=settings.template())
 
 
+def open_training_cache(profile: Profile, cache: Path) -> OpenedCache:
+    """The cache opened for the profile's resolution and window variant (a cache holding several
+    resolutions trains on the profile's one; one lacking it is a one-line error)."""
+    return open_cache(cache, resolution=Resolution.parse(profile.cache.resolution).name,
+                      variant=window_variant(profile.cache).name)
+
+
 def make_dataset(profile: Profile, builder: PromptBuilder, cache: Path | None, live_data: Path | None,
                  rank: int, world: int) -> Dataset:
     if live_data is not None:
@@ -128,9 +137,10 @@ def make_dataset(profile: Profile, builder: PromptBuilder, cache: Path | None, l
                             subinstruction_rule=profile.cache.subinstruction_rule)
         return LiveSamples(index, builder, Resolution.parse(profile.cache.resolution))
     assert cache is not None
-    if (Path(cache) / "wds").is_dir():
-        return StreamedSamples(cache, builder, rank=rank, world=world)
-    return CachedSamples(cache, builder)
+    opened = open_training_cache(profile, cache)
+    if opened.streaming:
+        return StreamedSamples(opened.reader, builder, rank=rank, world=world)
+    return CachedSamples(opened.reader, builder)
 
 
 def lr_lambda(total_steps: int, warmup_steps: int, step: int) -> float:

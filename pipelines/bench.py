@@ -36,12 +36,13 @@ import yaml
 from janus_cache.index import build_index
 from janus_cache.encoder import WindowEncoder
 from janus_cache.imaging import load_frame, qwen_pixel_values
-from janus_cache.precompute import compute_frame_shard, encode_windows, frame_shape, read_windows
+from janus_cache.precompute import compute_frame_shard, encode_windows, frame_shape, read_windows, window_variant
 from janus_cache.profile import PROFILES_DIR, load_profile
 from janus_cache.qwen_vision import PATCH_DIM
 from janus_cache.resolution import Resolution, grid_shape, visual_tokens
 from janus_cache.sample_data import write_sample_data
-from janus_cache.store import ZarrCacheReader, open_writer
+from janus_cache.store import CacheLayout, load_manifest, open_cache, open_writer
+from janus_cache.store.layout import FEATURES_GROUP, FRAMES_GROUP, WDS_DIR
 from janus_train.flops import count_flops
 from pipelines.bench_projection import REAL_SAMPLES
 from pipelines.precompute import Options
@@ -111,7 +112,7 @@ def data_path(work: Path, repeats: int, workers: int) -> dict[str, Any]:
     builder = PromptBuilder(tokenizer, visual_tokens(res))
     side = res.target
     processor = Qwen2VLImageProcessorPil(min_pixels=side * side, max_pixels=side * side)
-    reader = ZarrCacheReader(cache)
+    reader = open_cache(cache, resolution=res.name, variant=window_variant(profile.cache).name).reader
     n = len(index.samples)
 
     def live_sample(row: int) -> None:
@@ -124,10 +125,10 @@ def data_path(work: Path, repeats: int, workers: int) -> dict[str, Any]:
 
     def cached_sample(row: int) -> None:
         item = reader.sample(row)
-        qwen_pixel_values(torch.from_numpy(item["frames"]))
-        meta = item["meta"]
-        builder.build(meta["instruction"], meta["subinstruction"], meta["description_2d"], meta["description_3d"],
-                      int(meta["action"]), n_images=item["frames"].shape[0], key=item["key"])
+        qwen_pixel_values(torch.from_numpy(item.frames))
+        meta = item.meta
+        builder.build(meta.instruction, meta.subinstruction, meta.description_2d, meta.description_3d,
+                      meta.action, n_images=item.frames.shape[0], key=item.key)
 
     def per_core(fn: Callable[[int], None]) -> Callable[[], int]:
         def run() -> int:
@@ -188,21 +189,22 @@ def storage(work: Path, cache644: Path) -> dict[str, Any]:
     profile_path = work / "bench-pad644.yaml"
     if run_precompute(Options(work / "data644", wds, str(profile_path), cache_format="wds", workers=1)) != 0:
         raise RuntimeError("precompute of the webdataset benchmark cache failed")
-    manifest = json.loads((cache644 / "manifest.json").read_text())
-    n_samples = manifest["counts"]["samples"]
-    n_frames = manifest["counts"]["frames"]
-    entry = next(iter(manifest["resolutions"].values()))
-    h, w, _ = entry["frame_shape"]
-    n_tokens, width = entry["feature_shape"]
-    history = manifest["window"]["history"]
+    manifest = load_manifest(cache644)
+    n_samples = manifest.counts["samples"]
+    n_frames = manifest.counts["frames"]
+    entry = next(iter(manifest.resolutions.values()))
+    h, w, _ = entry.frame_shape
+    n_tokens, width = entry.feature_shape
+    history = manifest.window.history
+    zarr_paths, wds_paths = CacheLayout(cache644), CacheLayout(wds)
 
     def size(paths: list[Path]) -> int:
         return sum(p.stat().st_size for root in paths for p in root.rglob("*") if p.is_file())
 
-    frames_bytes = size([cache644 / "frames"])
-    features_bytes = size([cache644 / "vggt"])
-    zarr_total = size([cache644])
-    wds_tars = size([wds / "wds"])
+    frames_bytes = size([zarr_paths.path(FRAMES_GROUP)])
+    features_bytes = size([zarr_paths.path(FEATURES_GROUP)])
+    zarr_total = size([zarr_paths.root])
+    wds_tars = size([wds_paths.path(WDS_DIR)])
     gh, gw = grid_shape(h, w)
     naive_per_sample = (history + 1) * gh * gw * PATCH_DIM * 4 + n_tokens * width * 4
     frame_ratio = n_frames * h * w * 3 / frames_bytes

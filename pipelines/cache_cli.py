@@ -146,14 +146,15 @@ def info_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="Print the manifest as JSON.")] = False,
 ) -> None:
     """Show what a cache holds: format, resolutions, window variant, counts and shard state."""
-    from janus_cache.store import ManifestError, read_manifest
+    from janus_cache.store import StoreError, load_manifest, open_cache
 
     try:
-        manifest = read_manifest(cache)
-    except ManifestError as err:
+        manifest = load_manifest(cache)
+        # Every listed resolution opened as the trainer opens it: its samples can be read.
+        opened = {name: open_cache(cache, resolution=name, variant=manifest.window.name)
+                  for name in manifest.resolutions}
+    except StoreError as err:
         fail(str(err))
-    if manifest is None:
-        fail(f"{cache} is not a janus cache (no manifest.json)")
     if as_json:
         typer.echo(manifest.to_json().rstrip())
         return
@@ -166,8 +167,8 @@ def info_cmd(
                f"encoder {manifest.encoder_fingerprint[:16]}")
     typer.echo("  counts: " + ", ".join(f"{k} {v}" for k, v in manifest.counts.items()))
     for name, entry in manifest.resolutions.items():
-        typer.echo(f"  resolution {name}: frames {entry.frame_shape}, features {entry.feature_shape}, "
-                   f"{entry.preprocessing}")
+        typer.echo(f"  resolution {name}: {len(opened[name].reader)} samples, frames {entry.frame_shape}, "
+                   f"features {entry.feature_shape}, {entry.preprocessing}")
     groups: dict[str, list[int]] = {}
     for array, shards in manifest.shards.items():
         # Table columns are many small arrays: one line for all of them.

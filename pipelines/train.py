@@ -50,7 +50,7 @@ def record_outputs(trainer: Trainer, path: Path, n_samples: int) -> None:
     rows = list(range(min(n_samples, len(trainer.dataset))))
     outputs = trainer.outputs_on(rows)
     if trainer.rank == 0:
-        keys = [trainer.dataset[row]["key"] for row in rows]
+        keys = [trainer.dataset[row].key for row in rows]
         path.parent.mkdir(parents=True, exist_ok=True)
         save_file({k: v.contiguous() for k, v in outputs.items()}, str(path),
                   metadata={"keys": json.dumps(keys), "rows": json.dumps(rows), "step": str(trainer.step)})

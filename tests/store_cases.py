@@ -15,7 +15,18 @@ import numpy as np
 import torch
 
 from janus_cache.dtypes import TORCH_DTYPES
-from janus_cache.store import CacheWriter, WindowVariant, open_writer
+from janus_cache.store import (
+    CacheSample,
+    CacheWriter,
+    DatasetIdentity,
+    Layout,
+    Manifest,
+    ResolutionEntry,
+    SampleMeta,
+    WindowVariant,
+    open_writer,
+    write_manifest,
+)
 from janus_cache.windows import window_frames
 
 VARIANT = WindowVariant(history=3, sampling="linspace", reference_frame="first", layer=-2, attention="causal")
@@ -41,12 +52,15 @@ class Content:
     def n_samples(self) -> int:
         return len(self.sample_keys)
 
-    def sample_meta(self, row: int) -> dict[str, object]:
-        return {
-            "window_rows": self.window_rows[row].tolist(),
-            "action": int(self.actions[row]),
-            "instruction": self.instructions[row],
-        }
+    def sample_meta(self, row: int) -> SampleMeta:
+        return SampleMeta(
+            instruction=self.instructions[row],
+            subinstruction=f"sub {row}",
+            description_2d=f"a door on the left, row {row}",
+            description_3d="",
+            action=int(self.actions[row]),
+            window_rows=tuple(self.window_rows[row].tolist()),
+        )
 
 
 def smooth_frames(n: int, height: int, width: int, seed: int) -> np.ndarray:
@@ -112,6 +126,9 @@ def prepare(fmt: str, root: Path, content: Content, resolution: str = RESOLUTION
             "window_rows": content.window_rows,
             "action": content.actions,
             "instruction": content.instructions,
+            "subinstruction": [content.sample_meta(r).subinstruction for r in range(content.n_samples)],
+            "description_2d": [content.sample_meta(r).description_2d for r in range(content.n_samples)],
+            "description_3d": [content.sample_meta(r).description_3d for r in range(content.n_samples)],
         },
     )
     frames = content.frames[resolution]
@@ -143,6 +160,27 @@ def write_cache(fmt: str, root: Path, content: Content, resolution: str = RESOLU
     write_frame_shards(writer, content, resolution, list(range(len(writer.frame_shard_plan(resolution)))))
     write_sample_shards(writer, content, resolution, list(range(len(writer.sample_shard_plan(resolution)))))
     return writer
+
+
+def write_cache_manifest(writer: CacheWriter, content: Content, resolutions: list[str]) -> Manifest:
+    """Write the manifest of a cache whose ``resolutions`` are complete (what precompute's finish does)."""
+    manifest = Manifest(
+        format=writer.format,
+        window=VARIANT,
+        encoder_fingerprint="store-test-encoder",
+        feature_dtype=content.feature_dtype,
+        dataset=DatasetIdentity(digest="store-test", n_episodes=1, n_frames=len(content.frame_keys),
+                                n_samples=content.n_samples),
+        layout=Layout(frames_per_shard=FRAMES_PER_SHARD, samples_per_shard=SAMPLES_PER_SHARD),
+        resolutions={
+            name: ResolutionEntry(name, {}, content.frames[name].shape[1:], tuple(content.features[name].shape[1:]))
+            for name in resolutions
+        },
+        counts={"frames": len(content.frame_keys), "samples": content.n_samples},
+        shards=writer.shard_table(),
+    )
+    write_manifest(writer.root, manifest)
+    return manifest
 
 
 def write_shards_in_process(fmt: str, root: str, seed: int, frame_shards: list[int], sample_shards: list[int]) -> None:
@@ -178,15 +216,16 @@ def bits(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.view({torch.bfloat16: torch.int16, torch.float32: torch.int32}[tensor.dtype])
 
 
-def assert_sample_equal(sample: dict[str, object], content: Content, row: int, resolution: str = RESOLUTION) -> None:
+def assert_sample_equal(sample: CacheSample, content: Content, row: int, resolution: str = RESOLUTION) -> None:
     """``sample`` is exactly row ``row`` of ``content``: frames, feature bits, key and meta."""
-    assert sample["key"] == content.sample_keys[row]
-    assert sample["row"] == row
-    frames = sample["frames"]
+    assert isinstance(sample, CacheSample)
+    assert sample.key == content.sample_keys[row]
+    assert sample.row == row
+    frames = sample.frames
     assert isinstance(frames, np.ndarray) and frames.dtype == np.uint8
     assert np.array_equal(frames, content.frames[resolution][content.window_rows[row]])
-    feature = sample["feature"]
+    feature = sample.feature
     expected = content.features[resolution][row]
     assert isinstance(feature, torch.Tensor) and feature.dtype == expected.dtype
     assert torch.equal(bits(feature), bits(expected))
-    assert sample["meta"] == content.sample_meta(row)
+    assert sample.meta == content.sample_meta(row)

@@ -46,10 +46,11 @@ from janus_cache.precompute_job import (
 )
 from janus_cache.profile import Profile, load_profile
 from janus_cache.resolution import Resolution
-from janus_cache.store import WdsCacheReader, ZarrCacheReader, read_manifest
-from janus_cache.store.commit import COMMITS_DIR, read_record, record_path
-from janus_cache.store.wds_store import wds_array_path
-from janus_cache.store.zarr_store import features_array_path, frames_array_path
+from janus_cache.store import CacheLayout, CacheReader, open_cache, read_manifest
+from janus_cache.store.commit import read_record
+from janus_cache.store.layout import features_array as features_array_path
+from janus_cache.store.layout import frames_array as frames_array_path
+from janus_cache.store.layout import wds_samples as wds_array_path
 
 FRAMES_PER_SHARD = 4
 SAMPLES_PER_SHARD = 2
@@ -99,8 +100,15 @@ def tail(result: subprocess.CompletedProcess[str]) -> str:
     return f"exit {result.returncode}:\n{output(result)[-4000:]}"
 
 
+def opened_reader(cache: Path, resolution: str = RESOLUTION) -> CacheReader:
+    """The reader of ``resolution`` of the cache's window variant (through open_cache)."""
+    manifest = read_manifest(cache)
+    assert manifest is not None, f"{cache} has no manifest"
+    return open_cache(cache, resolution=resolution, variant=manifest.window.name).reader
+
+
 def committed(cache: Path, array: str) -> int:
-    directory = cache / COMMITS_DIR / array
+    directory = CacheLayout(cache).commit_dir(array)
     return sum(1 for _ in directory.glob("*.json")) if directory.is_dir() else 0
 
 
@@ -335,12 +343,12 @@ def test_a_run_killed_mid_way_then_resumed_equals_an_uninterrupted_run(
     # Damage a committed shard of each phase that has one: the resume must notice and rewrite it.
     damaged = [frames_array] + ([samples_array] if phase == "features" else [])
     for array in damaged:
-        shard = next(int(p.stem) for p in sorted((out / COMMITS_DIR / array).glob("*.json")))
+        shard = next(int(p.stem) for p in sorted(CacheLayout(out).commit_dir(array).glob("*.json")))
         record = read_record(out, array, shard)
         assert record is not None
         flip_byte(out / record.file)
     # What a kill inside an atomic write of a commit record leaves: a temporary file no shard owns.
-    stray = record_path(out, frames_array, 0).with_name(f"000000.json.{process.pid}.{'0' * 32}.partial")
+    stray = CacheLayout(out).commit_record(frames_array, 0).with_name(f"000000.json.{process.pid}.{'0' * 32}.partial")
     stray.write_bytes(b'{"array": "fra')
 
     resumed = run(command if resume_nproc == 2 else
@@ -418,7 +426,7 @@ def test_overwrite_starts_over_with_the_new_settings(
 
     index = build_index(data)
     row = next(f.row for f in index.frames if f.relpath == changed_frame)
-    reader = ZarrCacheReader(cache)
+    reader = opened_reader(cache)
     expected = {reader.shard_file(frames_array_path(RESOLUTION), row // FRAMES_PER_SHARD)} | {
         reader.shard_file(features_array_path(variant, RESOLUTION), s.row // SAMPLES_PER_SHARD)
         for s in index.samples if row in s.window_rows
@@ -473,15 +481,15 @@ def test_images_that_fail_to_decode_are_reported_and_their_samples_left_out(
     assert set(report["failed_frames"]) == {index.frames[r].relpath for r in bad_rows}
     assert all(f"cannot load frame {data / relpath}" in reason for relpath, reason in report["failed_frames"].items())
 
-    reader, clean = ZarrCacheReader(cache), ZarrCacheReader(references("zarr"))
+    reader, clean = opened_reader(cache), opened_reader(references("zarr"))
     kept = [s for s in index.samples if s.key not in failed]
     assert len(reader) == len(kept)
     for row, sample in enumerate(kept):
         got, expected = reader[row], clean[sample.row]
-        assert got["key"] == expected["key"] == sample.key
-        assert not bad_rows & set(got["meta"]["window_rows"])
-        np.testing.assert_array_equal(got["frames"], expected["frames"])
-        assert torch.equal(got["feature"], expected["feature"])
+        assert got.key == expected.key == sample.key
+        assert not bad_rows & set(got.meta.window_rows)
+        np.testing.assert_array_equal(got.frames, expected.frames)
+        assert torch.equal(got.feature, expected.feature)
 
     # The exit code is rank 0's decision: a 1-process resume of the finished cache is enough here.
     allowed = run(precompute_command(data, cache, profile, "--allow-failures", str(len(failed)), nproc=None))
@@ -515,23 +523,24 @@ def test_the_reader_returns_exactly_what_was_computed(
     """Frames equal a fresh decode of the sources, windows the index's, features a fresh encoder
     run (bit for bit, bf16; on the samples of CHECKED_SAMPLE_SHARDS), and keys and texts the index's."""
     cache = references(cache_format)
-    samples = list(WdsCacheReader(cache)) if cache_format == "wds" else list(ZarrCacheReader(cache))
+    reader = opened_reader(cache)
+    samples = list(reader) if cache_format == "wds" else [reader[row] for row in range(len(reader))]
     resolution = Resolution.parse(RESOLUTION)
     sources = {f.row: load_frame(f.path, resolution) for f in sample_index.frames}
-    assert [s["key"] for s in samples] == [s.key for s in sample_index.samples]
+    assert [s.key for s in samples] == [s.key for s in sample_index.samples]
     for got, sample in zip(samples, sample_index.samples, strict=True):
-        assert got["row"] == sample.row
-        assert got["meta"]["window_rows"] == list(sample.window_rows)
-        np.testing.assert_array_equal(got["frames"], np.stack([sources[r] for r in sample.window_rows]))
-        assert got["feature"].dtype == torch.bfloat16
-        assert got["feature"].shape == (256, 128)
+        assert got.row == sample.row
+        assert got.meta.window_rows == tuple(sample.window_rows)
+        np.testing.assert_array_equal(got.frames, np.stack([sources[r] for r in sample.window_rows]))
+        assert got.feature.dtype == torch.bfloat16
+        assert got.feature.shape == (256, 128)
         if sample.row in expected_features:
-            assert torch.equal(got["feature"], expected_features[sample.row]), sample.key
-        meta = got["meta"]
-        assert (meta["episode_id"], meta["step"], meta["action"]) == (sample.episode_id, sample.step,
-                                                                     sample.action_id)
-        assert (meta["instruction"], meta["subinstruction"]) == (sample.instruction, sample.subinstruction)
-        assert (meta["description_2d"], meta["description_3d"]) == (sample.description_2d, sample.description_3d)
+            assert torch.equal(got.feature, expected_features[sample.row]), sample.key
+        meta = got.meta
+        assert (meta.extra["episode_id"], meta.extra["step"], meta.action) == (sample.episode_id, sample.step,
+                                                                               sample.action_id)
+        assert (meta.instruction, meta.subinstruction) == (sample.instruction, sample.subinstruction)
+        assert (meta.description_2d, meta.description_3d) == (sample.description_2d, sample.description_3d)
 
 
 # ------------------------------------------------------------------------- more resolutions
@@ -563,10 +572,10 @@ def test_a_second_resolution_leaves_the_first_untouched(
     assert info.returncode == 0, info.stderr
     assert f"resolution {RESOLUTION}" in info.stdout and "resolution crop112" in info.stdout
 
-    sample = ZarrCacheReader(cache, resolution="crop112")[7]
+    sample = opened_reader(cache, "crop112")[7]
     source = sample_index.samples[7]
     expected = np.stack([load_frame(sample_index.frames[r].path, "crop112") for r in source.window_rows])
-    np.testing.assert_array_equal(sample["frames"], expected)
+    np.testing.assert_array_equal(sample.frames, expected)
 
 
 # ------------------------------------------------------------------------------------ plan
@@ -643,7 +652,7 @@ def test_a_failing_rank_fails_the_whole_run_with_its_error(
     array = frames_array_path(RESOLUTION)
     record = read_record(cache, array, 1)
     assert record is not None
-    record_path(cache, array, 1).unlink()
+    CacheLayout(cache).commit_record(array, 1).unlink()
     blocked = cache / record.file
     blocked.unlink()
     blocked.mkdir()

@@ -25,6 +25,7 @@ from store_cases import (
 
 import janus_cache.store.commit as commit_module
 from janus_cache.store import (
+    CacheLayout,
     CacheWriter,
     StoreError,
     WdsCacheReader,
@@ -32,13 +33,14 @@ from janus_cache.store import (
     verify_shard,
 )
 from janus_cache.store.commit import read_record
+from janus_cache.store.layout import wds_samples
 from janus_cache.store.wds_store import decode_key, encode_key
 
-SHARDS = f"wds/{VARIANT.name}/{RESOLUTION}"
+SHARDS = wds_samples(VARIANT.name, RESOLUTION)
 
 
 def shard_path(root: Path, shard: int) -> Path:
-    return root / SHARDS / f"shard-{shard:06d}.tar"
+    return CacheLayout(root).wds_shard(VARIANT.name, RESOLUTION, shard)
 
 
 # -- round trips ---------------------------------------------------------------------------------
@@ -47,31 +49,31 @@ def shard_path(root: Path, shard: int) -> Path:
 def test_every_sample_streams_back_exactly_in_row_order(tmp_path: Path) -> None:
     content = make_content()
     write_cache("wds", tmp_path, content)
-    samples = list(WdsCacheReader(tmp_path))
-    assert [s["row"] for s in samples] == list(range(content.n_samples))
+    samples = list(WdsCacheReader(tmp_path, RESOLUTION, VARIANT.name))
+    assert [s.row for s in samples] == list(range(content.n_samples))
     for sample in samples:
-        assert_sample_equal(sample, content, sample["row"])
+        assert_sample_equal(sample, content, sample.row)
 
 
 def test_float32_features_round_trip_exactly(tmp_path: Path) -> None:
     content = make_content(feature_dtype="float32")
     write_cache("wds", tmp_path, content)
-    for sample in WdsCacheReader(tmp_path):
-        assert sample["feature"].dtype == torch.float32
-        assert torch.equal(bits(sample["feature"]), bits(content.features[RESOLUTION][sample["row"]]))
+    for sample in WdsCacheReader(tmp_path, RESOLUTION, VARIANT.name):
+        assert sample.feature.dtype == torch.float32
+        assert torch.equal(bits(sample.feature), bits(content.features[RESOLUTION][sample.row]))
 
 
-def test_wds_and_zarr_readers_yield_the_same_sample_dicts(tmp_path: Path) -> None:
+def test_wds_and_zarr_readers_yield_the_same_sample_records(tmp_path: Path) -> None:
     content = make_content()
     write_cache("wds", tmp_path / "wds", content)
     write_cache("zarr", tmp_path / "zarr", content)
-    zarr_reader = ZarrCacheReader(tmp_path / "zarr")
-    for streamed in WdsCacheReader(tmp_path / "wds"):
-        indexed = zarr_reader[streamed["row"]]
-        assert streamed.keys() == indexed.keys()
-        assert (streamed["key"], streamed["row"], streamed["meta"]) == (indexed["key"], indexed["row"], indexed["meta"])
-        assert np.array_equal(streamed["frames"], indexed["frames"])
-        assert torch.equal(bits(streamed["feature"]), bits(indexed["feature"]))
+    zarr_reader = ZarrCacheReader(tmp_path / "zarr", RESOLUTION, VARIANT.name)
+    for streamed in WdsCacheReader(tmp_path / "wds", RESOLUTION, VARIANT.name):
+        indexed = zarr_reader[streamed.row]
+        assert type(streamed) is type(indexed)
+        assert (streamed.key, streamed.row, streamed.meta) == (indexed.key, indexed.row, indexed.meta)
+        assert np.array_equal(streamed.frames, indexed.frames)
+        assert torch.equal(bits(streamed.feature), bits(indexed.feature))
 
 
 def test_windows_read_from_the_frames_array_give_the_same_tar_bytes_as_passed_windows(tmp_path: Path) -> None:
@@ -86,18 +88,18 @@ def test_windows_read_from_the_frames_array_give_the_same_tar_bytes_as_passed_wi
 def test_a_subset_of_shards_streams_only_their_rows(tmp_path: Path) -> None:
     content = make_content()
     write_cache("wds", tmp_path, content)
-    rows = [s["row"] for s in WdsCacheReader(tmp_path).dataset(shards=[1])]
+    rows = [s.row for s in WdsCacheReader(tmp_path, RESOLUTION, VARIANT.name).shard(1)]
     assert rows == list(range(SAMPLES_PER_SHARD, 2 * SAMPLES_PER_SHARD))
 
 
 def test_dataloader_workers_split_the_shards_and_stream_every_sample_once(tmp_path: Path) -> None:
     content = make_content()
     write_cache("wds", tmp_path, content)
-    loader = torch.utils.data.DataLoader(WdsCacheReader(tmp_path).dataset(), batch_size=None, num_workers=2)
-    samples = sorted(loader, key=lambda s: s["row"])
-    assert [s["row"] for s in samples] == list(range(content.n_samples))
+    loader = torch.utils.data.DataLoader(WdsCacheReader(tmp_path, RESOLUTION, VARIANT.name).dataset(), batch_size=None, num_workers=2)
+    samples = sorted(loader, key=lambda s: s.row)
+    assert [s.row for s in samples] == list(range(content.n_samples))
     for sample in samples:
-        assert_sample_equal({**sample, "frames": np.asarray(sample["frames"])}, content, sample["row"])
+        assert_sample_equal(sample, content, sample.row)
 
 
 # -- tar members and keys ------------------------------------------------------------------------
@@ -137,7 +139,7 @@ def test_an_uncommitted_shard_is_not_listed_and_the_reader_names_it(tmp_path: Pa
     write_sample_shards(writer, content, RESOLUTION, [0, 2])
     assert writer.committed_sample_shards(RESOLUTION) == {0, 2}
     with pytest.raises(StoreError, match=rf"{SHARDS}#1: shard {SHARDS}#1 is not committed"):
-        WdsCacheReader(tmp_path).shard_paths()
+        WdsCacheReader(tmp_path, RESOLUTION, VARIANT.name).shard_paths()
 
 
 def test_crash_before_the_record_leaves_no_committed_shard_and_no_partial_after_resume(
@@ -160,7 +162,7 @@ def test_crash_before_the_record_leaves_no_committed_shard_and_no_partial_after_
 
     write_sample_shards(writer, content, RESOLUTION, [1])
     assert writer.committed_sample_shards(RESOLUTION) == set(range(len(writer.sample_shard_plan(RESOLUTION))))
-    assert [s["row"] for s in WdsCacheReader(tmp_path)] == list(range(content.n_samples))
+    assert [s.row for s in WdsCacheReader(tmp_path, RESOLUTION, VARIANT.name)] == list(range(content.n_samples))
 
 
 def flip_a_byte(file: Path) -> None:
@@ -211,8 +213,8 @@ def test_two_processes_writing_different_shards_give_the_same_valid_cache(tmp_pa
     write_with_two_processes(writer, seed=5)
     assert all(check.ok for check in writer.audit())
     assert writer.shard_table() == expected
-    for sample in WdsCacheReader(tmp_path / "two"):
-        assert_sample_equal(sample, content, sample["row"])
+    for sample in WdsCacheReader(tmp_path / "two", RESOLUTION, VARIANT.name):
+        assert_sample_equal(sample, content, sample.row)
 
 
 def test_refuses_features_or_windows_of_the_wrong_shape(tmp_path: Path) -> None:
@@ -236,5 +238,5 @@ def test_samples_are_stored_compressed(tmp_path: Path) -> None:
         content.frames["pad112"][content.window_rows[row]].nbytes + content.features["pad112"][row].numel() * 2
         for row in range(content.n_samples)
     )
-    stored = sum(p.stat().st_size for p in (tmp_path / f"wds/{VARIANT.name}/pad112").glob("*.tar"))
+    stored = sum(p.stat().st_size for p in CacheLayout(tmp_path).wds_samples(VARIANT.name, "pad112").glob("*.tar"))
     assert stored < raw / 2

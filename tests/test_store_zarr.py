@@ -24,17 +24,20 @@ from store_cases import (
 
 import janus_cache.store.commit as commit_module
 from janus_cache.store import (
+    CacheLayout,
     CacheWriter,
     StoreError,
     ZarrCacheReader,
+    ZarrGroup,
     open_writer,
     shard_plan,
     verify_shard,
 )
-from janus_cache.store.commit import read_record, record_path
+from janus_cache.store.commit import read_record
+from janus_cache.store.layout import features_array, frames_array, table_column
 
-FRAMES = f"frames/{RESOLUTION}"
-FEATURES = f"vggt/{VARIANT.name}/{RESOLUTION}"
+FRAMES = frames_array(RESOLUTION)
+FEATURES = features_array(VARIANT.name, RESOLUTION)
 
 
 def shard_files(root: Path, array: str) -> list[Path]:
@@ -58,7 +61,7 @@ def test_shard_plan_is_consecutive_rows_independent_of_anything_but_counts() -> 
 def test_every_sample_reads_back_exactly_frames_bf16_bits_key_and_meta(tmp_path: Path) -> None:
     content = make_content()
     write_cache("zarr", tmp_path, content)
-    reader = ZarrCacheReader(tmp_path)
+    reader = ZarrCacheReader(tmp_path, RESOLUTION, VARIANT.name)
     assert len(reader) == content.n_samples
     for row in range(content.n_samples):
         assert_sample_equal(reader[row], content, row)
@@ -77,7 +80,7 @@ def test_bf16_features_are_stored_as_their_uint16_bits_with_the_logical_dtype_re
 def test_float32_features_round_trip_exactly(tmp_path: Path) -> None:
     content = make_content(feature_dtype="float32")
     write_cache("zarr", tmp_path, content)
-    reader = ZarrCacheReader(tmp_path)
+    reader = ZarrCacheReader(tmp_path, RESOLUTION, VARIANT.name)
     assert zarr.open_array(tmp_path / FEATURES, mode="r").dtype == np.float32
     for row in range(content.n_samples):
         feature = reader.feature(row)
@@ -88,7 +91,7 @@ def test_float32_features_round_trip_exactly(tmp_path: Path) -> None:
 def test_frames_read_back_for_any_rows_in_any_order_with_repeats(tmp_path: Path) -> None:
     content = make_content()
     write_cache("zarr", tmp_path, content)
-    reader = ZarrCacheReader(tmp_path)
+    reader = ZarrCacheReader(tmp_path, RESOLUTION, VARIANT.name)
     frames = content.frames[RESOLUTION]
     rows = [9, 0, 0, 13, 4]
     assert np.array_equal(reader.frames(RESOLUTION, rows), frames[rows])
@@ -101,17 +104,17 @@ def test_tables_keep_text_exactly_including_unicode_and_empty_strings(tmp_path: 
     writer = open_writer("zarr", tmp_path, VARIANT.name)
     texts = ["", "ü → 北", "", "a/b.c%2E"]
     writer.write_table("frames", {"key": ["f0", "f1", "f2", "f3"], "note": texts, "size": np.arange(4, dtype=np.int16)})
-    table = ZarrCacheReader(tmp_path).read_table("frames")
+    table = ZarrGroup(tmp_path, read_only=True).read_table("frames")
     assert table["note"] == texts
     assert table["size"].dtype == np.int16 and table["size"].tolist() == [0, 1, 2, 3]
-    assert ZarrCacheReader(tmp_path).table_row("frames", 1) == {"key": "f1", "note": "ü → 北", "size": 1}
+    assert ZarrGroup(tmp_path, read_only=True).table_row("frames", 1) == {"key": "f1", "note": "ü → 北", "size": 1}
 
 
 def test_tables_with_no_text_bytes_or_no_rows_are_complete(tmp_path: Path) -> None:
     writer = open_writer("zarr", tmp_path, VARIANT.name)
     writer.write_table("frames", {"key": ["f0", "f1"], "note": ["", ""]})
     writer.write_table("empty", {"key": [], "size": np.zeros(0, dtype=np.int32)})
-    reader = ZarrCacheReader(tmp_path)
+    reader = ZarrGroup(tmp_path, read_only=True)
     assert reader.read_table("frames")["note"] == ["", ""]
     assert reader.table_rows("empty") == 0 and reader.read_table("empty")["key"] == []
     assert all(check.ok for check in writer.audit())
@@ -120,13 +123,13 @@ def test_tables_with_no_text_bytes_or_no_rows_are_complete(tmp_path: Path) -> No
 def test_reader_works_in_dataloader_worker_processes(tmp_path: Path) -> None:
     content = make_content()
     write_cache("zarr", tmp_path, content)
-    reader = ZarrCacheReader(tmp_path)
+    reader = ZarrCacheReader(tmp_path, RESOLUTION, VARIANT.name)
     reader[0]  # open arrays in the parent first: workers must not reuse its handles blindly
     loader = torch.utils.data.DataLoader(reader, batch_size=None, num_workers=2)
-    samples = sorted(loader, key=lambda s: s["row"])
-    assert [s["row"] for s in samples] == list(range(content.n_samples))
+    samples = sorted(loader, key=lambda s: s.row)
+    assert [s.row for s in samples] == list(range(content.n_samples))
     for sample in samples:
-        assert_sample_equal({**sample, "frames": np.asarray(sample["frames"])}, content, sample["row"])
+        assert_sample_equal(sample, content, sample.row)
 
 
 # -- commit semantics ----------------------------------------------------------------------------
@@ -140,14 +143,14 @@ def test_each_shard_write_produces_exactly_one_file_and_a_record(tmp_path: Path)
     record = writer.write_frame_shard(RESOLUTION, 1, content.frames[RESOLUTION][4:8])
     assert shard_files(tmp_path, FRAMES) == [tmp_path / record.file]
     assert (record.array, record.shard, record.start, record.stop) == (FRAMES, 1, 4, 8)
-    assert record_path(tmp_path, FRAMES, 1).is_file()
+    assert CacheLayout(tmp_path).commit_record(FRAMES, 1).is_file()
     assert writer.committed_frame_shards(RESOLUTION) == {1}
 
 
 def test_a_shard_whose_record_is_missing_counts_as_uncommitted(tmp_path: Path) -> None:
     content = make_content()
     writer = write_cache("zarr", tmp_path, content)
-    record_path(tmp_path, FRAMES, 2).unlink()
+    CacheLayout(tmp_path).commit_record(FRAMES, 2).unlink()
     n_shards = len(writer.frame_shard_plan(RESOLUTION))
     assert writer.committed_frame_shards(RESOLUTION) == set(range(n_shards)) - {2}
     problems = [c for c in writer.audit() if not c.ok]
@@ -173,7 +176,7 @@ def test_crash_after_the_shard_file_but_before_its_record_leaves_it_uncommitted_
     # Resume: the shard is rewritten and committed again with the same bytes.
     write_frame_shards(writer, content, RESOLUTION, [0])
     assert 0 in writer.committed_frame_shards(RESOLUTION)
-    assert np.array_equal(ZarrCacheReader(tmp_path).frames(RESOLUTION, range(4)), content.frames[RESOLUTION][:4])
+    assert np.array_equal(ZarrCacheReader(tmp_path, RESOLUTION, VARIANT.name).frames(RESOLUTION, range(4)), content.frames[RESOLUTION][:4])
 
 
 def test_rewriting_a_corrupt_shard_and_its_leftover_partial_files_restores_it(tmp_path: Path) -> None:
@@ -189,7 +192,7 @@ def test_rewriting_a_corrupt_shard_and_its_leftover_partial_files_restores_it(tm
     write_frame_shards(writer, content, RESOLUTION, [1])
     assert 1 in writer.committed_frame_shards(RESOLUTION)
     assert not leftover.exists()
-    assert np.array_equal(ZarrCacheReader(tmp_path).frames(RESOLUTION, range(4, 8)), content.frames[RESOLUTION][4:8])
+    assert np.array_equal(ZarrCacheReader(tmp_path, RESOLUTION, VARIANT.name).frames(RESOLUTION, range(4, 8)), content.frames[RESOLUTION][4:8])
 
 
 def test_a_flipped_byte_fails_verification_naming_the_shard(tmp_path: Path) -> None:
@@ -230,7 +233,7 @@ def test_an_all_black_shard_is_still_one_committed_file(tmp_path: Path) -> None:
     writer = prepare("zarr", tmp_path, content)
     writer.write_frame_shard(RESOLUTION, 0, np.zeros((FRAMES_PER_SHARD, 28, 28, 3), dtype=np.uint8))
     assert writer.committed_frame_shards(RESOLUTION) == {0}
-    assert not ZarrCacheReader(tmp_path).frames(RESOLUTION, range(4)).any()
+    assert not ZarrCacheReader(tmp_path, RESOLUTION, VARIANT.name).frames(RESOLUTION, range(4)).any()
 
 
 def test_wrong_shard_shapes_and_dtypes_are_refused_naming_the_shard(tmp_path: Path) -> None:
@@ -270,9 +273,9 @@ def test_a_table_is_kept_when_equal_redone_when_interrupted_and_refused_when_dif
     with pytest.raises(StoreError, match="already holds a different 'frames' table"):
         writer.write_table("frames", {"key": ["f0", "f1"], "size": np.array([3, 5], dtype=np.int32)})
 
-    record_path(tmp_path, "tables/frames/size", 0).unlink()  # as if killed before this commit
+    CacheLayout(tmp_path).commit_record(table_column("frames", "size"), 0).unlink()  # as if killed before this commit
     writer.write_table("frames", {"key": ["g0"], "size": np.array([7], dtype=np.int32)})
-    assert ZarrCacheReader(tmp_path).table_row("frames", 0) == {"key": "g0", "size": 7}
+    assert ZarrGroup(tmp_path, read_only=True).table_row("frames", 0) == {"key": "g0", "size": 7}
 
 
 # -- layout over time ----------------------------------------------------------------------------
@@ -286,11 +289,10 @@ def test_adding_a_resolution_leaves_the_existing_one_untouched(tmp_path: Path) -
     write_cache("zarr", tmp_path, content, "pad56")
     after = {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in tmp_path.rglob("*") if p.is_file()}
     assert {p: after[p] for p in before} == before  # every earlier file, tables included, unchanged
-    reader = ZarrCacheReader(tmp_path, resolution="pad56")
-    assert reader.resolutions() == ["pad28", "pad56"]
+    readers = {name: ZarrCacheReader(tmp_path, name, VARIANT.name) for name in (RESOLUTION, "pad56")}
     for row in range(content.n_samples):
-        assert_sample_equal(reader[row], content, row, "pad56")
-        assert_sample_equal(reader.sample(row, RESOLUTION), content, row, RESOLUTION)
+        assert_sample_equal(readers["pad56"][row], content, row, "pad56")
+        assert_sample_equal(readers[RESOLUTION].sample(row), content, row, RESOLUTION)
 
 
 def test_preparing_an_existing_array_with_another_layout_is_refused(tmp_path: Path) -> None:
@@ -317,7 +319,7 @@ def test_two_processes_writing_different_shards_give_the_same_valid_cache(tmp_pa
     write_with_two_processes(writer, seed=3)
     assert all(check.ok for check in writer.audit())
     assert writer.shard_table() == expected
-    reader = ZarrCacheReader(tmp_path / "two")
+    reader = ZarrCacheReader(tmp_path / "two", RESOLUTION, VARIANT.name)
     for row in range(content.n_samples):
         assert_sample_equal(reader[row], content, row)
 
@@ -328,7 +330,7 @@ def test_two_processes_writing_different_shards_give_the_same_valid_cache(tmp_pa
 def test_frames_and_features_are_stored_compressed(tmp_path: Path) -> None:
     content = make_content(resolutions={"pad112": (112, 112)}, feature_shape=(64, 64))
     write_cache("zarr", tmp_path, content, "pad112")
-    frames_bytes = sum(p.stat().st_size for p in shard_files(tmp_path, "frames/pad112"))
-    feature_bytes = sum(p.stat().st_size for p in shard_files(tmp_path, f"vggt/{VARIANT.name}/pad112"))
+    frames_bytes = sum(p.stat().st_size for p in shard_files(tmp_path, frames_array("pad112")))
+    feature_bytes = sum(p.stat().st_size for p in shard_files(tmp_path, features_array(VARIANT.name, "pad112")))
     assert frames_bytes < content.frames["pad112"].nbytes / 3
     assert feature_bytes < content.features["pad112"].numel() * 2 * 0.9

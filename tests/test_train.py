@@ -18,7 +18,7 @@ import os
 import shutil
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +40,15 @@ from janus_train.export import HEADS_FILE, load_exported
 from janus_train.loss import LossDenominators, micro_batch_loss
 from janus_train.model import JanusOutput, JanusVLNModel
 from janus_train.prompt import SEGMENT_NAMES
-from janus_train.trainer import CHECKPOINTS, EXPORT_DIR, METRICS_FILE, answer_logits, lr_lambda, prompt_builder
+from janus_train.trainer import (
+    CHECKPOINTS,
+    EXPORT_DIR,
+    METRICS_FILE,
+    answer_logits,
+    lr_lambda,
+    open_training_cache,
+    prompt_builder,
+)
 from pipelines.train import cache_refusal
 
 EPISODES, STEPS = 2, 4  # 8 samples
@@ -174,7 +182,8 @@ def test_first_step_is_the_loss_and_gradient_of_the_whole_accumulated_batch(setu
     (2 ranks x 2 micro-batches): normalised over the whole batch, not summed over micro-steps or
     averaged over ranks."""
     settings = setup.settings()
-    dataset = CachedSamples(setup.fp32_cache, prompt_builder(setup.profile()))
+    profile = setup.profile()
+    dataset = CachedSamples(open_training_cache(profile, setup.fp32_cache).reader, prompt_builder(profile))
     per_rank = settings.micro_batch * settings.grad_accum
     rows = [row for rank in range(N_PROC)
             for row in EpochSampler(len(dataset), rank, N_PROC, settings.seed, epoch=0).rows()[:per_rank]]
@@ -249,18 +258,18 @@ def test_cached_and_live_inputs_give_the_same_loss(setup: Setup, features: str) 
     ulp x S, the bound used (plus float32 noise)."""
     profile, cache = setup.profile(features), setup.fp32_cache if features == "float32" else setup.bf16_cache
     builder = prompt_builder(profile)
-    cached = CachedSamples(cache, builder)
+    cached = CachedSamples(open_training_cache(profile, cache).reader, builder)
     live = LiveSamples(build_index(setup.data, history=profile.cache.history), builder,
                        Resolution.parse(profile.cache.resolution))
     model = fresh_model(setup, features, live=True).eval()
     ulp = STORAGE_ULP[features]
     for row in (0, len(cached) - 1):
         c, item = cached[row], live[row]
-        assert c["key"] == item["key"] and item["features"] is None
-        assert torch.equal(c["frames"], item["frames"])
+        assert c.key == item.key and item.features is None
+        assert torch.equal(c.frames, item.frames)
         for name in ("input_ids", "labels", "segment_ids", "mm_token_type_ids"):
-            assert torch.equal(getattr(c["prompt"], name), getattr(item["prompt"], name)), name
-        without = dict(c, features=torch.zeros_like(c["features"]))
+            assert torch.equal(getattr(c.prompt, name), getattr(item.prompt, name)), name
+        without = replace(c, features=torch.zeros_like(c.features))
         with torch.no_grad():
             out_cached, out_live, out_without = (model(collate([x], builder.pad_token_id)) for x in (c, item, without))
         scale = out_cached.features.float().abs().max()
@@ -279,14 +288,14 @@ def test_micro_batch_of_two_gives_each_sample_its_own_results(setup: Setup) -> N
     padding changes nothing). Swapping the features between the two samples must change them."""
     profile = setup.profile("bfloat16")
     builder = prompt_builder(profile)
-    cached = CachedSamples(setup.bf16_cache, builder)
+    cached = CachedSamples(open_training_cache(profile, setup.bf16_cache).reader, builder)
     items = [cached[0], cached[len(cached) - 1]]
-    assert len(items[0]["prompt"]) != len(items[1]["prompt"]), "pick samples of different lengths (padding)"
+    assert len(items[0].prompt) != len(items[1].prompt), "pick samples of different lengths (padding)"
     model = fresh_model(setup, "bfloat16").eval()
     with torch.no_grad():
         pair = loss_parts(model(collate(items, builder.pad_token_id)))
         alone = [loss_parts(model(collate([item], builder.pad_token_id))) for item in items]
-        swapped_items = [dict(items[0], features=items[1]["features"]), dict(items[1], features=items[0]["features"])]
+        swapped_items = [replace(items[0], features=items[1].features), replace(items[1], features=items[0].features)]
         swapped = loss_parts(model(collate(swapped_items, builder.pad_token_id)))
     rtol = atol = 1e-5
     for i in range(2):
@@ -362,10 +371,11 @@ def recorded_batch(setup: Setup, run: Run) -> tuple[dict[str, torch.Tensor], dic
     recorded = load_file(str(run.outputs))
     with safe_open(str(run.outputs), "pt") as f:
         metadata = f.metadata()
-    dataset = CachedSamples(setup.fp32_cache, prompt_builder(setup.profile()))
+    profile = setup.profile()
+    dataset = CachedSamples(open_training_cache(profile, setup.fp32_cache).reader, prompt_builder(profile))
     rows = json.loads(metadata["rows"])
     items = [dataset[row] for row in rows]
-    assert [item["key"] for item in items] == json.loads(metadata["keys"])
+    assert [item.key for item in items] == json.loads(metadata["keys"])
     assert int(metadata["step"]) == MAX_STEPS
     return recorded, collate(items, pad_token_id=dataset.builder.pad_token_id)
 

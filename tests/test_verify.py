@@ -31,8 +31,10 @@ from janus_cache.encoder import load_aggregator
 from janus_cache.profile import PROFILES_DIR, load_profile
 from janus_cache.sample_data import write_sample_data
 from janus_cache.store import read_manifest
-from janus_cache.store.commit import read_record, record_path
-from janus_cache.store.zarr_store import FRAMES_TABLE, SAMPLES_TABLE, frames_array_path
+from janus_cache.store import CacheLayout
+from janus_cache.store.commit import read_record
+from janus_cache.store.layout import FRAMES_TABLE, SAMPLES_TABLE
+from janus_cache.store.layout import frames_array as frames_array_path
 from janus_cache.verify import (
     CHECK_NAMES,
     FEATURE_TOLERANCES,
@@ -279,7 +281,7 @@ def test_a_deleted_commit_record_fails_integrity_as_uncommitted(
     cache = copy_cache(built.zarr, tmp_path)
     array = frames_array_path("pad224")
     rows = shard_rows(cache, array, 1)
-    record_path(cache, array, 1).unlink()
+    CacheLayout(cache).commit_record(array, 1).unlink()
 
     outcome = verify(capsys, tmp_path, cache, checksums="none")
     assert outcome.code == 1
@@ -351,7 +353,7 @@ def test_checksum_modes_choose_which_shards_are_hashed_but_all_are_checked_for_p
     sampled = verify(capsys, tmp_path, cache, checksums="sample").check("integrity")["data"]
     assert 0 < sampled["hashed"] < sampled["shards"]
 
-    record_path(cache, array, 2).unlink()
+    CacheLayout(cache).commit_record(array, 2).unlink()
     assert verify(capsys, tmp_path, cache, checksums="none").status()["integrity"] == "fail"
 
 
@@ -552,7 +554,7 @@ def test_the_library_checks_run_in_one_process_on_an_explicit_subset(built: Buil
 
 def test_the_cli_command_exits_1_with_a_one_line_reason_on_a_damaged_cache(built: Built, tmp_path: Path) -> None:
     cache = copy_cache(built.zarr, tmp_path)
-    record_path(cache, frames_array_path("pad224"), 0).unlink()
+    CacheLayout(cache).commit_record(frames_array_path("pad224"), 0).unlink()
     result = CliRunner().invoke(app, ["verify", str(cache), "--checksums", "none"])
     assert result.exit_code == 1
     assert any(line.startswith("integrity") and "FAIL" in line for line in result.output.splitlines())

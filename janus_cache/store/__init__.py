@@ -7,7 +7,8 @@ Writing a cache (either format) goes through one interface, :class:`CacheWriter`
     writer = open_writer("zarr", cache_dir, variant.name)      # or "wds"
     # single process (rank 0), before any shard is written:
     writer.write_table("frames", {"key": [...], ...})
-    writer.write_table("samples", {"key": [...], "window_rows": int32 [n, history + 1], ...})
+    writer.write_table("samples", {"key": [...], "window_rows": int32 [n, history + 1], "action": [...],
+                                   "instruction": [...], ...})   # columns of records.SampleMeta
     writer.prepare_frames(resolution, (H, W), frames_per_shard)
     writer.prepare_samples(resolution, (N, 2C), "bfloat16", samples_per_shard)
     # any process, one writer per shard, skipping writer.committed_*_shards(resolution):
@@ -19,8 +20,18 @@ Writing a cache (either format) goes through one interface, :class:`CacheWriter`
 Every ``write_*_shard`` call writes one whole shard as one file, fsyncs it and commits it with a
 checksummed record (:mod:`janus_cache.store.commit`); a shard without a valid record is rewritten
 on resume. The manifest (:mod:`janus_cache.store.manifest`) is written by one process only.
-Reading: :class:`ZarrCacheReader` (random access) and :class:`WdsCacheReader` (streaming) yield
-the same sample dict ``{"key", "row", "frames", "feature", "meta"}``.
+Every path of a cache is named in :mod:`janus_cache.store.layout`.
+
+Reading goes through :func:`open_cache` (:mod:`janus_cache.store.open`)::
+
+    cache = open_cache(cache_dir, resolution="pad644", variant=variant.name)
+    cache.manifest, cache.layout, cache.reader
+
+which reads the manifest once and returns the reader of the cache's format for exactly that
+resolution and variant: :class:`ZarrCacheReader` (random access) or :class:`WdsCacheReader`
+(streaming). Both yield the same typed record, :class:`CacheSample`
+(:mod:`janus_cache.store.records`). How samples are split over ranks and DataLoader workers is
+decided in one place, :mod:`janus_cache.store.split`.
 """
 
 from __future__ import annotations
@@ -55,8 +66,11 @@ from janus_cache.store.manifest import (
     read_manifest,
     write_manifest,
 )
+from janus_cache.store.layout import CacheLayout
+from janus_cache.store.open import CacheOpenError, CacheReader, OpenedCache, load_manifest, open_cache
+from janus_cache.store.records import CacheSample, SampleMeta
 from janus_cache.store.wds_store import WdsCacheReader, WdsCacheWriter
-from janus_cache.store.zarr_store import ColumnData, ZarrCacheReader, ZarrCacheWriter
+from janus_cache.store.zarr_store import ColumnData, ZarrCacheReader, ZarrCacheWriter, ZarrGroup
 
 
 @runtime_checkable
@@ -126,6 +140,10 @@ def open_writer(format: str, root: Path | str, variant: str) -> CacheWriter:
 
 __all__ = [
     "FORMATS",
+    "CacheLayout",
+    "CacheOpenError",
+    "CacheReader",
+    "CacheSample",
     "CacheWriter",
     "CommitRecord",
     "DatasetIdentity",
@@ -135,7 +153,9 @@ __all__ = [
     "Manifest",
     "ManifestError",
     "ManifestMismatch",
+    "OpenedCache",
     "ResolutionEntry",
+    "SampleMeta",
     "ShardCheck",
     "ShardEntry",
     "StoreError",
@@ -144,8 +164,11 @@ __all__ = [
     "WindowVariant",
     "ZarrCacheReader",
     "ZarrCacheWriter",
+    "ZarrGroup",
     "check_compatible",
     "keyed_differences",
+    "load_manifest",
+    "open_cache",
     "open_writer",
     "read_manifest",
     "shard_plan",

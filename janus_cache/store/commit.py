@@ -6,8 +6,8 @@ size and the sha256 of the shard file's bytes. A crash at any instant therefore 
 either committed (record present, checksum matches) or not (record missing, or file different
 from the record), and a resume rewrites exactly the shards that are not.
 
-Records live in the cache directory at ``<cache>/commits/<array path>/<shard index>.json``, one
-file per shard, so any number of processes may commit different shards at the same time without
+Records live in the cache directory at ``<cache>/commits/<array path>/<shard index>.json``
+(:mod:`janus_cache.store.layout`), one file per shard, so any number of processes may commit different shards at the same time without
 sharing a file. The shard *plan* (which rows form which shard) is :func:`shard_plan`; it depends
 only on the item count and the shard size, never on how many processes write.
 """
@@ -21,8 +21,7 @@ import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-COMMITS_DIR = "commits"
-"""Directory (relative to the cache root) holding one commit record per shard."""
+from janus_cache.store.layout import CacheLayout
 
 _HASH_BLOCK = 1 << 22  # read shards in 4 MiB blocks when hashing: large enough to be IO-bound
 
@@ -165,14 +164,9 @@ class ShardCheck:
         return f"{self.array}#{self.shard}: {'ok' if self.ok else self.problem}"
 
 
-def record_path(root: Path, array: str, shard: int) -> Path:
-    """Where the commit record of ``array``'s shard ``shard`` lives."""
-    return Path(root) / COMMITS_DIR / array / f"{shard:06d}.json"
-
-
 def read_record(root: Path, array: str, shard: int) -> CommitRecord | None:
     """The commit record of a shard, or None when the shard is not committed."""
-    path = record_path(root, array, shard)
+    path = CacheLayout(root).commit_record(array, shard)
     try:
         text = path.read_text()
     except FileNotFoundError:
@@ -182,7 +176,7 @@ def read_record(root: Path, array: str, shard: int) -> CommitRecord | None:
 
 def uncommit(root: Path, array: str, shard: int) -> None:
     """Remove a shard's record; called before rewriting the shard, so a crash leaves it uncommitted."""
-    path = record_path(root, array, shard)
+    path = CacheLayout(root).commit_record(array, shard)
     if path.exists():
         path.unlink()
         fsync_path(path.parent)
@@ -190,7 +184,7 @@ def uncommit(root: Path, array: str, shard: int) -> None:
 
 def uncommit_array(root: Path, array: str) -> None:
     """Remove every record of ``array`` (used when the array is created afresh)."""
-    directory = Path(root) / COMMITS_DIR / array
+    directory = CacheLayout(root).commit_dir(array)
     if directory.is_dir():
         for record in directory.glob("*.json"):
             record.unlink()
@@ -217,7 +211,7 @@ def commit_shard(root: Path, array: str, shard: int, rows: range, file: Path) ->
         nbytes=nbytes,
         sha256=digest,
     )
-    atomic_write_bytes(record_path(root, array, shard), record.to_json().encode())
+    atomic_write_bytes(CacheLayout(root).commit_record(array, shard), record.to_json().encode())
     return record
 
 

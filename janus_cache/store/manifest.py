@@ -1,6 +1,6 @@
 """The cache manifest: what a cache holds and the settings it was made with.
 
-A manifest is ``<cache>/manifest.json``: stable JSON (sorted keys) of a :class:`Manifest`. Its
+A manifest is ``<cache>/manifest.json`` (:mod:`janus_cache.store.layout`): stable JSON (sorted keys) of a :class:`Manifest`. Its
 fields are of two kinds:
 
 * **keyed** (:data:`KEYED_FIELDS`): the schema version, format, window variant, encoder
@@ -33,13 +33,13 @@ from typing import Any
 from janus_cache.index.subinstructions import DEFAULT_SUBINSTRUCTION_RULE
 from janus_cache.store.commit import atomic_write_bytes
 from janus_cache.store.features import STORED_DTYPES
+from janus_cache.store.layout import CacheLayout
 from janus_cache.vggt.config import ATTENTION_MODES, REFERENCE_FRAMES
 
 SCHEMA_VERSION = 2
 """Version of the cache layout and manifest schema; bumped on any incompatible change.
 2: sample texts follow the reference's normalisation and the keyed ``dataset.subinstruction_rule``."""
 
-MANIFEST_NAME = "manifest.json"
 FORMATS = ("zarr", "wds")
 
 KEYED_FIELDS: tuple[str, ...] = (
@@ -390,13 +390,9 @@ def merge_manifests(existing: Manifest, wanted: Manifest, source: str = "the cac
 # files
 
 
-def manifest_path(root: Path) -> Path:
-    return Path(root) / MANIFEST_NAME
-
-
 def read_manifest(root: Path) -> Manifest | None:
     """The manifest of the cache at ``root``, or None when it has none yet."""
-    path = manifest_path(root)
+    path = CacheLayout(root).manifest
     try:
         text = path.read_text()
     except FileNotFoundError:
@@ -406,7 +402,7 @@ def read_manifest(root: Path) -> Manifest | None:
 
 def write_manifest(root: Path, manifest: Manifest) -> Path:
     """Atomically (re)write the manifest of the cache at ``root``. Single writer: see module doc."""
-    path = manifest_path(root)
+    path = CacheLayout(root).manifest
     atomic_write_bytes(path, manifest.to_json().encode())
     return path
 

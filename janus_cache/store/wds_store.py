@@ -1,8 +1,9 @@
 """webdataset cache: tar shards of whole samples, for streaming.
 
-A webdataset cache directory is the zarr group of :mod:`janus_cache.store.zarr_store` (frames
+A webdataset cache directory is the zarr group of :mod:`janus_cache.store.zarr_group` (frames
 once per frame row and the tables: the tars are assembled from them, and verify re-derives from
-them) plus, per window variant and resolution, ``wds/<variant>/<resolution>/``:
+them) plus, per window variant and resolution, ``wds/<variant>/<resolution>/`` (every path is
+named in :mod:`janus_cache.store.layout`):
 
 ``layout.json``
     sample count, samples per shard, shapes and dtypes (written once, by the preparing process).
@@ -37,8 +38,9 @@ import io
 import json
 import os
 import uuid
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, unquote
@@ -48,6 +50,7 @@ import torch
 import webdataset
 from webdataset import tariterators
 
+from janus_cache.store import split
 from janus_cache.store.commit import (
     CommitRecord,
     ShardCheck,
@@ -66,31 +69,22 @@ from janus_cache.store.compression import (
     decode,
 )
 from janus_cache.store.features import from_stored, stored_dtype, to_stored
-from janus_cache.store.zarr_store import (
-    KEY_COLUMN,
+from janus_cache.store.layout import (
     SAMPLES_TABLE,
+    WDS_LAYOUT_NAME,
     WINDOW_ROWS_COLUMN,
-    PlannedShard,
-    VariantWriter,
-    _check_name,
-    frames_array_path,
-    only_one,
+    CacheLayout,
+    frames_array,
+    wds_samples,
+    wds_variant,
 )
+from janus_cache.store.records import CacheSample, SampleMeta
+from janus_cache.store.zarr_group import PlannedShard, _check_name
+from janus_cache.store.zarr_group_writer import VariantWriter
 
-WDS_DIR = "wds"
-LAYOUT_NAME = "layout.json"
 FRAMES_MEMBER = "frames.blosc"
 FEATURE_MEMBER = "feature.blosc"
 META_MEMBER = "json"
-
-
-def wds_array_path(variant: str, resolution: str) -> str:
-    """The shard directory (and commit-record array name) of a variant and resolution."""
-    return f"{WDS_DIR}/{variant}/{resolution}"
-
-
-def shard_name(shard: int) -> str:
-    return f"shard-{shard:06d}.tar"
 
 
 def encode_key(key: str) -> str:
@@ -131,19 +125,21 @@ class WdsLayout:
 
     @classmethod
     def read(cls, directory: Path) -> WdsLayout:
-        path = directory / LAYOUT_NAME
+        path = directory / WDS_LAYOUT_NAME
         try:
             return cls(**json.loads(path.read_text()))
         except FileNotFoundError:
-            raise StoreError(f"{directory} holds no webdataset shards (no {LAYOUT_NAME})") from None
+            raise StoreError(f"{directory} holds no webdataset shards (no {WDS_LAYOUT_NAME})") from None
         except (TypeError, ValueError) as exc:
             raise StoreError(f"{path} is not a valid webdataset layout: {exc}") from exc
 
 
 def planned_tar_shards(root: Path, layout: WdsLayout) -> list[PlannedShard]:
     """The tar shards ``layout`` plans, each with its rows and file."""
-    array = wds_array_path(layout.variant, layout.resolution)
-    return [PlannedShard(array, i, rows, root / array / shard_name(i)) for i, rows in enumerate(layout.plan())]
+    array = wds_samples(layout.variant, layout.resolution)
+    paths = CacheLayout(root)
+    return [PlannedShard(array, i, rows, paths.wds_shard(layout.variant, layout.resolution, i))
+            for i, rows in enumerate(layout.plan())]
 
 
 def check_planned(root: Path, planned: list[PlannedShard], verify: bool) -> list[ShardCheck]:
@@ -160,7 +156,7 @@ class WdsCacheWriter(VariantWriter):
     format = "wds"
 
     def samples_array_path(self, resolution: str) -> str:
-        return wds_array_path(self.variant, resolution)
+        return wds_samples(self.variant, resolution)
 
     def _directory(self, resolution: str) -> Path:
         return self.root / self.samples_array_path(resolution)
@@ -169,7 +165,7 @@ class WdsCacheWriter(VariantWriter):
         return WdsLayout.read(self._directory(resolution))
 
     def shard_path(self, resolution: str, shard: int) -> Path:
-        return self._directory(resolution) / shard_name(shard)
+        return CacheLayout(self.root).wds_shard(self.variant, resolution, shard)
 
     def prepare_samples(self, resolution: str, feature_shape: tuple[int, int], feature_dtype: str,
                         samples_per_shard: int) -> None:
@@ -177,20 +173,20 @@ class WdsCacheWriter(VariantWriter):
         _check_name("resolution", resolution)
         n_samples = self._sample_rows_checked()
         window = self._column_array(SAMPLES_TABLE, WINDOW_ROWS_COLUMN)
-        frames = self._array(frames_array_path(resolution))
+        frames = self._array(frames_array(resolution))
         layout = WdsLayout(
             variant=self.variant, resolution=resolution, n_samples=n_samples,
             samples_per_shard=int(samples_per_shard), window_frames=int(window.shape[1]),
             frame_shape=tuple(frames.shape[1:]), feature_shape=tuple(feature_shape), feature_dtype=feature_dtype,
         )
         directory = self._directory(resolution)
-        if (directory / LAYOUT_NAME).is_file():
+        if (directory / WDS_LAYOUT_NAME).is_file():
             existing = WdsLayout.read(directory)
             if existing != layout:
                 raise StoreError(f"{directory} holds shards of layout {existing}; asked for {layout}")
             return
         uncommit_array(self.root, self.samples_array_path(resolution))
-        atomic_write_bytes(directory / LAYOUT_NAME, layout.to_json().encode())
+        atomic_write_bytes(directory / WDS_LAYOUT_NAME, layout.to_json().encode())
 
     def sample_shard_plan(self, resolution: str) -> list[range]:
         return self.layout(resolution).plan()
@@ -203,8 +199,9 @@ class WdsCacheWriter(VariantWriter):
 
     def planned_shards(self) -> list[PlannedShard]:
         """The zarr arrays' shards, then the tar shards of every resolution."""
-        base = self.root / WDS_DIR / self.variant
-        resolutions = sorted(p.name for p in base.iterdir() if (p / LAYOUT_NAME).is_file()) if base.is_dir() else []
+        # Auditing means every shard on disk, so here (and only here) the resolutions are listed.
+        base = CacheLayout(self.root).path(wds_variant(self.variant))
+        resolutions = sorted(p.name for p in base.iterdir() if (p / WDS_LAYOUT_NAME).is_file()) if base.is_dir() else []
         return super().planned_shards() + [p for r in resolutions for p in self._planned_sample_shards(r)]
 
     def write_samples_shard(self, resolution: str, shard: int, features: torch.Tensor | np.ndarray,
@@ -257,8 +254,7 @@ class WdsCacheWriter(VariantWriter):
                                       mode=0o444, format="PAX_FORMAT")
         try:
             for i, row in enumerate(rows):
-                meta = self.table_row(SAMPLES_TABLE, row)
-                key = meta.pop(KEY_COLUMN)
+                key, meta = self.sample_meta_row(row)
                 header = {
                     "key": key,
                     "row": row,
@@ -279,8 +275,8 @@ class WdsCacheWriter(VariantWriter):
             writer.close()
 
 
-def decode_sample(raw: dict[str, Any]) -> dict[str, Any]:
-    """A raw webdataset sample (member extension -> bytes) -> the cache's sample dict.
+def decode_sample(raw: dict[str, Any]) -> CacheSample:
+    """A raw webdataset sample (member extension -> bytes) -> the cache's :class:`CacheSample`.
 
     In a webdataset pipeline use ``.compose(decode_samples)``: ``.map`` would add ``__key__`` back.
     """
@@ -292,37 +288,38 @@ def decode_sample(raw: dict[str, Any]) -> dict[str, Any]:
     frames = decode(raw[FRAMES_MEMBER], header["frames"]["dtype"], tuple(header["frames"]["shape"]))
     spec = header["feature"]
     stored = decode(raw[FEATURE_MEMBER], spec["stored_dtype"], tuple(spec["shape"]))
-    return {
-        "key": header["key"],
-        "row": header["row"],
-        "frames": frames,
-        "feature": from_stored(stored, spec["dtype"]),
-        "meta": header["meta"],
-    }
+    return CacheSample(
+        key=header["key"],
+        row=int(header["row"]),
+        frames=frames,
+        feature=from_stored(stored, spec["dtype"]),
+        meta=SampleMeta.from_row(header["meta"], where),
+    )
 
 
-def decode_samples(raw_samples: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+def decode_samples(raw_samples: Iterable[dict[str, Any]]) -> Iterator[CacheSample]:
     """:func:`decode_sample` over a stream (a pipeline stage; unlike ``.map`` it adds no ``__key__``)."""
     for raw in raw_samples:
         yield decode_sample(raw)
 
 
 class WdsCacheReader:
-    """Streams the samples of a webdataset cache, in shard order, as sample dicts.
+    """Streams the samples of one resolution and window variant of a webdataset cache, in shard
+    order, as :class:`~janus_cache.store.records.CacheSample`.
 
-    The sample dict is the same as :class:`janus_cache.store.zarr_store.ZarrCacheReader`'s.
-    Only committed shards are read; an incomplete cache is an error naming the missing shards.
+    The reader reads exactly the ``resolution`` and ``variant`` it is given; open it through
+    :func:`janus_cache.store.open_cache`, which checks them against the cache's manifest. Only
+    committed shards are read; an incomplete cache is an error naming the missing shards.
     """
 
-    def __init__(self, root: Path | str, resolution: str | None = None, variant: str | None = None) -> None:
+    format = "wds"
+
+    def __init__(self, root: Path | str, resolution: str, variant: str) -> None:
         self.root = Path(root)
-        base = self.root / WDS_DIR
-        variants = sorted(p.name for p in base.iterdir() if p.is_dir()) if base.is_dir() else []
-        self.variant = variant or only_one(variants, "variant", self.root)
-        directory = base / self.variant
-        resolutions = sorted(p.name for p in directory.iterdir() if (p / LAYOUT_NAME).is_file()) if directory.is_dir() else []
-        self.resolution = resolution or only_one(resolutions, "resolution", self.root)
-        self.array = wds_array_path(self.variant, self.resolution)
+        _check_name("resolution", resolution)
+        _check_name("variant", variant)
+        self.resolution, self.variant = resolution, variant
+        self.array = wds_samples(variant, resolution)
         self.layout = WdsLayout.read(self.root / self.array)
 
     def __len__(self) -> int:
@@ -348,23 +345,32 @@ class WdsCacheReader:
         groups them: ``{"__key__": encoded key, "__url__": path, extension: bytes}``. Reads the
         file whether or not it is committed (for checking its contents; :func:`decode_sample`
         decodes one)."""
-        path = self.root / self.array / shard_name(shard)
+        path = self.root / self.array / wds_shard_name(shard)
         with open(path, "rb") as stream:
             members = ({**m, "__url__": str(path)} for m in tariterators.tar_file_iterator(stream))
             yield from tariterators.group_by_keys(members)
 
-    def dataset(self, shards: Sequence[int] | None = None) -> webdataset.WebDataset:
-        """A webdataset pipeline over the given shard indices (default: all), decoded to sample dicts.
+    def dataset(self, rank: int = 0, world: int = 1) -> webdataset.WebDataset:
+        """The samples of rank ``rank`` (of ``world``) as a webdataset pipeline of CacheSamples.
 
-        It splits shards across DataLoader workers (webdataset's default) but not across ranks:
-        pass each rank its own ``shards``.
+        Shards are split once, by :func:`janus_cache.store.split.rank_and_worker_splitter`: this
+        rank's share, then each DataLoader worker's share of it (webdataset's own node and worker
+        splitters are off). Over all ranks and workers every sample is read exactly once.
         """
-        paths = self.shard_paths()
-        chosen = paths if shards is None else [paths[i] for i in shards]
+        paths = [str(p) for p in self.shard_paths()]
+        splitter = partial(split.rank_and_worker_splitter, rank=rank, world=world)
         return webdataset.WebDataset(
-            [str(p) for p in chosen], shardshuffle=False, nodesplitter=None, empty_check=False
+            paths, shardshuffle=False, nodesplitter=None, workersplitter=splitter, empty_check=False
         ).compose(decode_samples)
 
-    def __iter__(self) -> Iterator[dict[str, Any]]:
-        return iter(self.dataset())
+    def shard(self, shard: int) -> Iterator[CacheSample]:
+        """The samples of tar shard ``shard`` (no splitting), e.g. to check one shard."""
+        paths = self.shard_paths()
+        if not 0 <= shard < len(paths):
+            raise StoreError(f"{self.array} has {len(paths)} shards; there is no shard {shard}")
+        pipeline = webdataset.WebDataset([str(paths[shard])], shardshuffle=False, nodesplitter=None,
+                                         workersplitter=None, empty_check=False)
+        return iter(pipeline.compose(decode_samples))
 
+    def __iter__(self) -> Iterator[CacheSample]:
+        return iter(self.dataset())

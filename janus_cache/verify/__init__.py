@@ -20,7 +20,7 @@ Splitting work over processes, and building the model whose embeddings the live 
 is the caller's business (``pipelines/verify.py``).
 """
 
-from janus_cache.verify.cache import REPORT_NAME, CacheProblem, CheckedCache
+from janus_cache.verify.cache import CacheProblem, CheckedCache
 from janus_cache.verify.comparison import (
     EMBEDDING_TOLERANCES,
     FEATURE_TOLERANCES,
@@ -89,7 +89,6 @@ __all__ = [
     "INTEGRITY",
     "LISTED",
     "LIVE",
-    "REPORT_NAME",
     "REPORT_SCHEMA_VERSION",
     "SCHEMA",
     "STORAGE_ULP",

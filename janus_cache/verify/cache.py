@@ -13,13 +13,11 @@ from typing import Any
 
 from janus_cache.store import ManifestError, WdsCacheReader, ZarrCacheReader, read_manifest
 from janus_cache.store.manifest import Manifest
-from janus_cache.store.wds_store import WdsLayout, wds_array_path
-from janus_cache.store.zarr_store import KEY_COLUMN, ZarrGroup, features_array_path
+from janus_cache.store.layout import KEY_COLUMN, REPORT_NAME, features_array, wds_samples
+from janus_cache.store.wds_store import WdsLayout
+from janus_cache.store.zarr_group import ZarrGroup
 
 from janus_cache.verify.results import CheckResult
-
-REPORT_NAME = "report.json"
-"""The precompute's report in the cache directory (written by ``pipelines/precompute.py``)."""
 
 
 class CacheProblem(RuntimeError):
@@ -55,8 +53,8 @@ class CheckedCache:
         """Where the per-sample data of ``resolution`` lives: a zarr array or a tar directory."""
         variant = variant or self.variant
         if self.format == "wds":
-            return wds_array_path(variant, resolution)
-        return features_array_path(variant, resolution)
+            return wds_samples(variant, resolution)
+        return features_array(variant, resolution)
 
     def table(self, name: str) -> dict[str, Any]:
         if name not in self._tables:

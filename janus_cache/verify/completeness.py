@@ -16,8 +16,8 @@ from janus_cache.index import DEFAULT_SUBINSTRUCTION_RULE, DatasetIndex, build_i
 from janus_cache.precompute import dataset_identity, read_frame_failures
 from janus_cache.store import StoreError
 from janus_cache.store.wds_store import FEATURE_MEMBER, FRAMES_MEMBER, META_MEMBER, decode_key, planned_tar_shards
-from janus_cache.store.zarr_store import FRAMES_TABLE, KEY_COLUMN, SAMPLES_TABLE, WINDOW_ROWS_COLUMN
-from janus_cache.verify.cache import REPORT_NAME, CheckedCache, open_checked
+from janus_cache.store.layout import FRAMES_TABLE, KEY_COLUMN, REPORT_NAME, SAMPLES_TABLE, WINDOW_ROWS_COLUMN
+from janus_cache.verify.cache import CheckedCache, open_checked
 from janus_cache.verify.results import COMPLETENESS, LISTED, CheckResult, guarded, listed, result, short, timer
 
 SAMPLE_MEMBERS = frozenset({FRAMES_MEMBER, FEATURE_MEMBER, META_MEMBER})

@@ -18,7 +18,7 @@ from janus_cache.store.manifest import (
     library_versions,
     version_differences,
 )
-from janus_cache.store.zarr_store import FRAMES_TABLE
+from janus_cache.store.layout import FRAMES_TABLE
 from janus_cache.verify.cache import CheckedCache, open_checked
 from janus_cache.verify.results import FRESHNESS, CheckResult, guarded, result, short, timer
 

@@ -19,8 +19,9 @@ from pathlib import Path
 from janus_cache.store import StoreError
 from janus_cache.store.commit import check_shard as store_check_shard
 from janus_cache.store.commit import read_record
-from janus_cache.store.wds_store import WDS_DIR, planned_tar_shards
-from janus_cache.store.zarr_store import FRAMES_GROUP, FRAMES_TABLE, SAMPLES_TABLE, TABLES_GROUP, PlannedShard
+from janus_cache.store.layout import FRAMES_GROUP, FRAMES_TABLE, SAMPLES_TABLE, TABLES_GROUP, WDS_DIR
+from janus_cache.store.wds_store import planned_tar_shards
+from janus_cache.store.zarr_group import PlannedShard
 from janus_cache.verify.cache import CheckedCache, open_checked
 from janus_cache.verify.results import DEFAULT_SEED, INTEGRITY, CheckResult, guarded, listed, result, timer
 

@@ -27,7 +27,8 @@ from janus_cache.precompute import window_variant
 from janus_cache.profile import Profile
 from janus_cache.store import StoreError
 from janus_cache.store.wds_store import decode_key, decode_sample
-from janus_cache.store.zarr_store import SAMPLES_TABLE, ZarrGroup
+from janus_cache.store.layout import SAMPLES_TABLE
+from janus_cache.store.zarr_group import ZarrGroup
 from janus_cache.verify.cache import CheckedCache
 from janus_cache.verify.comparison import (
     EMBEDDING_TOLERANCES,
@@ -113,9 +114,9 @@ def _wds_samples(cache: CheckedCache, resolution: str, rows: Sequence[int],
                 if row is None:
                     continue
                 sample = decode_sample(raw)
-                if (sample["key"], sample["row"]) != (keys[row], row):
-                    raise StoreError(f"{raw['__url__']}: member {raw['__key__']} says key {sample['key']!r} row "
-                                     f"{sample['row']}, the samples table has {keys[row]!r} at row {row}")
+                if (sample.key, sample.row) != (keys[row], row):
+                    raise StoreError(f"{raw['__url__']}: member {raw['__key__']} says key {sample.key!r} row "
+                                     f"{sample.row}, the samples table has {keys[row]!r} at row {row}")
                 out[row] = sample
         except Exception as err:  # noqa: BLE001 - unreadable tar content is a finding for its samples
             for row in shard_rows:
@@ -193,7 +194,7 @@ class LiveChecker:
         return [results[r] for r in rows]
 
     def _frames(self, row: int, cached: dict[str, Any]) -> np.ndarray | LiveSample:
-        key = cached["key"]
+        key = cached.key
         try:
             sample = self.index.sample(key)
         except KeyError:
@@ -203,7 +204,7 @@ class LiveChecker:
             live = np.stack([load_frame(f.path, self.resolution) for f in window])
         except FrameError as err:
             return LiveSample(key, row, problem=f"sample {key}: {err}")
-        stored = np.asarray(cached["frames"])
+        stored = np.asarray(cached.frames)
         if live.shape != stored.shape:
             return LiveSample(key, row, problem=f"sample {key}: live window frames are {live.shape}, "
                                                 f"cached {stored.shape}")
@@ -211,15 +212,15 @@ class LiveChecker:
 
     def _compare(self, row: int, live_frames: np.ndarray, cached: dict[str, Any],
                  live_feature: torch.Tensor) -> LiveSample:
-        key = cached["key"]
-        stored = np.asarray(cached["frames"])
+        key = cached.key
+        stored = np.asarray(cached.frames)
         differing = live_frames != stored
         sources = tuple(f.relpath for f, bad in zip(self.index.window(self.index.sample(key)),
                                                     differing.reshape(len(stored), -1).any(axis=1)) if bad)
         pixels_live, _ = qwen_pixel_values(live_frames)
         pixels_cached, _ = qwen_pixel_values(stored)
         pixels_identical = bool(torch.equal(pixels_live, pixels_cached))
-        cached_feature = cached["feature"]
+        cached_feature = cached.feature
         if tuple(cached_feature.shape) != tuple(live_feature.shape):
             return LiveSample(key, row, problem=f"sample {key}: live feature {tuple(live_feature.shape)}, "
                                                 f"cached {tuple(cached_feature.shape)}")

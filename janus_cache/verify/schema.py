@@ -9,16 +9,18 @@ import numpy as np
 
 from janus_cache.store import StoreError
 from janus_cache.store.manifest import ResolutionEntry
-from janus_cache.store.wds_store import LAYOUT_NAME, wds_array_path
-from janus_cache.store.zarr_store import (
+from janus_cache.store.layout import (
+    REPORT_NAME,
+    WDS_LAYOUT_NAME,
+    wds_samples,
     FRAMES_TABLE,
     KEY_COLUMN,
     SAMPLES_TABLE,
     TABLES_GROUP,
     WINDOW_ROWS_COLUMN,
-    frames_array_path,
+    frames_array,
 )
-from janus_cache.verify.cache import REPORT_NAME, CheckedCache, open_checked
+from janus_cache.verify.cache import CheckedCache, open_checked
 from janus_cache.verify.results import SCHEMA, CheckResult, guarded, result, timer
 
 
@@ -104,7 +106,7 @@ def _column(cache: CheckedCache, table: str, column: str, kind: str, n_rows: int
 
 
 def _frames(cache: CheckedCache, name: str, entry: ResolutionEntry, n_frames: int, problems: list[str]) -> None:
-    path = frames_array_path(name)
+    path = frames_array(name)
     try:
         array = cache.group.array(path)
     except (StoreError, OSError, ValueError) as err:
@@ -146,7 +148,7 @@ def _wds(cache: CheckedCache, name: str, entry: ResolutionEntry, n_samples: int,
         "feature_dtype": m.feature_dtype,
         "samples_per_shard": m.layout.samples_per_shard,
     }
-    where = cache.root / wds_array_path(cache.variant, name) / LAYOUT_NAME
+    where = cache.root / wds_samples(cache.variant, name) / WDS_LAYOUT_NAME
     for key, value in want.items():
         if getattr(layout, key) != value:
             problems.append(f"{where}: {key} is {getattr(layout, key)!r}, the manifest says {value!r}")

@@ -1,0 +1,84 @@
+"""Opening a cache for reading: the manifest once, then the reader of its format.
+
+``open_cache(path, resolution="pad644", variant=window.name)`` is how the trainer, info, the
+bench and verify get at a cache. The manifest says what the cache holds; the reader is built for
+exactly the asked resolution and window variant, so nothing re-derives them from directory
+listings, and a cache without them is a one-line error naming what it does hold.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from janus_cache.store.commit import StoreError
+from janus_cache.store.layout import CacheLayout
+from janus_cache.store.manifest import Manifest, ManifestError, read_manifest
+from janus_cache.store.wds_store import WdsCacheReader
+from janus_cache.store.zarr_store import ZarrCacheReader
+
+CacheReader = ZarrCacheReader | WdsCacheReader
+
+_READERS: dict[str, type[ZarrCacheReader] | type[WdsCacheReader]] = {"zarr": ZarrCacheReader, "wds": WdsCacheReader}
+
+
+class CacheOpenError(StoreError):
+    """A cache cannot be opened as asked (no manifest, or not the asked resolution / variant)."""
+
+
+@dataclass(frozen=True)
+class OpenedCache:
+    """A cache opened for one resolution and window variant: its manifest, paths and reader."""
+
+    manifest: Manifest
+    layout: CacheLayout
+    reader: CacheReader
+    resolution: str
+    variant: str
+
+    @property
+    def format(self) -> str:
+        return self.manifest.format
+
+    @property
+    def streaming(self) -> bool:
+        """Whether the reader only streams (webdataset) rather than reading rows at random."""
+        return isinstance(self.reader, WdsCacheReader)
+
+
+def load_manifest(path: Path | str) -> Manifest:
+    """The manifest of the cache at ``path``; a missing or invalid one is a one-line error."""
+    layout = CacheLayout(Path(path))
+    try:
+        manifest = read_manifest(layout.root)
+    except ManifestError as err:
+        raise CacheOpenError(str(err)) from None
+    if manifest is None:
+        raise CacheOpenError(f"{layout.root} is not a janus cache (no {layout.manifest.name})")
+    return manifest
+
+
+def open_cache(path: Path | str, *, resolution: str, variant: str) -> OpenedCache:
+    """Open the cache at ``path`` to read ``resolution`` (e.g. ``"pad644"``) of the window variant
+    named ``variant`` (``WindowVariant.name``).
+
+    Reads the manifest once. A cache that lacks the resolution or variant is a
+    :class:`CacheOpenError` naming the manifest and what the cache holds.
+    """
+    layout = CacheLayout(Path(path))
+    manifest = load_manifest(layout.root)
+    if variant != manifest.window.name:
+        raise CacheOpenError(
+            f"{layout.manifest}: the cache holds window variant {manifest.window.name}, not {variant}"
+        )
+    if resolution not in manifest.resolutions:
+        held = ", ".join(sorted(manifest.resolutions)) or "none"
+        raise CacheOpenError(
+            f"{layout.manifest}: the cache holds resolution(s) {held}, not {resolution} "
+            f"(precompute with --resolution {resolution} adds it)"
+        )
+    try:
+        reader = _READERS[manifest.format](layout.root, resolution=resolution, variant=variant)
+    except StoreError as err:
+        raise CacheOpenError(f"{layout.manifest} lists {resolution}, but {err}") from None
+    return OpenedCache(manifest=manifest, layout=layout, reader=reader, resolution=resolution, variant=variant)

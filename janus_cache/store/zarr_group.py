@@ -1,0 +1,277 @@
+"""The zarr v3 group of a cache, read side: frames, tables, shard plans and checks.
+
+Both cache formats keep their frames (once per frame row) and their frame and sample tables in
+one zarr v3 group; :mod:`janus_cache.store.zarr_group_writer` writes it. Every array is sharded
+with zarr's sharding codec, one whole shard per file, each committed with a checksummed record
+(:mod:`janus_cache.store.commit`). Paths are named in :mod:`janus_cache.store.layout`.
+
+Text columns are stored as two plain arrays, ``<column>/utf8`` (uint8, the concatenated UTF-8
+bytes) and ``<column>/offsets`` (int64 ``[n + 1]``): core zarr v3 dtypes only, so any v3 reader
+can open them, row ``i`` is one slice away (O(1)), and they are checksummed and committed like
+every other array. (zarr-python's variable-length string dtype is an extension outside the core
+spec; a JSON-lines side table would need its own integrity and random-access scheme.)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from itertools import pairwise
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import zarr
+from zarr.storage import LocalStore
+
+from janus_cache.store.commit import ShardCheck, StoreError, check_shard, read_record, shard_plan
+from janus_cache.store.layout import (
+    KEY_COLUMN,
+    SAMPLES_TABLE,
+    TEXT_OFFSETS,
+    TEXT_PAYLOAD,
+    ZARR_ROOT_NAME,
+    frames_array,
+    table_column,
+    table_group,
+)
+from janus_cache.store.manifest import ShardEntry
+
+ColumnData = np.ndarray | Sequence[str]
+
+
+def _check_name(kind: str, name: str) -> None:
+    if not isinstance(name, str) or not name or "/" in name or name.startswith(("_", ".")):
+        raise ValueError(f"{kind} name must be a non-empty path component, got {name!r}")
+
+
+@dataclass(frozen=True)
+class PlannedShard:
+    """A shard the cache should hold: array path, shard index, rows and the file it lives in."""
+
+    array: str
+    shard: int
+    rows: range
+    file: Path
+
+
+class ZarrGroup:
+    """Read side shared by the writers and the reader: opening arrays, tables, plans, checks.
+
+    Arrays are opened lazily and per process (a forked or spawned worker reopens them), so one
+    instance can be handed to DataLoader workers.
+    """
+
+    def __init__(self, root: Path | str, *, read_only: bool) -> None:
+        self.root = Path(root)
+        self._read_only = read_only
+        self._pid = -1
+        self._arrays: dict[str, Any] = {}
+        self._columns: dict[tuple[str, str], np.ndarray] = {}
+        self._tables: dict[str, Mapping[str, Any]] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Open zarr handles stay behind; the receiving process reopens what it reads.
+        return {**self.__dict__, "_pid": -1, "_arrays": {}, "_columns": {}, "_tables": {}}
+
+    # -- arrays ---------------------------------------------------------------------------------
+
+    def _store(self) -> LocalStore:
+        return LocalStore(self.root, read_only=self._read_only)
+
+    def _this_process(self) -> None:
+        """Drop handles opened by another process (after a fork, or when unpickled in a worker)."""
+        if self._pid != os.getpid():
+            self._pid, self._arrays, self._columns, self._tables = os.getpid(), {}, {}, {}
+
+    def _array(self, path: str) -> Any:
+        self._this_process()
+        array = self._arrays.get(path)
+        if array is None:
+            if not (self.root / path / ZARR_ROOT_NAME).is_file():
+                raise StoreError(f"cache {self.root} has no array {path!r}")
+            array = zarr.open_array(self._store(), path=path, mode="r" if self._read_only else "r+", zarr_format=3)
+            if not self._read_only:
+                # zarr skips chunks equal to the fill value by default; a shard must always be one
+                # file (an all-black frame shard included) so that it can be committed.
+                array = array.with_config({"write_empty_chunks": True})
+            self._arrays[path] = array
+        return array
+
+    def array(self, path: str) -> Any:
+        """Array ``path`` of the cache, opened (read-only in a reader): its shape, dtype, attributes."""
+        return self._array(path)
+
+    def has_array(self, path: str) -> bool:
+        return (self.root / path / ZARR_ROOT_NAME).is_file()
+
+    def shard_file(self, path: str, shard: int) -> Path:
+        """The file holding shard ``shard`` of array ``path``."""
+        array = self._array(path)
+        coords = (shard,) + (0,) * (array.ndim - 1)
+        return self.root / path / array.metadata.encode_chunk_key(coords)
+
+    def array_shard_plan(self, path: str) -> list[range]:
+        """Row ranges of the shards of array ``path``."""
+        array = self._array(path)
+        return shard_plan(array.shape[0], array.shards[0])
+
+    def frame_shard_plan(self, resolution: str) -> list[range]:
+        return self.array_shard_plan(frames_array(resolution))
+
+    def check_array(self, path: str, verify: bool = True) -> list[ShardCheck]:
+        """One :class:`ShardCheck` per planned shard of array ``path``."""
+        return [
+            check_shard(self.root, path, i, rows, self.shard_file(path, i), verify)
+            for i, rows in enumerate(self.array_shard_plan(path))
+        ]
+
+    def committed_shards(self, path: str, verify: bool = True) -> set[int]:
+        """Shards of array ``path`` whose commit record exists (and, with ``verify``, matches)."""
+        return {c.shard for c in self.check_array(path, verify) if c.ok}
+
+    def committed_frame_shards(self, resolution: str, verify: bool = True) -> set[int]:
+        return self.committed_shards(frames_array(resolution), verify)
+
+    def array_paths(self) -> list[str]:
+        """Every array of the cache's zarr group, sorted (commit records and tar shards are not zarr)."""
+        found: list[str] = []
+
+        def visit(directory: Path, rel: str) -> None:
+            meta = directory / ZARR_ROOT_NAME
+            if not meta.is_file():
+                return
+            if json.loads(meta.read_text()).get("node_type") == "array":
+                found.append(rel)
+                return
+            for child in sorted(p for p in directory.iterdir() if p.is_dir()):
+                visit(child, f"{rel}/{child.name}" if rel else child.name)
+
+        visit(self.root, "")
+        return sorted(found)
+
+    def planned_shards(self) -> list[PlannedShard]:
+        """Every shard the cache's arrays are planned to have, committed or not."""
+        return [
+            PlannedShard(path, i, rows, self.shard_file(path, i))
+            for path in self.array_paths()
+            for i, rows in enumerate(self.array_shard_plan(path))
+        ]
+
+    def audit(self, verify: bool = True) -> list[ShardCheck]:
+        """A check of every planned shard (see :meth:`planned_shards`)."""
+        return [check_shard(self.root, p.array, p.shard, p.rows, p.file, verify) for p in self.planned_shards()]
+
+    def shard_table(self, verify: bool = True) -> dict[str, tuple[ShardEntry, ...]]:
+        """The manifest's shard table: per array, every planned shard and its commit state."""
+        table: dict[str, list[ShardEntry]] = {}
+        for planned in self.planned_shards():
+            check = check_shard(self.root, planned.array, planned.shard, planned.rows, planned.file, verify)
+            record = read_record(self.root, planned.array, planned.shard) if check.ok else None
+            table.setdefault(planned.array, []).append(
+                ShardEntry(
+                    shard=planned.shard, start=planned.rows.start, stop=planned.rows.stop,
+                    committed=record is not None,
+                    nbytes=record.nbytes if record else 0, sha256=record.sha256 if record else "",
+                )
+            )
+        return {array: tuple(entries) for array, entries in table.items()}
+
+    # -- frames ---------------------------------------------------------------------------------
+
+    def frames(self, resolution: str, rows: Sequence[int] | np.ndarray | range) -> np.ndarray:
+        """uint8 ``[len(rows), H, W, 3]`` frames of ``resolution`` at frame rows ``rows`` (any order)."""
+        array = self._array(frames_array(resolution))
+        if isinstance(rows, range) and rows.step == 1:
+            if rows.start < 0 or rows.stop > array.shape[0]:
+                raise IndexError(f"frame rows {rows} out of range for {array.shape[0]} frames of {resolution}")
+            return array[rows.start:rows.stop]
+        index = np.asarray(rows, dtype=np.int64).reshape(-1)
+        if index.size and (index.min() < 0 or index.max() >= array.shape[0]):
+            raise IndexError(f"frame rows {index.tolist()} out of range for {array.shape[0]} frames of {resolution}")
+        if not index.size:
+            return np.empty((0, *array.shape[1:]), dtype=array.dtype)
+        # One slice read per run of consecutive rows: zarr's integer-array (orthogonal) selection
+        # costs ~10 ms per frame on sharded arrays, a slice ~1 ms per call plus decoding.
+        unique, inverse = np.unique(index, return_inverse=True)
+        runs = np.split(unique, np.flatnonzero(np.diff(unique) != 1) + 1)
+        frames = np.concatenate([array[int(run[0]):int(run[-1]) + 1] for run in runs])
+        return frames[inverse]
+
+    # -- tables ---------------------------------------------------------------------------------
+
+    def has_table(self, table: str) -> bool:
+        return (self.root / table_group(table) / ZARR_ROOT_NAME).is_file()
+
+    def table_columns(self, table: str) -> dict[str, str]:
+        """Column name -> kind (``"utf8"`` or a numpy dtype name) of a table."""
+        return dict(self._complete_table_attrs(table)["columns"])
+
+    def table_rows(self, table: str) -> int:
+        return int(self._complete_table_attrs(table)["n_rows"])
+
+    def _complete_table_attrs(self, table: str) -> Mapping[str, Any]:
+        attrs = self._table_attrs(table)
+        if "columns" not in attrs:
+            raise StoreError(f"the {table!r} table of {self.root} is incomplete (its write was interrupted)")
+        return attrs
+
+    def _table_attrs(self, table: str) -> Mapping[str, Any]:
+        self._this_process()
+        attrs = self._tables.get(table)
+        if attrs is None:
+            if not self.has_table(table):
+                raise StoreError(f"cache {self.root} has no {table!r} table")
+            group = zarr.open_group(self._store(), path=table_group(table), mode="r", zarr_format=3)
+            attrs = self._tables[table] = group.attrs.asdict()
+        return attrs
+
+    def _column_array(self, table: str, column: str, part: str | None = None) -> np.ndarray:
+        """A whole numeric column (or a text column's offsets), loaded once per process."""
+        key = (table, column if part is None else f"{column}/{part}")
+        self._this_process()
+        cached = self._columns.get(key)
+        if cached is None:
+            cached = self._array(table_column(table, column, part))[...]
+            self._columns[key] = cached
+        return cached
+
+    def _text(self, table: str, column: str, row: int) -> str:
+        offsets = self._column_array(table, column, TEXT_OFFSETS)
+        start, stop = int(offsets[row]), int(offsets[row + 1])
+        if stop == start:
+            return ""
+        payload = self._array(table_column(table, column, TEXT_PAYLOAD))[start:stop]
+        return payload.tobytes().decode("utf-8")
+
+    def table_row(self, table: str, row: int) -> dict[str, Any]:
+        """Row ``row`` of a table as plain Python values (str, int, float, nested lists)."""
+        n_rows = self.table_rows(table)
+        if not 0 <= row < n_rows:
+            raise IndexError(f"row {row} out of range for the {n_rows}-row {table!r} table of {self.root}")
+        values: dict[str, Any] = {}
+        for column, kind in self.table_columns(table).items():
+            if kind == "utf8":
+                values[column] = self._text(table, column, row)
+            else:
+                values[column] = self._column_array(table, column)[row].tolist()
+        return values
+
+    def sample_meta_row(self, row: int) -> tuple[str, dict[str, Any]]:
+        """Sample row ``row``'s key and its table row without the key (as the tars store it)."""
+        values = self.table_row(SAMPLES_TABLE, row)
+        return values.pop(KEY_COLUMN), values
+
+    def read_table(self, table: str) -> dict[str, np.ndarray | list[str]]:
+        """A whole table: numeric columns as arrays, text columns as lists of str."""
+        result: dict[str, np.ndarray | list[str]] = {}
+        for column, kind in self.table_columns(table).items():
+            if kind == "utf8":
+                offsets = self._column_array(table, column, TEXT_OFFSETS)
+                payload = self._array(table_column(table, column, TEXT_PAYLOAD))[...].tobytes()
+                result[column] = [payload[a:b].decode("utf-8") for a, b in pairwise(offsets)]
+            else:
+                result[column] = self._column_array(table, column)
+        return result

@@ -1,0 +1,304 @@
+"""The zarr v3 group of a cache, write side: frame arrays and tables (shared by both formats).
+
+``write_table`` and ``prepare_frames`` are single-process work (rank 0, before the shard writers
+start); shard writes may come from any number of processes as long as each shard has one
+writer, and every call writes one whole shard as one file and commits it. A cache can hold
+several resolutions: preparing a new one creates its arrays and leaves the others untouched.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import zarr
+
+from janus_cache.store.commit import (
+    CommitRecord,
+    StoreError,
+    commit_shard,
+    fsync_path,
+    remove_partials,
+    uncommit,
+    uncommit_array,
+)
+from janus_cache.store.compression import FRAMES_COMPRESSION, TABLES_COMPRESSION, Compression
+from janus_cache.store.layout import (
+    FRAMES_TABLE,
+    KEY_COLUMN,
+    SAMPLES_TABLE,
+    TEXT_OFFSETS,
+    TEXT_PAYLOAD,
+    WINDOW_ROWS_COLUMN,
+    ZARR_ROOT_NAME,
+    CacheLayout,
+    frames_array,
+    table_column,
+    table_group,
+)
+from janus_cache.store.zarr_group import ColumnData, ZarrGroup, _check_name
+
+TABLE_CHUNK_ROWS = 65536
+"""Rows per chunk of a table column (UTF-8 payloads: bytes per chunk)."""
+
+
+@dataclass(frozen=True)
+class _ArraySpec:
+    """What an array must look like; compared against an existing array before reusing it."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    chunks: tuple[int, ...]
+    shards: tuple[int, ...]
+    compression: Compression
+    attributes: Mapping[str, Any]
+
+    def describe(self) -> str:
+        return f"shape {self.shape}, dtype {self.dtype}, chunks {self.chunks}, shards {self.shards}, attrs {dict(self.attributes)}"
+
+
+def _row_spec(shape: tuple[int, ...], dtype: np.dtype, rows_per_chunk: int, rows_per_shard: int,
+              compression: Compression, attributes: Mapping[str, Any] | None = None) -> _ArraySpec:
+    rest = tuple(shape[1:])
+    return _ArraySpec(tuple(shape), np.dtype(dtype), (rows_per_chunk, *rest), (rows_per_shard, *rest),
+                      compression, dict(attributes or {}))
+
+
+def _single_shard_spec(shape: tuple[int, ...], dtype: np.dtype) -> _ArraySpec:
+    """A table column: chunks of TABLE_CHUNK_ROWS rows, all in one shard (so one file)."""
+    chunk = min(max(shape[0], 1), TABLE_CHUNK_ROWS)
+    shard = math.ceil(max(shape[0], 1) / chunk) * chunk
+    return _row_spec(shape, dtype, chunk, shard, TABLES_COMPRESSION)
+
+
+class ZarrGroupWriter(ZarrGroup):
+    """Write side shared by both formats: the frame arrays and the tables of a cache.
+
+    ``write_table`` and ``prepare_frames`` are single-process calls (rank 0, before any shard
+    writer starts); ``write_frame_shard`` may run in many processes, one writer per shard.
+    """
+
+    def __init__(self, root: Path | str) -> None:
+        super().__init__(root, read_only=False)
+
+    def _ensure_group(self) -> None:
+        if not (self.root / ZARR_ROOT_NAME).is_file():
+            self.root.mkdir(parents=True, exist_ok=True)
+            zarr.open_group(self._store(), mode="a", zarr_format=3)
+            fsync_path(self.root / ZARR_ROOT_NAME)
+
+    def _prepare_array(self, path: str, spec: _ArraySpec) -> None:
+        """Create array ``path`` as ``spec``; an existing equal array is kept with its shards."""
+        self._ensure_group()
+        if self.has_array(path):
+            existing = self._array(path)
+            # Compression is not compared: it changes the stored bytes, never the content.
+            found = _ArraySpec(
+                tuple(existing.shape), np.dtype(existing.dtype), tuple(existing.chunks),
+                tuple(existing.shards or existing.chunks), spec.compression, existing.attrs.asdict(),
+            )
+            if found != spec:
+                raise StoreError(
+                    f"array {path!r} of cache {self.root} exists with {found.describe()}; "
+                    f"asked for {spec.describe()}"
+                )
+            return
+        # A new array starts without commits; records left by an earlier array of this path are void.
+        uncommit_array(self.root, path)
+        zarr.create_array(
+            self._store(), name=path, shape=spec.shape, dtype=spec.dtype, chunks=spec.chunks,
+            shards=spec.shards, compressors=spec.compression.zarr_codec(), fill_value=0,
+            attributes=dict(spec.attributes), zarr_format=3, overwrite=True,
+        )
+        for parent in [self.root / path, *(self.root / path).parents]:
+            fsync_path(parent / ZARR_ROOT_NAME)
+            if parent == self.root:
+                break
+        self._arrays.pop(path, None)
+
+    def _write_shard(self, path: str, shard: int, data: np.ndarray) -> CommitRecord:
+        """Write all rows of one shard in one call, then fsync, checksum and commit it."""
+        array = self._array(path)
+        plan = self.array_shard_plan(path)
+        if not 0 <= shard < len(plan):
+            raise StoreError(f"array {path!r} has {len(plan)} shards; there is no shard {shard}")
+        rows = plan[shard]
+        expected = (len(rows), *array.shape[1:])
+        if tuple(data.shape) != expected or data.dtype != array.dtype:
+            raise StoreError(
+                f"shard {path}#{shard} (rows {rows.start}:{rows.stop}) needs {array.dtype} {expected}, "
+                f"got {data.dtype} {tuple(data.shape)}"
+            )
+        file = self.shard_file(path, shard)
+        # Uncommit first: from here until the new record exists, a crash leaves the shard uncommitted.
+        uncommit(self.root, path, shard)
+        # zarr reads an existing shard file before rewriting it, which fails on a corrupt one:
+        # start from no file (and no leftovers of an interrupted write).
+        file.unlink(missing_ok=True)
+        remove_partials(file)
+        array[rows.start:rows.stop] = data
+        if not file.is_file():
+            raise StoreError(f"zarr wrote no file for shard {path}#{shard} (expected {file})")
+        return commit_shard(self.root, path, shard, rows, file)
+
+    # -- tables ---------------------------------------------------------------------------------
+
+    def write_table(self, table: str, columns: Mapping[str, ColumnData]) -> None:
+        """(Re)write a whole table: numeric columns as arrays, text columns as lists of str.
+
+        Every column must have the same number of rows. The ``frames`` and ``samples`` tables
+        need a text ``key`` column; ``samples`` also an integer ``window_rows`` column
+        ``[n, history + 1]``. Writing the table the cache already holds changes nothing; a
+        different one is refused (the cache's arrays are row-aligned with the old one); an
+        interrupted write is redone.
+        """
+        _check_name("table", table)
+        prepared = {name: _column(table, name, data) for name, data in columns.items()}
+        lengths = {name: (len(c) if isinstance(c, list) else c.shape[0]) for name, c in prepared.items()}
+        if len(set(lengths.values())) > 1:
+            raise StoreError(f"columns of table {table!r} differ in length: {lengths}")
+        n_rows = next(iter(lengths.values()), 0)
+        _check_required_columns(table, prepared)
+        state = self._table_state(table, prepared)
+        if state == "equal":
+            return  # resume, or a new resolution: the committed table is already this one
+        if state == "different":
+            raise StoreError(
+                f"cache {self.root} already holds a different {table!r} table; rows of its arrays refer "
+                "to that one, so a cache of other data needs a new (or emptied) cache directory"
+            )
+
+        self._ensure_group()
+        group_path = table_group(table)
+        # Drop the old table and its records, then write the new one column by column.
+        for old in (self.root / group_path, CacheLayout(self.root).commit_dir(group_path)):
+            if old.exists():
+                shutil.rmtree(old)
+        self._arrays = {k: v for k, v in self._arrays.items() if not k.startswith(group_path + "/")}
+        self._columns = {k: v for k, v in self._columns.items() if k[0] != table}
+        self._tables.pop(table, None)
+        kinds: dict[str, str] = {}
+        for name, data in prepared.items():
+            if isinstance(data, list):
+                encoded = [s.encode("utf-8") for s in data]
+                offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
+                np.cumsum([len(b) for b in encoded], out=offsets[1:])
+                payload = np.frombuffer(b"".join(encoded), dtype=np.uint8)
+                self._write_whole(table_column(table, name, TEXT_OFFSETS), offsets)
+                self._write_whole(table_column(table, name, TEXT_PAYLOAD), payload)
+                kinds[name] = "utf8"
+            else:
+                self._write_whole(table_column(table, name), data)
+                kinds[name] = data.dtype.name
+        group = zarr.open_group(self._store(), path=group_path, mode="a", zarr_format=3)
+        group.attrs.update({"n_rows": n_rows, "columns": kinds})
+        fsync_path(self.root / group_path / ZARR_ROOT_NAME)
+        self._tables.pop(table, None)
+
+    def _table_state(self, table: str, columns: Mapping[str, np.ndarray | list[str]]) -> str:
+        """"absent", "incomplete" (an interrupted write), or whether the committed table is "equal"
+        to ``columns`` or "different"."""
+        if not self.has_table(table):
+            return "absent"
+        self._tables.pop(table, None)
+        if "columns" not in self._table_attrs(table):  # the attributes are written last
+            return "incomplete"
+        group_path = table_group(table)
+        if not all(c.ok for path in self.array_paths() if path.startswith(group_path + "/")
+                   for c in self.check_array(path)):
+            return "incomplete"
+        if list(self.table_columns(table)) != list(columns):
+            return "different"
+        stored = self.read_table(table)
+        for name, data in columns.items():
+            if isinstance(data, list):
+                if stored[name] != data:
+                    return "different"
+            elif not (isinstance(stored[name], np.ndarray) and stored[name].dtype == data.dtype
+                      and np.array_equal(stored[name], data)):
+                return "different"
+        return "equal"
+
+    def _write_whole(self, path: str, data: np.ndarray) -> None:
+        self._prepare_array(path, _single_shard_spec(tuple(data.shape), data.dtype))
+        if data.shape[0]:
+            self._write_shard(path, 0, np.ascontiguousarray(data))
+
+    # -- frames ---------------------------------------------------------------------------------
+
+    def prepare_frames(self, resolution: str, frame_shape: tuple[int, int], frames_per_shard: int) -> None:
+        """Create ``frames/<resolution>`` with one row per frame of the frames table.
+
+        ``frame_shape`` is ``(H, W)``. An existing array of the same shape and layout is kept
+        (resume); a different one is an error.
+        """
+        _check_name("resolution", resolution)
+        height, width = (int(x) for x in frame_shape)
+        n_frames = self.table_rows(FRAMES_TABLE)
+        spec = _row_spec((n_frames, height, width, 3), np.dtype(np.uint8), 1, frames_per_shard, FRAMES_COMPRESSION,
+                         {"resolution": resolution})
+        self._prepare_array(frames_array(resolution), spec)
+
+    def write_frame_shard(self, resolution: str, shard: int, frames: np.ndarray) -> CommitRecord:
+        """Write frame shard ``shard`` of ``resolution``: uint8 ``[rows in shard, H, W, 3]``."""
+        return self._write_shard(frames_array(resolution), shard, np.ascontiguousarray(frames))
+
+    # -- shared by the sample writers -------------------------------------------------------------
+
+    def _sample_rows_checked(self) -> int:
+        """Rows of the samples table, after checking its window rows point at existing frames."""
+        n_samples = self.table_rows(SAMPLES_TABLE)
+        n_frames = self.table_rows(FRAMES_TABLE)
+        window_rows = self._column_array(SAMPLES_TABLE, WINDOW_ROWS_COLUMN)
+        if window_rows.size and (window_rows.min() < 0 or window_rows.max() >= n_frames):
+            bad = int(np.argwhere((window_rows < 0) | (window_rows >= n_frames))[0, 0])
+            raise StoreError(
+                f"sample row {bad} of {self.root} has window rows {window_rows[bad].tolist()} outside "
+                f"the {n_frames} frame rows"
+            )
+        return n_samples
+
+
+def _column(table: str, name: str, data: ColumnData) -> np.ndarray | list[str]:
+    """A column as a numeric array or a list of str; anything else is an error naming it."""
+    _check_name(f"column of table {table!r}", name)
+    if isinstance(data, np.ndarray) and data.dtype.kind not in "UO":
+        if data.dtype.kind not in "biuf" or data.ndim < 1:
+            raise StoreError(f"column {table}.{name} must be numeric or text with one row per entry, got {data.dtype} {data.shape}")
+        return data
+    values = list(data)
+    for i, value in enumerate(values):
+        if not isinstance(value, str):
+            raise StoreError(f"text column {table}.{name} row {i} is {type(value).__name__} {value!r}, not str")
+    return values
+
+
+def _check_required_columns(table: str, columns: Mapping[str, np.ndarray | list[str]]) -> None:
+    if table in (FRAMES_TABLE, SAMPLES_TABLE):
+        keys = columns.get(KEY_COLUMN)
+        if not isinstance(keys, list):
+            raise StoreError(f"table {table!r} needs a text column {KEY_COLUMN!r}")
+        if len(set(keys)) != len(keys):
+            duplicate = next(k for k, n in Counter(keys).items() if n > 1)
+            raise StoreError(f"table {table!r} has the key {duplicate!r} more than once; keys must be unique")
+    if table == SAMPLES_TABLE:
+        rows = columns.get(WINDOW_ROWS_COLUMN)
+        if not isinstance(rows, np.ndarray) or rows.ndim != 2 or rows.dtype.kind not in "iu":
+            raise StoreError(
+                f"table {table!r} needs an integer column {WINDOW_ROWS_COLUMN!r} of shape [n_samples, history + 1]"
+            )
+
+
+class VariantWriter(ZarrGroupWriter):
+    """A cache writer for one window variant: frames and tables in the zarr group, plus samples."""
+
+    def __init__(self, root: Path | str, variant: str) -> None:
+        super().__init__(root)
+        _check_name("variant", variant)
+        self.variant = variant
