@@ -33,6 +33,7 @@ from janus_cache.resolution import Resolution, visual_tokens
 from janus_cache.store import OpenedCache, open_cache
 from janus_train.config import TrainSettings, deepspeed_config, load_train_settings
 from janus_train.data import CachedSamples, EpochSampler, LiveSamples, StreamedSamples, collate
+from janus_train.gpu_specs import peak_flops
 from janus_train.loss import LossDenominators, micro_batch_loss
 from janus_train.prompt import IGNORE_INDEX, SEGMENT_NAMES, PromptBuilder
 from janus_train.reference_checkpoint import start_model
@@ -40,9 +41,6 @@ from janus_train.reference_checkpoint import start_model
 CHECKPOINTS = "checkpoints"
 METRICS_FILE = "metrics.jsonl"
 EXPORT_DIR = "export"
-
-# Dense bf16 peak per GPU for the MFU estimate; unknown devices report no MFU.
-PEAK_BF16_FLOPS = {"H100": 989e12, "H800": 989e12, "H200": 989e12, "A100": 312e12, "A800": 312e12}
 
 
 @dataclass
@@ -149,13 +147,6 @@ def lr_lambda(total_steps: int, warmup_steps: int, step: int) -> float:
         return (step + 1) / warmup_steps
     progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
     return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
-
-
-def peak_flops(device: torch.device) -> float | None:
-    if device.type != "cuda":
-        return None
-    name = torch.cuda.get_device_name(device)
-    return next((flops for key, flops in PEAK_BF16_FLOPS.items() if key in name), None)
 
 
 class Trainer:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from janus_train.gpu_specs import DeviceSpec, device_spec
+
 REAL_SAMPLES = 612_492
 """Samples (= frames with descriptions) of the real R2R-CE training set."""
 REFERENCE_HOURS_PER_EPOCH = 146.0
@@ -16,32 +18,6 @@ GPUS = 8
 BF16_BYTES = 2
 ADAM_FP32_BYTES = 12
 """fp32 master weight + two Adam moments per trainable parameter."""
-
-
-@dataclass(frozen=True)
-class DeviceSpec:
-    """Nominal (datasheet) figures: dense bf16 peak and NVLink bandwidth per GPU and direction."""
-
-    name: str
-    bf16_tflops: float
-    nvlink_gb_per_s: float
-
-
-# Matched by substring of torch.cuda.get_device_name(), most specific first.
-DEVICES: tuple[tuple[str, DeviceSpec], ...] = (
-    ("H100 PCIe", DeviceSpec("H100 PCIe", 756.0, 0.0)),
-    ("H100", DeviceSpec("H100 SXM", 989.0, 450.0)),
-    ("H200", DeviceSpec("H200", 989.0, 450.0)),
-    ("H800", DeviceSpec("H800", 989.0, 200.0)),
-    ("A100", DeviceSpec("A100 SXM", 312.0, 300.0)),
-)
-
-
-def device_spec(name: str) -> DeviceSpec | None:
-    for key, spec in DEVICES:
-        if key in name:
-            return spec
-    return None
 
 
 @dataclass(frozen=True)

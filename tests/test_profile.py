@@ -165,7 +165,7 @@ def shipped_tiny(tmp_path: Path, train: dict | None = None, **changes: object) -
          r"unknown setting 'train.distill_weight' \(did you mean 'train.distill_loss_weight'\?\)"),
         ({"distill_loss_weight_end": -1}, r"'train.distill_loss_weight_end' is -1.0; it must be >= 0.0"),
         ({"warmup_ratio": 1.0}, r"'train.warmup_ratio' is 1.0; it must be < 1.0"),
-        ({"gradient_checkpointing": "yes"}, r"'train.gradient_checkpointing' must be true or false, got 'yes'"),
+        ({"gradient_checkpointing": "yes"}, r"'train.gradient_checkpointing': expected full, none or every_K \(K >= 1\), got 'yes'"),
         ({"prompt_template": "nowhere.yaml"},
          r"prompt template nowhere.yaml: no file .*known templates: janus.yaml, janusvln.yaml"),
         ({"deepspeed": "zero9.json"}, r"'train.deepspeed' names .*zero9.json, which does not exist"),
