@@ -76,6 +76,7 @@ from janus_cache.store.layout import (
     CacheLayout,
     frames_array,
     wds_samples,
+    wds_shard_name,
     wds_variant,
 )
 from janus_cache.store.records import CacheSample, SampleMeta
