@@ -15,11 +15,12 @@ import re
 import shlex
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import REPO_ROOT
+from conftest import REPO_ROOT, file_digests
 from torch.distributed.run import get_args_parser
 
 SLURM_DIR = REPO_ROOT / "examples" / "slurm"
@@ -85,31 +86,47 @@ class Submission:
         return {host: self.recorded(f"torchrun-{host}") for host in HOSTS if self.recorded(f"torchrun-{host}")}
 
 
-@pytest.fixture
-def cluster(tmp_path: Path):
-    """Run an sbatch file as SLURM would on the first node of a 2-node x 8-GPU allocation."""
-    bin_dir, venv, log = tmp_path / "slurm-bin", tmp_path / "venv", tmp_path / "log"
-    log.mkdir()
-    write_program(bin_dir / "scontrol", SCONTROL)
-    write_program(bin_dir / "srun", SRUN)
-    write_program(venv / "bin" / "torchrun", TORCHRUN)
-    slurm = {
-        "SLURM_JOB_ID": str(JOB_ID), "SLURM_JOB_NODELIST": NODELIST, "SLURM_NNODES": str(len(HOSTS)),
-        "SLURM_JOB_NUM_NODES": str(len(HOSTS)), "SLURM_NODEID": "0", "SLURMD_NODENAME": HOSTS[0],
-        "SLURM_GPUS_ON_NODE": str(GPUS_PER_NODE), "SLURM_CPUS_ON_NODE": str(CPUS_PER_NODE),
-    }
+@dataclass(frozen=True)
+class Cluster:
+    """Runs an sbatch file as SLURM would on the first node of a 2-node x 8-GPU allocation."""
 
-    def submit(script: str, *args: str, drop: tuple[str, ...] = (), **variables: str) -> Submission:
-        env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(tmp_path), "STUB_LOG": str(log),
-               "STUB_HOSTS": " ".join(HOSTS), "VENV": str(venv), **slurm, **variables}
+    root: Path
+
+    @property
+    def bin_dir(self) -> Path:
+        return self.root / "slurm-bin"
+
+    @property
+    def venv(self) -> Path:
+        """An environment whose torchrun records its arguments (the default VENV)."""
+        return self.root / "venv"
+
+    def submit(self, script: str, *args: str, drop: tuple[str, ...] = (), hosts: tuple[str, ...] = HOSTS,
+               timeout: float = 60, **variables: str) -> Submission:
+        """Run ``script`` with ``args``; ``variables`` added to and ``drop`` removed from the job's
+        environment; ``hosts``: the machines srun starts the command on."""
+        log = Path(tempfile.mkdtemp(prefix="log-", dir=self.root))
+        slurm = {
+            "SLURM_JOB_ID": str(JOB_ID), "SLURM_JOB_NODELIST": NODELIST, "SLURM_NNODES": str(len(HOSTS)),
+            "SLURM_JOB_NUM_NODES": str(len(HOSTS)), "SLURM_NODEID": "0", "SLURMD_NODENAME": HOSTS[0],
+            "SLURM_GPUS_ON_NODE": str(GPUS_PER_NODE), "SLURM_CPUS_ON_NODE": str(CPUS_PER_NODE),
+        }
+        env = {"PATH": f"{self.bin_dir}:/usr/bin:/bin", "HOME": str(self.root), "STUB_LOG": str(log),
+               "STUB_HOSTS": " ".join(hosts), "VENV": str(self.venv), **slurm, **variables}
         for name in drop:
             env.pop(name)
-        result = subprocess.run(["bash", str(SLURM_DIR / script), *args], env=env, cwd=tmp_path,
-                                capture_output=True, text=True, timeout=60, check=False)
+        result = subprocess.run(["bash", str(SLURM_DIR / script), *args], env=env, cwd=self.root,
+                                capture_output=True, text=True, timeout=timeout, check=False)
         return Submission(result.returncode, result.stdout + result.stderr, log)
 
-    submit.venv = venv
-    return submit
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Cluster:
+    cluster = Cluster(tmp_path)
+    write_program(cluster.bin_dir / "scontrol", SCONTROL)
+    write_program(cluster.bin_dir / "srun", SRUN)
+    write_program(cluster.venv / "bin" / "torchrun", TORCHRUN)
+    return cluster
 
 
 def sbatch_options(script: Path) -> dict[str, str | None]:
@@ -178,9 +195,9 @@ def check_launch(submission: Submission, module: str, module_args: list[str]) ->
     assert f"2 nodes x 8 processes, rendezvous {HOSTS[0]}:{ports.pop()}" in submission.output
 
 
-def test_precompute_runs_the_makefile_command_on_both_nodes(cluster, tmp_path: Path) -> None:
+def test_precompute_runs_the_makefile_command_on_both_nodes(cluster: Cluster, tmp_path: Path) -> None:
     data, out = tmp_path / "my data", tmp_path / "cache dir"
-    submission = cluster("precompute.sbatch", "--workers", "12", DATA=str(data), OUT=str(out), PROFILE="h800",
+    submission = cluster.submit("precompute.sbatch", "--workers", "12", DATA=str(data), OUT=str(out), PROFILE="h800",
                          FORMAT="wds")
     expected = [str(data), "--out", str(out), "--profile", "h800", "--format", "wds", "--workers", "12"]
     check_launch(submission, "pipelines.precompute", expected)
@@ -189,9 +206,9 @@ def test_precompute_runs_the_makefile_command_on_both_nodes(cluster, tmp_path: P
     assert make == ["pipelines.precompute", *expected]
 
 
-def test_train_runs_the_makefile_command_on_both_nodes(cluster, tmp_path: Path) -> None:
+def test_train_runs_the_makefile_command_on_both_nodes(cluster: Cluster, tmp_path: Path) -> None:
     cache, run = tmp_path / "cache dir", tmp_path / "runs" / "r2r"
-    submission = cluster("train.sbatch", "--max-steps", "100", CACHE=str(cache), RUN=str(run), PROFILE="h800")
+    submission = cluster.submit("train.sbatch", "--max-steps", "100", CACHE=str(cache), RUN=str(run), PROFILE="h800")
     expected = ["--cache", str(cache), "--out", str(run), "--profile", "h800", "--max-steps", "100"]
     check_launch(submission, "pipelines.train", expected)
     make = makefile_command("train", CACHE=shlex.quote(str(cache)), RUN=str(run), PROFILE="h800",
@@ -200,8 +217,8 @@ def test_train_runs_the_makefile_command_on_both_nodes(cluster, tmp_path: Path) 
 
 
 @pytest.mark.parametrize("script", ["precompute.sbatch", "train.sbatch"])
-def test_every_node_gets_the_model_paths_and_the_environments_extension_dir(cluster, script: str) -> None:
-    submission = cluster(script, JANUS_VGGT_PATH="/models/vggt", JANUS_QWEN_PATH="/models/qwen")
+def test_every_node_gets_the_model_paths_and_the_environments_extension_dir(cluster: Cluster, script: str) -> None:
+    submission = cluster.submit(script, JANUS_VGGT_PATH="/models/vggt", JANUS_QWEN_PATH="/models/qwen")
     assert submission.returncode == 0, submission.output
     for run in submission.torchruns().values():
         assert run["env"]["JANUS_VGGT_PATH"] == "/models/vggt"
@@ -210,22 +227,22 @@ def test_every_node_gets_the_model_paths_and_the_environments_extension_dir(clus
 
 
 @pytest.mark.parametrize("script", ["precompute.sbatch", "train.sbatch"])
-def test_the_port_follows_the_job_id_unless_master_port_is_set(cluster, script: str) -> None:
+def test_the_port_follows_the_job_id_unless_master_port_is_set(cluster: Cluster, script: str) -> None:
     """Two jobs sharing a host get different ports; MASTER_PORT wins when given."""
     ports = []
     for job_id in (JOB_ID, JOB_ID + 1):
-        submission = cluster(script, SLURM_JOB_ID=str(job_id))
+        submission = cluster.submit(script, SLURM_JOB_ID=str(job_id))
         assert submission.returncode == 0, submission.output
         ports.append(get_args_parser().parse_args(submission.torchruns()[HOSTS[1]]["argv"]).master_port)
     assert ports[0] != ports[1]
-    submission = cluster(script, MASTER_PORT="31337")
+    submission = cluster.submit(script, MASTER_PORT="31337")
     assert submission.returncode == 0, submission.output
     assert get_args_parser().parse_args(submission.torchruns()[HOSTS[1]]["argv"]).master_port == 31337
 
 
 @pytest.mark.parametrize("script", ["precompute.sbatch", "train.sbatch"])
-def test_nproc_overrides_the_gpu_count(cluster, script: str) -> None:
-    submission = cluster(script, NPROC="4")
+def test_nproc_overrides_the_gpu_count(cluster: Cluster, script: str) -> None:
+    submission = cluster.submit(script, NPROC="4")
     assert submission.returncode == 0, submission.output
     for run in submission.torchruns().values():
         assert get_args_parser().parse_args(run["argv"]).nproc_per_node == "4"
@@ -240,9 +257,34 @@ def test_nproc_overrides_the_gpu_count(cluster, script: str) -> None:
         ("no GPUs", {"drop": ("SLURM_GPUS_ON_NODE",)}, r"no GPU count for this node: keep #SBATCH --gpus-per-node"),
     ],
 )
-def test_a_wrong_setup_stops_before_srun_with_one_line(cluster, script: str, problem: str, change: dict,
+def test_a_wrong_setup_stops_before_srun_with_one_line(cluster: Cluster, script: str, problem: str, change: dict,
                                                        message: str) -> None:
-    submission = cluster(script, **change)
+    submission = cluster.submit(script, **change)
     assert submission.returncode == 2, submission.output
     assert re.fullmatch(rf"error: {message}[^\n]*\n", submission.output), submission.output
     assert submission.recorded("srun") is None
+
+
+@pytest.mark.slow
+def test_two_nodes_launched_by_precompute_sbatch_build_the_one_process_cache(
+    cluster: Cluster, sample_dataset: Path, tmp_path: Path
+) -> None:
+    """The real torchrun on both "nodes" (two agents on this machine, one process each) forms one
+    job of 2 ranks that writes the cache a single plain process writes, byte for byte."""
+    venv = Path(sys.prefix)
+    out = tmp_path / "cache"
+    submission = cluster.submit("precompute.sbatch", "--workers", "1", hosts=("localhost", "localhost"),
+                         timeout=600, VENV=str(venv), DATA=str(sample_dataset), OUT=str(out), PROFILE="tiny",
+                         NPROC="1", OMP_NUM_THREADS="1")
+    assert submission.returncode == 0, submission.output[-4000:]
+    assert "2 nodes x 1 processes, rendezvous localhost:" in submission.output
+    # Rank 0 alone prints the plan, with the job's world size: one job, not two of one process.
+    assert submission.output.count("process(es) x 1 decode worker(s)") == 1, submission.output[-4000:]
+    assert "with 2 process(es) x 1 decode worker(s)" in submission.output
+
+    single = tmp_path / "single"
+    plain = subprocess.run([str(venv / "bin" / "janus-cache"), "precompute", str(sample_dataset), "--out", str(single),
+                            "--profile", "tiny", "--workers", "1"], env={**os.environ, "OMP_NUM_THREADS": "1"},
+                           capture_output=True, text=True, timeout=600, check=False)
+    assert plain.returncode == 0, (plain.stdout + plain.stderr)[-4000:]
+    assert file_digests(out) == file_digests(single)
