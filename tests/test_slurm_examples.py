@@ -255,6 +255,7 @@ def test_nproc_overrides_the_gpu_count(cluster: Cluster, script: str) -> None:
         ("outside a job", {"drop": ("SLURM_JOB_ID",)}, r"not inside a SLURM job: submit this file with sbatch"),
         ("no environment", {"VENV": "/nowhere/.venv"}, r"no /nowhere/\.venv/bin/torchrun: set VENV"),
         ("no GPUs", {"drop": ("SLURM_GPUS_ON_NODE",)}, r"no GPU count for this node: keep #SBATCH --gpus-per-node"),
+        ("no hosts", {"hosts": ()}, r"scontrol show hostnames gave no host for SLURM_JOB_NODELIST=gpu-\[07-08\]"),
     ],
 )
 def test_a_wrong_setup_stops_before_srun_with_one_line(cluster: Cluster, script: str, problem: str, change: dict,
