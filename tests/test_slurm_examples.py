@@ -150,8 +150,10 @@ def sbatch_options(script: Path) -> dict[str, str | None]:
 def makefile_command(target: str, **variables: str) -> list[str]:
     """The arguments after ``-m`` of the torchrun command that ``make TARGET`` runs (dry run)."""
     settings = [f"{name}={value}" for name, value in variables.items()]
+    # Under `make test` the outer make's flags and variables would reach this make: drop them.
+    env = {name: value for name, value in os.environ.items() if name not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
     dry = subprocess.run(["make", "-n", "-s", target, "NPROC=8", "TORCHRUN_ARGS=", *settings], cwd=REPO_ROOT,
-                         capture_output=True, text=True, timeout=60, check=True).stdout
+                         env=env, capture_output=True, text=True, timeout=60, check=True).stdout
     line = next(line for line in dry.replace("\\\n", " ").splitlines() if "torchrun" in line)
     words = shlex.split(line)
     return words[words.index("-m") + 1:]
