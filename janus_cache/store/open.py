@@ -67,6 +67,13 @@ def open_cache(path: Path | str, *, resolution: str, variant: str) -> OpenedCach
     """
     layout = CacheLayout(Path(path))
     manifest = load_manifest(layout.root)
+    reader = reader_of(manifest, layout, resolution=resolution, variant=variant)
+    return OpenedCache(manifest=manifest, layout=layout, reader=reader, resolution=resolution, variant=variant)
+
+
+def reader_of(manifest: Manifest, layout: CacheLayout, *, resolution: str, variant: str) -> CacheReader:
+    """The reader of an already loaded ``manifest``'s format for ``resolution`` and ``variant``
+    (for callers that read several resolutions of one cache, e.g. verify)."""
     if variant != manifest.window.name:
         raise CacheOpenError(
             f"{layout.manifest}: the cache holds window variant {manifest.window.name}, not {variant}"
@@ -78,7 +85,6 @@ def open_cache(path: Path | str, *, resolution: str, variant: str) -> OpenedCach
             f"(precompute with --resolution {resolution} adds it)"
         )
     try:
-        reader = _READERS[manifest.format](layout.root, resolution=resolution, variant=variant)
+        return _READERS[manifest.format](layout.root, resolution=resolution, variant=variant)
     except StoreError as err:
         raise CacheOpenError(f"{layout.manifest} lists {resolution}, but {err}") from None
-    return OpenedCache(manifest=manifest, layout=layout, reader=reader, resolution=resolution, variant=variant)

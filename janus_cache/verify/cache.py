@@ -13,7 +13,8 @@ from typing import Any
 
 from janus_cache.store import ManifestError, WdsCacheReader, ZarrCacheReader, read_manifest
 from janus_cache.store.manifest import Manifest
-from janus_cache.store.layout import KEY_COLUMN, REPORT_NAME, features_array, wds_samples
+from janus_cache.store.layout import KEY_COLUMN, CacheLayout, features_array, wds_samples
+from janus_cache.store.open import reader_of
 from janus_cache.store.wds_store import WdsLayout
 from janus_cache.store.zarr_group import ZarrGroup
 
@@ -38,6 +39,7 @@ class CheckedCache:
         if manifest is None:
             raise CacheProblem(f"{self.root} has no manifest.json (not a janus cache, or precompute never started)")
         self.manifest: Manifest = manifest
+        self.layout = CacheLayout(self.root)
         self.group = ZarrGroup(self.root, read_only=True)
         self._tables: dict[str, dict[str, Any]] = {}
 
@@ -81,14 +83,18 @@ class CheckedCache:
 
     def wds_reader(self, resolution: str, variant: str | None = None) -> WdsCacheReader:
         """The tar shards of ``resolution`` (StoreError when the cache has none)."""
-        return WdsCacheReader(self.root, resolution, variant or self.variant)
+        reader = reader_of(self.manifest, self.layout, resolution=resolution, variant=variant or self.variant)
+        assert isinstance(reader, WdsCacheReader), f"{self.root} is a {self.format} cache"
+        return reader
 
     def zarr_reader(self, resolution: str, variant: str | None = None) -> ZarrCacheReader:
-        return ZarrCacheReader(self.root, resolution, variant or self.variant)
+        reader = reader_of(self.manifest, self.layout, resolution=resolution, variant=variant or self.variant)
+        assert isinstance(reader, ZarrCacheReader), f"{self.root} is a {self.format} cache"
+        return reader
 
     def report(self) -> dict[str, Any] | None:
         """The precompute's report.json, or None when it is missing."""
-        path = self.root / REPORT_NAME
+        path = self.layout.report
         try:
             return json.loads(path.read_text())
         except FileNotFoundError:
