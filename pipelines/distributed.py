@@ -67,10 +67,6 @@ class Ranks:
     def is_main(self) -> bool:
         return self.rank == 0
 
-    def owns(self, shard: int) -> bool:
-        """Shard ``shard`` belongs to this rank: round-robin, one writer per shard."""
-        return shard % self.world == self.rank
-
 
 class Control:
     """Barriers and rank-0 broadcasts; a no-op channel for a single process."""

@@ -29,6 +29,7 @@ from janus_cache.precompute_job import PrecomputeJob, Prepared
 from janus_cache.profile import Profile, load_profile
 from janus_cache.device import process_device
 from janus_cache.resolution import Resolution
+from janus_cache.store.split import shards_for
 from pipelines.distributed import Control, Progress, RankFailed, Ranks, die_with_launcher
 
 
@@ -100,7 +101,7 @@ def run(opts: Options) -> int:
         control.on_main(lambda: _prepare(job, opts, resolution, ranks.world, workers))
 
         # Frames phase: decode sources in worker processes, one writer per shard.
-        mine = job.pending_frame_shards(s for s in range(job.n_frame_shards) if ranks.owns(s))
+        mine = job.pending_frame_shards(shards_for(job.n_frame_shards, ranks.rank, ranks.world))
         progress.phase("frames", job.n_frames, "frames", job.frames_done() if ranks.is_main else 0)
         pool_context = get_context("spawn").Pool(workers) if workers > 1 and mine else nullcontext(None)
         with pool_context as pool:
@@ -112,7 +113,7 @@ def run(opts: Options) -> int:
 
         # Features phase: windows read back from the stored frames, encoded in batches.
         control.on_main(job.prepare_features)
-        mine = job.pending_feature_shards(s for s in range(job.n_feature_shards) if ranks.owns(s))
+        mine = job.pending_feature_shards(shards_for(job.n_feature_shards, ranks.rank, ranks.world))
         progress.phase("features", len(job.samples), "samples", job.samples_done() if ranks.is_main else 0)
         job.feature_shards(mine, on_done=lambda shard, n: progress.poll(job.samples_done))
         control.barrier()

@@ -25,6 +25,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from janus_cache.index import DatasetIndex
 from janus_cache.device import process_device
 from janus_cache.encoder import EncoderIdentity, WindowEncoder
+from janus_cache.store.split import share
 from janus_cache.profile import Profile, load_profile
 from janus_cache.verify import (
     CHECK_NAMES,
@@ -116,7 +117,7 @@ def everywhere(control: Control, fn: Callable[[], T]) -> T:
 def _integrity(opts: Options, ranks: Ranks, control: Control, progress: Progress) -> CheckResult:
     started = time.perf_counter()
     plan = control.on_main(lambda: plan_integrity(opts.cache, opts.checksums, opts.seed))
-    mine = plan.targets[ranks.rank::ranks.world]
+    mine = share(plan.targets, ranks.rank, ranks.world)
     progress.phase(f"{INTEGRITY} (rank 0 of {ranks.world})" if ranks.world > 1 else INTEGRITY, len(mine), "shards")
     parts = gather(control, lambda: check_shards(opts.cache, mine, progress.update))
     findings: list[ShardFinding] = [f for part in parts for f in part]
@@ -129,7 +130,7 @@ def _live(opts: Options, ranks: Ranks, control: Control, progress: Progress, pro
     started = time.perf_counter()
     device = process_device(profile.device, ranks.local_rank)
     rows = control.on_main(lambda: choose_live_rows(opts.cache, opts.live, opts.seed))
-    mine = rows[ranks.rank::ranks.world]
+    mine = share(rows, ranks.rank, ranks.world)
     progress.phase(f"{LIVE} (rank 0 of {ranks.world})" if ranks.world > 1 else LIVE, len(mine), "samples")
 
     def my_part() -> tuple[list[LiveSample], str, str | None]:
