@@ -46,7 +46,7 @@ HIDDEN = 64  # the tiny Qwen's hidden size
 FEATURE_DIM = 128  # 2 x the tiny VGGT's embed_dim
 RESOLUTION = "pad56"  # the resolution of model_cases' batches
 
-# §2 of janusvln_interop.md: the top-level fields of the reference config.json.
+# the reference checkpoint layout (README "Reference JanusVLN checkpoints, both ways"): the top-level fields of the reference config.json.
 DOCUMENTED_CONFIG_FIELDS = {
     "model_type", "architectures", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
     "intermediate_size", "vocab_size", "rope_theta", "rope_scaling", "max_position_embeddings", "rms_norm_eps",
@@ -94,7 +94,7 @@ def reference_shapes() -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def reference_config(reference_frame: str = "first") -> dict[str, Any]:
+def reference_config(reference_frame: str = "last") -> dict[str, Any]:
     """The tiny Qwen config flattened as transformers 4.50 writes it, plus the JanusVLN fields."""
     tiny = json.loads((QWEN_DIR / "config.json").read_text())
     text = {k: v for k, v in tiny.pop("text_config").items() if k not in ("model_type", "dtype")}
@@ -195,7 +195,7 @@ def test_tied_lm_head_is_stored_once_as_the_embedding(reference_dir: Path, profi
     model = load_reference_model(tied, profile, JanusModelConfig())
     assert model.qwen.lm_head.weight.data_ptr() == model.qwen.model.language_model.embed_tokens.weight.data_ptr()
     assert torch.equal(model.qwen.lm_head.weight, state["model.embed_tokens.weight"])
-    config = reference_config_dict(model.qwen.config, model.config, "first", LossConfig(), "float32")
+    config = reference_config_dict(model.qwen.config, model.config, "last", LossConfig(), "float32")
     out = write_reference_checkpoint(tmp_path / "export", model.state_dict(), {}, config, QWEN_DIR, torch.float32)
     assert "lm_head.weight" not in load_file(out / "model.safetensors") and config["tie_word_embeddings"] is True
 
@@ -208,7 +208,7 @@ def test_config_of_the_directory_reads_as_a_transformers_5_config(reference_dir:
     assert reference.qwen.text_config.rope_parameters["rope_theta"] == tiny.text_config.rope_parameters["rope_theta"]
     assert reference.qwen.vision_config.out_hidden_size == tiny.vision_config.out_hidden_size
     assert reference.qwen.image_token_id == tiny.image_token_id
-    assert (reference.lam, reference.reference_frame, reference.merger_hidden) == (LAM, "first", MERGER_HIDDEN)
+    assert (reference.lam, reference.reference_frame, reference.merger_hidden) == (LAM, "last", MERGER_HIDDEN)
     assert reference.distill == LossConfig(1.0, None, 0)
 
 
@@ -253,9 +253,9 @@ def test_train_refuses_a_damaged_init_from_in_one_line_before_starting(reference
 def test_other_reference_frame_or_a_transformers_5_config_is_refused(reference_dir: Path, profile: Profile,
                                                                      tmp_path: Path) -> None:
     state = load_file(reference_dir / "model.safetensors")
-    last = write_reference_dir(tmp_path / "last", state, reference_config("last"))
-    with pytest.raises(ReferenceCheckpointError, match="reference_frame 'last'.*cache.reference_frame is 'first'"):
-        check_reference_checkpoint(last, profile)
+    first = write_reference_dir(tmp_path / "first", state, reference_config("first"))
+    with pytest.raises(ReferenceCheckpointError, match="reference_frame 'first'.*cache.reference_frame is 'last'"):
+        check_reference_checkpoint(first, profile)
     modern = write_reference_dir(tmp_path / "v5", state, {**reference_config(), "text_config": {}})
     with pytest.raises(ReferenceCheckpointError, match="text_config"):
         check_reference_checkpoint(modern, profile)
@@ -289,7 +289,7 @@ def test_round_trip_export_then_import_gives_the_same_outputs(sample_index: Data
                                                               tmp_path: Path) -> None:
     model = trained_like_model()
     encoder = VGGTAggregator.from_config(AggregatorConfig.from_dict(json.loads(VGGT_CONFIG.read_text())))
-    config = reference_config_dict(model.qwen.config, model.config, "first", LossConfig(1.0), "float32")
+    config = reference_config_dict(model.qwen.config, model.config, "last", LossConfig(1.0), "float32")
     out = write_reference_checkpoint(tmp_path / "export", model.state_dict(), encoder.state_dict(), config, QWEN_DIR,
                                      torch.float32)
     imported = load_reference_model(out, profile, JanusModelConfig())
@@ -348,7 +348,7 @@ def test_live_check_parts_of_a_reference_directory(reference_dir: Path, profile:
     """The encoder is the directory's ``vggt.aggregator``; the fused embeddings are those the
     imported model computes from the same frames and features."""
     tiny_vggt = AggregatorConfig.from_dict(json.loads(VGGT_CONFIG.read_text()))
-    cache = CacheSettings(resolution=Resolution.parse(RESOLUTION), reference_frame="first")
+    cache = CacheSettings(resolution=Resolution.parse(RESOLUTION), reference_frame="last")
     encoder, fusion = reference_live_check(reference_dir, cache, aggregator=tiny_vggt)
     stored = load_file(reference_dir / "model.safetensors")
     for key, tensor in encoder.model.state_dict().items():
@@ -359,7 +359,7 @@ def test_live_check_parts_of_a_reference_directory(reference_dir: Path, profile:
     with torch.no_grad():
         expected = model.image_embeddings(batch["frames"], features)
     assert torch.equal(fusion.image_embeddings(batch["frames"], features), expected)
-    assert encoder.reference_frame == "first" and fusion.lam == LAM
+    assert encoder.reference_frame == "last" and fusion.lam == LAM
 
 
 # ------------------------------------------------------------- training from it, under torchrun
@@ -393,4 +393,4 @@ def test_two_process_zero3_run_starts_from_the_directory_and_exports_it_back(ref
     for key, tensor in original.items():
         assert torch.equal(exported[key], tensor), key
     config = json.loads((out / "config.json").read_text())
-    assert (config["lam"], config["vggt_merger_hidden_dim"], config["reference_frame"]) == (LAM, MERGER_HIDDEN, "first")
+    assert (config["lam"], config["vggt_merger_hidden_dim"], config["reference_frame"]) == (LAM, MERGER_HIDDEN, "last")

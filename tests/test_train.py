@@ -437,11 +437,11 @@ def test_janus_train_export_writes_16_bit_weights_of_a_checkpoint(setup: Setup, 
 
 def test_training_refuses_a_cache_made_with_another_reference_frame(setup: Setup, tmp_path: Path) -> None:
     """torchrun exits non-zero before building any model, naming the differing field."""
-    profile = write_train_profile(tmp_path / "last.yaml", cache={"feature_dtype": "float32", "reference_frame": "last"})
+    profile = write_train_profile(tmp_path / "first.yaml", cache={"feature_dtype": "float32", "reference_frame": "first"})
     out = tmp_path / "run"
     result = torchrun_train("--out", out, "--cache", setup.fp32_cache, "--profile", profile)
     assert result.returncode != 0
-    assert "window.reference_frame: cache has 'first'" in result.stderr
+    assert "window.reference_frame: cache has 'last'" in result.stderr
     assert not out.exists()
 
 

@@ -430,7 +430,7 @@ def test_a_cached_sample_the_dataset_no_longer_has_fails_completeness(
     ("change", "field", "cache_value", "profile_value"),
     [
         ({"resolution": "pad252"}, "resolution", "['pad224']", "'pad252'"),
-        ({"reference_frame": "last"}, "window.reference_frame", "'first'", "'last'"),
+        ({"reference_frame": "first"}, "window.reference_frame", "'last'", "'first'"),
     ],
 )
 def test_a_profile_with_other_settings_fails_freshness_naming_the_field_and_both_values(
@@ -487,10 +487,10 @@ def test_the_trainer_check_accepts_a_fresh_cache_and_refuses_a_stale_one_with_th
     results = check_cache_for_training(built.zarr, "tiny")
     assert [(r.name, r.status) for r in results] == [("schema", "pass"), ("integrity", "pass"), ("freshness", "pass")]
 
-    stale = write_profile(tmp_path, "stale", cache={"reference_frame": "last"})
+    stale = write_profile(tmp_path, "stale", cache={"reference_frame": "first"})
     with pytest.raises(CacheVerificationError) as refused:
         check_cache_for_training(built.zarr, stale)
-    assert "window.reference_frame: cache has 'first', profile stale has 'last'" in str(refused.value)
+    assert "window.reference_frame: cache has 'last', profile stale has 'first'" in str(refused.value)
     outcome = verify(capsys, tmp_path, built.zarr, profile=stale)
     assert f"error: {refused.value}" in outcome.err
 
