@@ -83,12 +83,11 @@ class Options:
 
 @dataclass(frozen=True)
 class LiveModels:
-    """What one process checks the cache against: the frozen encoder and the fused-embedding
-    function (None, with the reason in ``note``, when it cannot be built)."""
+    """What one process checks the cache against: the frozen encoder and, from a reference
+    checkpoint, the fused-embedding function (None: the live check builds the profile's model)."""
 
     encoder: WindowEncoder
     embed: ImageEmbeddings | None = None
-    note: str = ""
 
 
 def load_image_embeddings(profile: Profile, device: torch.device | str) -> tuple[ImageEmbeddings | None, str]:
@@ -168,8 +167,8 @@ def _live(opts: Options, ranks: Ranks, control: Control, progress: Progress, pro
     progress.phase(f"{LIVE} (rank 0 of {ranks.world})" if ranks.world > 1 else LIVE, len(mine), "samples")
 
     def my_part() -> tuple[list[LiveSample], str, str | None]:
-        if models.embed is not None or models.note:
-            embed, note = models.embed, models.note
+        if models.embed is not None:
+            embed, note = models.embed, ""
         else:
             embed, note = load_image_embeddings(profile, device) if mine else (None, "")
         checker = LiveChecker(opts.cache, profile, index, device, models.encoder, embed, note)
