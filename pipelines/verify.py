@@ -270,7 +270,6 @@ def _emit(opts: Options, results: list[CheckResult], world: int, seconds: float)
     """Rank 0: print the table, write the report; the exit code."""
     report = report_dict(opts.cache, results, data=opts.data, profile=opts.profile, live=opts.live,
                          checksums=opts.checksums, seed=opts.seed, world_size=world, seconds=seconds)
-    report["checkpoint"] = None if opts.checkpoint is None else str(opts.checkpoint)
     to_stdout = opts.json_report is not None and str(opts.json_report) == "-"
     table_stream = sys.stderr if to_stdout else sys.stdout
     where = f"{opts.cache} ({report['format']}, profile {opts.profile}, " + (

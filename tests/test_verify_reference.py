@@ -105,7 +105,6 @@ def test_two_processes_pass_against_the_checkpoint_with_embeddings_compared(buil
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(result.stdout)
     assert report["passed"] is True and report["world_size"] == 2
-    assert report["checkpoint"] == str(built.checkpoint)
     assert {c["name"]: c["status"] for c in report["checks"]} == {
         "schema": "pass", "integrity": "pass", "completeness": "pass", "freshness": "pass", "live": "pass"}
     live = check(report, "live")
