@@ -5,6 +5,11 @@ completeness, freshness) and plans the rest; the shard checks of ``integrity`` a
 ``live`` are split round-robin over the ranks and their findings gathered on every rank, so a
 failure anywhere ends every rank alike. Rank 0 prints the table (check -> pass/fail -> detail),
 writes the ``--json`` report and decides the exit code: 0 only if no check failed.
+
+With ``--checkpoint DIR`` (a reference JanusVLN checkpoint directory) the frozen encoder and the
+fused-embedding function come from that directory instead of the profile: freshness compares the
+cache's encoder fingerprint with the directory's ``vggt.aggregator.*`` and the live check
+recomputes features and embeddings with it.
 """
 
 from __future__ import annotations
@@ -22,8 +27,9 @@ import torch.distributed as dist
 import typer
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from janus_cache.index import DatasetIndex
 from janus_cache.device import process_device
+from janus_cache.dtypes import TORCH_DTYPES
+from janus_cache.index import DatasetIndex
 from janus_cache.encoder import EncoderIdentity, WindowEncoder
 from janus_cache.store.split import share
 from janus_cache.profile import Profile, load_profile
@@ -72,6 +78,17 @@ class Options:
     seed: int = DEFAULT_SEED
     json_report: Path | None = None
     """File for the JSON report; ``-`` prints it on stdout (and the table on stderr)."""
+    checkpoint: Path | None = None
+    """A reference JanusVLN checkpoint directory whose encoder and fused embeddings replace the profile's."""
+
+
+@dataclass(frozen=True)
+class LiveModels:
+    """What one process checks the cache against: the frozen encoder and, from a reference
+    checkpoint, the fused-embedding function (None: the live check builds the profile's model)."""
+
+    encoder: WindowEncoder
+    embed: ImageEmbeddings | None = None
 
 
 def load_image_embeddings(profile: Profile, device: torch.device | str) -> tuple[ImageEmbeddings | None, str]:
@@ -89,20 +106,37 @@ def load_image_embeddings(profile: Profile, device: torch.device | str) -> tuple
     return model.eval().image_embeddings, ""
 
 
+def load_reference_models(directory: Path, profile: Profile, device: torch.device) -> LiveModels:
+    """The encoder (``vggt.aggregator.*``) and fused embeddings (vision tower, merger, ``lam``) of a
+    reference JanusVLN checkpoint directory; a directory that does not fit is a one-line ValueError."""
+    try:
+        from janus_train.model import aggregator_config
+        from janus_train.reference_checkpoint import reference_live_check
+    except ImportError as err:
+        raise ValueError(f"--checkpoint needs janus_train ({err}); install the train extra") from err
+    encoder, fusion = reference_live_check(directory, profile.cache, aggregator_config(profile.vggt), device,
+                                           TORCH_DTYPES[profile.compute_dtype])
+    return LiveModels(encoder, fusion.image_embeddings)
+
+
 def gather(control: Control, fn: Callable[[], T]) -> list[T]:
     """Run ``fn`` on every rank and give every rank all results (rank order); any rank's failure
-    fails every rank alike, with that rank's reason."""
+    fails every rank alike, with that rank's reason (once, unnamed, when every rank gives the same
+    one, as for bad input such as a damaged checkpoint)."""
     try:
         mine: tuple[str, Any] = ("ok", fn())
     except Exception as err:  # noqa: BLE001 - re-raised on every rank below
-        mine = ("error", f"rank {control.ranks.rank}: {type(err).__name__}: {err}")
+        # A ValueError's message is the one-line reason for the user; other types are named.
+        mine = ("error", str(err) if isinstance(err, ValueError) and str(err) else f"{type(err).__name__}: {err}")
     parts: list[Any] = [mine]
     if control.distributed:
         parts = [None] * control.ranks.world
         dist.all_gather_object(parts, mine)
-    errors = [value for status, value in parts if status == "error"]
+    errors = {rank: value for rank, (status, value) in enumerate(parts) if status == "error"}
+    if len(errors) == len(parts) and len(set(errors.values())) == 1:
+        raise RankFailed(next(iter(errors.values())))
     if errors:
-        raise RankFailed("; ".join(errors))
+        raise RankFailed("; ".join(f"rank {rank}: {reason}" for rank, reason in errors.items()))
     return [value for _, value in parts]
 
 
@@ -126,7 +160,7 @@ def _integrity(opts: Options, ranks: Ranks, control: Control, progress: Progress
 
 
 def _live(opts: Options, ranks: Ranks, control: Control, progress: Progress, profile: Profile,
-          index: DatasetIndex, encoder: WindowEncoder) -> CheckResult:
+          index: DatasetIndex, models: LiveModels) -> CheckResult:
     started = time.perf_counter()
     device = process_device(profile.device, ranks.local_rank)
     rows = control.on_main(lambda: choose_live_rows(opts.cache, opts.live, opts.seed))
@@ -134,8 +168,11 @@ def _live(opts: Options, ranks: Ranks, control: Control, progress: Progress, pro
     progress.phase(f"{LIVE} (rank 0 of {ranks.world})" if ranks.world > 1 else LIVE, len(mine), "samples")
 
     def my_part() -> tuple[list[LiveSample], str, str | None]:
-        embed, note = load_image_embeddings(profile, device) if mine else (None, "")
-        checker = LiveChecker(opts.cache, profile, index, device, encoder, embed, note)
+        if models.embed is not None:
+            embed, note = models.embed, ""
+        else:
+            embed, note = load_image_embeddings(profile, device) if mine else (None, "")
+        checker = LiveChecker(opts.cache, profile, index, device, models.encoder, embed, note)
         unavailable = checker.unavailable()
         return ([] if unavailable else checker.measure(mine, progress.update)), note, unavailable
 
@@ -189,25 +226,44 @@ def run_checks(opts: Options, ranks: Ranks, control: Control, progress: Progress
     index_seconds = time.perf_counter() - started
     live_wanted = indexes[1] is not None and opts.live > 0
     # Every rank of the live check builds the encoder; freshness hashes its weights (rank 0), from
-    # the built encoder when there is one, else from the checkpoint file without building it.
+    # the built encoder when there is one, else from the checkpoint file without building it. A
+    # reference checkpoint's encoder is always built: its identity is that of the loaded module.
     started = time.perf_counter()
     device = process_device(profile.device, ranks.local_rank)
-    encoder = everywhere(control, lambda: WindowEncoder.from_settings(profile.vggt, profile.cache, device)
-                         if live_wanted else None)
-    identity: EncoderIdentity | None = control.on_main(
-        lambda: EncoderIdentity.of(encoder.model) if encoder is not None else profile_encoder(profile))
+
+    def build() -> LiveModels:
+        if opts.checkpoint is not None:
+            return load_reference_models(opts.checkpoint, profile, device)
+        return LiveModels(WindowEncoder.from_settings(profile.vggt, profile.cache, device))
+
+    models: LiveModels | None = None
+    if live_wanted:
+        models = everywhere(control, build)
+        identity = control.on_main(lambda: EncoderIdentity.of(models.encoder.model))
+    elif opts.checkpoint is not None:
+        identity = control.on_main(lambda: EncoderIdentity.of(build().encoder.model))
+    else:
+        identity = control.on_main(lambda: profile_encoder(profile))
     encoder_seconds = time.perf_counter() - started
 
     results.append(_guard(INTEGRITY, lambda: _integrity(opts, ranks, control, progress)))
     results.append(_plus(control.on_main(lambda: check_completeness(opts.cache, indexes[0])), index_seconds))
-    results.append(_plus(control.on_main(lambda: check_freshness(opts.cache, profile, identity)), encoder_seconds))
+    freshness = _plus(control.on_main(lambda: check_freshness(opts.cache, profile, identity)), encoder_seconds)
+    if opts.checkpoint is not None:
+        freshness.detail += f"; encoder of checkpoint {opts.checkpoint}"
+        freshness.data["encoder_source"] = str(opts.checkpoint)
+    results.append(freshness)
     if indexes[1] is None:
         results.append(skipped(LIVE, "not run: needs --data (the live path decodes the dataset's source images)"))
     elif opts.live <= 0:
         results.append(skipped(LIVE, "not run: --live 0"))
     else:
-        assert encoder is not None
-        results.append(_guard(LIVE, lambda: _live(opts, ranks, control, progress, profile, indexes[1], encoder)))
+        assert models is not None
+        live = _guard(LIVE, lambda: _live(opts, ranks, control, progress, profile, indexes[1], models))
+        if opts.checkpoint is not None:
+            live.detail += f"; encoder and embeddings of checkpoint {opts.checkpoint}"
+            live.data["checkpoint"] = str(opts.checkpoint)
+        results.append(live)
     return results
 
 
@@ -218,7 +274,8 @@ def _emit(opts: Options, results: list[CheckResult], world: int, seconds: float)
     to_stdout = opts.json_report is not None and str(opts.json_report) == "-"
     table_stream = sys.stderr if to_stdout else sys.stdout
     where = f"{opts.cache} ({report['format']}, profile {opts.profile}, " + (
-        f"data {opts.data}" if opts.data else "no --data") + f", {world} process{'es' if world > 1 else ''})"
+        f"data {opts.data}" if opts.data else "no --data") + (
+        f", checkpoint {opts.checkpoint}" if opts.checkpoint else "") + f", {world} process{'es' if world > 1 else ''})"
     print(f"janus-cache verify {where}", file=table_stream)
     print(format_table(results), file=table_stream, flush=True)
     text = json.dumps(report, indent=2, sort_keys=True, default=str) + "\n"
@@ -246,7 +303,8 @@ def run(opts: Options) -> int:
         results = run_checks(opts, ranks, control, progress)
         return control.on_main(lambda: _emit(opts, results, ranks.world, time.perf_counter() - started))
     except (RankFailed, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
+        if ranks.is_main:  # every rank fails alike; one of them says why
+            print(f"error: {err}", file=sys.stderr)
         return 1
     finally:
         progress.close()
@@ -266,11 +324,14 @@ def command(
     seed: Annotated[int, typer.Option(help="Seed choosing the live samples and sampled checksums.")] = DEFAULT_SEED,
     json_report: Annotated[Path | None, typer.Option(
         "--json", help="Write the report as JSON to this file ('-': stdout, the table then goes to stderr).")] = None,
+    checkpoint: Annotated[Path | None, typer.Option(
+        help="A reference JanusVLN checkpoint directory: its VGGT (vggt.aggregator.*) is the encoder freshness "
+             "and the live check compare with, its vision tower, merger and lam make the fused embeddings.")] = None,
 ) -> None:
     """Check that a cache is complete, intact, current and equal to the live path; exit 1 if not."""
     if checksums not in CHECKSUM_MODES:
         raise typer.BadParameter(f"--checksums must be one of {', '.join(CHECKSUM_MODES)}, got {checksums!r}")
-    raise typer.Exit(run(Options(cache, data, profile, live, checksums, seed, json_report)))
+    raise typer.Exit(run(Options(cache, data, profile, live, checksums, seed, json_report, checkpoint)))
 
 
 @record  # torchrun's failure summary then shows the failing rank's exception
