@@ -29,7 +29,7 @@ from janus_cache.precompute_job import PrecomputeJob, Prepared
 from janus_cache.profile import Profile, load_profile
 from janus_cache.device import process_device
 from janus_cache.resolution import Resolution
-from pipelines.distributed import Control, Progress, RankFailed, Ranks, die_with_launcher
+from pipelines.distributed import Control, Progress, RankFailed, Ranks, lock_on_main
 
 
 @dataclass(frozen=True)
@@ -82,12 +82,14 @@ def _finish(job: PrecomputeJob, opts: Options, seconds: float) -> int:
 
 
 def run(opts: Options) -> int:
-    die_with_launcher()
     ranks = Ranks.from_env()
     control = Control(ranks)
     progress = Progress(enabled=ranks.is_main)
     started = time.perf_counter()
+    cache_lock = None
     try:
+        # One writer per cache, for the whole run: taken before anything is read or deleted.
+        cache_lock = lock_on_main(control, opts.out)
         profile = control.on_main(lambda: load_profile(opts.profile))
         resolution = Resolution.parse(opts.resolution or profile.cache.resolution)
         workers = opts.workers or default_workers(ranks.local_world)
@@ -121,10 +123,13 @@ def run(opts: Options) -> int:
         seconds = time.perf_counter() - started
         return control.on_main(lambda: _finish(job, opts, seconds))
     except RankFailed as err:
-        print(f"error: {err}", file=sys.stderr)
+        if ranks.is_main:  # every rank failed alike: one line for the user
+            print(f"error: {err}", file=sys.stderr)
         return 1
     finally:
         progress.close()
+        if cache_lock is not None:
+            cache_lock.release()
         control.close()
 
 
