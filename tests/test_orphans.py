@@ -147,6 +147,39 @@ def error_lines(text: str) -> list[str]:
     return [line for line in text.splitlines() if line.startswith("error:")]
 
 
+PARENT_SCRIPT = """
+import os, subprocess, sys, time
+env = {k: v for k, v in os.environ.items() if k != "LOCAL_RANK"}
+if sys.argv[1] == "launcher":
+    env["LOCAL_RANK"] = "0"
+child = subprocess.Popen([sys.executable, "-c", "import pipelines, time; print('armed', flush=True); time.sleep(60)"],
+                         env=env, stdout=subprocess.PIPE, text=True)
+assert child.stdout.readline() == "armed\\n"
+print(child.pid, flush=True)
+time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize("started_by", ["launcher", "shell"])
+def test_only_a_process_started_by_a_launcher_dies_with_its_parent(started_by: str) -> None:
+    """Importing the launch layer ties a process to its parent only under a launcher (LOCAL_RANK
+    set): a user's own process (an interactive session, ``janus-cache``) outlives its parent."""
+    parent = subprocess.Popen([sys.executable, "-c", PARENT_SCRIPT, started_by], cwd=REPO_ROOT,
+                              stdout=subprocess.PIPE, text=True)
+    assert parent.stdout is not None
+    child = int(parent.stdout.readline())
+    try:
+        parent.kill()
+        parent.wait()
+        deadline = time.monotonic() + (GRACE_S if started_by == "launcher" else 2.0)
+        while alive(child) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert alive(child) == (started_by == "shell")
+    finally:
+        if alive(child):
+            os.kill(child, signal.SIGKILL)
+
+
 # ------------------------------------------------------------------------------------- setup
 
 
