@@ -24,7 +24,6 @@ import pytest
 from conftest import REPO_ROOT, write_test_profile
 from janus_cache.lock import lock_path
 from janus_cache.precompute_job import REPORT_NAME
-from janus_cache.store.commit import COMMITS_DIR
 from janus_train.trainer import METRICS_FILE
 
 GRACE_S = 10.0
@@ -126,6 +125,18 @@ class Launch:
         self.process.wait()
 
 
+def decode_workers(launch: Launch) -> list[int]:
+    """The launch's multiprocessing worker processes (spawned: their command line says so)."""
+    workers = []
+    for pid in descendants(launch.process.pid):
+        try:
+            if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                workers.append(pid)
+        except OSError:
+            continue
+    return workers
+
+
 @pytest.fixture
 def launches() -> list[Launch]:
     started: list[Launch] = []
@@ -225,14 +236,14 @@ def test_ranks_killed_while_importing_die_with_the_launcher(
 def test_a_killed_precompute_leaves_no_process_and_its_lock_is_taken_over(
     sample_dataset: Path, profile: Path, tmp_path: Path, launches: list[Launch],
 ) -> None:
-    """Killed after its first shard commit (decode workers running): ranks and workers die; the
+    """Killed while writing frame shards (2 decode workers per rank): ranks and workers die; the
     next launch takes the dead run's lock over, says so, and finishes the cache."""
     out = tmp_path / "cache"
     args = (sample_dataset, "--out", out, "--profile", profile, "--workers", "2")
     launch = Launch("pipelines.precompute", *args, log=tmp_path / "killed.log")
     launches.append(launch)
-    commits = out / COMMITS_DIR
-    launch.wait_until(lambda: commits.is_dir() and any(commits.rglob("*.json")), "a shard is committed")
+    launch.wait_until(lambda: "[frames]" in launch.log.read_text() and len(decode_workers(launch)) == 4,
+                      "both ranks write frame shards with their decode workers")
     holder = lock_holder(out, "writer")
     assert holder in launch.ranks(), f"the lock is not held by rank 0 of the run: {holder}"
     assert launch.kill_launcher() == [], "precompute ranks or their workers outlived the launcher"
