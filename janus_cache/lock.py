@@ -96,12 +96,14 @@ class DirectoryLock:
     """A held lock on a directory; ``release()`` (or leaving the ``with`` block, or the end of the
     process) gives it up. Take one with :meth:`acquire`."""
 
-    def __init__(self, directory: Path, fd: int | None, exclusive: bool, previous: Holder | None = None) -> None:
+    def __init__(self, directory: Path, fd: int | None, exclusive: bool, previous: Holder | None = None,
+                 created: tuple[Path, ...] = ()) -> None:
         self.directory = directory
         self._fd = fd
         self.exclusive = exclusive
         self.previous = previous
         """For a writer: the record of an earlier writer that ended without releasing (killed)."""
+        self._created = created
 
     @classmethod
     def acquire(cls, directory: Path, exclusive: bool = True) -> "DirectoryLock":
@@ -113,18 +115,25 @@ class DirectoryLock:
         """
         directory = Path(directory)
         path = lock_path(directory)
-        if exclusive:
-            if directory.exists() and not directory.is_dir():
-                raise LockError(f"{directory} is not a directory")
-            try:
-                directory.mkdir(parents=True, exist_ok=True)
-            except OSError as err:
-                raise LockError(f"cannot create {directory}: {err.strerror}") from None
-        while True:
+        if exclusive and directory.exists() and not directory.is_dir():
+            raise LockError(f"{directory} is not a directory")
+        # Directories this writer creates are removed again if it leaves them empty (a refused
+        # run leaves nothing behind).
+        created = tuple(p for p in (directory, *directory.parents) if not p.exists()) if exclusive else ()
+        for _ in range(100):
+            if exclusive:
+                try:
+                    directory.mkdir(parents=True, exist_ok=True)
+                except OSError as err:
+                    raise LockError(f"cannot create {directory}: {err.strerror}") from None
             try:
                 fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            except FileNotFoundError:
+                if exclusive:
+                    continue  # removed by a writer that created it and has just released it
+                return cls(directory, None, exclusive)
             except OSError as err:
-                if not exclusive and err.errno in (errno.ENOENT, errno.ENOTDIR, errno.EACCES, errno.EROFS, errno.EPERM):
+                if not exclusive and err.errno in (errno.ENOTDIR, errno.EACCES, errno.EROFS, errno.EPERM):
                     return cls(directory, None, exclusive)
                 raise LockError(f"cannot open the lock file {path}: {err.strerror}") from None
             try:
@@ -144,9 +153,11 @@ class DirectoryLock:
             if _same_file(fd, path):
                 break
             os.close(fd)  # deleted by a holder releasing it between our open and flock: lock the new file
+        else:
+            raise LockError(f"cannot lock {directory}: its lock file keeps being deleted")
         previous = _read_record(fd) if exclusive else None
         os.pwrite(fd, Holder.me(exclusive).encode(), 0)
-        return cls(directory, fd, exclusive, previous)
+        return cls(directory, fd, exclusive, previous, created)
 
     @staticmethod
     def _wait_for_record(fd: int) -> Holder | None:
@@ -180,6 +191,11 @@ class DirectoryLock:
                     return
             if _same_file(fd, lock_path(self.directory)):
                 os.unlink(lock_path(self.directory))
+            for directory in self._created:  # deepest first; stops at the first one in use
+                try:
+                    directory.rmdir()
+                except OSError:
+                    break
         finally:
             os.close(fd)
 

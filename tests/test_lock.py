@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO_ROOT, write_test_profile
+from conftest import REPO_ROOT, file_digests, write_test_profile
 from janus_cache.lock import LOCK_NAME, DirectoryBusy, DirectoryLock, LockError, lock_path
 
 RUN_TIMEOUT = 300
@@ -112,14 +112,17 @@ def test_a_lock_left_by_a_killed_holder_is_taken_over_and_named(tmp_path: Path) 
         assert (record["pid"], record["mode"]) == (os.getpid(), "writer")
 
 
-def test_releasing_deletes_the_lock_file_and_frees_the_directory(tmp_path: Path) -> None:
+def test_releasing_deletes_the_lock_file_and_the_directories_left_empty(tmp_path: Path) -> None:
     directory = tmp_path / "new" / "cache"
     with DirectoryLock.acquire(directory) as lock:
         assert directory.is_dir() and (directory / LOCK_NAME).is_file()
         assert lock.takeover_note() is None
-    assert list(directory.iterdir()) == []
+    assert not (tmp_path / "new").exists(), "a writer that wrote nothing left the directories it created"
+    directory.mkdir(parents=True)
     with DirectoryLock.acquire(directory) as again:
         assert again.takeover_note() is None, "a released lock is not a dead holder's"
+        (directory / "shard").write_bytes(b"written")
+    assert [p.name for p in directory.iterdir()] == ["shard"]
 
 
 def test_a_reader_locks_nothing_where_it_cannot_write(tmp_path: Path) -> None:
@@ -176,17 +179,14 @@ def test_concurrent_precomputes_into_one_cache_run_exactly_one(
     sample_dataset: Path, profile: Path, tmp_path: Path,
 ) -> None:
     """Two 2-process launches into one OUT at once: one writes the cache, the other exits 1 with
-    one line naming the holder; an ``--overwrite`` launched meanwhile deletes nothing and is
-    refused alike; the cache then verifies."""
+    one line naming the holder, and the cache verifies. An ``--overwrite`` into a cache whose lock
+    another process holds deletes nothing: it takes the lock first and is refused alike."""
     out = tmp_path / "cache"
     command = precompute_command(sample_dataset, out, profile)
     runs = [subprocess.Popen(command, cwd=REPO_ROOT, env=run_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              text=True) for _ in range(2)]
     try:
-        # Whichever holds the lock: an --overwrite now must not delete what it is writing.
         holder = wait_for_holder(out, *runs)
-        overwrite = subprocess.run(precompute_command(sample_dataset, out, profile, "--overwrite", nproc=None),
-                                   cwd=REPO_ROOT, env=run_env(), capture_output=True, text=True, timeout=RUN_TIMEOUT)
         results = [run.communicate(timeout=RUN_TIMEOUT) for run in runs]
     finally:
         for run in runs:
@@ -201,12 +201,21 @@ def test_concurrent_precomputes_into_one_cache_run_exactly_one(
     assert str(out) in errors[0] and holder_pattern(holder).search(errors[0]), errors[0]
     assert "precompute done" not in loser_out
 
+    assert not lock_path(out).exists(), "the finished run left its lock file"
+    janus_cache = str(Path(sys.executable).parent / "janus-cache")
+    verify = subprocess.run([janus_cache, "verify", str(out), "--profile", str(profile), "--data", str(sample_dataset),
+                             "--live", "0"], cwd=REPO_ROOT, env=run_env(), capture_output=True, text=True,
+                            timeout=RUN_TIMEOUT)
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+
+    before = file_digests(out)
+    writer = start_holder(out)
+    try:
+        overwrite = subprocess.run(precompute_command(sample_dataset, out, profile, "--overwrite", nproc=None),
+                                   cwd=REPO_ROOT, env=run_env(), capture_output=True, text=True, timeout=RUN_TIMEOUT)
+    finally:
+        kill(writer)
     assert overwrite.returncode == 1, overwrite.stdout + overwrite.stderr
     assert error_lines(overwrite.stderr) == [overwrite.stderr.strip()], overwrite.stderr
-    assert holder_pattern(holder).search(overwrite.stderr), overwrite.stderr
-
-    assert not lock_path(out).exists(), "the finished run left its lock file"
-    verify = subprocess.run([str(Path(sys.executable).parent / "janus-cache"), "verify", str(out), "--profile",
-                             str(profile), "--data", str(sample_dataset), "--live", "0"],
-                            cwd=REPO_ROOT, env=run_env(), capture_output=True, text=True, timeout=RUN_TIMEOUT)
-    assert verify.returncode == 0, verify.stdout + verify.stderr
+    assert holder_pattern(writer.pid).search(overwrite.stderr), overwrite.stderr
+    assert {k: v for k, v in file_digests(out).items() if k != LOCK_NAME} == before, "--overwrite deleted files"
