@@ -15,7 +15,6 @@ import sys
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
-from multiprocessing import get_context
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -30,6 +29,7 @@ from janus_cache.profile import Profile, load_profile
 from janus_cache.device import process_device
 from janus_cache.resolution import Resolution
 from pipelines.distributed import Control, Progress, RankFailed, Ranks, lock_on_main
+from pipelines.launcher import spawn_pool
 
 
 @dataclass(frozen=True)
@@ -104,7 +104,7 @@ def run(opts: Options) -> int:
         # Frames phase: decode sources in worker processes, one writer per shard.
         mine = job.pending_frame_shards(s for s in range(job.n_frame_shards) if ranks.owns(s))
         progress.phase("frames", job.n_frames, "frames", job.frames_done() if ranks.is_main else 0)
-        pool_context = get_context("spawn").Pool(workers) if workers > 1 and mine else nullcontext(None)
+        pool_context = spawn_pool(workers) if workers > 1 and mine else nullcontext(None)
         with pool_context as pool:
             for shard in mine:
                 job.frame_shard(shard, pool)

@@ -69,6 +69,15 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
+def describe(pid: int) -> str:
+    """``pid``, its parent and its command line, for assertion messages."""
+    try:
+        command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        command = "?"
+    return f"{pid} (parent {parent_pids().get(pid, '?')}): {command[:200]}"
+
+
 def maps_torch(pid: int) -> bool:
     """``pid`` has loaded torch's native library, i.e. is importing or has imported torch."""
     try:
@@ -104,8 +113,9 @@ class Launch:
         parents = parent_pids()
         return [pid for pid, parent in parents.items() if parent == self.process.pid]
 
-    def kill_launcher(self) -> list[int]:
-        """SIGKILL the launcher alone; the pids it had started that are still alive ``GRACE_S`` later."""
+    def kill_launcher(self) -> list[str]:
+        """SIGKILL the launcher alone; the processes it had started that are still alive ``GRACE_S``
+        later (pid, parent and command line)."""
         self.started |= descendants(self.process.pid)
         assert len(self.ranks()) == 2, f"expected 2 ranks, found {self.ranks()}"
         os.kill(self.process.pid, signal.SIGKILL)
@@ -113,7 +123,7 @@ class Launch:
         deadline = time.monotonic() + GRACE_S
         while (survivors := [pid for pid in sorted(self.started) if alive(pid)]) and time.monotonic() < deadline:
             time.sleep(0.05)
-        return survivors
+        return [describe(pid) for pid in survivors]
 
     def cleanup(self) -> None:
         """Kill whatever of this launch still runs (only after a failed test), by pid."""
