@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from janus_cache.index import DatasetIndex, Sample
+from janus_cache.lock import LOCK_NAME
 from janus_cache.encoder import WindowEncoder
 from janus_cache.plan import Plan, format_bytes, make_plan
 from janus_cache.precompute import (
@@ -91,6 +92,12 @@ def remove_partials(root: Path) -> None:
     """
     for leftover in Path(root).rglob("*.partial"):
         leftover.unlink(missing_ok=True)
+
+
+def cache_contents(out: Path) -> list[Path]:
+    """The entries of the cache directory ``out``, less the lock file of the run writing it (which
+    ``--overwrite`` must not delete: the run holds it)."""
+    return [entry for entry in out.iterdir() if entry.name != LOCK_NAME]
 
 
 @dataclass(frozen=True)
@@ -234,12 +241,13 @@ class PrecomputeJob:
         wanted = wanted_manifest(self.index, self.settings, self.resolution, self.cache_format, self.encoder)
         out = self.out
         looks_like_cache = (out / ZARR_ROOT_NAME).exists() or (out / MANIFEST_NAME).exists()
-        if out.exists() and any(out.iterdir()) and not looks_like_cache:
+        if out.exists() and any(cache_contents(out)) and not looks_like_cache:
             # Checked before --overwrite: it deletes the directory, which must be an earlier cache.
             raise PrecomputeError(f"{out} exists, is not empty and is not a janus cache; choose another --out")
         if overwrite and out.exists():
             # Before reading anything of the old cache: --overwrite must also work when it is damaged.
-            shutil.rmtree(out)
+            for entry in cache_contents(out):
+                shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
         existing = read_manifest(out) if out.exists() else None
         if existing is not None:
             check_compatible(existing, wanted, source=str(out))

@@ -6,39 +6,20 @@ channel is a gloo process group on every machine (GPU or not).
 
 from __future__ import annotations
 
-import ctypes
 import os
-import signal
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 from typing import Any, TypeVar
 
 import torch.distributed as dist
 
+from janus_cache.lock import DirectoryLock
+
 T = TypeVar("T")
-
-
-PR_SET_PDEATHSIG = 1
-"""Linux prctl option: the signal the kernel sends this process when its parent dies."""
-
-
-def die_with_launcher() -> None:
-    """Under torchrun on Linux, have the kernel SIGKILL this rank as soon as the launcher dies.
-
-    torchrun starts every rank in a session of its own, so a signal to the launcher's process
-    group (``kill -9 -PGID``, an OOM kill of the agent) does not reach the ranks: they would go on
-    writing shards as orphans while a resumed run writes the same shards. A no-op elsewhere.
-    """
-    if sys.platform != "linux" or "TORCHELASTIC_RUN_ID" not in os.environ:
-        return
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
-        errno = ctypes.get_errno()
-        print(f"warning: prctl(PR_SET_PDEATHSIG) failed ({os.strerror(errno)}); this rank may outlive torchrun",
-              file=sys.stderr, flush=True)
 
 
 class RankFailed(RuntimeError):
@@ -99,6 +80,26 @@ class Control:
     def close(self) -> None:
         if self.distributed and dist.is_initialized():
             dist.destroy_process_group()
+
+
+def lock_on_main(control: Control, directory: Path, exclusive: bool = True) -> DirectoryLock | None:
+    """Rank 0 takes ``directory``'s lock for the run (a writer's, or a reader's when not
+    ``exclusive``) and keeps it until it releases it or ends; other ranks get None.
+
+    Held by rank 0 alone, as it is the rank that prepares and finishes: the other ranks end with
+    it (every failure ends every rank) and with the launcher. A lock held elsewhere fails every
+    rank alike (:class:`RankFailed`) with the one-line reason naming the holder.
+    """
+    held: list[DirectoryLock] = []
+
+    def take() -> None:
+        held.append(DirectoryLock.acquire(directory, exclusive))
+        note = held[0].takeover_note()
+        if note:
+            print(f"note: {note}", file=sys.stderr, flush=True)
+
+    control.on_main(take)
+    return held[0] if held else None
 
 
 class Progress:

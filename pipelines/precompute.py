@@ -15,7 +15,6 @@ import sys
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
-from multiprocessing import get_context
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -30,7 +29,8 @@ from janus_cache.profile import Profile, load_profile
 from janus_cache.device import process_device
 from janus_cache.resolution import Resolution
 from janus_cache.store.split import shards_for
-from pipelines.distributed import Control, Progress, RankFailed, Ranks, die_with_launcher
+from pipelines.distributed import Control, Progress, RankFailed, Ranks, lock_on_main
+from pipelines.launcher import spawn_pool
 
 
 @dataclass(frozen=True)
@@ -83,12 +83,14 @@ def _finish(job: PrecomputeJob, opts: Options, seconds: float) -> int:
 
 
 def run(opts: Options) -> int:
-    die_with_launcher()
     ranks = Ranks.from_env()
     control = Control(ranks)
     progress = Progress(enabled=ranks.is_main)
     started = time.perf_counter()
+    cache_lock = None
     try:
+        # One writer per cache, for the whole run: taken before anything is read or deleted.
+        cache_lock = lock_on_main(control, opts.out)
         profile = control.on_main(lambda: load_profile(opts.profile))
         resolution = Resolution.parse(opts.resolution or profile.cache.resolution)
         workers = opts.workers or default_workers(ranks.local_world)
@@ -103,7 +105,7 @@ def run(opts: Options) -> int:
         # Frames phase: decode sources in worker processes, one writer per shard.
         mine = job.pending_frame_shards(shards_for(job.n_frame_shards, ranks.rank, ranks.world))
         progress.phase("frames", job.n_frames, "frames", job.frames_done() if ranks.is_main else 0)
-        pool_context = get_context("spawn").Pool(workers) if workers > 1 and mine else nullcontext(None)
+        pool_context = spawn_pool(workers) if workers > 1 and mine else nullcontext(None)
         with pool_context as pool:
             for shard in mine:
                 job.frame_shard(shard, pool)
@@ -122,10 +124,13 @@ def run(opts: Options) -> int:
         seconds = time.perf_counter() - started
         return control.on_main(lambda: _finish(job, opts, seconds))
     except RankFailed as err:
-        print(f"error: {err}", file=sys.stderr)
+        if ranks.is_main:  # every rank failed alike: one line for the user
+            print(f"error: {err}", file=sys.stderr)
         return 1
     finally:
         progress.close()
+        if cache_lock is not None:
+            cache_lock.release()
         control.close()
 
 

@@ -29,7 +29,7 @@ from janus_train.config import load_train_settings
 from janus_train.export import export
 from janus_train.reference_checkpoint import ReferenceCheckpointError, check_reference_checkpoint, run_model_config
 from janus_train.trainer import CHECKPOINTS, EXPORT_DIR, Trainer, init_distributed
-from pipelines.distributed import Control, RankFailed, Ranks
+from pipelines.distributed import Control, RankFailed, Ranks, lock_on_main
 
 
 def cache_refusal(cache: Path, profile: Profile) -> str | None:
@@ -86,7 +86,14 @@ def command(
 
     ranks = Ranks.from_env()
     init_distributed(prof, settings.alloc_conf)
+    run_lock = None
     try:
+        try:  # one writer per run directory, for the whole run
+            run_lock = lock_on_main(Control(ranks), out)
+        except RankFailed as err:
+            if ranks.is_main:
+                print(f"error: {err}", file=sys.stderr, flush=True)
+            raise typer.Exit(1)
         if cache is not None:
             try:
                 refusal = Control(ranks).on_main(lambda: cache_refusal(cache, prof))
@@ -111,6 +118,8 @@ def command(
         finally:
             trainer.close()
     finally:
+        if run_lock is not None:
+            run_lock.release()
         if dist.is_initialized():
             dist.destroy_process_group()
 

@@ -63,7 +63,7 @@ from janus_cache.verify import (
     report_dict,
     skipped,
 )
-from pipelines.distributed import Control, Progress, RankFailed, Ranks
+from pipelines.distributed import Control, Progress, RankFailed, Ranks, lock_on_main
 
 T = TypeVar("T")
 
@@ -299,7 +299,11 @@ def run(opts: Options) -> int:
     control = Control(ranks)
     progress = Progress(enabled=ranks.is_main)
     started = time.perf_counter()
+    cache_lock = None
     try:
+        # A reader's lock: no precompute writes (or deletes) the cache while it is checked. A
+        # cache this process cannot write to (read-only) is checked without one.
+        cache_lock = lock_on_main(control, opts.cache, exclusive=False)
         results = run_checks(opts, ranks, control, progress)
         return control.on_main(lambda: _emit(opts, results, ranks.world, time.perf_counter() - started))
     except (RankFailed, ValueError) as err:
@@ -308,6 +312,8 @@ def run(opts: Options) -> int:
         return 1
     finally:
         progress.close()
+        if cache_lock is not None:
+            cache_lock.release()
         control.close()
 
 

@@ -1,0 +1,206 @@
+"""One writer per directory: an advisory OS lock on a file inside it that names its holder.
+
+Precompute holds its cache's lock and training its run directory's for the whole run, so a second
+launch into the same directory fails at once, naming the holder (host, pid, start). The lock is
+``flock(2)`` on ``DIRECTORY/.janus.lock``: the kernel drops it when the holder ends, however it
+ends (SIGKILL included), so a lock file left by a killed run is simply taken over; what is written
+into the file only serves the messages. Readers (verify) take it shared: any number of readers
+at once, but none while a writer holds it, and no writer while a reader does.
+
+A holder that releases the lock normally deletes the file, so a finished cache or run directory
+holds no lock file. Linux and macOS; on NFS, ``flock`` is emulated with POSIX locks by Linux.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import socket
+import time
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+LOCK_NAME = ".janus.lock"
+"""The lock file inside a locked directory (a cache, a run directory)."""
+
+RECORD_BYTES = 512
+"""Every holder record is written padded to this size at offset 0, so that readers writing their
+records at once never leave a mix of a longer and a shorter one."""
+
+HOLDER_WAIT_SECONDS = 1.0
+"""How long a refused process waits for a holder that has just taken the lock to write its record."""
+
+
+class LockError(RuntimeError):
+    """The directory cannot be locked; a one-line reason for the user."""
+
+
+class DirectoryBusy(LockError):
+    """Another process holds the directory's lock; the message names it."""
+
+
+@dataclass(frozen=True)
+class Holder:
+    """Who holds (or last held) a lock: for messages only, the kernel keeps the lock itself."""
+
+    host: str
+    pid: int
+    started: str
+    """Start of the holding, UTC, ISO 8601 to the second."""
+    mode: str
+    """``writer`` (exclusive) or ``reader`` (shared)."""
+
+    @classmethod
+    def me(cls, exclusive: bool) -> "Holder":
+        started = datetime.now(timezone.utc).replace(microsecond=0).isoformat()
+        return cls(socket.gethostname(), os.getpid(), started, "writer" if exclusive else "reader")
+
+    @classmethod
+    def parse(cls, data: bytes) -> "Holder | None":
+        try:
+            fields = json.loads(data.decode())
+            return cls(str(fields["host"]), int(fields["pid"]), str(fields["started"]), str(fields["mode"]))
+        except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+            return None
+
+    def encode(self) -> bytes:
+        return json.dumps(asdict(self)).encode().ljust(RECORD_BYTES - 1) + b"\n"
+
+    def describe(self) -> str:
+        return f"{self.mode} pid {self.pid} on host {self.host}, started {self.started}"
+
+
+def lock_path(directory: Path) -> Path:
+    """The lock file of ``directory``."""
+    return Path(directory) / LOCK_NAME
+
+
+def _read_record(fd: int) -> Holder | None:
+    return Holder.parse(os.pread(fd, RECORD_BYTES, 0))
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    """``fd`` is still the file at ``path`` (a releasing holder may have deleted it meanwhile)."""
+    try:
+        on_disk = os.stat(path)
+    except FileNotFoundError:
+        return False
+    mine = os.fstat(fd)
+    return (mine.st_dev, mine.st_ino) == (on_disk.st_dev, on_disk.st_ino)
+
+
+class DirectoryLock:
+    """A held lock on a directory; ``release()`` (or leaving the ``with`` block, or the end of the
+    process) gives it up. Take one with :meth:`acquire`."""
+
+    def __init__(self, directory: Path, fd: int | None, exclusive: bool, previous: Holder | None = None,
+                 created: tuple[Path, ...] = ()) -> None:
+        self.directory = directory
+        self._fd = fd
+        self.exclusive = exclusive
+        self.previous = previous
+        """For a writer: the record of an earlier writer that ended without releasing (killed)."""
+        self._created = created
+
+    @classmethod
+    def acquire(cls, directory: Path, exclusive: bool = True) -> "DirectoryLock":
+        """Take ``directory``'s lock now or raise :class:`DirectoryBusy` naming its holder.
+
+        A writer (``exclusive``) creates ``directory`` if needed. A reader locks nothing where
+        the lock file cannot be created (a missing directory, a read-only cache: whoever cannot
+        write there cannot take the writer's lock either) and gets a lock that holds nothing.
+        """
+        directory = Path(directory)
+        path = lock_path(directory)
+        if exclusive and directory.exists() and not directory.is_dir():
+            raise LockError(f"{directory} is not a directory")
+        # Directories this writer creates are removed again if it leaves them empty (a refused
+        # run leaves nothing behind).
+        created = tuple(p for p in (directory, *directory.parents) if not p.exists()) if exclusive else ()
+        for _ in range(100):
+            if exclusive:
+                try:
+                    directory.mkdir(parents=True, exist_ok=True)
+                except OSError as err:
+                    raise LockError(f"cannot create {directory}: {err.strerror}") from None
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            except FileNotFoundError:
+                if exclusive:
+                    continue  # removed by a writer that created it and has just released it
+                return cls(directory, None, exclusive)
+            except OSError as err:
+                if not exclusive and err.errno in (errno.ENOTDIR, errno.EACCES, errno.EROFS, errno.EPERM):
+                    return cls(directory, None, exclusive)
+                raise LockError(f"cannot open the lock file {path}: {err.strerror}") from None
+            try:
+                fcntl.flock(fd, (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = cls._wait_for_record(fd)
+                os.close(fd)
+                what = "writer" if exclusive else "reader"
+                if holder is None:
+                    named = "a process that has not yet written its record"
+                elif holder.mode == "reader":  # readers share one record: the latest one's
+                    named = f"readers (the latest to start: {holder.describe()})"
+                else:
+                    named = holder.describe()
+                raise DirectoryBusy(f"{directory} is in use by {named} (lock {path}); a {what} must wait until "
+                                    "it ends") from None
+            if _same_file(fd, path):
+                break
+            os.close(fd)  # deleted by a holder releasing it between our open and flock: lock the new file
+        else:
+            raise LockError(f"cannot lock {directory}: its lock file keeps being deleted")
+        previous = _read_record(fd) if exclusive else None
+        os.pwrite(fd, Holder.me(exclusive).encode(), 0)
+        return cls(directory, fd, exclusive, previous, created)
+
+    @staticmethod
+    def _wait_for_record(fd: int) -> Holder | None:
+        deadline = time.monotonic() + HOLDER_WAIT_SECONDS
+        while (holder := _read_record(fd)) is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return holder
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def takeover_note(self) -> str | None:
+        """A sentence saying that a dead holder's lock was taken over, or None."""
+        if self.previous is None:
+            return None
+        return (f"took over the lock of {self.directory} left by {self.previous.describe()}, "
+                "which ended without releasing it")
+
+    def release(self) -> None:
+        """Give the lock up and delete the lock file (only while no one else holds it)."""
+        fd, self._fd = self._fd, None
+        if fd is None:
+            return
+        try:
+            if not self.exclusive:
+                # Readers share the file: only the last one may delete it, as a writer would.
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    return
+            if _same_file(fd, lock_path(self.directory)):
+                os.unlink(lock_path(self.directory))
+            for directory in self._created:  # deepest first; stops at the first one in use
+                try:
+                    directory.rmdir()
+                except OSError:
+                    break
+        finally:
+            os.close(fd)
+
+    def __enter__(self) -> "DirectoryLock":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
