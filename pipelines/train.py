@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import os
 import sys
 import warnings
 from pathlib import Path
@@ -48,20 +47,15 @@ def quiet_library_warnings() -> None:
 
 def quiet_export(checkpoints: Path, out: Path, prof: Profile, settings: TrainSettings) -> Path:
     """:func:`export` without its libraries' chatter: DeepSpeed's checkpoint converter print()s six
-    progress lines and draws two tqdm bars, transformers one more; the caller prints one summary line."""
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
-    previous = os.environ.get("TQDM_DISABLE")
-    os.environ["TQDM_DISABLE"] = "1"  # tqdm's own switch (read by every bar at creation)
+    progress lines and draws two tqdm bars (on stderr), transformers one more; the caller prints one
+    summary line. Should the export fail, what it printed is shown before the error."""
+    chatter = io.StringIO()
     try:
-        with contextlib.redirect_stdout(io.StringIO()):
+        with contextlib.redirect_stdout(chatter), contextlib.redirect_stderr(chatter):
             return export(checkpoints, out, prof, run_model_config(settings))
-    finally:
-        if previous is None:
-            del os.environ["TQDM_DISABLE"]
-        else:
-            os.environ["TQDM_DISABLE"] = previous
+    except BaseException:
+        sys.stderr.write(chatter.getvalue())
+        raise
 
 
 def cache_refusal(cache: Path, profile: Profile) -> str | None:
