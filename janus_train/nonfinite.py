@@ -23,8 +23,8 @@ def nonfinite_message(step: int, loss: float, grad_norm: float, per_rank: list[t
     if ranks:
         where = "; ".join(f"rank {r} (samples {', '.join(per_rank[r][1])})" for r in ranks)
     else:  # only the gradient norm: the step's samples on every rank
-        where = "a rank of " + "; ".join(f"rank {r} (samples {', '.join(keys)})"
-                                         for r, (_, _, keys) in enumerate(per_rank))
+        where = "one of " + "; ".join(f"rank {r} (samples {', '.join(keys)})"
+                                      for r, (_, _, keys) in enumerate(per_rank))
     why = (" (the gradients were finite, so the optimizer step was applied and could not be skipped)"
            if nonfinite_skip else "")
     return (f"non-finite {what} at step {step} (loss {loss}, gradient norm {grad_norm}) on {where}; "
