@@ -11,6 +11,10 @@ all ranks with exit code 1 and the one-line reason (which names the differing fi
 ``--record-outputs FILE`` writes, after training, the final model's outputs on the first
 ``--record-samples`` samples of the data (one micro-batch; see ``Trainer.outputs_on``) as
 safetensors, with the sample keys in the metadata: what an export must reproduce.
+
+Output: rank 0 prints one line per logged step (``janus_train.logs``); warnings that libraries
+raise on every step are filtered here, each with its reason. A non-finite step
+(``janus_train.nonfinite``) ends every rank with exit code 1 and one ``error:`` line from rank 0.
 """
 
 from __future__ import annotations
