@@ -15,6 +15,7 @@ from janus_train.model import JanusModelConfig, TrainableParts
 from janus_train.prompt_template import DEFAULT_TEMPLATE, PromptTemplate
 
 DEEPSPEED_DIR = CONFIGS_DIR / "deepspeed"
+NONFINITE_POLICIES = ("stop", "skip")
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,12 @@ class TrainSettings:
     save_every: int = setting(1000, "Optimizer steps between checkpoints (0: only at the end).", min=0)
     save_total_limit: int = setting(4, "Checkpoints kept.", min=1)
     log_every: int = setting(10, "Optimizer steps between logged records.", min=1)
+    wandb_project: str = setting("", "Weights & Biases project that also receives the logged records "
+                                 "(empty: off; needs the wandb package).")
+    nonfinite: str = setting(
+        "stop", "A NaN/inf loss or gradient norm on any rank: stop (every rank exits 1, naming the step, rank and "
+        "samples; nothing of that step is saved) or skip (no optimizer step on any rank; counted as "
+        "nonfinite_skips).", choices=NONFINITE_POLICIES)
     empty_cache_every: int = setting(0, "Optimizer steps between CUDA cache flushes (0: never).", min=0)
     live_check_every: int = setting(0, "Optimizer steps between live-feature checks (0: never).", min=0)
     deepspeed: str = setting("zero3.json", "DeepSpeed config file (relative: under configs/deepspeed/).")

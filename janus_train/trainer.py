@@ -9,7 +9,8 @@ the next unseen sample at once.
 
 from __future__ import annotations
 
-import json
+import contextlib
+import io
 import math
 import os
 import random
@@ -34,6 +35,8 @@ from janus_cache.store import OpenedCache, open_cache
 from janus_train.config import TrainSettings, deepspeed_config, load_train_settings
 from janus_train.data import CachedSamples, EpochSampler, LiveSamples, StreamedSamples, collate
 from janus_train.gpu_specs import peak_flops
+from janus_train.logs import RunLog
+from janus_train.nonfinite import NonFiniteStep, nonfinite_message
 from janus_train.loss import LossDenominators, micro_batch_loss
 from janus_train.prompt import IGNORE_INDEX, SEGMENT_NAMES, PromptBuilder
 from janus_train.reference_checkpoint import start_model
@@ -67,12 +70,18 @@ def init_distributed(profile: Profile, alloc_conf: str = "") -> torch.device:
     start-up check on rank 0 and broadcast the verdict). ``alloc_conf`` is set as
     ``PYTORCH_CUDA_ALLOC_CONF`` (unless already set) before CUDA initialises, when it still counts.
     """
+    cuda = profile.device == "cuda"
+    # Naming the accelerator spares every rank DeepSpeed's "Setting accelerator to CPU" warning
+    # (it only applies before DeepSpeed is first imported).
+    os.environ.setdefault("DS_ACCELERATOR", "cuda" if cuda else "cpu")
     import deepspeed
 
-    cuda = profile.device == "cuda"
     if alloc_conf and cuda:
         os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", alloc_conf)
-    deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo")
+    # DeepSpeed print()s "... shm_comm_op built successfully" on every rank at every start; errors
+    # still raise (and go to stderr).
+    with contextlib.redirect_stdout(io.StringIO()):
+        deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo")
     if not cuda:
         return torch.device("cpu")
     device = process_device(profile.device, int(os.environ.get("LOCAL_RANK", "0")))
@@ -152,12 +161,12 @@ def lr_lambda(total_steps: int, warmup_steps: int, step: int) -> float:
 class Trainer:
     def __init__(self, profile: Profile, settings: TrainSettings, out_dir: Path, cache: Path | None = None,
                  live_data: Path | None = None) -> None:
-        import deepspeed
-
         if (cache is None) == (live_data is None):
             raise ValueError("train from exactly one of a cache or (live) source data")
         self.profile, self.settings, self.out_dir = profile, settings, Path(out_dir)
         self.device = init_distributed(profile, settings.alloc_conf)
+        import deepspeed
+
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
 
         self.builder = prompt_builder(profile, settings)
@@ -197,8 +206,10 @@ class Trainer:
         self._saved_step = -1
         self.epoch = 0
         self.position = 0  # micro-batch samples of this rank already consumed in this epoch
+        self.nonfinite_skips = 0
         self.metrics_file = self.out_dir / METRICS_FILE
-        self.tensorboard: Any = None
+        self.log = RunLog(self.out_dir, self.metrics_file, self.total_steps, settings.wandb_project,
+                          run_config={"profile": profile.name, "world": self.world}) if self.rank == 0 else None
 
     # ----------------------------------------------------------------------------- checkpoints
 
@@ -225,6 +236,7 @@ class Trainer:
             raise ValueError(f"{path}: cannot resume the data position, the run differs in "
                              + ", ".join(f"{k} (checkpoint {old}, now {new})" for k, (old, new) in changed.items()))
         self.step, self.epoch, self.position = state["step"], state["epoch"], state["position"]
+        self.nonfinite_skips = state.get("nonfinite_skips", 0)
         set_rng_states(state["rng"])
         self._saved_step = self.step
         return True
@@ -234,7 +246,7 @@ class Trainer:
         if self._saved_step == self.step:
             return
         state = {"step": self.step, "epoch": self.epoch, "position": self.position,
-                 "data_layout": self.data_layout(), "rng": rng_states()}
+                 "data_layout": self.data_layout(), "rng": rng_states(), "nonfinite_skips": self.nonfinite_skips}
         self.engine.save_checkpoint(str(self.checkpoint_dir()), tag=f"step{self.step:08d}", client_state=state)
         self._saved_step = self.step
         if self.rank == 0:
@@ -294,12 +306,15 @@ class Trainer:
             # The LR this step applies (the scheduler moves on inside the last engine.step()).
             lr = self.scheduler.get_last_lr()[0]
             sums: dict[str, torch.Tensor] = {}
+            losses: list[torch.Tensor] = []
+            skipped_before = self.engine.skipped_steps
             tokens = images = visual = 0
             for batch in micro:
                 t0 = time.perf_counter()
                 out = self.engine(batch)
                 # DeepSpeed averages gradients over ranks: scale by the world size to keep the sum.
                 loss = micro_batch_loss(out.loss_parts, denominators, self.loss_config, self.step, scale=self.world)
+                losses.append(loss.detach())
                 times.forward += times.lap(t0, self.device)
                 t0 = time.perf_counter()
                 self.engine.backward(loss, scale_wrt_gas=False)
@@ -319,12 +334,18 @@ class Trainer:
             self.step += 1
 
             record = self._metrics(sums, denominators, times, tokens, images, visual, lr)
+            # DeepSpeed's ZeRO-3 optimizer itself skips a step whose global gradient norm is
+            # non-finite (weights, optimizer state and LR schedule untouched, gradients dropped).
+            self._guard_nonfinite(record, micro, losses, applied=self.engine.skipped_steps == skipped_before)
+            record["nonfinite_skips"] = self.nonfinite_skips
             every = self.settings.live_check_every
             if every and self.step % every == 0 and micro[0]["features"] is not None:
                 record.update(self.live_check(micro[0]))
             records.append(record)
-            if self.step % self.settings.log_every == 0 or self.step == self.total_steps:
-                self._log(record)
+            if self.log is not None:
+                self.log.step_done(self.step)
+                if self.step % self.settings.log_every == 0 or self.step == self.total_steps:
+                    self.log.write(record)
             if self.settings.empty_cache_every and self.step % self.settings.empty_cache_every == 0:
                 dist.barrier()  # all ranks flush together, so no rank waits on another's flush
                 if self.device.type == "cuda":
@@ -385,34 +406,23 @@ class Trainer:
             record["alloc_retries"] = torch.cuda.memory_stats(self.device).get("num_alloc_retries", 0)
         return record
 
-    def _log(self, record: dict[str, Any]) -> None:
-        if self.rank != 0:
+    def _guard_nonfinite(self, record: dict[str, Any], micro: list[dict[str, Any]], losses: list[torch.Tensor],
+                         applied: bool) -> None:
+        """After a step: a non-finite (all-reduced) loss or global gradient norm is the same verdict
+        on every rank. ``skip``: counted when DeepSpeed skipped the update; otherwise every rank
+        raises :class:`NonFiniteStep` naming the step, the rank(s) and their samples."""
+        if math.isfinite(record["loss"]) and math.isfinite(record["grad_norm"]):
             return
-        self.out_dir.mkdir(parents=True, exist_ok=True)
-        with open(self.metrics_file, "a") as f:
-            f.write(json.dumps(record) + "\n")
-        print(
-            f"step {record['step']}/{self.total_steps} loss {record['loss']:.4f} "
-            f"(tokens {record['token_loss']:.4f}, action {record['action_loss']:.4f}) "
-            f"grad {record['grad_norm']:.3f} lr {record['lr']:.2e} {record['samples_per_s']:.2f} samples/s "
-            f"{record['tokens_per_s']:.0f} tok/s wait {100 * record['data_wait_share']:.0f}% "
-            f"step {record['step_s']:.2f}s"
-            + (f" live check: feature max abs diff {record['live_feature_max_abs']:.3g}, "
-               f"loss rel diff {record['live_loss_rel_diff']:.3g}" if "live_feature_max_abs" in record else ""),
-            flush=True,
-        )
-        if self.tensorboard is None:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-            except ImportError:
-                self.tensorboard = False
-            else:
-                self.tensorboard = SummaryWriter(str(self.out_dir / "tensorboard"))
-        if self.tensorboard:
-            for name, value in record.items():
-                if isinstance(value, (int, float)) and name != "step":
-                    self.tensorboard.add_scalar(name, value, record["step"])
-            self.tensorboard.flush()
+        skip = self.settings.nonfinite == "skip"
+        if skip and not applied:
+            self.nonfinite_skips += 1
+            return
+        finite = torch.isfinite(torch.stack(losses)).tolist()
+        mine = (not all(finite), [key for ok, batch in zip(finite, micro) if not ok for key in batch["keys"]],
+                [key for batch in micro for key in batch["keys"]])
+        per_rank: list[Any] = [None] * self.world
+        dist.all_gather_object(per_rank, mine)
+        raise NonFiniteStep(nonfinite_message(self.step, record["loss"], record["grad_norm"], per_rank, skip))
 
     # ------------------------------------------------------------------------------- outputs
 
@@ -468,5 +478,5 @@ class Trainer:
         }
 
     def close(self) -> None:
-        if self.tensorboard:
-            self.tensorboard.close()
+        if self.log is not None:
+            self.log.close()

@@ -11,12 +11,19 @@ all ranks with exit code 1 and the one-line reason (which names the differing fi
 ``--record-outputs FILE`` writes, after training, the final model's outputs on the first
 ``--record-samples`` samples of the data (one micro-batch; see ``Trainer.outputs_on``) as
 safetensors, with the sample keys in the metadata: what an export must reproduce.
+
+Output: rank 0 prints one line per logged step (``janus_train.logs``); warnings that libraries
+raise on every step are filtered here, each with its reason. A non-finite step
+(``janus_train.nonfinite``) ends every rank with exit code 1 and one ``error:`` line from rank 0.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import sys
+import warnings
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -25,11 +32,34 @@ import typer
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from janus_cache.profile import Profile, ProfileError, load_profile
-from janus_train.config import load_train_settings
+from janus_train.config import TrainSettings, load_train_settings
 from janus_train.export import export
+from janus_train.logs import WandbMissing, check_wandb
+from janus_train.nonfinite import NonFiniteStep
 from janus_train.reference_checkpoint import ReferenceCheckpointError, check_reference_checkpoint, run_model_config
 from janus_train.trainer import CHECKPOINTS, EXPORT_DIR, Trainer, init_distributed
 from pipelines.distributed import Control, RankFailed, Ranks, lock_on_main
+
+
+def quiet_library_warnings() -> None:
+    """Warnings a user can do nothing about, which would otherwise repeat on every rank and step."""
+    # DeepSpeed 0.19's ZeRO-3 gathers and reduce-scatters with torch's deprecated collective names;
+    # torch warns at every call (dozens of lines per step). The fix is DeepSpeed's, not the user's.
+    warnings.filterwarnings("ignore", category=FutureWarning,
+                            message=r"`torch\.distributed\.(all_gather_into_tensor|reduce_scatter_tensor)` is deprecated")
+
+
+def quiet_export(checkpoints: Path, out: Path, prof: Profile, settings: TrainSettings) -> Path:
+    """:func:`export` without its libraries' chatter: DeepSpeed's checkpoint converter print()s six
+    progress lines and draws two tqdm bars (on stderr), transformers one more; the caller prints one
+    summary line. Should the export fail, what it printed is shown before the error."""
+    chatter = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(chatter), contextlib.redirect_stderr(chatter):
+            return export(checkpoints, out, prof, run_model_config(settings))
+    except BaseException:
+        sys.stderr.write(chatter.getvalue())
+        raise
 
 
 def cache_refusal(cache: Path, profile: Profile) -> str | None:
@@ -78,12 +108,14 @@ def command(
         settings = load_train_settings(prof)
         if settings.init_from is not None:
             check_reference_checkpoint(settings.init_from, prof)
-    except (ProfileError, ReferenceCheckpointError) as err:
+        check_wandb(settings.wandb_project, prof.source)
+    except (ProfileError, ReferenceCheckpointError, WandbMissing) as err:
         print(f"error: {err}", file=sys.stderr)
         raise typer.Exit(1)
     if max_steps is not None:
         settings = replace(settings, max_steps=max_steps)
 
+    quiet_library_warnings()
     ranks = Ranks.from_env()
     init_distributed(prof, settings.alloc_conf)
     run_lock = None
@@ -105,14 +137,23 @@ def command(
                 raise typer.Exit(1)
         trainer = Trainer(prof, settings, out, cache=cache, live_data=live_data)
         try:
-            if trainer.resume() and trainer.rank == 0:
-                print(f"resumed at step {trainer.step} (epoch {trainer.epoch}, position {trainer.position})", flush=True)
-            trainer.train()
+            resumed = trainer.resume()
+            if trainer.rank == 0:
+                print(f"training {trainer.total_steps} steps of {trainer.samples_per_step} samples on {trainer.world} "
+                      f"processes ({trainer.steps_per_epoch} steps per epoch), metrics in {trainer.metrics_file}"
+                      + (f"; resumed at step {trainer.step} (epoch {trainer.epoch}, position {trainer.position})"
+                         if resumed else ""), flush=True)
+            try:
+                trainer.train()
+            except NonFiniteStep as err:
+                if trainer.rank == 0:
+                    print(f"error: {err}", file=sys.stderr, flush=True)
+                raise typer.Exit(1)
             trainer.save()
             if record_outputs_to is not None:
                 record_outputs(trainer, record_outputs_to, record_samples)
             if export_at_end and trainer.rank == 0:
-                path = export(out / CHECKPOINTS, out / EXPORT_DIR, prof, run_model_config(settings))
+                path = quiet_export(out / CHECKPOINTS, out / EXPORT_DIR, prof, settings)
                 print(f"exported consolidated weights to {path}", flush=True)
             dist.barrier()
         finally:
