@@ -46,7 +46,8 @@ from janus_cache.store import (
     WindowVariant,
 )
 from janus_cache.store.commit import atomic_write_bytes
-from janus_cache.store.layout import CacheLayout
+from janus_cache.store.layout import KEY_COLUMN, WINDOW_ROWS_COLUMN, CacheLayout
+from janus_cache.store.records import ACTION_COLUMN, TEXT_COLUMNS
 from janus_cache.store.compression import FEATURES_COMPRESSION, FRAMES_COMPRESSION
 from janus_cache.store.manifest import library_versions
 
@@ -100,15 +101,13 @@ def frame_table(index: DatasetIndex) -> dict[str, Any]:
 def sample_table(samples: Sequence[Sample], history: int) -> dict[str, Any]:
     window_rows = np.array([s.window_rows for s in samples], dtype=np.int32).reshape(len(samples), history + 1)
     return {
-        "key": [s.key for s in samples],
+        KEY_COLUMN: [s.key for s in samples],
         "episode_id": [s.episode_id for s in samples],
         "step": np.array([s.step for s in samples], dtype=np.int32),
-        "window_rows": window_rows,
-        "action": np.array([s.action_id for s in samples], dtype=np.int8),
-        "instruction": [s.instruction for s in samples],
-        "subinstruction": [s.subinstruction for s in samples],
-        "description_2d": [s.description_2d for s in samples],
-        "description_3d": [s.description_3d for s in samples],
+        WINDOW_ROWS_COLUMN: window_rows,
+        ACTION_COLUMN: np.array([s.action_id for s in samples], dtype=np.int8),
+        # The sample record's text columns are the index's Sample fields of the same names.
+        **{name: [getattr(s, name) for s in samples] for name in TEXT_COLUMNS},
     }
 
 

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, IterableDataset, Sampler
 
-from janus_cache.index import ACTIONS, DatasetIndex
+from janus_cache.index import DatasetIndex
 from janus_cache.imaging import load_frame
 from janus_cache.resolution import Resolution
 from janus_cache.store import CacheSample, WdsCacheReader, ZarrCacheReader
@@ -53,7 +53,7 @@ def cached_item(builder: PromptBuilder, sample: CacheSample) -> TrainItem:
         meta.subinstruction,
         meta.description_2d,
         meta.description_3d,
-        ACTIONS[meta.action],
+        meta.action,
         n_images=frames.shape[0],
         key=sample.key,
     )

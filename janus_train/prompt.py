@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from janus_cache.index import ACTIONS, Sample
+from janus_cache.index import ACTION_IDS, ACTIONS, Sample, parse_action
 from janus_cache.qwen_vision import IM_END, IM_START, IMAGE_PAD, VISION_END, VISION_START
 from janus_train.prompt_template import IMAGE_TAG, PromptTemplate
 
@@ -132,10 +132,9 @@ def clean_text(text: Any, field: str, key: str | None) -> str:
 
 def action_index(action: str | int, key: str | None = None) -> int:
     """Action id of the action head: STOP 0, MOVE_FORWARD 1, TURN_LEFT 2, TURN_RIGHT 3."""
-    if isinstance(action, str) and action.strip() in ACTIONS:
-        return ACTIONS.index(action.strip())
-    if isinstance(action, int) and not isinstance(action, bool) and 0 <= action < len(ACTIONS):
-        return action
+    name = parse_action(action.strip() if isinstance(action, str) else action)
+    if name is not None:
+        return ACTION_IDS[name]
     where = f"sample {key}: " if key is not None else ""
     raise PromptError(
         f"{where}unknown action {action!r}; expected one of {', '.join(ACTIONS)} or 0..{len(ACTIONS) - 1}"

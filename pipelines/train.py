@@ -47,6 +47,9 @@ def quiet_library_warnings() -> None:
     # torch warns at every call (dozens of lines per step). The fix is DeepSpeed's, not the user's.
     warnings.filterwarnings("ignore", category=FutureWarning,
                             message=r"`torch\.distributed\.(all_gather_into_tensor|reduce_scatter_tensor)` is deprecated")
+    # torch checks the loader's worker count twice per DataLoader (and every rank builds one): the
+    # advice is worth reading once per process, not four times.
+    warnings.filterwarnings("once", category=UserWarning, message=r"This DataLoader will create \d+ worker processes")
 
 
 def quiet_export(checkpoints: Path, out: Path, prof: Profile, settings: TrainSettings) -> Path:
