@@ -47,7 +47,7 @@ from janus_cache.store import (
 )
 from janus_cache.store.commit import atomic_write_bytes
 from janus_cache.store.layout import KEY_COLUMN, WINDOW_ROWS_COLUMN, CacheLayout
-from janus_cache.store.records import ACTION_COLUMN, TEXT_COLUMNS
+from janus_cache.store.records import ACTION_COLUMN, EPISODE_COLUMN, TEXT_COLUMNS
 from janus_cache.store.compression import FEATURES_COMPRESSION, FRAMES_COMPRESSION
 from janus_cache.store.manifest import library_versions
 
@@ -102,7 +102,7 @@ def sample_table(samples: Sequence[Sample], history: int) -> dict[str, Any]:
     window_rows = np.array([s.window_rows for s in samples], dtype=np.int32).reshape(len(samples), history + 1)
     return {
         KEY_COLUMN: [s.key for s in samples],
-        "episode_id": [s.episode_id for s in samples],
+        EPISODE_COLUMN: [s.episode_id for s in samples],
         "step": np.array([s.step for s in samples], dtype=np.int32),
         WINDOW_ROWS_COLUMN: window_rows,
         ACTION_COLUMN: np.array([s.action_id for s in samples], dtype=np.int8),

@@ -13,6 +13,7 @@ from janus_train.activation_checkpointing import FULL, ActivationCheckpointing
 from janus_train.loss import LossConfig
 from janus_train.model import JanusModelConfig, TrainableParts
 from janus_train.prompt_template import DEFAULT_TEMPLATE, PromptTemplate
+from janus_train.validation import BEST_METRICS, VAL_LOSS
 
 DEEPSPEED_DIR = CONFIGS_DIR / "deepspeed"
 NONFINITE_POLICIES = ("stop", "skip")
@@ -66,9 +67,34 @@ class TrainSettings:
     prompt_template: str = setting(
         DEFAULT_TEMPLATE, "Prompt template file (relative: under configs/prompts/): janusvln.yaml, the reference "
         "wording (default), or janus.yaml, janus's own wording.")
+    val_cache: Path | None = setting(
+        None, "A zarr cache to validate on (the training profile's resolution and window variant); one validation "
+        "source at most: val_cache, val_episodes or val_episodes_fraction.")
+    val_episodes: int = setting(
+        0, "Episodes of the training data held out whole for validation, a seeded choice (never trained on).", min=0)
+    val_episodes_fraction: float = setting(
+        0.0, "Share of the training data's episodes held out whole for validation (rounded, at least one).",
+        min=0.0, below=1.0)
+    val_max_samples: int = setting(0, "Validation samples per evaluation at most, a fixed seeded subset (0: all).",
+                                   min=0)
+    eval_every: int = setting(0, "Optimizer steps between validations (0: only at the end; there always, "
+                              "when a validation source is set).", min=0)
+    best_metric: str = setting(
+        VAL_LOSS, "The validation metric whose best value keeps its checkpoint in checkpoints/best "
+        "(accuracies: highest, losses: lowest).", choices=BEST_METRICS)
     init_from: Path | None = setting(
         None, "A reference JanusVLN checkpoint directory to start from: its Qwen weights, VGGT merger, action head, "
         "lam and merger width replace the profile's (janus_train.reference_checkpoint).")
+
+    def __post_init__(self) -> None:
+        sources = [name for name in ("val_cache", "val_episodes", "val_episodes_fraction") if getattr(self, name)]
+        if len(sources) > 1:
+            raise ValueError(f"settings {' and '.join(sources)} each name a validation source; keep one")
+
+    @property
+    def validates(self) -> bool:
+        """Whether the run has a validation source."""
+        return bool(self.val_cache or self.val_episodes or self.val_episodes_fraction)
 
     def loss_config(self) -> LossConfig:
         return LossConfig(self.distill_loss_weight, self.distill_loss_weight_end,

@@ -40,6 +40,8 @@ from janus_train.nonfinite import NonFiniteStep, nonfinite_message
 from janus_train.loss import LossDenominators, micro_batch_loss
 from janus_train.prompt import IGNORE_INDEX, SEGMENT_NAMES, PromptBuilder
 from janus_train.reference_checkpoint import start_model
+from janus_train.best_checkpoint import BestCheckpoint
+from janus_train.validation import VAL_LOSS, Evaluator, plan_validation
 
 CHECKPOINTS = "checkpoints"
 METRICS_FILE = "metrics.jsonl"
@@ -172,6 +174,10 @@ class Trainer:
         self.builder = prompt_builder(profile, settings)
         self.pad_token_id = self.builder.pad_token_id
         self.dataset = make_dataset(profile, self.builder, cache, live_data, self.rank, self.world)
+        # With held-out episodes the training dataset becomes the other episodes' rows.
+        val_data = None if settings.val_cache is None else make_dataset(
+            profile, self.builder, settings.val_cache, None, self.rank, self.world)
+        self.dataset, self.validation = plan_validation(settings, self.dataset, val_data)
         self.streaming = isinstance(self.dataset, StreamedSamples)
 
         # The frozen VGGT is built only to train live or to recompute a batch live now and then.
@@ -208,6 +214,11 @@ class Trainer:
         self.position = 0  # micro-batch samples of this rank already consumed in this epoch
         self.nonfinite_skips = 0
         self.metrics_file = self.out_dir / METRICS_FILE
+        self.evaluator = self.best = None
+        if self.validation is not None:
+            self.evaluator = Evaluator(self.validation, self.builder, settings.micro_batch, settings.num_workers,
+                                       self.rank, self.world, self.device)
+            self.best = BestCheckpoint(self.checkpoint_dir(), settings.best_metric, self.rank)
         self.log = RunLog(self.out_dir, self.metrics_file, self.total_steps, settings.wandb_project,
                           run_config={"profile": profile.name, "world": self.world}) if self.rank == 0 else None
 
@@ -341,10 +352,12 @@ class Trainer:
             every = self.settings.live_check_every
             if every and self.step % every == 0 and micro[0]["features"] is not None:
                 record.update(self.live_check(micro[0]))
+            if self.validation_due():
+                record.update(self.validate())
             records.append(record)
             if self.log is not None:
                 self.log.step_done(self.step)
-                if self.step % self.settings.log_every == 0 or self.step == self.total_steps:
+                if self.step % self.settings.log_every == 0 or self.step == self.total_steps or VAL_LOSS in record:
                     self.log.write(record)
             if self.settings.empty_cache_every and self.step % self.settings.empty_cache_every == 0:
                 dist.barrier()  # all ranks flush together, so no rank waits on another's flush
@@ -423,6 +436,22 @@ class Trainer:
         per_rank: list[Any] = [None] * self.world
         dist.all_gather_object(per_rank, mine)
         raise NonFiniteStep(nonfinite_message(self.step, record["loss"], record["grad_norm"], per_rank, skip))
+
+    # ---------------------------------------------------------------------------- validation
+
+    def validation_due(self) -> bool:
+        every = self.settings.eval_every
+        return self.evaluator is not None and (self.step == self.total_steps or bool(every and self.step % every == 0))
+
+    def validate(self) -> dict[str, Any]:
+        """The ``val_*`` metrics of the current weights (every rank calls it); a new best by
+        ``best_metric`` is saved to ``checkpoints/best`` (``val_best`` says whether it was)."""
+        assert self.evaluator is not None and self.best is not None
+        metrics: dict[str, Any] = self.evaluator.evaluate(self.engine, self.model.qwen.lm_head,
+                                                          self.loss_config.distill_weight_at(self.step - 1))
+        state = {"step": self.step, "epoch": self.epoch, "position": self.position, "metrics": metrics}
+        metrics["val_best"] = self.best.offer(self.engine, self.step, metrics, state)
+        return metrics
 
     # ------------------------------------------------------------------------------- outputs
 

@@ -37,6 +37,7 @@ from janus_train.export import export
 from janus_train.logs import WandbMissing, check_wandb
 from janus_train.nonfinite import NonFiniteStep
 from janus_train.reference_checkpoint import ReferenceCheckpointError, check_reference_checkpoint, run_model_config
+from janus_train.validation import ValidationError
 from janus_train.trainer import CHECKPOINTS, EXPORT_DIR, Trainer, init_distributed
 from pipelines.distributed import Control, RankFailed, Ranks, lock_on_main
 
@@ -95,6 +96,7 @@ def command(
     live_data: Annotated[Optional[Path], typer.Option(help="Train live from source data (baseline).")] = None,
     profile: Annotated[str, typer.Option(help="Profile name or YAML path.")] = "tiny",
     max_steps: Annotated[Optional[int], typer.Option(min=1, help="Override train.max_steps.")] = None,
+    val_cache: Annotated[Optional[Path], typer.Option(help="Override train.val_cache (a cache to validate on).")] = None,
     export_at_end: Annotated[bool, typer.Option("--export/--no-export", help="Export 16-bit HF weights at the end.")] = True,
     record_outputs_to: Annotated[Optional[Path], typer.Option(
         "--record-outputs", help="Write the final model's outputs on the first samples to this safetensors file.")] = None,
@@ -117,6 +119,8 @@ def command(
         raise typer.Exit(1)
     if max_steps is not None:
         settings = replace(settings, max_steps=max_steps)
+    if val_cache is not None:  # instead of the profile's validation source
+        settings = replace(settings, val_cache=val_cache, val_episodes=0, val_episodes_fraction=0.0)
 
     quiet_library_warnings()
     ranks = Ranks.from_env()
@@ -129,23 +133,32 @@ def command(
             if ranks.is_main:
                 print(f"error: {err}", file=sys.stderr, flush=True)
             raise typer.Exit(1)
-        if cache is not None:
+        for checked in (cache, settings.val_cache):
+            if checked is None:
+                continue
             try:
-                refusal = Control(ranks).on_main(lambda: cache_refusal(cache, prof))
+                refusal = Control(ranks).on_main(lambda: cache_refusal(checked, prof))
             except RankFailed as err:
-                refusal = f"cannot check the cache {cache}: {err}"
+                refusal = f"cannot check the cache {checked}: {err}"
             if refusal is not None:
                 if ranks.is_main:
                     print(f"error: {refusal}", file=sys.stderr, flush=True)
                 raise typer.Exit(1)
-        trainer = Trainer(prof, settings, out, cache=cache, live_data=live_data)
+        try:
+            trainer = Trainer(prof, settings, out, cache=cache, live_data=live_data)
+        except ValidationError as err:  # the same on every rank
+            if ranks.is_main:
+                print(f"error: {prof.source}: {err}", file=sys.stderr, flush=True)
+            raise typer.Exit(1)
         try:
             resumed = trainer.resume()
             if trainer.rank == 0:
                 print(f"training {trainer.total_steps} steps of {trainer.samples_per_step} samples on {trainer.world} "
                       f"processes ({trainer.steps_per_epoch} steps per epoch), metrics in {trainer.metrics_file}"
                       + (f"; resumed at step {trainer.step} (epoch {trainer.epoch}, position {trainer.position})"
-                         if resumed else ""), flush=True)
+                         if resumed else "")
+                      + (f"; validating on {trainer.validation.description}" if trainer.validation else ""),
+                      flush=True)
             try:
                 trainer.train()
             except NonFiniteStep as err:

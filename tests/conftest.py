@@ -41,7 +41,12 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 TINY_PROFILE = REPO_ROOT / "configs" / "profiles" / "tiny.yaml"
 
 
-def write_test_profile(path: Path, cache: dict | None = None, vggt: dict | None = None) -> Path:
+VALIDATION_SETTINGS = ("val_cache", "val_episodes", "val_episodes_fraction", "val_max_samples", "eval_every",
+                       "best_metric")
+
+
+def write_test_profile(path: Path, cache: dict | None = None, vggt: dict | None = None,
+                       keep_validation: bool = False) -> Path:
     """A copy of the tiny profile at ``path`` with absolute model paths and ``cache``/``vggt`` overrides.
 
     Model paths in a profile are relative to the YAML file, so a copy elsewhere needs them absolute.
@@ -52,6 +57,11 @@ def write_test_profile(path: Path, cache: dict | None = None, vggt: dict | None 
     for section, key in (("vggt", "config"), ("vggt", "path"), ("qwen", "path")):
         if data[section].get(key) is not None:
             data[section][key] = str((TINY_PROFILE.parent / data[section][key]).resolve())
+    # The stage tests count on training over every sample: the tiny profile's validation hold-out
+    # is left out unless asked for (tests/test_validation.py).
+    if not keep_validation:
+        for name in VALIDATION_SETTINGS:
+            data["train"].pop(name, None)
     data["cache"].update(cache or {})
     data["vggt"].update(vggt or {})
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -21,6 +21,8 @@ from janus_cache.store.layout import KEY_COLUMN, WINDOW_ROWS_COLUMN
 TEXT_COLUMNS = ("instruction", "subinstruction", "description_2d", "description_3d")
 """Text columns of the samples table that every sample's prompt is built from."""
 ACTION_COLUMN = "action"
+EPISODE_COLUMN = "episode_id"
+"""The samples table's column of each sample's episode (what a validation hold-out splits by)."""
 
 
 @dataclass(frozen=True)

@@ -264,6 +264,17 @@ class ZarrGroup:
         values = self.table_row(SAMPLES_TABLE, row)
         return values.pop(KEY_COLUMN), values
 
+    def read_column(self, table: str, column: str) -> np.ndarray | list[str]:
+        """One whole column of a table (text as a list of str), without reading the other columns."""
+        kind = self.table_columns(table).get(column)
+        if kind is None:
+            raise StoreError(f"the {table!r} table of {self.root} has no column {column!r}")
+        if kind != "utf8":
+            return self._column_array(table, column)
+        offsets = self._column_array(table, column, TEXT_OFFSETS)
+        payload = self._array(table_column(table, column, TEXT_PAYLOAD))[...].tobytes()
+        return [payload[a:b].decode("utf-8") for a, b in pairwise(offsets)]
+
     def read_table(self, table: str) -> dict[str, np.ndarray | list[str]]:
         """A whole table: numeric columns as arrays, text columns as lists of str."""
         result: dict[str, np.ndarray | list[str]] = {}
