@@ -6,7 +6,8 @@ sample data precomputed into a real zarr cache; the tiny profile's own validatio
 episode held out) capped at 3 of its 4 samples, so the ranks' shares differ (2 and 1: rank 1 runs
 an uncounted filler micro-batch to keep ZeRO-3's collectives in step). 8 training samples, 4 per
 step: 2 steps per epoch. 6 steps, validation every 2, a record every 3 steps, a checkpoint every 2
-keeping 1. A second launch resumes it to 8 steps.
+keeping 1; the best checkpoint by ``val_action_token_accuracy`` (a tie keeps the earlier one, so
+the best is an early step whose own tag the rotation removes). A second launch resumes it to 8 steps.
 """
 
 from __future__ import annotations
@@ -33,10 +34,12 @@ from janus_train.data import CachedSamples, collate
 from janus_train.export import load_exported
 from janus_train.holdout import HoldoutError, heldout_count, split_by_episode
 from janus_train.logs import step_line
-from janus_train.prompt import SEGMENT_NAMES
+from janus_train.prompt import SEGMENT_NAMES, collate_prompts
 from janus_train.trainer import CHECKPOINTS, EXPORT_DIR, open_training_cache, prompt_builder
 from janus_train.validation import (
     BEST_METRICS,
+    ActionSpan,
+    action_tokens_correct,
     ValidationError,
     ValidationSet,
     better,
@@ -51,7 +54,8 @@ EVAL_EVERY = 2
 LR = 2e-3
 TRAIN = {"micro_batch": 1, "grad_accum": 2, "epochs": 100, "max_steps": MAX_STEPS, "lr_base": LR, "lr_projector": LR,
          "warmup_ratio": 0.0, "save_every": 2, "save_total_limit": 1, "log_every": 3, "num_workers": 0,
-         "eval_every": EVAL_EVERY, "val_max_samples": VAL_SAMPLES}
+         "eval_every": EVAL_EVERY, "val_max_samples": VAL_SAMPLES, "best_metric": "val_action_token_accuracy"}
+BEST = TRAIN["best_metric"]
 
 
 def profile_with(path: Path, **train: Any) -> Path:
@@ -128,6 +132,12 @@ def hand_metrics(model: torch.nn.Module, dataset: CachedSamples, rows: tuple[int
                "val_action_token_accuracy": name_right / n, "val_samples": n}
     metrics.update({f"val_loss_{s}": segment_ce[k] / segment_n[k] for k, s in enumerate(SEGMENT_NAMES)})
     return metrics
+
+
+def expected_best(evaluated: list[dict[str, Any]]) -> dict[str, Any]:
+    """The first validation reaching the highest accuracy."""
+    top = max(r[BEST] for r in evaluated)
+    return next(r for r in evaluated if r[BEST] == top)
 
 
 def assert_metrics_equal(logged: dict[str, Any], expected: dict[str, float]) -> None:
@@ -232,15 +242,17 @@ def test_the_final_val_metrics_equal_a_hand_computation_over_all_val_samples(
 def test_the_best_checkpoint_is_kept_apart_from_rotation(built: dict[str, Path], run: dict[str, Any],
                                                          tmp_path: Path) -> None:
     """save_total_limit 1 keeps only the last step's tag, and checkpoints/best holds the best
-    val_loss: exported with ``janus-train export --tag best`` it gives that step's val metrics."""
+    validation's weights, an earlier step's: exported with ``janus-train export --tag best`` they
+    give that step's val metrics."""
     from typer.testing import CliRunner
 
     from pipelines.train_cli import app
 
     evaluated = [r for r in run["records"] if "val_loss" in r]
-    best = min(evaluated, key=lambda r: r["val_loss"])
-    assert run["best"] == {"metric": "val_loss", "value": best["val_loss"], "step": best["step"]}
-    assert [r["val_best"] for r in evaluated] == [r is min(evaluated[: i + 1], key=lambda x: x["val_loss"])
+    best = expected_best(evaluated)
+    assert best["step"] < MAX_STEPS, "the best is the last step: the test would not tell best from latest"
+    assert run["best"] == {"metric": BEST, "value": best[BEST], "step": best["step"]}
+    assert [r["val_best"] for r in evaluated] == [r is expected_best(evaluated[: i + 1])
                                                   for i, r in enumerate(evaluated)]
     checkpoints = run["out"] / CHECKPOINTS
     assert sorted(p.name for p in checkpoints.iterdir() if p.is_dir()) == [BEST_TAG, f"step{MAX_STEPS:08d}"]
@@ -254,6 +266,7 @@ def test_the_best_checkpoint_is_kept_apart_from_rotation(built: dict[str, Path],
     profile = load_profile(built["profile"])
     model = load_exported(exported, profile, load_train_settings(profile).model_config()).eval()
     assert_metrics_equal(best, hand_metrics(model, dataset, validation.rows, best["distill_loss_weight"]))
+    assert best["val_loss"] != pytest.approx(evaluated[-1]["val_loss"], rel=1e-3)  # not the latest weights
 
 
 def test_the_best_checkpoint_survives_a_resume(built: dict[str, Path], run: dict[str, Any]) -> None:
@@ -265,9 +278,9 @@ def test_the_best_checkpoint_survives_a_resume(built: dict[str, Path], run: dict
     assert f"resumed at step {MAX_STEPS}" in result.stdout
     evaluated = [r for r in read_metrics(run["out"]) if "val_loss" in r]
     assert [r["step"] for r in evaluated] == [2, 4, 6, 8]
-    best = min(evaluated, key=lambda r: r["val_loss"])
+    best = expected_best(evaluated)
     kept = json.loads((run["out"] / CHECKPOINTS / BEST_TAG / BEST_FILE).read_text())
-    assert kept == {"metric": "val_loss", "value": best["val_loss"], "step": best["step"]}
+    assert kept == {"metric": BEST, "value": best[BEST], "step": best["step"]}
     assert evaluated[-1]["val_best"] == (best["step"] == RESUMED_STEPS)
 
 
@@ -287,3 +300,31 @@ def test_the_step_line_shows_the_validation_compactly() -> None:
               "lr": 1e-4, "samples_per_s": 12.5, "data_wait_share": 0.07, "step_s": 2.0, "nonfinite_skips": 0,
               "val_loss": 1.75, "val_action_token_accuracy": 0.5, "val_best": True}
     assert step_line(record, 100, eta_s=60).endswith("| eta 0:01:00 | val loss 1.7500 act acc 0.50 (best)")
+
+
+def test_the_action_token_accuracy_needs_every_token_of_the_action_name() -> None:
+    """The action name's positions are the tokens after ``ACTION:`` and before the closing; a
+    sample counts as right only when the argmax is right at each (TURN_LEFT: ``ĠTURN`` and
+    ``_LEFT``; ``ĠTURN`` alone cannot tell left from right)."""
+    builder = prompt_builder(load_profile("tiny"))
+    prompts = [builder.build("Go to the door.", "Walk ahead.", "A door.", "2 m away.", action, n_images=1)
+               for action in ("TURN_LEFT", "STOP")]
+    batch = collate_prompts(prompts, builder.pad_token_id)
+    labels = batch["labels"]
+    spans = ActionSpan.of(builder).positions(batch["segment_ids"])
+    assert [builder.tokenizer.decode(labels[b, span]) for b, span in enumerate(spans)] == [" TURN_LEFT", " STOP"]
+    assert len(spans[0]) == 2
+
+    vocab = len(builder.tokenizer)
+    # The hidden state at t - 1 is the one-hot of the label at t, the head the identity: all right.
+    hidden = torch.zeros(*labels.shape, vocab)
+    hidden[:, :-1] = F.one_hot(labels[:, 1:].clamp_min(0), vocab).float()
+    head = torch.eye(vocab)
+    assert action_tokens_correct(hidden, labels, spans, head).tolist() == [True, True]
+    wrong = hidden.clone()
+    wrong[0, spans[0][-1] - 1] = F.one_hot(torch.tensor(builder.tokenizer.convert_tokens_to_ids("_RIGHT")), vocab)
+    assert action_tokens_correct(wrong, labels, spans, head).tolist() == [False, True]
+    # A wrong prediction just outside the name (the ':' of the marker) does not count.
+    outside = hidden.clone()
+    outside[1, spans[1][0] - 2] = 0
+    assert action_tokens_correct(outside, labels, spans, head).tolist() == [True, True]
