@@ -203,7 +203,9 @@ def test_h800_trains_with_the_reference_settings(
     prof = load_profile("h800")
     settings = load_train_settings(prof)
     assert prof.cache.reference_frame == "last" and prof.cache.history == 8
-    assert settings == replace(TrainSettings(), alloc_conf="expandable_segments:True")
+    # The reference launch, plus validation on 1% of the episodes (the reference has none).
+    assert settings == replace(TrainSettings(), alloc_conf="expandable_segments:True", val_episodes_fraction=0.01,
+                               val_max_samples=2048, eval_every=1000)
 
 
 def test_a_profile_without_a_train_section_trains_with_the_defaults(tmp_path: Path) -> None:
