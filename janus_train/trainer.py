@@ -4,7 +4,8 @@ One optimizer step = ``grad_accum`` micro-batches per rank. The micro-batches of
 fetched first (that time is the step's data wait), the loss normaliser is all-reduced over the
 whole accumulated batch of all ranks, then each micro-batch's share of the loss is backpropagated
 (see ``janus_train.loss``). Checkpoints store the data position, so a resumed run continues with
-the next unseen sample at once.
+the next unseen sample at once. With a validation source, ``validate`` runs every ``eval_every``
+steps and at the end (``janus_train.validation``) and keeps the best checkpoint apart.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from janus_cache.profile import Profile
 from janus_cache.device import process_device
 from janus_cache.resolution import Resolution, visual_tokens
 from janus_cache.store import OpenedCache, open_cache
+from janus_train.best_checkpoint import BestCheckpoint
 from janus_train.config import TrainSettings, deepspeed_config, load_train_settings
 from janus_train.data import CachedSamples, EpochSampler, LiveSamples, StreamedSamples, collate
 from janus_train.gpu_specs import peak_flops
@@ -40,7 +42,6 @@ from janus_train.nonfinite import NonFiniteStep, nonfinite_message
 from janus_train.loss import LossDenominators, micro_batch_loss
 from janus_train.prompt import IGNORE_INDEX, SEGMENT_NAMES, PromptBuilder
 from janus_train.reference_checkpoint import start_model
-from janus_train.best_checkpoint import BestCheckpoint
 from janus_train.validation import VAL_LOSS, Evaluator, plan_validation
 
 CHECKPOINTS = "checkpoints"

@@ -105,8 +105,8 @@ def plan_validation(settings: TrainSettings, dataset: Dataset[TrainItem],
     """
     if val_dataset is not None:
         if isinstance(val_dataset, StreamedSamples):
-            raise ValidationError(f"train.val_cache {settings.val_cache} is a webdataset cache; validation reads a zarr "
-                             "cache (random access)")
+            raise ValidationError(f"train.val_cache {settings.val_cache} is a webdataset cache; validation reads "
+                                  "a zarr cache (random access)")
         rows = capped_rows(range(len(val_dataset)), settings.val_max_samples, settings.seed)
         return dataset, ValidationSet(val_dataset, rows, f"{len(rows)} samples of {settings.val_cache}")
     if not (settings.val_episodes or settings.val_episodes_fraction):

@@ -8,6 +8,10 @@ Start-up check: before any model is built, rank 0 runs verify's schema and fresh
 the cache against the training profile and tells every rank the verdict; a refused cache ends
 all ranks with exit code 1 and the one-line reason (which names the differing field).
 
+Validation (``janus_train.validation``): the profile's source, or ``--val-cache CACHE`` instead of it
+(checked at start-up like the training cache); a source that cannot be used (e.g. a hold-out that
+leaves no episode to train on) ends every rank with one ``error:`` line.
+
 ``--record-outputs FILE`` writes, after training, the final model's outputs on the first
 ``--record-samples`` samples of the data (one micro-batch; see ``Trainer.outputs_on``) as
 safetensors, with the sample keys in the metadata: what an export must reproduce.

@@ -183,6 +183,16 @@ def test_a_hold_out_of_every_episode_is_a_one_line_error(built: dict[str, Path],
         plan_validation(load_train_settings(profile), dataset)
 
 
+def test_an_unusable_hold_out_ends_the_launch_in_one_line(built: dict[str, Path], tmp_path: Path) -> None:
+    profile = profile_with(tmp_path / "all.yaml", val_episodes=EPISODES)
+    result = torchrun_train("--out", tmp_path / "run", "--cache", built["cache"], "--profile", profile, nproc=1)
+    assert result.returncode != 0
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert errors == [f"error: {profile}: train.val_episodes / val_episodes_fraction: holding out 3 of 3 episodes "
+                      "for validation leaves none to train on"]
+    assert "janus_train/validation.py" not in result.stderr  # no traceback from the rank
+
+
 def test_two_validation_sources_are_refused_naming_the_file(built: dict[str, Path], tmp_path: Path) -> None:
     path = profile_with(tmp_path / "two.yaml", val_cache=str(built["cache"]))  # + the tiny profile's val_episodes
     with pytest.raises(ProfileError) as err:
