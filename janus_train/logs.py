@@ -84,8 +84,9 @@ def step_line(record: dict[str, Any], total_steps: int, eta_s: float) -> str:
     if record.get("nonfinite_skips"):
         line += f" | non-finite skips {record['nonfinite_skips']}"
     if record.get("val_loss") is not None:
-        line += (f" | val loss {record['val_loss']:.4f} act acc {number('val_action_token_accuracy', '.2f')}"
-                 + (" (best)" if record.get("val_best") else ""))
+        # Action accuracy of the head and of the LM's ACTION: tokens.
+        line += (f" | val loss {record['val_loss']:.4f} acc head {number('val_action_accuracy', '.2f')} "
+                 f"lm {number('val_action_token_accuracy', '.2f')}" + (" (best)" if record.get("val_best") else ""))
     if "live_feature_max_abs" in record:
         line += (f" | live check: feature diff {record['live_feature_max_abs']:.3g}, "
                  f"loss rel diff {record['live_loss_rel_diff']:.3g}")

@@ -152,6 +152,7 @@ def assert_metrics_equal(logged: dict[str, Any], expected: dict[str, float]) -> 
 def test_held_out_episodes_are_whole_disjoint_from_training_and_chosen_by_seed(built: dict[str, Path]) -> None:
     dataset, train, validation = validation_of(built)
     episodes = episode_ids(dataset)
+    assert episodes == [dataset.reader.sample(row).meta.extra["episode_id"] for row in range(len(dataset))]
     train_rows = [train.indices[i] for i in range(len(train))]
     val_episodes = {episodes[row] for row in validation.rows}
     assert len(val_episodes) == 1 and len(set(episodes)) == EPISODES
@@ -308,8 +309,9 @@ def test_losses_are_best_lowest_and_accuracies_highest() -> None:
 def test_the_step_line_shows_the_validation_compactly() -> None:
     record = {"step": 30, "epoch": 2, "loss": 1.5, "token_loss": 1.25, "action_loss": 0.25, "grad_norm": 0.5,
               "lr": 1e-4, "samples_per_s": 12.5, "data_wait_share": 0.07, "step_s": 2.0, "nonfinite_skips": 0,
-              "val_loss": 1.75, "val_action_token_accuracy": 0.5, "val_best": True}
-    assert step_line(record, 100, eta_s=60).endswith("| eta 0:01:00 | val loss 1.7500 act acc 0.50 (best)")
+              "val_loss": 1.75, "val_action_accuracy": 0.75, "val_action_token_accuracy": 0.5, "val_best": True}
+    assert step_line(record, 100, eta_s=60).endswith("| eta 0:01:00 | val loss 1.7500 acc head 0.75 lm 0.50 (best)")
+    assert step_line({**record, "val_best": False}, 100, eta_s=60).endswith("| val loss 1.7500 acc head 0.75 lm 0.50")
 
 
 def test_the_action_token_accuracy_needs_every_token_of_the_action_name() -> None:
