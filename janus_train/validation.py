@@ -24,7 +24,7 @@ with fewer rows repeats its first row in an extra micro-batch whose results are 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -175,7 +175,7 @@ class Evaluator:
         self.n_batches = math.ceil(per_rank / micro_batch)  # the same on every rank
         self.span = ActionSpan.of(builder)
 
-    def _batches(self) -> Any:
+    def _batches(self) -> Iterator[tuple[dict[str, Any], bool]]:
         """This rank's micro-batches, then uncounted fillers up to ``n_batches``: (batch, counted)."""
         rows = self.rows or [self.validation.rows[0]]
         loader = DataLoader(Subset(self.validation.dataset, list(rows)), batch_size=self.micro_batch,
