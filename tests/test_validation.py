@@ -25,12 +25,13 @@ import yaml
 from conftest import write_test_profile
 from test_train import assert_succeeded, precompute, read_metrics, torchrun_train
 
-from janus_cache.index import ACTIONS
+from janus_cache.index import ACTIONS, build_index
 from janus_cache.profile import ProfileError, load_profile
+from janus_cache.resolution import Resolution
 from janus_cache.sample_data import write_sample_data
 from janus_train.best_checkpoint import BEST_FILE, BEST_TAG
 from janus_train.config import load_train_settings
-from janus_train.data import CachedSamples, collate
+from janus_train.data import CachedSamples, LiveSamples, collate
 from janus_train.export import load_exported
 from janus_train.holdout import HoldoutError, heldout_count, split_by_episode
 from janus_train.logs import step_line
@@ -166,6 +167,18 @@ def test_held_out_episodes_are_whole_disjoint_from_training_and_chosen_by_seed(b
     assert split_by_episode(episodes, 1, seed=0) == split_by_episode(episodes, 1, seed=0)
     chosen = {split_by_episode(episodes, 1, seed=s).val_episodes for s in range(8)}
     assert len(chosen) > 1
+
+
+def test_live_data_holds_out_the_same_episodes_as_its_cache(built: dict[str, Path]) -> None:
+    """``--live-data`` runs read the episodes from the dataset index: the same choice, the same rows."""
+    profile = load_profile(built["profile"])
+    live = LiveSamples(build_index(built["data"], history=profile.cache.history), prompt_builder(profile),
+                       Resolution.parse(profile.cache.resolution))
+    cached, _, validation = validation_of(built)
+    live_train, live_validation = plan_validation(load_train_settings(profile), live)
+    assert live_validation is not None and live_validation.rows == validation.rows
+    assert [live.index.samples[row].key for row in validation.rows] == [cached[row].key for row in validation.rows]
+    assert len(live_train) == len(cached) - STEPS
 
 
 def test_hold_out_counts_and_refusals() -> None:
