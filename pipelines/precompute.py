@@ -39,7 +39,7 @@ class Options:
     out: Path
     profile: str = "tiny"
     cache_format: str = "zarr"
-    resolution: Optional[str] = None
+    resolution: Resolution | str | None = None  # a name is parsed by run()
     overwrite: bool = False
     force: bool = False
     allow_failures: int = 0
@@ -152,7 +152,13 @@ def command(
     """Precompute a cache of frozen-VGGT features and uint8 frames (resumable)."""
     if cache_format not in ("zarr", "wds"):
         raise typer.BadParameter(f"--format must be zarr or wds, got {cache_format!r}")
-    opts = Options(data, out, profile, cache_format, resolution, overwrite, force, allow_failures, workers, strict,
+    try:  # parsed at the edge: a bad name is a one-line error before any rank starts work
+        parsed = Resolution.parse(resolution) if resolution is not None else None
+    except ValueError as err:
+        if Ranks.from_env().is_main:
+            print(f"error: --resolution: {err}", file=sys.stderr, flush=True)
+        raise typer.Exit(2)
+    opts = Options(data, out, profile, cache_format, parsed, overwrite, force, allow_failures, workers, strict,
                    image_root)
     raise typer.Exit(run(opts))
 

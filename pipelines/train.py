@@ -32,12 +32,13 @@ import typer
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from janus_cache.profile import Profile, ProfileError, load_profile
+from janus_train.checkpoints import NoIntactCheckpoint
 from janus_train.config import TrainSettings, load_train_settings
 from janus_train.export import export
 from janus_train.logs import WandbMissing, check_wandb
 from janus_train.nonfinite import NonFiniteStep
 from janus_train.reference_checkpoint import ReferenceCheckpointError, check_reference_checkpoint, run_model_config
-from janus_train.trainer import CHECKPOINTS, EXPORT_DIR, Trainer, init_distributed
+from janus_train.trainer import CHECKPOINTS, EXPORT_DIR, TooFewSamples, Trainer, init_distributed
 from pipelines.distributed import Control, RankFailed, Ranks, lock_on_main
 
 
@@ -103,8 +104,10 @@ def command(
     """Train Qwen2.5-VL with VGGT-feature injection under DeepSpeed ZeRO-3."""
     from dataclasses import replace
 
+    main_rank = Ranks.from_env().is_main  # every rank fails alike before the group forms: rank 0 says why
     if (cache is None) == (live_data is None):
-        print("error: give exactly one of --cache or --live-data", file=sys.stderr)
+        if main_rank:
+            print("error: give exactly one of --cache or --live-data", file=sys.stderr)
         raise typer.Exit(2)
     try:
         prof = load_profile(profile)
@@ -113,7 +116,8 @@ def command(
             check_reference_checkpoint(settings.init_from, prof)
         check_wandb(settings.wandb_project, prof.source)
     except (ProfileError, ReferenceCheckpointError, WandbMissing) as err:
-        print(f"error: {err}", file=sys.stderr)
+        if main_rank:
+            print(f"error: {err}", file=sys.stderr)
         raise typer.Exit(1)
     if max_steps is not None:
         settings = replace(settings, max_steps=max_steps)
@@ -138,9 +142,21 @@ def command(
                 if ranks.is_main:
                     print(f"error: {refusal}", file=sys.stderr, flush=True)
                 raise typer.Exit(1)
-        trainer = Trainer(prof, settings, out, cache=cache, live_data=live_data)
         try:
-            resumed = trainer.resume()
+            trainer = Trainer(prof, settings, out, cache=cache, live_data=live_data)
+        except TooFewSamples as err:
+            if ranks.is_main:
+                print(f"error: {err}", file=sys.stderr, flush=True)
+            raise typer.Exit(1)
+        try:
+            try:
+                resumed = trainer.resume()
+            except NoIntactCheckpoint as err:
+                if trainer.rank == 0:
+                    print(f"error: {err}", file=sys.stderr, flush=True)
+                raise typer.Exit(1)
+            if trainer.rank == 0 and trainer.resume_note:
+                print(f"warning: {trainer.resume_note}", file=sys.stderr, flush=True)
             if trainer.rank == 0:
                 print(f"training {trainer.total_steps} steps of {trainer.samples_per_step} samples on {trainer.world} "
                       f"processes ({trainer.steps_per_epoch} steps per epoch), metrics in {trainer.metrics_file}"
