@@ -84,6 +84,8 @@ def file_problem(tag_dir: Path, name: str, recorded: dict[str, Any]) -> str | No
     if not path.is_file():
         return f"file {name}: missing"
     size = path.stat().st_size
+    if size < recorded["bytes"]:
+        return f"file {name}: truncated ({size} of {recorded['bytes']} bytes)"
     if size != recorded["bytes"]:
         return f"file {name}: {size} bytes, {recorded['bytes']} recorded"
     if sha256_file(path) != recorded["sha256"]:

@@ -122,7 +122,7 @@ def test_rotation_keeps_the_newest_and_never_the_tag_latest_does_not_name(setup:
     (lambda tag: (tag / CHECKSUMS_FILE).unlink(), f"no {CHECKSUMS_FILE}: its save did not complete"),
     (lambda tag: (tag / CHECKSUMS_FILE).write_text("{"), f"file {CHECKSUMS_FILE}: unreadable"),
     (lambda tag: largest_file(tag).unlink(), "missing"),
-    (lambda tag: truncate(largest_file(tag)), "bytes recorded"),
+    (lambda tag: truncate(largest_file(tag)), "truncated ("),
     (lambda tag: flip_byte(largest_file(tag)), "checksum"),
 ])
 def test_a_damaged_latest_falls_back_to_the_newest_intact_tag_and_repoints_latest(
@@ -193,7 +193,7 @@ def test_training_resumes_past_a_damaged_latest_in_one_line_and_continues(
     else:
         victim = largest_file(checkpoints / TAGS[2])
         (flip_byte if damage == "flipped byte" else truncate)(victim)
-        problem = "checksum" if damage == "flipped byte" else "bytes"
+        problem = ": checksum)" if damage == "flipped byte" else ": truncated ("
         expected = f"checkpoint {TAGS[2]} is damaged (file {victim.relative_to(checkpoints / TAGS[2]).as_posix()}: "
     result = setup.train(out)
     assert_succeeded(result)
