@@ -29,7 +29,7 @@ from janus_cache.profile import Profile, load_profile
 from janus_cache.device import process_device
 from janus_cache.resolution import Resolution
 from janus_cache.store.split import shards_for
-from pipelines.distributed import Control, Progress, RankFailed, Ranks, lock_on_main
+from pipelines.distributed import Control, Progress, RankFailed, Ranks, fail_alike, lock_on_main
 from pipelines.launcher import spawn_pool
 
 
@@ -155,9 +155,7 @@ def command(
     try:  # parsed at the edge: a bad name is a one-line error before any rank starts work
         parsed = Resolution.parse(resolution) if resolution is not None else None
     except ValueError as err:
-        if Ranks.from_env().is_main:
-            print(f"error: --resolution: {err}", file=sys.stderr, flush=True)
-        raise typer.Exit(2)
+        fail_alike(Ranks.from_env(), f"--resolution: {err}", code=2)
     opts = Options(data, out, profile, cache_format, parsed, overwrite, force, allow_failures, workers, strict,
                    image_root)
     raise typer.Exit(run(opts))

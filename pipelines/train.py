@@ -39,7 +39,7 @@ from janus_train.logs import WandbMissing, check_wandb
 from janus_train.nonfinite import NonFiniteStep
 from janus_train.reference_checkpoint import ReferenceCheckpointError, check_reference_checkpoint, run_model_config
 from janus_train.trainer import CHECKPOINTS, EXPORT_DIR, TooFewSamples, Trainer, init_distributed
-from pipelines.distributed import Control, RankFailed, Ranks, lock_on_main
+from pipelines.distributed import Control, RankFailed, Ranks, fail_alike, lock_on_main
 
 
 def quiet_library_warnings() -> None:
@@ -104,11 +104,9 @@ def command(
     """Train Qwen2.5-VL with VGGT-feature injection under DeepSpeed ZeRO-3."""
     from dataclasses import replace
 
-    main_rank = Ranks.from_env().is_main  # every rank fails alike before the group forms: rank 0 says why
+    ranks = Ranks.from_env()
     if (cache is None) == (live_data is None):
-        if main_rank:
-            print("error: give exactly one of --cache or --live-data", file=sys.stderr)
-        raise typer.Exit(2)
+        fail_alike(ranks, "give exactly one of --cache or --live-data", code=2)
     try:
         prof = load_profile(profile)
         settings = load_train_settings(prof)
@@ -116,45 +114,34 @@ def command(
             check_reference_checkpoint(settings.init_from, prof)
         check_wandb(settings.wandb_project, prof.source)
     except (ProfileError, ReferenceCheckpointError, WandbMissing) as err:
-        if main_rank:
-            print(f"error: {err}", file=sys.stderr)
-        raise typer.Exit(1)
+        fail_alike(ranks, str(err))
     if max_steps is not None:
         settings = replace(settings, max_steps=max_steps)
 
     quiet_library_warnings()
-    ranks = Ranks.from_env()
     init_distributed(prof, settings.alloc_conf)
     run_lock = None
     try:
         try:  # one writer per run directory, for the whole run
             run_lock = lock_on_main(Control(ranks), out)
         except RankFailed as err:
-            if ranks.is_main:
-                print(f"error: {err}", file=sys.stderr, flush=True)
-            raise typer.Exit(1)
+            fail_alike(ranks, str(err))
         if cache is not None:
             try:
                 refusal = Control(ranks).on_main(lambda: cache_refusal(cache, prof))
             except RankFailed as err:
                 refusal = f"cannot check the cache {cache}: {err}"
             if refusal is not None:
-                if ranks.is_main:
-                    print(f"error: {refusal}", file=sys.stderr, flush=True)
-                raise typer.Exit(1)
+                fail_alike(ranks, refusal)
         try:
             trainer = Trainer(prof, settings, out, cache=cache, live_data=live_data)
         except TooFewSamples as err:
-            if ranks.is_main:
-                print(f"error: {err}", file=sys.stderr, flush=True)
-            raise typer.Exit(1)
+            fail_alike(ranks, str(err))
         try:
             try:
                 resumed = trainer.resume()
             except NoIntactCheckpoint as err:
-                if trainer.rank == 0:
-                    print(f"error: {err}", file=sys.stderr, flush=True)
-                raise typer.Exit(1)
+                fail_alike(ranks, str(err))
             if trainer.rank == 0 and trainer.resume_note:
                 print(f"warning: {trainer.resume_note}", file=sys.stderr, flush=True)
             if trainer.rank == 0:
@@ -165,9 +152,7 @@ def command(
             try:
                 trainer.train()
             except NonFiniteStep as err:
-                if trainer.rank == 0:
-                    print(f"error: {err}", file=sys.stderr, flush=True)
-                raise typer.Exit(1)
+                fail_alike(ranks, str(err))
             trainer.save()
             if record_outputs_to is not None:
                 record_outputs(trainer, record_outputs_to, record_samples)

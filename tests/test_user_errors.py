@@ -127,3 +127,21 @@ def test_a_bad_resolution_is_one_line_on_every_command_that_takes_it(tmp_path: P
     precompute_run = make("precompute", DATA=data, OUT=tmp_path / "cache", NPROC=2,
                           PRECOMPUTE_ARGS=f"--resolution {resolution}")
     assert_one_error_line(precompute_run, "--resolution", repr(resolution))
+
+
+def test_the_launcher_exits_with_the_ranks_code_and_keeps_their_output(tmp_path: Path) -> None:
+    """``python -m pipelines.launch`` (what make runs): the ranks' own lines reach the console, the
+    exit code is the failed rank's (2: a bad command-line value), torchrun's report is in the log."""
+    data = tmp_path / "data"
+    data.mkdir()
+    log = tmp_path / "logs" / "launcher.log"
+    result = subprocess.run([sys.executable, "-m", "pipelines.launch", "--launcher-log", str(log), "--standalone",
+                             "--nproc_per_node", "2", "-m", "pipelines.precompute", str(data), "--out",
+                             str(tmp_path / "cache"), "--resolution", "crop0"],
+                            cwd=REPO_ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True,
+                            text=True, timeout=TIMEOUT_S)
+    assert result.returncode == 2, result.stderr
+    assert_one_error_line(result, "--resolution", "'crop0'")
+    assert result.stderr.splitlines()[-1].endswith(f"exited with code 2; torchrun's report: {log}")
+    report = log.read_text()
+    assert "pipelines.precompute FAILED" in report and "exitcode  : 2" in report
