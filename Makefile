@@ -24,6 +24,12 @@ FORMAT ?= zarr
 # settings, e.g. TORCHRUN_ARGS="--nnodes 2 --node-rank 0 --master-addr node0 --master-port 29500".
 NPROC ?= $(shell $(PY) -c "from janus_cache.profile import load_profile; print(load_profile('$(PROFILE)').nproc_per_node)" 2>/dev/null || echo 1)
 TORCHRUN_ARGS ?= --standalone
+# torchrun runs through pipelines.launch: a failed rank's own `error:` line stays the last thing on the
+# console, and torchrun's 30-50 line failure report goes to a log file that one line names.
+LAUNCH = $(PY) -m pipelines.launch
+# torchrun gives each of several processes on a node OMP_NUM_THREADS=1 when it is unset, with a
+# 4-line warning; naming its own default keeps the log short (set OMP_NUM_THREADS to change).
+LAUNCH_ENV = $(if $(filter-out 1,$(NPROC)),OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1})
 PRECOMPUTE_ARGS ?=
 VERIFY_ARGS ?=
 STAMP := $(VENV)/.janus-setup
@@ -64,24 +70,20 @@ demo: $(STAMP)
 
 precompute: $(STAMP)
 	@test -n "$(DATA)" || { echo "make precompute: set DATA=<dataset folder or annotation file>" >&2; exit 2; }
-	$(VENV)/bin/torchrun $(TORCHRUN_ARGS) --nproc_per_node $(NPROC) -m pipelines.precompute $(DATA) \
+	$(LAUNCH_ENV) $(LAUNCH) $(TORCHRUN_ARGS) --nproc_per_node $(NPROC) -m pipelines.precompute $(DATA) \
 		--out $(OUT) --profile $(PROFILE) --format $(FORMAT) $(PRECOMPUTE_ARGS)
 
 CACHE ?= $(OUT)
 RUN ?= runs/$(PROFILE)
 TRAIN_ARGS ?=
 
-# torchrun gives each of several processes on a node OMP_NUM_THREADS=1 when it is unset, with a
-# 4-line warning; naming its own default keeps the training log short (set OMP_NUM_THREADS to change).
-TRAIN_ENV = $(if $(filter-out 1,$(NPROC)),OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1})
-
 train: $(STAMP)
-	$(TRAIN_ENV) $(VENV)/bin/torchrun $(TORCHRUN_ARGS) --nproc_per_node $(NPROC) -m pipelines.train \
+	$(LAUNCH_ENV) $(LAUNCH) --launcher-log $(RUN)/launcher.log $(TORCHRUN_ARGS) --nproc_per_node $(NPROC) -m pipelines.train \
 		--cache $(CACHE) --out $(RUN) --profile $(PROFILE) $(TRAIN_ARGS)
 
 verify: $(STAMP)
 	@test -n "$(CACHE)" || { echo "make verify: set CACHE=<cache directory> (and DATA=<dataset> for the dataset and live checks)" >&2; exit 2; }
-	$(VENV)/bin/torchrun $(TORCHRUN_ARGS) --nproc_per_node $(NPROC) -m pipelines.verify $(CACHE) \
+	$(LAUNCH_ENV) $(LAUNCH) $(TORCHRUN_ARGS) --nproc_per_node $(NPROC) -m pipelines.verify $(CACHE) \
 		--profile $(PROFILE) $(if $(DATA),--data $(DATA)) $(VERIFY_ARGS)
 
 bench: $(STAMP)

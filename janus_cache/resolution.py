@@ -88,7 +88,10 @@ class Resolution:
                 f"cannot parse resolution {value!r}: expected '<mode><target>' with mode in {MODES} "
                 f"and target a multiple of {PATCH_SIZE}, e.g. 'pad644', 'crop644' or 'pad224'"
             )
-        return cls(mode=match.group(1), target=int(match.group(2)))  # type: ignore[arg-type]
+        try:
+            return cls(mode=match.group(1), target=int(match.group(2)))  # type: ignore[arg-type]
+        except ValueError as err:  # e.g. pad0, pad13: the message names what was given
+            raise ValueError(f"resolution {value!r}: {err}, e.g. 'pad644' or 'pad224'") from None
 
     def output_size(self, width: int, height: int) -> tuple[int, int]:
         """Size ``(new_w, new_h)`` that a ``width x height`` source is resized to (before pad/crop).

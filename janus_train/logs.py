@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -101,12 +102,35 @@ class RunLog:
         self.out_dir, self.metrics_file, self.total_steps = out_dir, metrics_file, total_steps
         self.eta = Eta(total_steps)
         self.tensorboard: Any = None
+        self.purge_step: int | None = None  # TensorBoard hides events from this step on (a resume)
         self.wandb: Any = None
         if wandb_project:
             import wandb
 
             self.wandb = wandb.init(project=wandb_project, dir=str(out_dir), config=run_config or {},
                                     name=out_dir.name, resume="allow")
+
+    def resume_at(self, step: int) -> None:
+        """A run (re)starts after ``step`` (0: from scratch): records of later steps, written by a run
+        killed before its next checkpoint, are dropped from ``metrics.jsonl`` (an atomic rewrite; a
+        line cut short by the kill goes too) and hidden in TensorBoard, so each step is logged once."""
+        self.purge_step = step + 1
+        if not self.metrics_file.is_file():
+            return
+        kept = []
+        for line in self.metrics_file.read_text().splitlines():
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(record, dict) and isinstance(record.get("step"), int) and record["step"] <= step:
+                kept.append(line + "\n")
+        tmp = self.metrics_file.with_name(f".{self.metrics_file.name}.tmp")
+        with open(tmp, "w") as f:
+            f.writelines(kept)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.metrics_file)
 
     def step_done(self, step: int) -> None:
         """Call after every step (logged or not), so the ETA averages them all."""
@@ -126,7 +150,7 @@ class RunLog:
             except ImportError:
                 self.tensorboard = False
             else:
-                self.tensorboard = SummaryWriter(str(self.out_dir / "tensorboard"))
+                self.tensorboard = SummaryWriter(str(self.out_dir / "tensorboard"), purge_step=self.purge_step)
         if self.tensorboard:
             for name, value in scalars.items():
                 self.tensorboard.add_scalar(name, value, record["step"])

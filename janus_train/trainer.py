@@ -15,7 +15,6 @@ import io
 import math
 import os
 import random
-import shutil
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -34,6 +33,7 @@ from janus_cache.device import process_device
 from janus_cache.resolution import Resolution, visual_tokens
 from janus_cache.store import OpenedCache, open_cache
 from janus_train.best_checkpoint import BestCheckpoint
+from janus_train.checkpoints import Checkpoints, tag_name
 from janus_train.config import TrainSettings, deepspeed_config, load_train_settings
 from janus_train.data import CachedSamples, EpochSampler, LiveSamples, StreamedSamples, collate
 from janus_train.gpu_specs import peak_flops
@@ -161,6 +161,10 @@ def lr_lambda(total_steps: int, warmup_steps: int, step: int) -> float:
     return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
 
 
+class TooFewSamples(ValueError):
+    """The data holds fewer samples than one optimizer step takes."""
+
+
 class Trainer:
     def __init__(self, profile: Profile, settings: TrainSettings, out_dir: Path, cache: Path | None = None,
                  live_data: Path | None = None) -> None:
@@ -180,19 +184,21 @@ class Trainer:
             profile, self.builder, settings.val_cache, None, self.rank, self.world)
         self.dataset, self.validation = plan_validation(settings, self.dataset, val_data)
         self.streaming = isinstance(self.dataset, StreamedSamples)
+        self.samples_per_step = settings.micro_batch * settings.grad_accum * self.world
+        self.steps_per_epoch = len(self.dataset) // self.samples_per_step
+        if self.steps_per_epoch == 0:  # before the (slow) model build
+            source = cache if cache is not None else live_data
+            raise TooFewSamples(
+                f"{source} holds {len(self.dataset)} samples, fewer than one optimizer step takes "
+                f"(micro_batch {settings.micro_batch} x grad_accum {settings.grad_accum} x {self.world} processes "
+                f"= {self.samples_per_step})"
+            )
 
         # The frozen VGGT is built only to train live or to recompute a batch live now and then.
         live = live_data is not None or settings.live_check_every > 0
         model = start_model(profile, settings, live=live, device=self.device)
         model.set_gradient_checkpointing(settings.gradient_checkpointing)
         self.loss_config = settings.loss_config()
-        self.samples_per_step = settings.micro_batch * settings.grad_accum * self.world
-        self.steps_per_epoch = len(self.dataset) // self.samples_per_step
-        if self.steps_per_epoch == 0:
-            raise ValueError(
-                f"{len(self.dataset)} samples are fewer than one optimizer step "
-                f"({settings.micro_batch} x {settings.grad_accum} x {self.world} processes)"
-            )
         planned = self.steps_per_epoch * settings.epochs
         self.total_steps = min(planned, settings.max_steps) if settings.max_steps > 0 else planned
         groups = model.parameter_groups(settings.lr_base, settings.lr_projector, settings.lr_vision,
@@ -214,6 +220,8 @@ class Trainer:
         self.epoch = 0
         self.position = 0  # micro-batch samples of this rank already consumed in this epoch
         self.nonfinite_skips = 0
+        self.checkpoints = Checkpoints(self.out_dir / CHECKPOINTS, self.rank, self.world)
+        self.resume_note: str | None = None  # why the resume did not start where ``latest`` pointed
         self.metrics_file = self.out_dir / METRICS_FILE
         self.evaluator = self.best = None
         if self.validation is not None:
@@ -235,13 +243,19 @@ class Trainer:
                 "grad_accum": self.settings.grad_accum, "n_samples": len(self.dataset), "seed": self.settings.seed}
 
     def resume(self) -> bool:
-        """Continue from the latest checkpoint in ``out_dir``, if any: weights, optimizer and LR
-        schedule (DeepSpeed's part), then the data position and this rank's RNG states."""
-        if not (self.checkpoint_dir() / "latest").is_file():
+        """Continue from the newest intact checkpoint in ``out_dir``, if any (``janus_train.checkpoints``
+        verifies it and falls back past a damaged one, noting why in ``resume_note``): weights,
+        optimizer and LR schedule (DeepSpeed's part), then the data position and this rank's RNG
+        states. Metric records after the resumed step are dropped, so each step is logged once."""
+        chosen = self.checkpoints.resumable()
+        if self.log is not None:
+            self.log.resume_at(chosen.step if chosen is not None else 0)
+        if chosen is None:
             return False
-        path, state = self.engine.load_checkpoint(str(self.checkpoint_dir()))
+        self.resume_note = chosen.note
+        path, state = self.engine.load_checkpoint(str(self.checkpoint_dir()), tag=chosen.tag)
         if path is None or not state:
-            raise ValueError(f"{self.checkpoint_dir()}: the latest checkpoint could not be loaded")
+            raise ValueError(f"{self.checkpoint_dir() / chosen.tag}: the checkpoint could not be loaded")
         saved_layout, layout = state.get("data_layout", {}), self.data_layout()
         changed = {k: (saved_layout.get(k), v) for k, v in layout.items() if saved_layout.get(k) != v}
         if changed:
@@ -254,18 +268,14 @@ class Trainer:
         return True
 
     def save(self) -> None:
-        """A checkpoint of the current step (once per step; older ones beyond ``save_total_limit`` go)."""
+        """A checkpoint of the current step (once per step): complete and checksummed before
+        ``latest`` names it; older ones beyond ``save_total_limit`` go."""
         if self._saved_step == self.step:
             return
         state = {"step": self.step, "epoch": self.epoch, "position": self.position,
                  "data_layout": self.data_layout(), "rng": rng_states(), "nonfinite_skips": self.nonfinite_skips}
-        self.engine.save_checkpoint(str(self.checkpoint_dir()), tag=f"step{self.step:08d}", client_state=state)
+        self.checkpoints.save(self.engine, tag_name(self.step), state, keep=self.settings.save_total_limit)
         self._saved_step = self.step
-        if self.rank == 0:
-            tags = sorted(p for p in self.checkpoint_dir().glob("step*") if p.is_dir())
-            for old in tags[: -self.settings.save_total_limit]:
-                shutil.rmtree(old, ignore_errors=True)
-        dist.barrier()
 
     # ------------------------------------------------------------------------------------ data
 

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import torch.distributed as dist
 
@@ -47,6 +47,23 @@ class Ranks:
     @property
     def is_main(self) -> bool:
         return self.rank == 0
+
+
+LAUNCHER_GRACE_S = 30.0
+"""How long a rank other than 0 waits, after a failure every rank meets alike, for the launcher to
+end it once rank 0 has said why and exited."""
+
+
+def fail_alike(ranks: Ranks, message: str, code: int = 1) -> NoReturn:
+    """End this rank over a failure every rank meets alike (a bad setting, a refused cache): rank 0
+    prints the one ``error:`` line and exits with ``code``; the others wait for the launcher to end
+    them. torchrun stops every rank as soon as one ends, so a quieter rank exiting first could cut
+    rank 0 off before its line."""
+    if ranks.is_main:
+        print(f"error: {message}", file=sys.stderr, flush=True)
+    elif ranks.world > 1:
+        time.sleep(LAUNCHER_GRACE_S)
+    raise SystemExit(code)
 
 
 class Control:

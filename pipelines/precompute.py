@@ -29,7 +29,7 @@ from janus_cache.profile import Profile, load_profile
 from janus_cache.device import process_device
 from janus_cache.resolution import Resolution
 from janus_cache.store.split import shards_for
-from pipelines.distributed import Control, Progress, RankFailed, Ranks, lock_on_main
+from pipelines.distributed import Control, Progress, RankFailed, Ranks, fail_alike, lock_on_main
 from pipelines.launcher import spawn_pool
 
 
@@ -39,7 +39,7 @@ class Options:
     out: Path
     profile: str = "tiny"
     cache_format: str = "zarr"
-    resolution: Optional[str] = None
+    resolution: Resolution | str | None = None  # a name is parsed by run()
     overwrite: bool = False
     force: bool = False
     allow_failures: int = 0
@@ -152,7 +152,11 @@ def command(
     """Precompute a cache of frozen-VGGT features and uint8 frames (resumable)."""
     if cache_format not in ("zarr", "wds"):
         raise typer.BadParameter(f"--format must be zarr or wds, got {cache_format!r}")
-    opts = Options(data, out, profile, cache_format, resolution, overwrite, force, allow_failures, workers, strict,
+    try:  # parsed at the edge: a bad name is a one-line error before any rank starts work
+        parsed = Resolution.parse(resolution) if resolution is not None else None
+    except ValueError as err:
+        fail_alike(Ranks.from_env(), f"--resolution: {err}", code=2)
+    opts = Options(data, out, profile, cache_format, parsed, overwrite, force, allow_failures, workers, strict,
                    image_root)
     raise typer.Exit(run(opts))
 

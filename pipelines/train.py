@@ -36,14 +36,15 @@ import typer
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from janus_cache.profile import Profile, ProfileError, load_profile
+from janus_train.checkpoints import NoIntactCheckpoint
 from janus_train.config import TrainSettings, load_train_settings
 from janus_train.export import export
 from janus_train.logs import WandbMissing, check_wandb
 from janus_train.nonfinite import NonFiniteStep
 from janus_train.reference_checkpoint import ReferenceCheckpointError, check_reference_checkpoint, run_model_config
+from janus_train.trainer import CHECKPOINTS, EXPORT_DIR, TooFewSamples, Trainer, init_distributed
 from janus_train.validation import ValidationError
-from janus_train.trainer import CHECKPOINTS, EXPORT_DIR, Trainer, init_distributed
-from pipelines.distributed import Control, RankFailed, Ranks, lock_on_main
+from pipelines.distributed import Control, RankFailed, Ranks, fail_alike, lock_on_main
 
 
 def quiet_library_warnings() -> None:
@@ -109,9 +110,9 @@ def command(
     """Train Qwen2.5-VL with VGGT-feature injection under DeepSpeed ZeRO-3."""
     from dataclasses import replace
 
+    ranks = Ranks.from_env()
     if (cache is None) == (live_data is None):
-        print("error: give exactly one of --cache or --live-data", file=sys.stderr)
-        raise typer.Exit(2)
+        fail_alike(ranks, "give exactly one of --cache or --live-data", code=2)
     try:
         prof = load_profile(profile)
         settings = load_train_settings(prof)
@@ -119,24 +120,20 @@ def command(
             check_reference_checkpoint(settings.init_from, prof)
         check_wandb(settings.wandb_project, prof.source)
     except (ProfileError, ReferenceCheckpointError, WandbMissing) as err:
-        print(f"error: {err}", file=sys.stderr)
-        raise typer.Exit(1)
+        fail_alike(ranks, str(err))
     if max_steps is not None:
         settings = replace(settings, max_steps=max_steps)
     if val_cache is not None:  # instead of the profile's validation source
         settings = replace(settings, val_cache=val_cache, val_episodes=0, val_episodes_fraction=0.0)
 
     quiet_library_warnings()
-    ranks = Ranks.from_env()
     init_distributed(prof, settings.alloc_conf)
     run_lock = None
     try:
         try:  # one writer per run directory, for the whole run
             run_lock = lock_on_main(Control(ranks), out)
         except RankFailed as err:
-            if ranks.is_main:
-                print(f"error: {err}", file=sys.stderr, flush=True)
-            raise typer.Exit(1)
+            fail_alike(ranks, str(err))
         for checked in (cache, settings.val_cache):
             if checked is None:
                 continue
@@ -145,17 +142,20 @@ def command(
             except RankFailed as err:
                 refusal = f"cannot check the cache {checked}: {err}"
             if refusal is not None:
-                if ranks.is_main:
-                    print(f"error: {refusal}", file=sys.stderr, flush=True)
-                raise typer.Exit(1)
+                fail_alike(ranks, refusal)
         try:
             trainer = Trainer(prof, settings, out, cache=cache, live_data=live_data)
+        except TooFewSamples as err:
+            fail_alike(ranks, str(err))
         except ValidationError as err:  # the same on every rank
-            if ranks.is_main:
-                print(f"error: {prof.source}: {err}", file=sys.stderr, flush=True)
-            raise typer.Exit(1)
+            fail_alike(ranks, f"{prof.source}: {err}")
         try:
-            resumed = trainer.resume()
+            try:
+                resumed = trainer.resume()
+            except NoIntactCheckpoint as err:
+                fail_alike(ranks, str(err))
+            if trainer.rank == 0 and trainer.resume_note:
+                print(f"warning: {trainer.resume_note}", file=sys.stderr, flush=True)
             if trainer.rank == 0:
                 print(f"training {trainer.total_steps} steps of {trainer.samples_per_step} samples on {trainer.world} "
                       f"processes ({trainer.steps_per_epoch} steps per epoch), metrics in {trainer.metrics_file}"
@@ -166,9 +166,7 @@ def command(
             try:
                 trainer.train()
             except NonFiniteStep as err:
-                if trainer.rank == 0:
-                    print(f"error: {err}", file=sys.stderr, flush=True)
-                raise typer.Exit(1)
+                fail_alike(ranks, str(err))
             trainer.save()
             if record_outputs_to is not None:
                 record_outputs(trainer, record_outputs_to, record_samples)

@@ -154,9 +154,11 @@ def makefile_command(target: str, **variables: str) -> list[str]:
     env = {name: value for name, value in os.environ.items() if name not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
     dry = subprocess.run(["make", "-n", "-s", target, "NPROC=8", "TORCHRUN_ARGS=", *settings], cwd=REPO_ROOT,
                          env=env, capture_output=True, text=True, timeout=60, check=True).stdout
-    line = next(line for line in dry.replace("\\\n", " ").splitlines() if "torchrun" in line)
+    # make runs torchrun through pipelines.launch (its failure report into a log file): the module
+    # is the one after torchrun's --nproc_per_node.
+    line = next(line for line in dry.replace("\\\n", " ").splitlines() if "pipelines.launch" in line)
     words = shlex.split(line)
-    return words[words.index("-m") + 1:]
+    return words[words.index("-m", words.index("--nproc_per_node")) + 1:]
 
 
 @pytest.mark.parametrize("script", ["precompute.sbatch", "train.sbatch"])

@@ -1,0 +1,268 @@
+"""Checkpoints a resume can trust: save a tag, record its checksums, move ``latest``, verify, rotate.
+
+A checkpoint directory holds one folder per saved step (``step00000020``, DeepSpeed's files of
+every rank) and a ``latest`` file naming the tag a resume starts from. A kill can strike at any
+moment of a save and a disk can damage a file later, so:
+
+* ``latest`` moves only once a checkpoint is complete: after DeepSpeed's save has finished on all
+  ranks (its closing barrier), the ranks hash the tag's files (each rank a share), rank 0 writes
+  the digests and sizes to ``checksums.json`` inside the tag, then points ``latest`` at the tag.
+  Both files are written to a temporary name and renamed, so each is either old or new, never half.
+* a resume verifies the tag's recorded files (each rank hashes a share; the verdicts are gathered,
+  so every rank decides alike). If ``latest`` is missing or empty, names no tag, or names a damaged,
+  truncated or unrecorded one, the newest intact tag is used and one line says why.
+* rotation (``save_total_limit``) never deletes the tag ``latest`` names, which is intact: it was
+  recorded before ``latest`` moved, or verified by the resume that repointed ``latest``.
+
+Every rank must call :meth:`Checkpoints.save` and :meth:`Checkpoints.resumable` (collectives);
+with one process they need no process group.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch.distributed as dist
+
+LATEST_FILE = "latest"
+CHECKSUMS_FILE = "checksums.json"
+"""Inside each tag folder: sha256 and size of every other file of the tag (``{"files": {path: {...}}}``)."""
+
+TAG_PATTERN = re.compile(r"^step(\d{8})$")
+_HASH_CHUNK = 16 << 20
+
+
+class NoIntactCheckpoint(ValueError):
+    """The checkpoint directory holds checkpoints, and none of them is intact."""
+
+
+def tag_name(step: int) -> str:
+    """The tag of the checkpoint of optimizer step ``step``: ``step00000020``."""
+    return f"step{step:08d}"
+
+
+def tag_step(tag: str) -> int | None:
+    """The step a tag names, or None for any other folder (e.g. another kind of checkpoint)."""
+    match = TAG_PATTERN.match(tag)
+    return int(match.group(1)) if match else None
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_HASH_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """``path`` holds the old text or the new one, never a part (temporary file, fsync, rename)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def tag_files(tag_dir: Path) -> list[str]:
+    """Every file of a tag (relative POSIX paths, sorted) except its checksum record."""
+    return sorted(p.relative_to(tag_dir).as_posix() for p in tag_dir.rglob("*")
+                  if p.is_file() and p.name != CHECKSUMS_FILE)
+
+
+def file_problem(tag_dir: Path, name: str, recorded: dict[str, Any]) -> str | None:
+    """Why a recorded file of a tag does not match its record (None when it does)."""
+    path = tag_dir / name
+    if not path.is_file():
+        return f"file {name}: missing"
+    size = path.stat().st_size
+    if size < recorded["bytes"]:
+        return f"file {name}: truncated ({size} of {recorded['bytes']} bytes)"
+    if size != recorded["bytes"]:
+        return f"file {name}: {size} bytes, {recorded['bytes']} recorded"
+    if sha256_file(path) != recorded["sha256"]:
+        return f"file {name}: checksum"
+    return None
+
+
+def read_record(tag_dir: Path) -> dict[str, dict[str, Any]] | str:
+    """The recorded files of a tag, or why there is no usable record."""
+    path = tag_dir / CHECKSUMS_FILE
+    if not tag_dir.is_dir():
+        return "missing"
+    if not path.is_file():
+        return f"no {CHECKSUMS_FILE}: its save did not complete"
+    try:
+        files = json.loads(path.read_text())["files"]
+        if not isinstance(files, dict) or not files:
+            raise ValueError("no files")
+        for entry in files.values():
+            if not isinstance(entry["sha256"], str) or not isinstance(entry["bytes"], int):
+                raise ValueError("bad entry")
+    except (OSError, ValueError, KeyError, TypeError):
+        return f"file {CHECKSUMS_FILE}: unreadable"
+    return files
+
+
+@dataclass(frozen=True)
+class Resumable:
+    """The tag a resume loads and, when it is not the one ``latest`` named, the line that says why."""
+
+    tag: str
+    note: str | None = None
+
+    @property
+    def step(self) -> int:
+        step = tag_step(self.tag)
+        assert step is not None
+        return step
+
+
+class Checkpoints:
+    """The checkpoint directory of a run, as seen by one of ``world`` ranks."""
+
+    def __init__(self, directory: Path, rank: int = 0, world: int = 1) -> None:
+        self.directory, self.rank, self.world = Path(directory), rank, world
+
+    # --------------------------------------------------------------------------- collectives
+
+    def _distributed(self) -> bool:
+        return self.world > 1 and dist.is_available() and dist.is_initialized()
+
+    def _from_main(self, value: Any) -> Any:
+        """Rank 0's ``value`` on every rank."""
+        if not self._distributed():
+            return value
+        box = [value]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def _gather(self, value: Any) -> list[Any]:
+        if not self._distributed():
+            return [value]
+        values: list[Any] = [None] * self.world
+        dist.all_gather_object(values, value)
+        return values
+
+    def _barrier(self) -> None:
+        if self._distributed():
+            dist.barrier()
+
+    # ------------------------------------------------------------------------------- reading
+
+    def tags(self) -> list[str]:
+        """Checkpoint tags on disk, newest step first."""
+        if not self.directory.is_dir():
+            return []
+        found = [p.name for p in self.directory.iterdir() if p.is_dir() and tag_step(p.name) is not None]
+        return sorted(found, key=lambda t: tag_step(t) or 0, reverse=True)
+
+    def latest(self) -> str | None:
+        """What ``latest`` names (stripped; "" when empty), or None when there is no such file."""
+        path = self.directory / LATEST_FILE
+        try:
+            return path.read_text().strip()
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        except (OSError, UnicodeDecodeError):
+            return ""
+
+    def damage(self, tag: str) -> str | None:
+        """Why ``tag`` cannot be resumed from (None when every recorded file matches); each rank
+        checks a share of the files, every rank gets the same verdict."""
+        tag_dir = self.directory / tag
+        record = self._from_main(read_record(tag_dir) if self.rank == 0 else None)
+        if isinstance(record, str):
+            return record
+        names = sorted(record)
+        mine = [problem for name in names[self.rank :: self.world]
+                if (problem := file_problem(tag_dir, name, record[name])) is not None]
+        problems = sorted(p for share in self._gather(mine) for p in share)
+        return problems[0] if problems else None
+
+    def resumable(self) -> Resumable | None:
+        """The tag to resume from: the one ``latest`` names when intact, else the newest intact tag
+        (with a one-line note); None when the directory holds no checkpoint at all. Raises
+        :class:`NoIntactCheckpoint` when there are checkpoints and none is intact. Rank 0 repoints
+        ``latest`` at a fallback, so an export or the next resume reads an intact tag."""
+        latest, tags = self._from_main((self.latest(), self.tags()) if self.rank == 0 else None)
+        if latest is None and not tags:
+            return None
+        if latest is None:
+            first_problem = f"{self.directory / LATEST_FILE} is missing"
+            candidates = tags
+        elif latest == "":
+            first_problem = f"{self.directory / LATEST_FILE} is empty"
+            candidates = tags
+        else:
+            problem = self.damage(latest)
+            if problem is None:
+                return Resumable(latest)
+            first_problem = (f"{self.directory / LATEST_FILE} names {latest!r}, which does not exist"
+                             if problem == "missing" else f"checkpoint {latest} is damaged ({problem})")
+            candidates = [t for t in tags if t != latest]
+        seen = [first_problem]
+        for tag in candidates:
+            problem = self.damage(tag)
+            if problem is None:
+                if self.rank == 0:
+                    write_atomically(self.directory / LATEST_FILE, tag)
+                self._barrier()
+                return Resumable(tag, "; ".join(seen) + f"; resuming from {tag}")
+            seen.append(f"checkpoint {tag} is damaged ({problem})")
+        raise NoIntactCheckpoint(f"no intact checkpoint in {self.directory}: " + "; ".join(seen)
+                                 + f" (move {self.directory} away to start afresh)")
+
+    # ------------------------------------------------------------------------------- writing
+
+    def save(self, engine: Any, tag: str, client_state: dict[str, Any], keep: int) -> None:
+        """Save ``engine``'s checkpoint as ``tag``, record its checksums, then point ``latest`` at
+        it and delete the oldest tags beyond ``keep`` (never the one ``latest`` names)."""
+        tag_dir = self.directory / tag
+        if self.rank == 0 and tag_dir.exists():
+            # Left by a killed save or a run abandoned at an earlier resume: never mixed with new files.
+            shutil.rmtree(tag_dir)
+        self._barrier()
+        # DeepSpeed would write ``latest`` before any checksum exists; it ends with a barrier, so
+        # every rank's files are complete when the hashing starts.
+        engine.save_checkpoint(str(self.directory), tag=tag, client_state=client_state, save_latest=False)
+        self.record(tag)
+        if self.rank == 0:
+            write_atomically(self.directory / LATEST_FILE, tag)
+            self.rotate(keep)
+        self._barrier()
+
+    def record(self, tag: str) -> None:
+        """Hash the tag's files (each rank a share) and have rank 0 write ``checksums.json``."""
+        tag_dir = self.directory / tag
+        names = self._from_main(tag_files(tag_dir) if self.rank == 0 else None)
+        mine = {name: {"sha256": sha256_file(tag_dir / name), "bytes": (tag_dir / name).stat().st_size}
+                for name in names[self.rank :: self.world]}
+        shares = self._gather(mine)
+        if self.rank == 0:
+            files = {name: entry for share in shares for name, entry in share.items()}
+            write_atomically(tag_dir / CHECKSUMS_FILE,
+                             json.dumps({"files": dict(sorted(files.items()))}, indent=1) + "\n")
+
+    def rotate(self, keep: int) -> list[str]:
+        """Keep the tag ``latest`` names and the ``keep`` - 1 tags before it; delete the rest (rank 0,
+        after a save). A tag newer than ``latest`` is a leftover of a run abandoned at a resume
+        (damaged, or never completed) and goes too. Returns the deleted tags."""
+        tags = self.tags()
+        latest = self.latest()
+        latest_step = tag_step(latest) if latest else None
+        if latest_step is None or latest not in tags:
+            return []  # nothing known intact: delete nothing
+        kept = {latest} | set([t for t in tags if (tag_step(t) or 0) < latest_step][: max(0, keep - 1)])
+        deleted = [tag for tag in tags if tag not in kept]
+        for tag in deleted:
+            shutil.rmtree(self.directory / tag, ignore_errors=True)
+        return deleted

@@ -1,0 +1,109 @@
+"""``python -m pipelines.launch [--launcher-log FILE] TORCHRUN_ARGS...``: torchrun, with its own
+report of a failure in a log file instead of the console.
+
+When a rank fails, janus's rank prints its one ``error:`` line, and then torchrun itself (the
+launcher, this process) logs a 30-50 line ``ChildFailedError`` report and a traceback of its own
+after it, so the last thing a user reads is the launcher's dump. Here torchrun runs in this process
+(``torch.distributed.run``, the same code as the ``torchrun`` script, so the ranks remain this
+process's children and die with it), its loggers write to ``FILE`` (created only when something
+is logged; default: a new file in the temporary folder) and a failure ends with one line naming
+the failed rank, its exit code and the log. The ranks' own output is not touched: their
+stdout/stderr remain the console's.
+
+Exit code: 0 on success; the first failed rank's exit code (128 + N when it died of signal N);
+1 when the launcher itself fails.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+LOG_OPTION = "--launcher-log"
+LOGGER = "torch.distributed"
+"""Every torchrun logger (the elastic agent, its process handling, the rendezvous) is under it."""
+
+
+def default_log() -> Path:
+    return Path(tempfile.gettempdir()) / f"janus-launcher-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
+
+
+def split_arguments(argv: list[str]) -> tuple[Path, list[str]]:
+    """(log file, torchrun's arguments): ``--launcher-log FILE`` must come first."""
+    if argv[:1] == [LOG_OPTION]:
+        if len(argv) < 2:
+            raise SystemExit(f"error: {LOG_OPTION} needs a file")
+        return Path(argv[1]), argv[2:]
+    if argv[:1] and argv[0].startswith(f"{LOG_OPTION}="):
+        return Path(argv[0].split("=", 1)[1]), argv[1:]
+    return default_log(), argv
+
+
+def usable_log(path: Path) -> Path:
+    """``path``, or a file in the temporary folder when its folder cannot be made (e.g. RUN is a file)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return default_log()
+    return path if path.parent.is_dir() and not path.is_dir() else default_log()
+
+
+def log_to_file(path: Path) -> logging.Handler:
+    """Route torchrun's loggers to ``path`` (opened on the first record) instead of stderr.
+
+    Call after importing torch: its import gives ``torch.distributed`` a console handler of its own.
+    """
+    handler = logging.FileHandler(path, delay=True)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logger = logging.getLogger(LOGGER)
+    for console in list(logger.handlers):
+        logger.removeHandler(console)
+    logger.addHandler(handler)
+    logger.propagate = False
+    return handler
+
+
+def exit_code(code: int) -> int:
+    """A rank's exit code as a shell reports it (a rank killed by signal N: 128 + N)."""
+    return 128 - code if code < 0 else (code or 1)
+
+
+def main(argv: list[str] | None = None) -> int:
+    log, torchrun_args = split_arguments(list(sys.argv[1:] if argv is None else argv))
+    log = usable_log(log)
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import parse_args, run
+
+    handler = log_to_file(log)
+
+    args = parse_args(torchrun_args)
+    try:
+        run(args)
+    except ChildFailedError as err:
+        rank, failure = err.get_first_failure()
+        with open(log, "a") as f:
+            f.write(err.format_msg() + "\n")
+        how = (f"was killed by signal {-failure.exitcode}" if failure.exitcode < 0
+               else f"exited with code {failure.exitcode}")
+        print(f"launcher: rank {rank} {how}; torchrun's report: {log}", file=sys.stderr, flush=True)
+        return exit_code(failure.exitcode)
+    except SignalException as err:
+        logging.getLogger(LOGGER).error("stopped by %s", err.sigval.name)
+        print(f"launcher: stopped by {err.sigval.name}; torchrun's report: {log}", file=sys.stderr, flush=True)
+        return 128 + int(err.sigval)
+    except Exception as err:  # noqa: BLE001 - the launcher's own failure (e.g. a rendezvous): one line
+        logging.getLogger(LOGGER).exception("torchrun failed")
+        print(f"launcher: {type(err).__name__}: {err}; details: {log}", file=sys.stderr, flush=True)
+        return 1
+    finally:
+        handler.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
