@@ -21,9 +21,31 @@ import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from janus_cache.store.layout import CacheLayout
+from janus_cache.store.layout import CacheLayout, is_table_array
 
 _HASH_BLOCK = 1 << 22  # read shards in 4 MiB blocks when hashing: large enough to be IO-bound
+
+CHECKSUM_MODES: tuple[str, ...] = ("all", "sample", "none")
+"""Which committed shards a check hashes (the trust policy of resume and verify, see :func:`hashed`)."""
+
+SAMPLE_STRIDE = 16
+"""``sample`` mode hashes one shard in this many of each frame / feature / tar array."""
+
+
+def hashed(checksums: str, array: str, shard: int, n_shards: int, seed: int = 0) -> bool:
+    """Whether checksum mode ``checksums`` hashes shard ``shard`` of ``array`` (``n_shards`` shards).
+
+    ``all`` hashes every shard and ``none`` none (a committed shard is then trusted by its commit
+    record and its file's byte size: no payload byte is read). ``sample`` hashes every table column
+    (metadata: small, and every row of the cache depends on it) and, of every other array, the
+    shards ``i`` with ``i % 16 == seed % min(16, n_shards)``: one in 16, at least one per array,
+    deterministic, and another subset for another ``seed``.
+    """
+    if checksums not in CHECKSUM_MODES:
+        raise ValueError(f"checksums must be one of {', '.join(CHECKSUM_MODES)}, got {checksums!r}")
+    if checksums == "sample" and not is_table_array(array):
+        return shard % SAMPLE_STRIDE == seed % max(1, min(SAMPLE_STRIDE, n_shards))
+    return checksums != "none"
 
 
 class StoreError(RuntimeError):
@@ -174,6 +196,12 @@ def read_record(root: Path, array: str, shard: int) -> CommitRecord | None:
     return CommitRecord.from_json(text, source=str(path))
 
 
+def is_committed(root: Path, array: str, shard: int) -> bool:
+    """Whether the shard's commit record exists (one ``stat``; for progress displays, which must
+    not list the commit directory over and over)."""
+    return CacheLayout(root).commit_record(array, shard).is_file()
+
+
 def uncommit(root: Path, array: str, shard: int) -> None:
     """Remove a shard's record; called before rewriting the shard, so a crash leaves it uncommitted."""
     path = CacheLayout(root).commit_record(array, shard)
@@ -249,6 +277,12 @@ def check_shard(root: Path, array: str, shard: int, rows: range, file: Path, ver
         record = read_record(root, array, shard)
     except StoreError as exc:
         return ShardCheck(array, shard, str(exc))
+    return check_record(root, record, array, shard, rows, file, verify, checksum)
+
+
+def check_record(root: Path, record: CommitRecord | None, array: str, shard: int, rows: range, file: Path,
+                 verify: bool = True, checksum: bool = True) -> ShardCheck:
+    """:func:`check_shard` for a record already read (None: the shard has none)."""
     if record is None:
         return ShardCheck(array, shard, f"shard {array}#{shard} is not committed (no commit record)")
     expected_file = Path(file).relative_to(root).as_posix()

@@ -264,14 +264,18 @@ class ZarrGroup:
         values = self.table_row(SAMPLES_TABLE, row)
         return values.pop(KEY_COLUMN), values
 
+    def read_column(self, table: str, column: str) -> np.ndarray | list[str]:
+        """One whole column: a numeric array, or a text column as a list of str (only this column
+        is read and decoded)."""
+        kind = self.table_columns(table).get(column)
+        if kind is None:
+            raise StoreError(f"the {table!r} table of {self.root} has no column {column!r}")
+        if kind != "utf8":
+            return self._column_array(table, column)
+        offsets = self._column_array(table, column, TEXT_OFFSETS)
+        payload = self._array(table_column(table, column, TEXT_PAYLOAD))[...].tobytes()
+        return [payload[a:b].decode("utf-8") for a, b in pairwise(offsets)]
+
     def read_table(self, table: str) -> dict[str, np.ndarray | list[str]]:
         """A whole table: numeric columns as arrays, text columns as lists of str."""
-        result: dict[str, np.ndarray | list[str]] = {}
-        for column, kind in self.table_columns(table).items():
-            if kind == "utf8":
-                offsets = self._column_array(table, column, TEXT_OFFSETS)
-                payload = self._array(table_column(table, column, TEXT_PAYLOAD))[...].tobytes()
-                result[column] = [payload[a:b].decode("utf-8") for a, b in pairwise(offsets)]
-            else:
-                result[column] = self._column_array(table, column)
-        return result
+        return {column: self.read_column(table, column) for column in self.table_columns(table)}
