@@ -1,7 +1,8 @@
 """Run a janus command line in this process and record every file it opens for reading.
 
 ``python tests/open_audit.py LOG -- janus-cache precompute DATA --out CACHE ...`` runs the command
-(the installed entry points' own functions, in this process) under a Python audit hook (PEP 578):
+(the installed entry point's own function, in this process), ``... LOG -- python -c CODE`` a
+snippet of Python, under a Python audit hook (PEP 578):
 the interpreter raises an ``open`` event for every ``open()``/``os.open()`` of any library (zarr's
 store, hashlib readers, numpy), so the set of files read is observed at the OS boundary, not
 guessed from the code. One line per file opened for reading (not for writing) goes to LOG at exit.
@@ -38,10 +39,13 @@ def main() -> None:
     atexit.register(write_log)
     sys.addaudithook(hook)
     program, *arguments = command
-    if program == "janus-cache":
-        from pipelines.cache_cli import main as entry
-    else:
+    if program == "python" and arguments[:1] == ["-c"] and len(arguments) == 2:
+        exec(compile(arguments[1], "<open_audit -c>", "exec"), {"__name__": "__main__"})  # noqa: S102
+        return
+    if program != "janus-cache":
         raise SystemExit(f"open_audit: unknown program {program!r}")
+    from pipelines.cache_cli import main as entry
+
     sys.argv = [program, *arguments]
     entry()
 

@@ -205,6 +205,20 @@ def test_a_flipped_payload_byte_is_found_by_all_by_sample_when_sampled_never_by_
     assert all(r.passed for r in check_cache_for_training(cache, profile))
 
 
+def test_the_trainers_start_up_check_reads_no_text_column(reference: Path, profile: Path, tmp_path: Path) -> None:
+    """Schema, shard presence and freshness need no text: keys are decoded only to name a damaged
+    shard, and the instruction/description columns never (they are most of a table's bytes)."""
+    log = tmp_path / "gate.log"
+    code = ("from janus_cache.verify import check_cache_for_training\n"
+            f"assert all(r.passed for r in check_cache_for_training({str(reference)!r}, {str(profile)!r}))\n")
+    result = run([sys.executable, AUDIT, str(log), "--", "python", "-c", code])
+    assert result.returncode == 0, result.stderr
+    opened = [Path(line) for line in log.read_text().splitlines()]
+    tables = [p for p in opened if p.is_relative_to(reference / TABLES_GROUP) and p.is_file() and p.name != "zarr.json"]
+    assert tables == [], tables
+    assert any(p.is_relative_to(reference / "commits") for p in opened), "the audit saw the commit records read"
+
+
 def test_hashing_shows_a_progress_bar_with_rate_and_eta(reference: Path, profile: Path) -> None:
     """On a terminal: tqdm's bar in bytes (rate, elapsed<remaining); in a log: lines with rate and ETA."""
     primary, secondary = pty.openpty()
