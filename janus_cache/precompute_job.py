@@ -51,7 +51,7 @@ from janus_cache.precompute import (
 from janus_cache.profile import CacheSettings
 from janus_cache.resolution import Resolution
 from janus_cache.store import CacheWriter, Manifest, open_writer, read_manifest, write_manifest
-from janus_cache.store.commit import atomic_write_bytes, hashed, read_record, verify_shard
+from janus_cache.store.commit import StoreError, atomic_write_bytes, hashed, read_record, verify_shard
 from janus_cache.store.layout import MANIFEST_NAME, REPORT_NAME, ZARR_ROOT_NAME, frames_array
 from janus_cache.store.manifest import check_compatible, merge_manifests
 
@@ -251,7 +251,10 @@ class PrecomputeJob:
         ``none`` a resume with nothing to do reads no shard's bytes, only records and sizes."""
         pending = []
         for shard in shards:
-            record = read_record(self.out, array, shard)
+            try:
+                record = read_record(self.out, array, shard)
+            except StoreError:  # a damaged record proves nothing: the shard is rewritten
+                record = None
             checksum = hashed(checksums, array, shard, n_shards)
             if record is None or verify_shard(self.out, record, checksum).problem is not None:
                 pending.append(shard)

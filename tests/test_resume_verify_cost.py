@@ -31,7 +31,7 @@ from conftest import REPO_ROOT, file_digests, write_test_profile
 
 from janus_cache.lock import LOCK_NAME
 from janus_cache.store.commit import SAMPLE_STRIDE, commit_shard, hashed, read_record
-from janus_cache.store.layout import FRAMES_GROUP, FEATURES_GROUP, TABLES_GROUP, features_array, frames_array
+from janus_cache.store.layout import CacheLayout, FRAMES_GROUP, FEATURES_GROUP, TABLES_GROUP, features_array, frames_array
 from janus_cache.store.manifest import read_manifest
 from janus_cache.verify import check_cache_for_training, check_integrity
 from pipelines import precompute
@@ -126,7 +126,7 @@ def test_a_resume_with_nothing_to_do_reads_no_shard_payload_unless_asked_to_hash
     assert digests(cache) == before
 
 
-def test_a_resume_trusts_committed_shards_by_size_and_checksums_all_rewrites_a_damaged_one(
+def test_a_resume_trusts_committed_shards_by_record_and_size_and_checksums_all_rewrites_a_flipped_one(
         sample_dataset: Path, profile: Path, cache: Path, reference: Path) -> None:
     damaged = shard_file(cache, feature_array(cache), 5)
     flip_byte(damaged)
@@ -138,6 +138,21 @@ def test_a_resume_trusts_committed_shards_by_size_and_checksums_all_rewrites_a_d
     result = run([*command, "--checksums", "all"])
     assert result.returncode == 0, result.stderr
     assert "[features] 36 samples, 34 already done" in result.stderr, result.stderr  # the 2 of shard 5 redone
+    assert digests(cache) == digests(reference)
+
+    # A shard whose size differs from its record is rewritten by the default resume.
+    truncated = shard_file(cache, frames_array(RESOLUTION), 3)
+    truncated.write_bytes(truncated.read_bytes()[:-1])
+    result = run(command)
+    assert result.returncode == 0, result.stderr
+    assert "[frames] 36 frames, 34 already done" in result.stderr, result.stderr
+    assert digests(cache) == digests(reference)
+
+    # So is a shard whose commit record is damaged (not JSON): it proves nothing.
+    CacheLayout(cache).commit_record(feature_array(cache), 7).write_text("{not json")
+    result = run(command)
+    assert result.returncode == 0, result.stderr
+    assert "[features] 36 samples, 34 already done" in result.stderr, result.stderr
     assert digests(cache) == digests(reference)
 
 

@@ -11,6 +11,7 @@ processes: :func:`plan_integrity` once, :func:`check_shards` on any share of the
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -146,7 +147,7 @@ def check_shard(root: Path | str, target: ShardTarget) -> ShardFinding:
     except StoreError as err:
         return ShardFinding(target, str(err))
     check = check_record(root, record, target.array, target.shard, range(target.start, target.stop),
-                         root / target.file, verify=True, checksum=target.hashed)
+                         os.path.join(root, target.file), verify=True, checksum=target.hashed)
     if not check.ok:
         return ShardFinding(target, check.problem)
     if target.manifest_sha256 and record is not None and record.sha256 != target.manifest_sha256:
@@ -158,9 +159,10 @@ def check_shard(root: Path | str, target: ShardTarget) -> ShardFinding:
 def check_shards(root: Path | str, targets: Sequence[ShardTarget],
                  on_progress: Callable[[ShardFinding], None] | None = None,
                  threads: int = DEFAULT_HASH_THREADS) -> list[ShardFinding]:
-    """:func:`check_shard` for each target, on ``threads`` threads; ``on_progress(finding)`` after
-    each, in this thread. Findings come back in the order of ``targets``."""
-    if threads <= 1 or len(targets) <= 1:
+    """:func:`check_shard` for each target, on ``threads`` threads when any target is hashed (record
+    and size checks alone are Python-bound: threads only add GIL contention); ``on_progress(finding)``
+    after each, in this thread. Findings come back in the order of ``targets``."""
+    if threads <= 1 or len(targets) <= 1 or not any(t.hashed for t in targets):
         findings = []
         for target in targets:
             findings.append(check_shard(root, target))
