@@ -143,7 +143,10 @@ def _integrity(opts: Options, ranks: Ranks, control: Control, progress: Progress
     # Shown in bytes read (rate in MB/s or GB/s, ETA) when anything is hashed, else in shards.
     to_read = sum(t.nbytes for t in mine)
     name = f"{INTEGRITY} (rank 0 of {ranks.world})" if ranks.world > 1 else INTEGRITY
-    progress.phase(name, to_read, "B") if to_read else progress.phase(name, len(mine), "shards")
+    if to_read:
+        progress.phase(name, to_read, "B")
+    else:
+        progress.phase(name, len(mine), "shards")
     done = [0]
 
     def advance(finding: ShardFinding) -> None:
