@@ -33,7 +33,7 @@ always hashed. Every other shard still has its commit record, file and byte size
 
 DEFAULT_HASH_THREADS = 4
 """Threads hashing shards in each process: reading and sha256 run without the GIL, so threads
-overlap the disk's latency with hashing (one process hashes ~1 GB/s on one core)."""
+overlap the disk's latency with hashing (one thread hashes ~0.7-1 GB/s of cached data here)."""
 
 
 @dataclass(frozen=True)
