@@ -291,8 +291,3 @@ def write_feature_shards(
         if pending_write is not None:
             pending_write.result()
 
-
-def committed_count(root: Path, array: str) -> int:
-    """Shards of ``array`` with a commit record (cheap: counts files; for progress only)."""
-    directory = CacheLayout(root).commit_dir(array)
-    return sum(1 for _ in directory.glob("*.json")) if directory.is_dir() else 0

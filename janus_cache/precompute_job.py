@@ -19,6 +19,8 @@ Which process runs which shard, barriers and progress displays belong to the cal
 
 from __future__ import annotations
 
+import errno
+import functools
 import json
 import shutil
 from collections.abc import Callable, Iterable, Sequence
@@ -26,7 +28,7 @@ from dataclasses import dataclass, replace
 from functools import cached_property
 from multiprocessing.pool import Pool
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -36,7 +38,6 @@ from janus_cache.encoder import WindowEncoder
 from janus_cache.plan import Plan, format_bytes, make_plan
 from janus_cache.precompute import (
     check_windows,
-    committed_count,
     frame_shape,
     frame_table,
     read_frame_failures,
@@ -50,13 +51,19 @@ from janus_cache.precompute import (
 from janus_cache.profile import CacheSettings
 from janus_cache.resolution import Resolution
 from janus_cache.store import CacheWriter, Manifest, open_writer, read_manifest, write_manifest
-from janus_cache.store.commit import atomic_write_bytes, read_record, verify_shard
+from janus_cache.store.commit import StoreError, atomic_write_bytes, hashed, read_record, verify_shard
 from janus_cache.store.layout import MANIFEST_NAME, REPORT_NAME, ZARR_ROOT_NAME, frames_array
 from janus_cache.store.manifest import check_compatible, merge_manifests
 
 
 class PrecomputeError(RuntimeError):
     """A refusal or failure with a one-line reason for the user."""
+
+
+DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
+"""Write failures that mean "no room": the filesystem is full, a quota or a file-size limit is hit."""
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 def disk_usage(path: Path) -> int:
@@ -81,6 +88,39 @@ def check_free_space(directory: Path, needed_bytes: float, force: bool) -> str |
     if not force:
         raise PrecomputeError(f"{problem}; free space or pass --force")
     return f"{problem}; starting anyway (--force)"
+
+
+def disk_full_problem(out: Path, err: OSError, doing: str, planned_bytes: float | None = None) -> str:
+    """The one line saying that writing the cache at ``out`` ran out of room while ``doing`` (e.g.
+    ``writing frame shard 3``), with the real byte counts (free now, held by the cache so far,
+    planned) and what to do next."""
+    free = shutil.disk_usage(out).free if out.exists() else 0
+    planned = f" of the {format_bytes(planned_bytes)} planned" if planned_bytes else ""
+    doing = f"writing {err.filename}" if err.filename else doing
+    return (f"{out}: no room left {doing} ({err.strerror or err}): the disk has {format_bytes(free)} free and the "
+            f"cache holds {format_bytes(disk_usage(out))}{planned}; free space and run the same command again "
+            "to resume (committed shards are kept)")
+
+
+def _disk_full_is_one_line(doing: str) -> Callable[[F], F]:
+    """A job step whose write runs out of room raises :class:`PrecomputeError` with
+    :func:`disk_full_problem` instead of the bare OSError (every step commits whole shards only,
+    so the cache is resumable as it is). ``doing`` names the step; ``{0}`` is its first argument."""
+
+    def decorate(step: F) -> F:
+        @functools.wraps(step)
+        def wrapped(self: PrecomputeJob, *args: Any, **kwargs: Any) -> Any:
+            try:
+                return step(self, *args, **kwargs)
+            except OSError as err:
+                if err.errno not in DISK_FULL_ERRNOS:
+                    raise
+                raise PrecomputeError(disk_full_problem(self.out, err, doing.format(*args), self.planned_bytes)) \
+                    from err
+
+        return wrapped  # type: ignore[return-value]
+
+    return decorate
 
 
 def remove_partials(root: Path) -> None:
@@ -155,6 +195,9 @@ class PrecomputeJob:
         self.settings = settings
         self.resolution = resolution
         self.encoder = encoder
+        self.planned_bytes: float | None = None
+        """The plan's size of the whole cache, for messages (set by ``prepare()``, or by the caller
+        on processes that did not prepare)."""
 
     # ------------------------------------------------------------------------------ queries
 
@@ -184,27 +227,36 @@ class PrecomputeJob:
         """Sample shards of the cache (after ``prepare_features()``)."""
         return len(self.writer.sample_shard_plan(self.resolution.name))
 
-    def frames_done(self) -> int:
-        """Frames in committed shards, roughly (counts commit files; for progress displays)."""
-        return committed_count(self.out, self.frames_array) * self.settings.frames_per_shard
+    @property
+    def frame_shard_rows(self) -> list[int]:
+        """Frames in each frame shard (after ``prepare()``)."""
+        return [len(rows) for rows in self.writer.frame_shard_plan(self.resolution.name)]
 
-    def samples_done(self) -> int:
-        """Samples in committed shards, roughly (counts commit files; for progress displays)."""
-        return committed_count(self.out, self.samples_array) * self.settings.samples_per_shard
+    @property
+    def feature_shard_rows(self) -> list[int]:
+        """Samples in each sample shard (after ``prepare_features()``)."""
+        return [len(rows) for rows in self.writer.sample_shard_plan(self.resolution.name)]
 
-    def pending_frame_shards(self, shards: Iterable[int]) -> list[int]:
-        """Those of ``shards`` that are not committed with a matching checksum (only they are hashed)."""
-        return self._pending(self.frames_array, shards)
+    def pending_frame_shards(self, shards: Iterable[int], checksums: str = "none") -> list[int]:
+        """Those of ``shards`` that are not committed, see :meth:`_pending`."""
+        return self._pending(self.frames_array, shards, self.n_frame_shards, checksums)
 
-    def pending_feature_shards(self, shards: Iterable[int]) -> list[int]:
-        """Those of ``shards`` that are not committed with a matching checksum (only they are hashed)."""
-        return self._pending(self.samples_array, shards)
+    def pending_feature_shards(self, shards: Iterable[int], checksums: str = "none") -> list[int]:
+        """Those of ``shards`` that are not committed, see :meth:`_pending`."""
+        return self._pending(self.samples_array, shards, self.n_feature_shards, checksums)
 
-    def _pending(self, array: str, shards: Iterable[int]) -> list[int]:
+    def _pending(self, array: str, shards: Iterable[int], n_shards: int, checksums: str) -> list[int]:
+        """Shards without a commit record, or whose file differs from it: in size always, in sha256
+        when ``checksums`` hashes the shard (:func:`~janus_cache.store.commit.hashed`). With
+        ``none`` a resume with nothing to do reads no shard's bytes, only records and sizes."""
         pending = []
         for shard in shards:
-            record = read_record(self.out, array, shard)
-            if record is None or verify_shard(self.out, record).problem is not None:
+            try:
+                record = read_record(self.out, array, shard)
+            except StoreError:  # a damaged record proves nothing: the shard is rewritten
+                record = None
+            checksum = hashed(checksums, array, shard, n_shards)
+            if record is None or verify_shard(self.out, record, checksum).problem is not None:
                 pending.append(shard)
         return pending
 
@@ -230,6 +282,7 @@ class PrecomputeJob:
 
     # -------------------------------------------------------------------------------- steps
 
+    @_disk_full_is_one_line("preparing the cache")
     def prepare(self, overwrite: bool = False, force: bool = False,
                 on_plan: Callable[[Plan], None] = lambda plan: None) -> Prepared:
         """Step 1 (one process): refusals, plan, free space, cleanup, frames table, manifest.
@@ -253,6 +306,7 @@ class PrecomputeJob:
             check_compatible(existing, wanted, source=str(out))
 
         plan = make_plan(self.index, self.encoder, self.resolution, self.settings.vggt_batch)
+        self.planned_bytes = plan.needed_bytes(self.cache_format)
         on_plan(plan)
         out.mkdir(parents=True, exist_ok=True)
         warning = check_free_space(out, plan.needed_bytes(self.cache_format) - disk_usage(out), force)
@@ -264,11 +318,13 @@ class PrecomputeJob:
         write_manifest(out, manifest)
         return Prepared(manifest, plan, (warning,) if warning else ())
 
+    @_disk_full_is_one_line("writing frame shard {0}")
     def frame_shard(self, shard: int, pool: Pool | None = None) -> dict[int, str]:
         """Step 2 (any process): decode, write and commit frame shard ``shard``, decoding in
         ``pool``'s worker processes when given; returns {frame row: reason} of frames that failed."""
         return write_frame_shard(self.writer, self.index, self.resolution, shard, pool)
 
+    @_disk_full_is_one_line("writing the samples table")
     def prepare_features(self) -> None:
         """Step 3 (one process, after every frame shard): samples table and feature storage."""
         height, width = frame_shape(self.index, self.resolution)
@@ -276,6 +332,7 @@ class PrecomputeJob:
         self.writer.prepare_samples(self.resolution.name, self.encoder.feature_shape(height, width),
                                     self.settings.feature_dtype, self.settings.samples_per_shard)
 
+    @_disk_full_is_one_line("writing feature shards")
     def feature_shards(self, shards: Sequence[int],
                        on_done: Callable[[int, int], None] = lambda shard, n: None) -> None:
         """Step 4 (any process, after ``prepare_features()``): encode, write and commit the given
@@ -283,6 +340,7 @@ class PrecomputeJob:
         write_feature_shards(self.writer, self.encoder, self.resolution.name, shards,
                              np.asarray(self._sample_table["window_rows"]), self.settings.vggt_batch, on_done)
 
+    @_disk_full_is_one_line("writing the manifest and report")
     def finish(self) -> Outcome:
         """Step 5 (one process, after every shard): final manifest with its shard table, report.json."""
         current = read_manifest(self.out)

@@ -9,7 +9,8 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -18,6 +19,7 @@ from typing import Any, NoReturn, TypeVar
 import torch.distributed as dist
 
 from janus_cache.lock import DirectoryLock
+from janus_cache.plan import format_bytes
 
 T = TypeVar("T")
 
@@ -94,6 +96,33 @@ class Control:
             raise RankFailed(value)
         return value
 
+    def gather(self, fn: Callable[[], T], plain: tuple[type[BaseException], ...] = (ValueError,)) -> list[T]:
+        """Run ``fn`` on every rank and give every rank all results (rank order).
+
+        A failure on any rank fails every rank alike (:class:`RankFailed`) with a one-line reason:
+        the message of an exception of a ``plain`` type (a user-facing error) as is, of any other
+        with its type named; the same reason on every rank once, else the lowest failing rank's,
+        naming it. Every rank reaches the exchange (its own failure is caught), so no rank is left
+        waiting in a barrier for one that died.
+        """
+        try:
+            mine: tuple[str, Any] = ("ok", fn())
+        except Exception as err:  # noqa: BLE001 - re-raised on every rank below
+            mine = ("error", str(err) if isinstance(err, plain) and str(err) else f"{type(err).__name__}: {err}")
+        parts: list[Any] = [mine]
+        if self.distributed:
+            parts = [None] * self.ranks.world
+            dist.all_gather_object(parts, mine)
+        errors = {rank: value for rank, (status, value) in enumerate(parts) if status == "error"}
+        if len(errors) == len(parts) and len(set(errors.values())) == 1:
+            raise RankFailed(next(iter(errors.values())))
+        if errors:
+            first = min(errors)
+            others = f" (rank{'s' if len(errors) > 2 else ''} {', '.join(map(str, sorted(errors)[1:]))} failed too)" \
+                if len(errors) > 1 else ""
+            raise RankFailed(f"rank {first}: {errors[first]}{others}")
+        return [value for _, value in parts]
+
     def close(self) -> None:
         if self.distributed and dist.is_initialized():
             dist.destroy_process_group()
@@ -119,6 +148,28 @@ def lock_on_main(control: Control, directory: Path, exclusive: bool = True) -> D
     return held[0] if held else None
 
 
+class CommitTally:
+    """Rows of a phase committed so far, counted from commit records without listing a directory.
+
+    Knows every rank's pending shards (each rank writes its own in increasing order) and, per
+    call, looks only at the next pending shard of each rank until it finds one without a record:
+    O(shards + calls x ranks) over a phase, where listing the records at each call is O(shards^2).
+    """
+
+    def __init__(self, committed: Callable[[int], bool], shard_rows: Sequence[int],
+                 pending_by_rank: Sequence[Sequence[int]]) -> None:
+        self._committed = committed
+        self._rows = shard_rows
+        self._queues = [deque(pending) for pending in pending_by_rank]
+        self.done = sum(shard_rows) - sum(shard_rows[s] for pending in pending_by_rank for s in pending)
+
+    def __call__(self) -> int:
+        for queue in self._queues:
+            while queue and self._committed(queue[0]):
+                self.done += self._rows[queue.popleft()]
+        return self.done
+
+
 class Progress:
     """One progress display for the whole job: a bar on a terminal, periodic log lines otherwise.
 
@@ -138,21 +189,30 @@ class Progress:
         self._done = 0
         self._initial = 0
         self._last_poll = 0.0
+        self._bytes = False
 
     def phase(self, name: str, total: int, unit: str, done: int = 0) -> None:
+        """Start a phase of ``total`` units (``unit``: e.g. ``frames``; ``B``: bytes, shown scaled
+        as kB/MB/GB with their rate), ``done`` of them already done before this run."""
         self.close()
         done = min(done, total)
         self._phase, self._total, self._done, self._initial = name, total, done, done
+        self._bytes = unit == "B"
         self._start = self._last_log = time.perf_counter()
         if not self.enabled:
             return
         if self.tty:
             from tqdm import tqdm
 
-            self._bar = tqdm(total=total, initial=done, desc=name, unit=f" {unit}", dynamic_ncols=True)
+            self._bar = tqdm(total=total, initial=done, desc=name, unit=unit if self._bytes else f" {unit}",
+                             unit_scale=self._bytes, unit_divisor=1000, dynamic_ncols=True)
         else:
-            resumed = f", {done} already done" if done else ""
-            print(f"[{name}] {total} {unit}{resumed}", file=sys.stderr, flush=True)
+            resumed = f", {self._amount(done)} already done" if done else ""
+            amount = self._amount(total) if self._bytes else f"{total} {unit}"
+            print(f"[{name}] {amount}{resumed}", file=sys.stderr, flush=True)
+
+    def _amount(self, n: float) -> str:
+        return format_bytes(n) if self._bytes else f"{n:.0f}"
 
     def update(self, done: int) -> None:
         done = min(done, self._total)
@@ -167,8 +227,8 @@ class Progress:
             rate = (done - self._initial) / max(now - self._start, 1e-9)
             eta = (self._total - done) / rate if rate > 0 else float("inf")
             print(
-                f"[{self._phase}] {done}/{self._total} ({100 * done / max(self._total, 1):.0f}%) "
-                f"{rate:.1f}/s, ETA {eta:.0f}s",
+                f"[{self._phase}] {self._amount(done)}/{self._amount(self._total)} "
+                f"({100 * done / max(self._total, 1):.0f}%) {self._amount(rate)}/s, ETA {eta:.0f}s",
                 file=sys.stderr,
                 flush=True,
             )

@@ -24,12 +24,13 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from janus_cache.index import DatasetIndex, build_index
 from janus_cache.encoder import WindowEncoder
 from janus_cache.plan import Plan
-from janus_cache.precompute_job import PrecomputeJob, Prepared
+from janus_cache.precompute_job import PrecomputeError, PrecomputeJob, Prepared
 from janus_cache.profile import Profile, load_profile
 from janus_cache.device import process_device
 from janus_cache.resolution import Resolution
+from janus_cache.store.commit import CHECKSUM_MODES, is_committed
 from janus_cache.store.split import shards_for
-from pipelines.distributed import Control, Progress, RankFailed, Ranks, fail_alike, lock_on_main
+from pipelines.distributed import CommitTally, Control, Progress, RankFailed, Ranks, fail_alike, lock_on_main
 from pipelines.launcher import spawn_pool
 
 
@@ -46,6 +47,9 @@ class Options:
     workers: Optional[int] = None
     strict: bool = False
     image_root: Optional[Path] = None
+    checksums: str = "none"
+    """Committed shards a resume hashes before trusting them: ``none`` (commit record and byte
+    size only: no shard payload is read), ``sample`` (one in 16 and every table) or ``all``."""
 
 
 def _device(profile: Profile, ranks: Ranks) -> str:
@@ -100,26 +104,38 @@ def run(opts: Options) -> int:
         )
         encoder = WindowEncoder.from_settings(profile.vggt, profile.cache, _device(profile, ranks))
         job = PrecomputeJob(index, opts.out, opts.cache_format, profile.cache, resolution, encoder)
-        control.on_main(lambda: _prepare(job, opts, resolution, ranks.world, workers))
+        prepared = control.on_main(lambda: _prepare(job, opts, resolution, ranks.world, workers))
+        job.planned_bytes = prepared.plan.needed_bytes(opts.cache_format)
+        # Every rank's shard work ends in an exchange instead of a barrier: a rank that fails (a
+        # full disk, a bad file) makes every rank stop with its one-line reason, none waits for it.
+        user_errors = (ValueError, PrecomputeError)
 
         # Frames phase: decode sources in worker processes, one writer per shard.
-        mine = job.pending_frame_shards(shards_for(job.n_frame_shards, ranks.rank, ranks.world))
-        progress.phase("frames", job.n_frames, "frames", job.frames_done() if ranks.is_main else 0)
-        pool_context = spawn_pool(workers) if workers > 1 and mine else nullcontext(None)
-        with pool_context as pool:
-            for shard in mine:
-                job.frame_shard(shard, pool)
-                progress.poll(job.frames_done)
-        control.barrier()
-        progress.poll(job.frames_done, force=True)
+        pending = control.gather(lambda: job.pending_frame_shards(
+            shards_for(job.n_frame_shards, ranks.rank, ranks.world), opts.checksums), user_errors)
+        mine = pending[ranks.rank]
+        tally = CommitTally(lambda shard: is_committed(opts.out, job.frames_array, shard), job.frame_shard_rows, pending)
+        progress.phase("frames", job.n_frames, "frames", tally.done)
+
+        def frames() -> None:
+            with spawn_pool(workers) if workers > 1 and mine else nullcontext(None) as pool:
+                for shard in mine:
+                    job.frame_shard(shard, pool)
+                    progress.poll(tally)
+
+        control.gather(frames, user_errors)
+        progress.poll(tally, force=True)
 
         # Features phase: windows read back from the stored frames, encoded in batches.
         control.on_main(job.prepare_features)
-        mine = job.pending_feature_shards(shards_for(job.n_feature_shards, ranks.rank, ranks.world))
-        progress.phase("features", len(job.samples), "samples", job.samples_done() if ranks.is_main else 0)
-        job.feature_shards(mine, on_done=lambda shard, n: progress.poll(job.samples_done))
-        control.barrier()
-        progress.poll(job.samples_done, force=True)
+        pending = control.gather(lambda: job.pending_feature_shards(
+            shards_for(job.n_feature_shards, ranks.rank, ranks.world), opts.checksums), user_errors)
+        mine = pending[ranks.rank]
+        tally = CommitTally(lambda shard: is_committed(opts.out, job.samples_array, shard), job.feature_shard_rows,
+                            pending)
+        progress.phase("features", len(job.samples), "samples", tally.done)
+        control.gather(lambda: job.feature_shards(mine, on_done=lambda shard, n: progress.poll(tally)), user_errors)
+        progress.poll(tally, force=True)
         progress.close()
         seconds = time.perf_counter() - started
         return control.on_main(lambda: _finish(job, opts, seconds))
@@ -148,16 +164,21 @@ def command(
     allow_failures: Annotated[int, typer.Option(min=0, help="Samples allowed to fail before exit code 1.")] = 0,
     workers: Annotated[Optional[int], typer.Option(min=1, help="Decode processes per rank.")] = None,
     strict: Annotated[bool, typer.Option(help="Fail on any dataset problem instead of skipping.")] = False,
+    checksums: Annotated[str, typer.Option(
+        help="On resume, committed shards to re-hash before trusting them: none (commit record and size only), "
+             "sample (1 shard in 16 + tables) or all.")] = "none",
 ) -> None:
     """Precompute a cache of frozen-VGGT features and uint8 frames (resumable)."""
     if cache_format not in ("zarr", "wds"):
         raise typer.BadParameter(f"--format must be zarr or wds, got {cache_format!r}")
+    if checksums not in CHECKSUM_MODES:
+        raise typer.BadParameter(f"--checksums must be one of {', '.join(CHECKSUM_MODES)}, got {checksums!r}")
     try:  # parsed at the edge: a bad name is a one-line error before any rank starts work
         parsed = Resolution.parse(resolution) if resolution is not None else None
     except ValueError as err:
         fail_alike(Ranks.from_env(), f"--resolution: {err}", code=2)
     opts = Options(data, out, profile, cache_format, parsed, overwrite, force, allow_failures, workers, strict,
-                   image_root)
+                   image_root, checksums)
     raise typer.Exit(run(opts))
 
 

@@ -20,10 +20,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, TypeVar
 
 import torch
-import torch.distributed as dist
 import typer
 from torch.distributed.elastic.multiprocessing.errors import record
 
@@ -36,6 +35,7 @@ from janus_cache.profile import Profile, load_profile
 from janus_cache.verify import (
     CHECK_NAMES,
     CHECKSUM_MODES,
+    DEFAULT_HASH_THREADS,
     DEFAULT_LIVE_SAMPLES,
     DEFAULT_SEED,
     INTEGRITY,
@@ -80,6 +80,8 @@ class Options:
     """File for the JSON report; ``-`` prints it on stdout (and the table on stderr)."""
     checkpoint: Path | None = None
     """A reference JanusVLN checkpoint directory whose encoder and fused embeddings replace the profile's."""
+    threads: int = DEFAULT_HASH_THREADS
+    """Threads hashing shards in each process (``--threads``); ranks split the shards between them."""
 
 
 @dataclass(frozen=True)
@@ -123,21 +125,7 @@ def gather(control: Control, fn: Callable[[], T]) -> list[T]:
     """Run ``fn`` on every rank and give every rank all results (rank order); any rank's failure
     fails every rank alike, with that rank's reason (once, unnamed, when every rank gives the same
     one, as for bad input such as a damaged checkpoint)."""
-    try:
-        mine: tuple[str, Any] = ("ok", fn())
-    except Exception as err:  # noqa: BLE001 - re-raised on every rank below
-        # A ValueError's message is the one-line reason for the user; other types are named.
-        mine = ("error", str(err) if isinstance(err, ValueError) and str(err) else f"{type(err).__name__}: {err}")
-    parts: list[Any] = [mine]
-    if control.distributed:
-        parts = [None] * control.ranks.world
-        dist.all_gather_object(parts, mine)
-    errors = {rank: value for rank, (status, value) in enumerate(parts) if status == "error"}
-    if len(errors) == len(parts) and len(set(errors.values())) == 1:
-        raise RankFailed(next(iter(errors.values())))
-    if errors:
-        raise RankFailed("; ".join(f"rank {rank}: {reason}" for rank, reason in errors.items()))
-    return [value for _, value in parts]
+    return control.gather(fn)
 
 
 def everywhere(control: Control, fn: Callable[[], T]) -> T:
@@ -152,8 +140,20 @@ def _integrity(opts: Options, ranks: Ranks, control: Control, progress: Progress
     started = time.perf_counter()
     plan = control.on_main(lambda: plan_integrity(opts.cache, opts.checksums, opts.seed))
     mine = share(plan.targets, ranks.rank, ranks.world)
-    progress.phase(f"{INTEGRITY} (rank 0 of {ranks.world})" if ranks.world > 1 else INTEGRITY, len(mine), "shards")
-    parts = gather(control, lambda: check_shards(opts.cache, mine, progress.update))
+    # Shown in bytes read (rate in MB/s or GB/s, ETA) when anything is hashed, else in shards.
+    to_read = sum(t.nbytes for t in mine)
+    name = f"{INTEGRITY} (rank 0 of {ranks.world})" if ranks.world > 1 else INTEGRITY
+    if to_read:
+        progress.phase(name, to_read, "B")
+    else:
+        progress.phase(name, len(mine), "shards")
+    done = [0]
+
+    def advance(finding: ShardFinding) -> None:
+        done[0] += finding.target.nbytes if to_read else 1
+        progress.update(done[0])
+
+    parts = gather(control, lambda: check_shards(opts.cache, mine, advance, opts.threads))
     findings: list[ShardFinding] = [f for part in parts for f in part]
     progress.close()
     return control.on_main(lambda: integrity_result(opts.cache, plan, findings, time.perf_counter() - started))
@@ -326,7 +326,10 @@ def command(
         help="Profile (name or YAML path) whose settings and models the cache must match.")] = "tiny",
     live: Annotated[int, typer.Option(
         min=0, help="Samples to recompute from the sources (0: none).")] = DEFAULT_LIVE_SAMPLES,
-    checksums: Annotated[str, typer.Option(help="Shards to hash: all, sample (a seeded 5% subset) or none.")] = "all",
+    checksums: Annotated[str, typer.Option(
+        help="Shards to hash: all, sample (1 in 16 of each array, chosen by --seed, and every table) or none "
+             "(commit record, file and size only).")] = "all",
+    threads: Annotated[int, typer.Option(min=1, help="Threads hashing shards in each process.")] = DEFAULT_HASH_THREADS,
     seed: Annotated[int, typer.Option(help="Seed choosing the live samples and sampled checksums.")] = DEFAULT_SEED,
     json_report: Annotated[Path | None, typer.Option(
         "--json", help="Write the report as JSON to this file ('-': stdout, the table then goes to stderr).")] = None,
@@ -337,7 +340,7 @@ def command(
     """Check that a cache is complete, intact, current and equal to the live path; exit 1 if not."""
     if checksums not in CHECKSUM_MODES:
         raise typer.BadParameter(f"--checksums must be one of {', '.join(CHECKSUM_MODES)}, got {checksums!r}")
-    raise typer.Exit(run(Options(cache, data, profile, live, checksums, seed, json_report, checkpoint)))
+    raise typer.Exit(run(Options(cache, data, profile, live, checksums, seed, json_report, checkpoint, threads)))
 
 
 @record  # torchrun's failure summary then shows the failing rank's exception

@@ -17,13 +17,37 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import stat
 import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from janus_cache.store.layout import CacheLayout
+from janus_cache.store.layout import CacheLayout, is_table_array
+from janus_cache.store.layout import commit_record as commit_record_path
 
 _HASH_BLOCK = 1 << 22  # read shards in 4 MiB blocks when hashing: large enough to be IO-bound
+
+CHECKSUM_MODES: tuple[str, ...] = ("all", "sample", "none")
+"""Which committed shards a check hashes (the trust policy of resume and verify, see :func:`hashed`)."""
+
+SAMPLE_STRIDE = 16
+"""``sample`` mode hashes one shard in this many of each frame / feature / tar array."""
+
+
+def hashed(checksums: str, array: str, shard: int, n_shards: int, seed: int = 0) -> bool:
+    """Whether checksum mode ``checksums`` hashes shard ``shard`` of ``array`` (``n_shards`` shards).
+
+    ``all`` hashes every shard and ``none`` none (a committed shard is then trusted by its commit
+    record and its file's byte size: no payload byte is read). ``sample`` hashes every table column
+    (metadata: small, and every row of the cache depends on it) and, of every other array, the
+    shards ``i`` with ``i % 16 == seed % min(16, n_shards)``: one in 16, at least one per array,
+    deterministic, and another subset for another ``seed``.
+    """
+    if checksums not in CHECKSUM_MODES:
+        raise ValueError(f"checksums must be one of {', '.join(CHECKSUM_MODES)}, got {checksums!r}")
+    if checksums == "sample" and not is_table_array(array):
+        return shard % SAMPLE_STRIDE == seed % max(1, min(SAMPLE_STRIDE, n_shards))
+    return checksums != "none"
 
 
 class StoreError(RuntimeError):
@@ -166,12 +190,21 @@ class ShardCheck:
 
 def read_record(root: Path, array: str, shard: int) -> CommitRecord | None:
     """The commit record of a shard, or None when the shard is not committed."""
-    path = CacheLayout(root).commit_record(array, shard)
+    # Plain string paths: a start-up check reads one record per shard (tens of thousands), where
+    # pathlib's parsing costs more than the read itself.
+    path = os.path.join(root, commit_record_path(array, shard))
     try:
-        text = path.read_text()
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
     except FileNotFoundError:
         return None
-    return CommitRecord.from_json(text, source=str(path))
+    return CommitRecord.from_json(text, source=path)
+
+
+def is_committed(root: Path, array: str, shard: int) -> bool:
+    """Whether the shard's commit record exists (one ``stat``; for progress displays, which must
+    not list the commit directory over and over)."""
+    return CacheLayout(root).commit_record(array, shard).is_file()
 
 
 def uncommit(root: Path, array: str, shard: int) -> None:
@@ -218,10 +251,14 @@ def commit_shard(root: Path, array: str, shard: int, rows: range, file: Path) ->
 def verify_shard(root: Path, record: CommitRecord, checksum: bool = True) -> ShardCheck:
     """Check that the shard file of ``record`` exists and has exactly the recorded bytes
     (without ``checksum`` only its size is compared: cheap at any cache size)."""
-    path = Path(root) / record.file
-    if not path.is_file():
+    path = os.path.join(root, record.file)
+    try:
+        status = os.stat(path)
+    except FileNotFoundError:
+        status = None
+    if status is None or not stat.S_ISREG(status.st_mode):
         return ShardCheck(record.array, record.shard, f"shard {record.name} is missing its file {path}")
-    nbytes, digest = sha256_file(path) if checksum else (path.stat().st_size, record.sha256)
+    nbytes, digest = sha256_file(Path(path)) if checksum else (status.st_size, record.sha256)
     if nbytes != record.nbytes:
         return ShardCheck(
             record.array,
@@ -249,9 +286,15 @@ def check_shard(root: Path, array: str, shard: int, rows: range, file: Path, ver
         record = read_record(root, array, shard)
     except StoreError as exc:
         return ShardCheck(array, shard, str(exc))
+    return check_record(root, record, array, shard, rows, file, verify, checksum)
+
+
+def check_record(root: Path, record: CommitRecord | None, array: str, shard: int, rows: range, file: Path,
+                 verify: bool = True, checksum: bool = True) -> ShardCheck:
+    """:func:`check_shard` for a record already read (None: the shard has none)."""
     if record is None:
         return ShardCheck(array, shard, f"shard {array}#{shard} is not committed (no commit record)")
-    expected_file = Path(file).relative_to(root).as_posix()
+    expected_file = Path(os.path.relpath(file, root)).as_posix()
     if (record.start, record.stop, record.file) != (rows.start, rows.stop, expected_file):
         return ShardCheck(
             array,

@@ -265,7 +265,8 @@ class ZarrGroup:
         return values.pop(KEY_COLUMN), values
 
     def read_column(self, table: str, column: str) -> np.ndarray | list[str]:
-        """One whole column of a table (text as a list of str), without reading the other columns."""
+        """One whole column: a numeric array, or a text column as a list of str (only this column
+        is read and decoded)."""
         kind = self.table_columns(table).get(column)
         if kind is None:
             raise StoreError(f"the {table!r} table of {self.root} has no column {column!r}")
@@ -277,12 +278,4 @@ class ZarrGroup:
 
     def read_table(self, table: str) -> dict[str, np.ndarray | list[str]]:
         """A whole table: numeric columns as arrays, text columns as lists of str."""
-        result: dict[str, np.ndarray | list[str]] = {}
-        for column, kind in self.table_columns(table).items():
-            if kind == "utf8":
-                offsets = self._column_array(table, column, TEXT_OFFSETS)
-                payload = self._array(table_column(table, column, TEXT_PAYLOAD))[...].tobytes()
-                result[column] = [payload[a:b].decode("utf-8") for a, b in pairwise(offsets)]
-            else:
-                result[column] = self._column_array(table, column)
-        return result
+        return {column: self.read_column(table, column) for column in self.table_columns(table)}

@@ -37,6 +37,7 @@ from janus_cache.verify.gate import check_cache_for_training
 from janus_cache.verify.integrity import (
     CHECKSUM_MODES,
     CHECKSUM_SAMPLE_FRACTION,
+    DEFAULT_HASH_THREADS,
     IntegrityPlan,
     ShardFinding,
     ShardTarget,
@@ -81,6 +82,7 @@ __all__ = [
     "CHECKSUM_SAMPLE_FRACTION",
     "CHECK_NAMES",
     "COMPLETENESS",
+    "DEFAULT_HASH_THREADS",
     "DEFAULT_LIVE_SAMPLES",
     "DEFAULT_SEED",
     "EMBEDDING_TOLERANCES",

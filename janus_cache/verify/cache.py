@@ -42,6 +42,8 @@ class CheckedCache:
         self.layout = CacheLayout(self.root)
         self.group = ZarrGroup(self.root, read_only=True)
         self._tables: dict[str, dict[str, Any]] = {}
+        self._keys: dict[str, list[str]] = {}
+        self._unreadable: set[str] = set()
 
     @property
     def format(self) -> str:
@@ -64,14 +66,23 @@ class CheckedCache:
         return self._tables[name]
 
     def keys(self, table: str) -> list[str]:
-        return list(self.table(table)[KEY_COLUMN])
+        """The table's key column, read and decoded once (not the other text columns); not to be
+        modified by callers."""
+        if table not in self._keys:
+            cached = self._tables.get(table)
+            self._keys[table] = list(cached[KEY_COLUMN]) if cached is not None else list(
+                self.group.read_column(table, KEY_COLUMN))
+        return self._keys[table]
 
     def readable_keys(self, table: str) -> list[str] | None:
-        """The table's keys, or None when a damaged table cannot be read (names messages only)."""
-        try:
-            return self.keys(table)
-        except Exception:  # noqa: BLE001 - the damage itself is reported by the check that reads it
-            return None
+        """The table's keys, or None when a damaged table cannot be read (names messages only;
+        tried once)."""
+        if table not in self._unreadable:
+            try:
+                return self.keys(table)
+            except Exception:  # noqa: BLE001 - the damage itself is reported by the check that reads it
+                self._unreadable.add(table)
+        return None
 
     def name_of(self, table: str, row: int) -> str:
         """The key of ``row`` for messages, or ``row N`` when the keys cannot be read."""
