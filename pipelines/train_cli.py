@@ -33,6 +33,7 @@ def export_cmd(
     """Consolidate a ZeRO-3 checkpoint into 16-bit (or fp32) weights: HF weights plus the janus
     heads, or a reference JanusVLN checkpoint directory."""
     from janus_cache.profile import ProfileError, load_profile
+    from janus_train.checkpoints import LATEST_FILE
     from janus_train.config import load_train_settings
     from janus_train.export import FORMATS, export, export_janusvln
     from janus_train.reference_checkpoint import ReferenceCheckpointError, run_model_config
@@ -51,7 +52,7 @@ def export_cmd(
     if fmt == "janusvln" and vggt is None:
         typer.echo(f"error: --format janusvln needs --vggt PATH (profile {prof.name} names no vggt.path)", err=True)
         raise typer.Exit(2)
-    if not (run / CHECKPOINTS / "latest").is_file() and tag is None:
+    if not (run / CHECKPOINTS / LATEST_FILE).is_file() and tag is None:
         typer.echo(f"error: {run / CHECKPOINTS} holds no checkpoint", err=True)
         raise typer.Exit(1)
     try:
