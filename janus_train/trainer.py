@@ -3,8 +3,14 @@
 One optimizer step = ``grad_accum`` micro-batches per rank. The micro-batches of a step are
 fetched first (that time is the step's data wait), the loss normaliser is all-reduced over the
 whole accumulated batch of all ranks, then each micro-batch's share of the loss is backpropagated
-(see ``janus_train.loss``). Checkpoints store the data position, so a resumed run continues with
-the next unseen sample at once.
+(see ``janus_train.loss``).
+
+Data position: every epoch is one global sample sequence (:mod:`janus_train.mixture`; one cache:
+its seeded permutation), and every optimizer step consumes its next ``samples_per_step`` =
+``micro_batch x grad_accum x world`` items, dealt round-robin to ranks. A checkpoint stores the
+position as samples consumed of the epoch's sequence, so a resumed run continues with the next
+unseen sample at once, on the same or (zarr caches) another number of processes, provided the
+global batch is unchanged (``janus_train.elastic``).
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ import os
 import random
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -32,12 +38,23 @@ from janus_cache.profile import Profile
 from janus_cache.device import process_device
 from janus_cache.resolution import Resolution, visual_tokens
 from janus_cache.store import OpenedCache, open_cache
+from janus_cache.store.split import rank_share_from
 from janus_train.config import TrainSettings, deepspeed_config, load_train_settings
-from janus_train.data import CachedSamples, EpochSampler, LiveSamples, StreamedSamples, collate
+from janus_train.data import CachedSamples, LiveSamples, StreamedSamples, collate
+from janus_train.elastic import (
+    DataLayout,
+    ResumeError,
+    check_resumable,
+    read_client_state,
+    repair_universal_load,
+    resolve_resume_tag,
+    universal_checkpoint,
+)
 from janus_train.gpu_specs import peak_flops
 from janus_train.logs import RunLog
 from janus_train.nonfinite import NonFiniteStep, nonfinite_message
 from janus_train.loss import LossDenominators, micro_batch_loss
+from janus_train.mixture import CacheSource, MixedSamples, Mixture, MixtureError, check_same_encoding
 from janus_train.prompt import IGNORE_INDEX, SEGMENT_NAMES, PromptBuilder
 from janus_train.reference_checkpoint import start_model
 
@@ -135,8 +152,17 @@ def open_training_cache(profile: Profile, cache: Path) -> OpenedCache:
                       variant=window_variant(profile.cache).name)
 
 
-def make_dataset(profile: Profile, builder: PromptBuilder, cache: Path | None, live_data: Path | None,
-                 rank: int, world: int) -> Dataset:
+def cache_sources(cache: Path | Sequence[CacheSource]) -> list[CacheSource]:
+    """A run's caches: one directory (weight 1, named after it) or several weighted sources."""
+    if isinstance(cache, (str, Path)):
+        return [CacheSource(Path(cache).name or str(cache), Path(cache), 1.0)]
+    return list(cache)
+
+
+def make_dataset(profile: Profile, builder: PromptBuilder, cache: Path | Sequence[CacheSource] | None,
+                 live_data: Path | None, rank: int, world: int) -> Dataset:
+    """The run's samples: live, one cache (zarr: map-style; webdataset: this rank's stream), or
+    several zarr caches as one :class:`MixedSamples`."""
     if live_data is not None:
         from janus_cache.index import build_index
 
@@ -144,10 +170,19 @@ def make_dataset(profile: Profile, builder: PromptBuilder, cache: Path | None, l
                             subinstruction_rule=profile.cache.subinstruction_rule)
         return LiveSamples(index, builder, Resolution.parse(profile.cache.resolution))
     assert cache is not None
-    opened = open_training_cache(profile, cache)
-    if opened.streaming:
-        return StreamedSamples(opened.reader, builder, rank=rank, world=world)
-    return CachedSamples(opened.reader, builder)
+    sources = cache_sources(cache)
+    opened = [(source.name, open_training_cache(profile, source.path)) for source in sources]
+    if len(sources) == 1:
+        one = opened[0][1]
+        if one.streaming:
+            return StreamedSamples(one.reader, builder, rank=rank, world=world)
+        return CachedSamples(one.reader, builder)
+    streamed = [name for name, o in opened if o.streaming]
+    if streamed:
+        raise MixtureError(f"cache {streamed[0]!r} is a webdataset (streaming) cache: a weighted mixture draws "
+                           "samples at random positions, which needs zarr caches")
+    check_same_encoding(opened)
+    return MixedSamples([name for name, _ in opened], [CachedSamples(o.reader, builder) for _, o in opened])
 
 
 def lr_lambda(total_steps: int, warmup_steps: int, step: int) -> float:
@@ -159,8 +194,8 @@ def lr_lambda(total_steps: int, warmup_steps: int, step: int) -> float:
 
 
 class Trainer:
-    def __init__(self, profile: Profile, settings: TrainSettings, out_dir: Path, cache: Path | None = None,
-                 live_data: Path | None = None) -> None:
+    def __init__(self, profile: Profile, settings: TrainSettings, out_dir: Path,
+                 cache: Path | Sequence[CacheSource] | None = None, live_data: Path | None = None) -> None:
         if (cache is None) == (live_data is None):
             raise ValueError("train from exactly one of a cache or (live) source data")
         self.profile, self.settings, self.out_dir = profile, settings, Path(out_dir)
@@ -173,17 +208,29 @@ class Trainer:
         self.pad_token_id = self.builder.pad_token_id
         self.dataset = make_dataset(profile, self.builder, cache, live_data, self.rank, self.world)
         self.streaming = isinstance(self.dataset, StreamedSamples)
+        self.sources = cache_sources(cache) if cache is not None else [CacheSource("live", Path(live_data), 1.0)]
+        sizes = self.dataset.sizes if isinstance(self.dataset, MixedSamples) else (len(self.dataset),)
+        # The one global sample sequence of every epoch (one source: its seeded permutation).
+        self.order = Mixture(sizes, tuple(s.weight for s in self.sources), settings.seed)
+        self.samples_per_step = settings.micro_batch * settings.grad_accum * self.world
+        # A checkpoint to continue is checked before any model is built (a refusal costs nothing);
+        # one of another world size is loaded as a universal checkpoint, which the engine must
+        # know when it is built.
+        self._resume_tag = resolve_resume_tag(self.checkpoint_dir())
+        self._saved_state = read_client_state(self.checkpoint_dir(), self._resume_tag) if self._resume_tag else None
+        if self._saved_state is not None:
+            check_resumable(self.checkpoint_dir() / self._resume_tag, self._saved_state, self.data_layout())
+        self._elastic = self._saved_state is not None and self._saved_state["data_layout"]["world"] != self.world
 
         # The frozen VGGT is built only to train live or to recompute a batch live now and then.
         live = live_data is not None or settings.live_check_every > 0
         model = start_model(profile, settings, live=live, device=self.device)
         model.set_gradient_checkpointing(settings.gradient_checkpointing)
         self.loss_config = settings.loss_config()
-        self.samples_per_step = settings.micro_batch * settings.grad_accum * self.world
-        self.steps_per_epoch = len(self.dataset) // self.samples_per_step
+        self.steps_per_epoch = self.order.epoch_length // self.samples_per_step
         if self.steps_per_epoch == 0:
             raise ValueError(
-                f"{len(self.dataset)} samples are fewer than one optimizer step "
+                f"{self.order.epoch_length} samples are fewer than one optimizer step "
                 f"({settings.micro_batch} x {settings.grad_accum} x {self.world} processes)"
             )
         planned = self.steps_per_epoch * settings.epochs
@@ -196,6 +243,8 @@ class Trainer:
         warmup = max(1, round(settings.warmup_ratio * self.total_steps))
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, partial(lr_lambda, self.total_steps, warmup))
         config = deepspeed_config(settings, bf16=profile.compute_dtype == "bfloat16")
+        if self._elastic:
+            config["checkpoint"] = {"load_universal": True}
         self.engine, _, _, self.scheduler = deepspeed.initialize(
             model=model, optimizer=optimizer, lr_scheduler=scheduler, config=config
         )
@@ -205,7 +254,7 @@ class Trainer:
         self.step = 0
         self._saved_step = -1
         self.epoch = 0
-        self.position = 0  # micro-batch samples of this rank already consumed in this epoch
+        self.position = 0  # samples of this epoch's global sequence consumed by all ranks together
         self.nonfinite_skips = 0
         self.metrics_file = self.out_dir / METRICS_FILE
         self.log = RunLog(self.out_dir, self.metrics_file, self.total_steps, settings.wandb_project,
@@ -216,27 +265,42 @@ class Trainer:
     def checkpoint_dir(self) -> Path:
         return self.out_dir / CHECKPOINTS
 
-    def data_layout(self) -> dict[str, int]:
-        """What a data position means: positions count this rank's samples of an epoch's
-        permutation, so a resumed run must split the data the same way."""
-        return {"world": self.world, "micro_batch": self.settings.micro_batch,
-                "grad_accum": self.settings.grad_accum, "n_samples": len(self.dataset), "seed": self.settings.seed}
+    def data_layout(self) -> DataLayout:
+        """What a data position means: samples consumed of the epoch's global sequence, which
+        depends on the sources, their sizes and weights and the seed; the step size (global
+        batch) must match too, the split over processes need not (zarr)."""
+        return DataLayout(world=self.world, micro_batch=self.settings.micro_batch,
+                          grad_accum=self.settings.grad_accum, n_samples=self.order.epoch_length,
+                          seed=self.settings.seed, streaming=self.streaming,
+                          sources=tuple((s.name, n, s.weight) for s, n in zip(self.sources, self.order.sizes)))
 
     def resume(self) -> bool:
         """Continue from the latest checkpoint in ``out_dir``, if any: weights, optimizer and LR
-        schedule (DeepSpeed's part), then the data position and this rank's RNG states."""
-        if not (self.checkpoint_dir() / "latest").is_file():
+        schedule (DeepSpeed's part), then the data position and this rank's RNG states.
+
+        Saved by another number of processes (zarr caches): rank 0 converts the checkpoint once
+        with DeepSpeed's ``ds_to_universal`` into ``<tag>_universal/`` and every rank loads that
+        (weights and Adam moments re-partitioned); the data position continues the same global
+        sequence. A different global batch, data or streaming world is a :class:`ResumeError`,
+        raised when the trainer is built (before any model is).
+        """
+        if self._resume_tag is None or self._saved_state is None:
             return False
-        path, state = self.engine.load_checkpoint(str(self.checkpoint_dir()))
+        tag_dir = self.checkpoint_dir() / self._resume_tag
+        tag = self._resume_tag
+        if self._elastic:
+            tag = universal_checkpoint(self.checkpoint_dir(), self._resume_tag, self.rank,
+                                       self._saved_state["data_layout"]["world"], self.world)
+            dist.barrier()
+        path, state = self.engine.load_checkpoint(str(self.checkpoint_dir()), tag=tag)
         if path is None or not state:
-            raise ValueError(f"{self.checkpoint_dir()}: the latest checkpoint could not be loaded")
-        saved_layout, layout = state.get("data_layout", {}), self.data_layout()
-        changed = {k: (saved_layout.get(k), v) for k, v in layout.items() if saved_layout.get(k) != v}
-        if changed:
-            raise ValueError(f"{path}: cannot resume the data position, the run differs in "
-                             + ", ".join(f"{k} (checkpoint {old}, now {new})" for k, (old, new) in changed.items()))
-        self.step, self.epoch, self.position = state["step"], state["epoch"], state["position"]
+            raise ResumeError(f"{tag_dir}: the checkpoint could not be loaded")
+        if self._elastic:
+            repair_universal_load(self.engine.optimizer, self.scheduler.get_last_lr())
+        self.step, self.epoch = state["step"], state["epoch"]
+        self.position = DataLayout.global_position(state)
         self.nonfinite_skips = state.get("nonfinite_skips", 0)
+        # RNG states are per process: on another world each rank takes rank 0's (the only one loaded).
         set_rng_states(state["rng"])
         self._saved_step = self.step
         return True
@@ -246,26 +310,36 @@ class Trainer:
         if self._saved_step == self.step:
             return
         state = {"step": self.step, "epoch": self.epoch, "position": self.position,
-                 "data_layout": self.data_layout(), "rng": rng_states(), "nonfinite_skips": self.nonfinite_skips}
+                 "data_layout": self.data_layout().to_dict(), "rng": rng_states(),
+                 "nonfinite_skips": self.nonfinite_skips}
         self.engine.save_checkpoint(str(self.checkpoint_dir()), tag=f"step{self.step:08d}", client_state=state)
         self._saved_step = self.step
         if self.rank == 0:
-            tags = sorted(p for p in self.checkpoint_dir().glob("step*") if p.is_dir())
+            tags = sorted(p for p in self.checkpoint_dir().glob("step*") if p.is_dir() and p.name[4:].isdigit())
             for old in tags[: -self.settings.save_total_limit]:
                 shutil.rmtree(old, ignore_errors=True)
+                # Its conversion for another world size (if any) goes with it.
+                shutil.rmtree(old.with_name(old.name + "_universal"), ignore_errors=True)
         dist.barrier()
 
     # ------------------------------------------------------------------------------------ data
 
     def _loader(self) -> Iterator[tuple[dict[str, Any], int, int]]:
-        """(micro-batch, epoch, position after it) from the current (epoch, position) on."""
+        """(micro-batch, epoch, global position after it) from the current (epoch, position) on.
+
+        An epoch is ``steps_per_epoch`` whole steps of its global sequence (the remainder of fewer
+        than ``samples_per_step`` samples is not trained in that epoch); every rank reads its
+        round-robin share, so after each micro-batch all ranks together have consumed another
+        ``micro_batch x world`` samples of the sequence.
+        """
         epoch, position = self.epoch, self.position
-        per_rank = len(self.dataset) // self.world
+        end = self.steps_per_epoch * self.samples_per_step
+        micro_global = self.settings.micro_batch * self.world
         while True:
-            # A map-style cache starts the epoch's permutation at ``position`` directly; a stream
-            # has no random access and reads past the samples already trained on.
-            sampler = None if self.streaming else EpochSampler(
-                len(self.dataset), self.rank, self.world, self.settings.seed, epoch, start=position
+            # A map-style cache starts the epoch's sequence at ``position`` directly; a stream
+            # has no random access and reads past the samples this rank already trained on.
+            sampler = None if self.streaming else rank_share_from(
+                self.order.epoch_sequence(epoch), self.rank, self.world, start=position, stop=end
             )
             loader = DataLoader(
                 self.dataset,
@@ -275,13 +349,13 @@ class Trainer:
                 num_workers=self.settings.num_workers,
                 drop_last=True,
             )
-            skip = position // self.settings.micro_batch if self.streaming else 0
+            skip = position // micro_global if self.streaming else 0
             for i, batch in enumerate(loader):
                 if i < skip:
                     continue
-                position += self.settings.micro_batch
-                if position > per_rank:
+                if position >= end:
                     break
+                position += micro_global
                 yield batch, epoch, position
             epoch, position = epoch + 1, 0
 
@@ -338,6 +412,8 @@ class Trainer:
             # non-finite (weights, optimizer state and LR schedule untouched, gradients dropped).
             self._guard_nonfinite(record, micro, losses, applied=self.engine.skipped_steps == skipped_before)
             record["nonfinite_skips"] = self.nonfinite_skips
+            if self.settings.log_sample_keys:
+                record["sample_keys"] = self._step_keys(micro)
             every = self.settings.live_check_every
             if every and self.step % every == 0 and micro[0]["features"] is not None:
                 record.update(self.live_check(micro[0]))
@@ -405,6 +481,14 @@ class Trainer:
             record["peak_memory_gb"] = torch.cuda.max_memory_allocated(self.device) / 1e9
             record["alloc_retries"] = torch.cuda.memory_stats(self.device).get("num_alloc_retries", 0)
         return record
+
+    def _step_keys(self, micro: list[dict[str, Any]]) -> list[str]:
+        """The step's sample keys of all ranks in the order of the global sequence (rank ``r``'s
+        ``j``-th sample of the step is item ``r + j x world`` of the step's slice)."""
+        mine = [key for batch in micro for key in batch["keys"]]
+        per_rank: list[Any] = [None] * self.world
+        dist.all_gather_object(per_rank, mine)
+        return [keys[j] for j in range(len(mine)) for keys in per_rank]
 
     def _guard_nonfinite(self, record: dict[str, Any], micro: list[dict[str, Any]], losses: list[torch.Tensor],
                          applied: bool) -> None:

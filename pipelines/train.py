@@ -1,12 +1,14 @@
 """Stage 2 entry point, started on every rank: ``torchrun --nproc_per_node N -m pipelines.train``.
 
-Trains from a cache (``--cache``; VGGT is never built) or, for the live baseline, from the
-source data (``--live-data``; VGGT runs inside the model). Resumes from the latest checkpoint in
-``--out`` when there is one.
+Trains from a cache (``--cache PATH``; VGGT is never built), from several zarr caches drawn with
+sampling weights (``--cache r2r=PATH:0.7 --cache rxr=PATH:0.3``, see ``janus_train.mixture``) or,
+for the live baseline, from the source data (``--live-data``; VGGT runs inside the model).
+Resumes from the latest checkpoint in ``--out`` when there is one, also on another number of
+processes (``janus_train.elastic``); a checkpoint it cannot continue is one ``error:`` line.
 
 Start-up check: before any model is built, rank 0 runs verify's schema and freshness checks of
-the cache against the training profile and tells every rank the verdict; a refused cache ends
-all ranks with exit code 1 and the one-line reason (which names the differing field).
+every cache against the training profile and tells every rank the verdict; a refused cache ends
+all ranks with exit code 1 and the one-line reason (which names the cache and the differing field).
 
 ``--record-outputs FILE`` writes, after training, the final model's outputs on the first
 ``--record-samples`` samples of the data (one micro-batch; see ``Trainer.outputs_on``) as
@@ -34,7 +36,9 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from janus_cache.profile import Profile, ProfileError, load_profile
 from janus_train.config import TrainSettings, load_train_settings
 from janus_train.export import export
+from janus_train.elastic import ResumeError
 from janus_train.logs import WandbMissing, check_wandb
+from janus_train.mixture import CacheSource, MixtureError, parse_cache_sources
 from janus_train.nonfinite import NonFiniteStep
 from janus_train.reference_checkpoint import ReferenceCheckpointError, check_reference_checkpoint, run_model_config
 from janus_train.trainer import CHECKPOINTS, EXPORT_DIR, Trainer, init_distributed
@@ -76,6 +80,15 @@ def cache_refusal(cache: Path, profile: Profile) -> str | None:
     return None
 
 
+def sources_refusal(sources: list[CacheSource], profile: Profile) -> str | None:
+    """The first refusal of any of a run's caches, naming the cache when there are several."""
+    for source in sources:
+        refusal = cache_refusal(source.path, profile)
+        if refusal is not None:
+            return refusal if len(sources) == 1 else f"cache {source.name!r}: {refusal}"
+    return None
+
+
 def record_outputs(trainer: Trainer, path: Path, n_samples: int) -> None:
     """Every rank computes (ZeRO-3 needs all of them); rank 0 writes ``path``."""
     from safetensors.torch import save_file
@@ -91,7 +104,9 @@ def record_outputs(trainer: Trainer, path: Path, n_samples: int) -> None:
 
 def command(
     out: Annotated[Path, typer.Option("--out", help="Run directory: checkpoints, metrics, export.")],
-    cache: Annotated[Optional[Path], typer.Option(help="Cache directory to train from.")] = None,
+    cache: Annotated[Optional[list[str]], typer.Option(
+        help="Cache directory to train from; repeat as NAME=PATH:WEIGHT to draw from several zarr caches "
+             "with sampling weights (e.g. --cache r2r=caches/r2r:0.7 --cache rxr=caches/rxr:0.3).")] = None,
     live_data: Annotated[Optional[Path], typer.Option(help="Train live from source data (baseline).")] = None,
     profile: Annotated[str, typer.Option(help="Profile name or YAML path.")] = "tiny",
     max_steps: Annotated[Optional[int], typer.Option(min=1, help="Override train.max_steps.")] = None,
@@ -103,16 +118,17 @@ def command(
     """Train Qwen2.5-VL with VGGT-feature injection under DeepSpeed ZeRO-3."""
     from dataclasses import replace
 
-    if (cache is None) == (live_data is None):
+    if (not cache) == (live_data is None):
         print("error: give exactly one of --cache or --live-data", file=sys.stderr)
         raise typer.Exit(2)
     try:
+        sources = parse_cache_sources(cache) if cache else None
         prof = load_profile(profile)
         settings = load_train_settings(prof)
         if settings.init_from is not None:
             check_reference_checkpoint(settings.init_from, prof)
         check_wandb(settings.wandb_project, prof.source)
-    except (ProfileError, ReferenceCheckpointError, WandbMissing) as err:
+    except (ProfileError, ReferenceCheckpointError, WandbMissing, MixtureError) as err:
         print(f"error: {err}", file=sys.stderr)
         raise typer.Exit(1)
     if max_steps is not None:
@@ -129,23 +145,35 @@ def command(
             if ranks.is_main:
                 print(f"error: {err}", file=sys.stderr, flush=True)
             raise typer.Exit(1)
-        if cache is not None:
+        if sources is not None:
             try:
-                refusal = Control(ranks).on_main(lambda: cache_refusal(cache, prof))
+                refusal = Control(ranks).on_main(lambda: sources_refusal(sources, prof))
             except RankFailed as err:
-                refusal = f"cannot check the cache {cache}: {err}"
+                refusal = f"cannot check the cache(s) {', '.join(str(s.path) for s in sources)}: {err}"
             if refusal is not None:
                 if ranks.is_main:
                     print(f"error: {refusal}", file=sys.stderr, flush=True)
                 raise typer.Exit(1)
-        trainer = Trainer(prof, settings, out, cache=cache, live_data=live_data)
         try:
-            resumed = trainer.resume()
+            trainer = Trainer(prof, settings, out, cache=sources, live_data=live_data)
+        except (ResumeError, MixtureError) as err:
+            if ranks.is_main:
+                print(f"error: {err}", file=sys.stderr, flush=True)
+            raise typer.Exit(1)
+        try:
+            try:
+                resumed = trainer.resume()
+            except ResumeError as err:
+                if trainer.rank == 0:
+                    print(f"error: {err}", file=sys.stderr, flush=True)
+                raise typer.Exit(1)
             if trainer.rank == 0:
+                mixture = (" from " + ", ".join(f"{s.name} (weight {s.weight:g})" for s in trainer.sources)
+                           if len(trainer.sources) > 1 else "")
                 print(f"training {trainer.total_steps} steps of {trainer.samples_per_step} samples on {trainer.world} "
-                      f"processes ({trainer.steps_per_epoch} steps per epoch), metrics in {trainer.metrics_file}"
-                      + (f"; resumed at step {trainer.step} (epoch {trainer.epoch}, position {trainer.position})"
-                         if resumed else ""), flush=True)
+                      f"processes ({trainer.steps_per_epoch} steps per epoch){mixture}, metrics in {trainer.metrics_file}"
+                      + (f"; resumed at step {trainer.step} (epoch {trainer.epoch}, sample {trainer.position} "
+                         f"of the epoch)" if resumed else ""), flush=True)
             try:
                 trainer.train()
             except NonFiniteStep as err:
