@@ -19,12 +19,14 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import random
 import shutil
 from argparse import Namespace
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 UNIVERSAL_SUFFIX = "_universal"
@@ -97,6 +99,50 @@ def check_resumable(tag_dir: Path, state: dict[str, Any], now: DataLayout) -> No
                           f"resume on {saved['world']} processes, or train from a zarr cache, which resumes on any")
 
 
+def rng_states() -> dict[str, Any]:
+    """This process's random generator states (stored per rank in a checkpoint)."""
+    states: dict[str, Any] = {"python": random.getstate(), "numpy": np.random.get_state(),
+                              "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        states["cuda"] = torch.cuda.get_rng_state_all()
+    return states
+
+
+def set_rng_states(states: dict[str, Any]) -> None:
+    random.setstate(states["python"])
+    np.random.set_state(states["numpy"])
+    torch.set_rng_state(states["torch"])
+    if "cuda" in states and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"])
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    """The checkpoint a run continues: its tag, the trainer state saved with it, and whether it
+    was saved on another number of processes (then it is loaded as a universal checkpoint)."""
+
+    tag: str
+    state: dict[str, Any]
+    saved_world: int
+    world: int
+
+    @property
+    def elastic(self) -> bool:
+        return self.saved_world != self.world
+
+    @classmethod
+    def find(cls, checkpoints: Path, now: DataLayout) -> ResumePoint | None:
+        """The latest checkpoint in ``checkpoints`` if any, checked against the run's layout
+        (:class:`ResumeError` if the run cannot continue it); cheap, so it runs before any model
+        or engine is built."""
+        tag = resolve_resume_tag(checkpoints)
+        if tag is None:
+            return None
+        state = read_client_state(checkpoints, tag)
+        check_resumable(checkpoints / tag, state, now)
+        return cls(tag, state, int(state["data_layout"]["world"]), now.world)
+
+
 def resolve_resume_tag(checkpoints: Path) -> str | None:
     """The tag named by ``checkpoints/latest`` (None: nothing to resume)."""
     latest = checkpoints / "latest"
@@ -116,7 +162,8 @@ def read_client_state(checkpoints: Path, tag: str) -> dict[str, Any]:
         raise ResumeError(f"{checkpoints / tag} holds no DeepSpeed model states (*model_states.pt)")
     first = next((f for f in files if "_rank_0_" in f.name or f.name.startswith("mp_rank_00")), files[0])
     try:
-        state = torch.load(first, map_location="cpu", weights_only=False)
+        # mmap: the file also holds this rank's share of frozen weights, which are not needed here.
+        state = torch.load(first, map_location="cpu", weights_only=False, mmap=True)
     except Exception as err:  # a damaged file: name it (its own error is a long traceback)
         raise ResumeError(f"{first}: cannot be read ({type(err).__name__}: {err})") from None
     client = {k: v for k, v in state.items() if k in ("step", "epoch", "position", "data_layout", "rng",

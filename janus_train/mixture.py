@@ -34,7 +34,10 @@ from typing import Any
 import numpy as np
 from torch.utils.data import Dataset
 
+from janus_cache.store import OpenedCache
 from janus_cache.store.split import epoch_order
+from janus_train.data import CachedSamples
+from janus_train.prompt import PromptBuilder
 
 _LABEL_STREAM = 2**20
 """Permutation stream of the interleave (far above any source's stream index)."""
@@ -174,7 +177,25 @@ class MixedSamples(Dataset):
         return replace(item, key=f"{self.names[source]}/{item.key}")
 
 
-def check_same_encoding(manifests: Sequence[tuple[str, Any]]) -> None:
+def as_sources(cache: str | Path | Sequence[CacheSource]) -> list[CacheSource]:
+    """A run's caches: one directory (weight 1, named after it) or several weighted sources."""
+    if isinstance(cache, (str, Path)):
+        return [CacheSource(Path(cache).name or str(cache), Path(cache), 1.0)]
+    return list(cache)
+
+
+def mixed_samples(opened: Sequence[tuple[str, OpenedCache]], builder: PromptBuilder) -> MixedSamples:
+    """Several opened caches ((name, cache) pairs) as one dataset; they must be zarr caches holding
+    the same kind of sample (:func:`check_same_encoding`)."""
+    streamed = [name for name, o in opened if o.streaming]
+    if streamed:
+        raise MixtureError(f"cache {streamed[0]!r} is a webdataset (streaming) cache: a weighted mixture draws "
+                           "samples at random positions, which needs zarr caches")
+    check_same_encoding(opened)
+    return MixedSamples([name for name, _ in opened], [CachedSamples(o.reader, builder) for _, o in opened])
+
+
+def check_same_encoding(manifests: Sequence[tuple[str, OpenedCache]]) -> None:
     """Caches mixed in one run must hold the same kind of sample: resolution, window variant,
     encoder fingerprint and feature dtype (``manifests``: (source name, opened cache) pairs)."""
     first_name, first = manifests[0]

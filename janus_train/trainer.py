@@ -19,7 +19,6 @@ import contextlib
 import io
 import math
 import os
-import random
 import shutil
 import time
 from collections.abc import Iterator, Sequence
@@ -28,7 +27,6 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset
@@ -38,23 +36,23 @@ from janus_cache.profile import Profile
 from janus_cache.device import process_device
 from janus_cache.resolution import Resolution, visual_tokens
 from janus_cache.store import OpenedCache, open_cache
-from janus_cache.store.split import rank_share_from
+from janus_cache.store.split import merge_rank_shares, rank_share_from
 from janus_train.config import TrainSettings, deepspeed_config, load_train_settings
 from janus_train.data import CachedSamples, LiveSamples, StreamedSamples, collate
 from janus_train.elastic import (
     DataLayout,
     ResumeError,
-    check_resumable,
-    read_client_state,
+    ResumePoint,
     repair_universal_load,
-    resolve_resume_tag,
+    rng_states,
+    set_rng_states,
     universal_checkpoint,
 )
 from janus_train.gpu_specs import peak_flops
 from janus_train.logs import RunLog
 from janus_train.nonfinite import NonFiniteStep, nonfinite_message
 from janus_train.loss import LossDenominators, micro_batch_loss
-from janus_train.mixture import CacheSource, MixedSamples, Mixture, MixtureError, check_same_encoding
+from janus_train.mixture import CacheSource, MixedSamples, Mixture, as_sources, mixed_samples
 from janus_train.prompt import IGNORE_INDEX, SEGMENT_NAMES, PromptBuilder
 from janus_train.reference_checkpoint import start_model
 
@@ -106,23 +104,6 @@ def init_distributed(profile: Profile, alloc_conf: str = "") -> torch.device:
     return device
 
 
-def rng_states() -> dict[str, Any]:
-    """This process's random generator states (stored per rank in a checkpoint)."""
-    states: dict[str, Any] = {"python": random.getstate(), "numpy": np.random.get_state(),
-                              "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        states["cuda"] = torch.cuda.get_rng_state_all()
-    return states
-
-
-def set_rng_states(states: dict[str, Any]) -> None:
-    random.setstate(states["python"])
-    np.random.set_state(states["numpy"])
-    torch.set_rng_state(states["torch"])
-    if "cuda" in states and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(states["cuda"])
-
-
 def answer_logits(hidden: torch.Tensor, labels: torch.Tensor, lm_head_weight: torch.Tensor) -> torch.Tensor:
     """float32 token logits [T, vocab] at the T supervised positions of a micro-batch, in row-major
     order (the rows whose next token has a label; see :func:`janus_train.loss.token_cross_entropy`)."""
@@ -152,13 +133,6 @@ def open_training_cache(profile: Profile, cache: Path) -> OpenedCache:
                       variant=window_variant(profile.cache).name)
 
 
-def cache_sources(cache: Path | Sequence[CacheSource]) -> list[CacheSource]:
-    """A run's caches: one directory (weight 1, named after it) or several weighted sources."""
-    if isinstance(cache, (str, Path)):
-        return [CacheSource(Path(cache).name or str(cache), Path(cache), 1.0)]
-    return list(cache)
-
-
 def make_dataset(profile: Profile, builder: PromptBuilder, cache: Path | Sequence[CacheSource] | None,
                  live_data: Path | None, rank: int, world: int) -> Dataset:
     """The run's samples: live, one cache (zarr: map-style; webdataset: this rank's stream), or
@@ -170,19 +144,13 @@ def make_dataset(profile: Profile, builder: PromptBuilder, cache: Path | Sequenc
                             subinstruction_rule=profile.cache.subinstruction_rule)
         return LiveSamples(index, builder, Resolution.parse(profile.cache.resolution))
     assert cache is not None
-    sources = cache_sources(cache)
-    opened = [(source.name, open_training_cache(profile, source.path)) for source in sources]
-    if len(sources) == 1:
-        one = opened[0][1]
-        if one.streaming:
-            return StreamedSamples(one.reader, builder, rank=rank, world=world)
-        return CachedSamples(one.reader, builder)
-    streamed = [name for name, o in opened if o.streaming]
-    if streamed:
-        raise MixtureError(f"cache {streamed[0]!r} is a webdataset (streaming) cache: a weighted mixture draws "
-                           "samples at random positions, which needs zarr caches")
-    check_same_encoding(opened)
-    return MixedSamples([name for name, _ in opened], [CachedSamples(o.reader, builder) for _, o in opened])
+    opened = [(source.name, open_training_cache(profile, source.path)) for source in as_sources(cache)]
+    if len(opened) > 1:
+        return mixed_samples(opened, builder)
+    one = opened[0][1]
+    if one.streaming:
+        return StreamedSamples(one.reader, builder, rank=rank, world=world)
+    return CachedSamples(one.reader, builder)
 
 
 def lr_lambda(total_steps: int, warmup_steps: int, step: int) -> float:
@@ -208,19 +176,14 @@ class Trainer:
         self.pad_token_id = self.builder.pad_token_id
         self.dataset = make_dataset(profile, self.builder, cache, live_data, self.rank, self.world)
         self.streaming = isinstance(self.dataset, StreamedSamples)
-        self.sources = cache_sources(cache) if cache is not None else [CacheSource("live", Path(live_data), 1.0)]
+        self.sources = as_sources(cache) if cache is not None else [CacheSource("live", Path(live_data), 1.0)]
         sizes = self.dataset.sizes if isinstance(self.dataset, MixedSamples) else (len(self.dataset),)
         # The one global sample sequence of every epoch (one source: its seeded permutation).
         self.order = Mixture(sizes, tuple(s.weight for s in self.sources), settings.seed)
         self.samples_per_step = settings.micro_batch * settings.grad_accum * self.world
-        # A checkpoint to continue is checked before any model is built (a refusal costs nothing);
-        # one of another world size is loaded as a universal checkpoint, which the engine must
-        # know when it is built.
-        self._resume_tag = resolve_resume_tag(self.checkpoint_dir())
-        self._saved_state = read_client_state(self.checkpoint_dir(), self._resume_tag) if self._resume_tag else None
-        if self._saved_state is not None:
-            check_resumable(self.checkpoint_dir() / self._resume_tag, self._saved_state, self.data_layout())
-        self._elastic = self._saved_state is not None and self._saved_state["data_layout"]["world"] != self.world
+        # Checked before any model is built (a refusal costs nothing); a checkpoint of another world
+        # size is loaded as a universal checkpoint, which the engine must know when it is built.
+        self._resume = ResumePoint.find(self.checkpoint_dir(), self.data_layout())
 
         # The frozen VGGT is built only to train live or to recompute a batch live now and then.
         live = live_data is not None or settings.live_check_every > 0
@@ -243,7 +206,7 @@ class Trainer:
         warmup = max(1, round(settings.warmup_ratio * self.total_steps))
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, partial(lr_lambda, self.total_steps, warmup))
         config = deepspeed_config(settings, bf16=profile.compute_dtype == "bfloat16")
-        if self._elastic:
+        if self._resume is not None and self._resume.elastic:
             config["checkpoint"] = {"load_universal": True}
         self.engine, _, _, self.scheduler = deepspeed.initialize(
             model=model, optimizer=optimizer, lr_scheduler=scheduler, config=config
@@ -284,18 +247,17 @@ class Trainer:
         sequence. A different global batch, data or streaming world is a :class:`ResumeError`,
         raised when the trainer is built (before any model is).
         """
-        if self._resume_tag is None or self._saved_state is None:
+        point = self._resume
+        if point is None:
             return False
-        tag_dir = self.checkpoint_dir() / self._resume_tag
-        tag = self._resume_tag
-        if self._elastic:
-            tag = universal_checkpoint(self.checkpoint_dir(), self._resume_tag, self.rank,
-                                       self._saved_state["data_layout"]["world"], self.world)
+        tag = point.tag
+        if point.elastic:
+            tag = universal_checkpoint(self.checkpoint_dir(), point.tag, self.rank, point.saved_world, self.world)
             dist.barrier()
         path, state = self.engine.load_checkpoint(str(self.checkpoint_dir()), tag=tag)
         if path is None or not state:
-            raise ResumeError(f"{tag_dir}: the checkpoint could not be loaded")
-        if self._elastic:
+            raise ResumeError(f"{self.checkpoint_dir() / point.tag}: the checkpoint could not be loaded")
+        if point.elastic:
             repair_universal_load(self.engine.optimizer, self.scheduler.get_last_lr())
         self.step, self.epoch = state["step"], state["epoch"]
         self.position = DataLayout.global_position(state)
@@ -413,7 +375,9 @@ class Trainer:
             self._guard_nonfinite(record, micro, losses, applied=self.engine.skipped_steps == skipped_before)
             record["nonfinite_skips"] = self.nonfinite_skips
             if self.settings.log_sample_keys:
-                record["sample_keys"] = self._step_keys(micro)
+                per_rank: list[Any] = [None] * self.world  # every rank's keys, in the global order
+                dist.all_gather_object(per_rank, [key for batch in micro for key in batch["keys"]])
+                record["sample_keys"] = merge_rank_shares(per_rank)
             every = self.settings.live_check_every
             if every and self.step % every == 0 and micro[0]["features"] is not None:
                 record.update(self.live_check(micro[0]))
@@ -481,14 +445,6 @@ class Trainer:
             record["peak_memory_gb"] = torch.cuda.max_memory_allocated(self.device) / 1e9
             record["alloc_retries"] = torch.cuda.memory_stats(self.device).get("num_alloc_retries", 0)
         return record
-
-    def _step_keys(self, micro: list[dict[str, Any]]) -> list[str]:
-        """The step's sample keys of all ranks in the order of the global sequence (rank ``r``'s
-        ``j``-th sample of the step is item ``r + j x world`` of the step's slice)."""
-        mine = [key for batch in micro for key in batch["keys"]]
-        per_rank: list[Any] = [None] * self.world
-        dist.all_gather_object(per_rank, mine)
-        return [keys[j] for j in range(len(mine)) for keys in per_rank]
 
     def _guard_nonfinite(self, record: dict[str, Any], micro: list[dict[str, Any]], losses: list[torch.Tensor],
                          applied: bool) -> None:

@@ -17,7 +17,7 @@ import yaml
 from conftest import REPO_ROOT, write_test_profile
 
 from janus_cache.sample_data import write_sample_data
-from janus_cache.store.split import epoch_order, rank_share_from
+from janus_cache.store.split import epoch_order, merge_rank_shares, rank_share_from
 from janus_train.mixture import CacheSource, Mixture, MixtureError, largest_remainder, parse_cache_sources
 
 TIMEOUT_S = 600
@@ -78,9 +78,7 @@ def test_a_resumed_run_on_any_world_continues_the_exact_sequence() -> None:
     for world in (1, 2, 3, 4):
         for k in range(len(sequence) // step):
             shares = [rank_share_from(sequence, r, world, start=k * step, stop=(k + 1) * step) for r in range(world)]
-            # Round-robin: rank r's j-th item is item r + j*world of the step's slice.
-            merged = [shares[r][j] for j in range(step // world) for r in range(world)]
-            assert merged == sequence[k * step:(k + 1) * step]
+            assert merge_rank_shares(shares) == sequence[k * step:(k + 1) * step]
 
 
 def test_cache_arguments_parse_to_weighted_sources_and_bad_ones_are_one_line_errors() -> None:

@@ -86,6 +86,12 @@ def rank_share_from(sequence: Sequence[T], rank: int, world: int, start: int = 0
     return list(sequence[start + rank : stop : world])
 
 
+def merge_rank_shares(shares: Sequence[Sequence[T]]) -> list[T]:
+    """The inverse of :func:`rank_share_from` over equal shares: the ranks' items back in the
+    global sequence's order (rank ``r``'s ``j``-th item is item ``r + j * world``)."""
+    return [share_[j] for j in range(len(shares[0])) for share_ in shares] if shares else []
+
+
 def epoch_rows(n_samples: int, rank: int, world: int, seed: int, epoch: int, start: int = 0) -> list[int]:
     """Rank ``rank``'s sample rows of an epoch, in order, from global offset ``start`` (samples of the
     epoch's permutation that all ranks together have consumed): its round-robin share."""
