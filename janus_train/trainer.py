@@ -312,6 +312,7 @@ class Trainer:
                 drop_last=True,
             )
             skip = position // micro_global if self.streaming else 0
+            fresh = position == 0
             for i, batch in enumerate(loader):
                 if i < skip:
                     continue
@@ -319,6 +320,9 @@ class Trainer:
                     break
                 position += micro_global
                 yield batch, epoch, position
+            if fresh and position == 0:  # else the next epoch would read nothing again, forever
+                raise ValueError(f"rank {self.rank} reads no sample of an epoch (a webdataset cache with fewer "
+                                 f"shards than the {self.world} processes?)")
             epoch, position = epoch + 1, 0
 
     # ------------------------------------------------------------------------------- training

@@ -39,8 +39,8 @@ TIMEOUT_S = 600
 REL = 1e-5
 
 
-def write_profile(path: Path, grad_accum: int) -> Path:
-    write_test_profile(path, cache={"feature_dtype": "float32"})
+def write_profile(path: Path, grad_accum: int, cache: dict | None = None) -> Path:
+    write_test_profile(path, cache={"feature_dtype": "float32", **(cache or {})})
     data = yaml.safe_load(path.read_text())
     data["train"].update({"micro_batch": 1, "grad_accum": grad_accum, "epochs": 100, "max_steps": STEPS,
                           "warmup_ratio": 0.0, "lr_base": 2e-3, "lr_projector": 2e-3, "save_every": SAVE_AT,
@@ -49,10 +49,11 @@ def write_profile(path: Path, grad_accum: int) -> Path:
     return path
 
 
-def torchrun(out: Path, cache: Path, profile: Path, nproc: int) -> subprocess.CompletedProcess[str]:
+def torchrun(out: Path, cache: Path, profile: Path, nproc: int, extra: list[str] | None = None
+             ) -> subprocess.CompletedProcess[str]:
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
                "-m", "pipelines.train", "--out", str(out), "--cache", str(cache), "--profile", str(profile),
-               "--no-export"]
+               "--no-export", *(extra or [])]
     return subprocess.run(command, cwd=REPO_ROOT, env=dict(os.environ), capture_output=True, text=True,
                           check=False, timeout=TIMEOUT_S)
 
@@ -179,3 +180,25 @@ def test_the_resume_rule_what_may_change_and_what_may_not(tmp_path: Path) -> Non
         check_resumable(tmp_path, saved_state(2, 1, 2, streaming=False), replace(now, n_samples=13))
     with pytest.raises(ResumeError, match=r"seed \(checkpoint 0, now 1\)"):
         check_resumable(tmp_path, saved_state(2, 1, 2, streaming=False), replace(now, seed=1))
+
+
+def test_a_webdataset_run_resumed_on_another_world_is_refused_in_one_line(setup: Setup, tmp_path: Path) -> None:
+    """A webdataset cache deals its shards to ranks, so a stream position means something only on
+    the world that made it: 2 -> 1 processes is refused naming what works; no conversion happens."""
+    from pipelines.precompute import Options, run
+
+    # 4 shards of 2 samples: each of 2 ranks streams 2 shards.
+    two = write_profile(tmp_path / "two.yaml", grad_accum=2, cache={"samples_per_shard": 2})
+    one = write_profile(tmp_path / "one.yaml", grad_accum=4, cache={"samples_per_shard": 2})
+    data = write_sample_data(tmp_path / "data", episodes=2, steps=4, seed=0)
+    cache = tmp_path / "wds"
+    assert run(Options(data, cache, profile=str(two), cache_format="wds", workers=1)) == 0
+    out = tmp_path / "run"
+    succeeded(torchrun(out, cache, two, nproc=2, extra=["--max-steps", "2"]))
+    result = torchrun(out, cache, one, nproc=1, extra=["--max-steps", "4"])
+    assert result.returncode != 0
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, result.stderr[-3000:]
+    assert "saved on 2 processes and a webdataset (streaming) cache deals its shards to ranks" in errors[0]
+    assert "resume on 2 processes, or train from a zarr cache" in errors[0]
+    assert not list((out / "checkpoints").glob("*_universal"))
