@@ -182,7 +182,7 @@ def test_the_resume_rule_what_may_change_and_what_may_not(tmp_path: Path) -> Non
         check_resumable(tmp_path, saved_state(2, 1, 2, streaming=False), replace(now, seed=1))
 
 
-def test_a_webdataset_run_resumed_on_another_world_is_refused_in_one_line(setup: Setup, tmp_path: Path) -> None:
+def test_a_webdataset_run_resumed_on_another_world_is_refused_in_one_line(tmp_path: Path) -> None:
     """A webdataset cache deals its shards to ranks, so a stream position means something only on
     the world that made it: 2 -> 1 processes is refused naming what works; no conversion happens."""
     from pipelines.precompute import Options, run
