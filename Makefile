@@ -42,7 +42,7 @@ help:
 	@echo "make test        run the test suite"
 	@echo "make precompute DATA=dir [PROFILE=tiny] [OUT=cache] [NPROC=n] [FORMAT=zarr|wds]"
 	@echo "make verify CACHE=dir [DATA=dir] [PROFILE=tiny] [NPROC=n] [VERIFY_ARGS='--live 8 --json report.json']"
-	@echo "make train [PROFILE=tiny|h800] [CACHE=cache] [RUN=runs/PROFILE] [NPROC=n]"
+	@echo "make train [PROFILE=tiny|h800] [CACHE=cache | MIXTURE='r2r=dir:0.7 rxr=dir:0.3'] [RUN=runs/PROFILE] [NPROC=n]"
 	@echo "make bench       live vs cached data path, storage, FLOPs per sample (CPU; GPU section with CUDA)"
 	@echo "make bench-gpu   janus vs reference precompute and training step on one GPU (< 10 min)"
 
@@ -74,12 +74,15 @@ precompute: $(STAMP)
 		--out $(OUT) --profile $(PROFILE) --format $(FORMAT) $(PRECOMPUTE_ARGS)
 
 CACHE ?= $(OUT)
+# Several zarr caches drawn with sampling weights, instead of CACHE: MIXTURE="r2r=DIR:0.7 rxr=DIR:0.3"
+# (each word becomes one --cache NAME=PATH:WEIGHT; these paths cannot hold spaces).
+MIXTURE ?=
 RUN ?= runs/$(PROFILE)
 TRAIN_ARGS ?=
 
 train: $(STAMP)
 	$(LAUNCH_ENV) $(LAUNCH) --launcher-log $(RUN)/launcher.log $(TORCHRUN_ARGS) --nproc_per_node $(NPROC) -m pipelines.train \
-		--cache $(CACHE) --out $(RUN) --profile $(PROFILE) $(TRAIN_ARGS)
+		$(if $(MIXTURE),$(foreach c,$(MIXTURE),--cache $(c)),--cache $(CACHE)) --out $(RUN) --profile $(PROFILE) $(TRAIN_ARGS)
 
 verify: $(STAMP)
 	@test -n "$(CACHE)" || { echo "make verify: set CACHE=<cache directory> (and DATA=<dataset> for the dataset and live checks)" >&2; exit 2; }

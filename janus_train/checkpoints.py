@@ -35,6 +35,10 @@ LATEST_FILE = "latest"
 CHECKSUMS_FILE = "checksums.json"
 """Inside each tag folder: sha256 and size of every other file of the tag (``{"files": {path: {...}}}``)."""
 
+UNIVERSAL_SUFFIX = "_universal"
+"""``<tag>_universal``: a tag converted for another number of processes (``janus_train.elastic``);
+derived from its tag, so it goes when the tag goes."""
+
 TAG_PATTERN = re.compile(r"^step(\d{8})$")
 _HASH_CHUNK = 16 << 20
 
@@ -265,4 +269,5 @@ class Checkpoints:
         deleted = [tag for tag in tags if tag not in kept]
         for tag in deleted:
             shutil.rmtree(self.directory / tag, ignore_errors=True)
+            shutil.rmtree(self.directory / (tag + UNIVERSAL_SUFFIX), ignore_errors=True)
         return deleted

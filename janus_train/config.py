@@ -52,6 +52,9 @@ class TrainSettings:
     save_every: int = setting(1000, "Optimizer steps between checkpoints (0: only at the end).", min=0)
     save_total_limit: int = setting(4, "Checkpoints kept.", min=1)
     log_every: int = setting(10, "Optimizer steps between logged records.", min=1)
+    log_sample_keys: bool = setting(
+        False, "Add each logged step's sample keys, in the order of the epoch's global sample sequence, to its "
+        "record as sample_keys (to compare the data order of runs, e.g. after an elastic resume).")
     wandb_project: str = setting("", "Weights & Biases project that also receives the logged records "
                                  "(empty: off; needs the wandb package).")
     nonfinite: str = setting(

@@ -3,8 +3,15 @@
 One optimizer step = ``grad_accum`` micro-batches per rank. The micro-batches of a step are
 fetched first (that time is the step's data wait), the loss normaliser is all-reduced over the
 whole accumulated batch of all ranks, then each micro-batch's share of the loss is backpropagated
-(see ``janus_train.loss``). Checkpoints store the data position, so a resumed run continues with
-the next unseen sample at once. With a validation source, ``validate`` runs every ``eval_every``
+(see ``janus_train.loss``).
+
+Data position: every epoch is one global sample sequence (:mod:`janus_train.mixture`; one cache:
+its seeded permutation), and every optimizer step consumes its next ``samples_per_step`` =
+``micro_batch x grad_accum x world`` items, dealt round-robin to ranks. A checkpoint stores the
+position as samples consumed of the epoch's sequence, so a resumed run continues with the next
+unseen sample at once, on the same or (zarr caches) another number of processes, provided the
+global batch is unchanged (``janus_train.elastic``). Checkpoints are verified before a resume
+(``janus_train.checkpoints``). With a validation source, ``validate`` runs every ``eval_every``
 steps and at the end (``janus_train.validation``) and keeps the best checkpoint apart.
 """
 
@@ -14,15 +21,13 @@ import contextlib
 import io
 import math
 import os
-import random
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset
@@ -32,14 +37,25 @@ from janus_cache.profile import Profile
 from janus_cache.device import process_device
 from janus_cache.resolution import Resolution, visual_tokens
 from janus_cache.store import OpenedCache, open_cache
+from janus_cache.store.split import merge_rank_shares, rank_share_from
 from janus_train.best_checkpoint import BestCheckpoint
 from janus_train.checkpoints import Checkpoints, tag_name
 from janus_train.config import TrainSettings, deepspeed_config, load_train_settings
-from janus_train.data import CachedSamples, EpochSampler, LiveSamples, StreamedSamples, collate
+from janus_train.data import CachedSamples, LiveSamples, StreamedSamples, collate
+from janus_train.elastic import (
+    DataLayout,
+    ResumeError,
+    ResumePoint,
+    repair_universal_load,
+    rng_states,
+    set_rng_states,
+    universal_checkpoint,
+)
 from janus_train.gpu_specs import peak_flops
 from janus_train.logs import RunLog
 from janus_train.nonfinite import NonFiniteStep, nonfinite_message
 from janus_train.loss import LossDenominators, micro_batch_loss
+from janus_train.mixture import CacheSource, MixedSamples, Mixture, as_sources, mixed_samples
 from janus_train.prompt import IGNORE_INDEX, SEGMENT_NAMES, PromptBuilder
 from janus_train.reference_checkpoint import start_model
 from janus_train.validation import VAL_LOSS, Evaluator, plan_validation
@@ -92,23 +108,6 @@ def init_distributed(profile: Profile, alloc_conf: str = "") -> torch.device:
     return device
 
 
-def rng_states() -> dict[str, Any]:
-    """This process's random generator states (stored per rank in a checkpoint)."""
-    states: dict[str, Any] = {"python": random.getstate(), "numpy": np.random.get_state(),
-                              "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        states["cuda"] = torch.cuda.get_rng_state_all()
-    return states
-
-
-def set_rng_states(states: dict[str, Any]) -> None:
-    random.setstate(states["python"])
-    np.random.set_state(states["numpy"])
-    torch.set_rng_state(states["torch"])
-    if "cuda" in states and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(states["cuda"])
-
-
 def answer_logits(hidden: torch.Tensor, labels: torch.Tensor, lm_head_weight: torch.Tensor) -> torch.Tensor:
     """float32 token logits [T, vocab] at the T supervised positions of a micro-batch, in row-major
     order (the rows whose next token has a label; see :func:`janus_train.loss.token_cross_entropy`)."""
@@ -138,8 +137,10 @@ def open_training_cache(profile: Profile, cache: Path) -> OpenedCache:
                       variant=window_variant(profile.cache).name)
 
 
-def make_dataset(profile: Profile, builder: PromptBuilder, cache: Path | None, live_data: Path | None,
-                 rank: int, world: int) -> Dataset:
+def make_dataset(profile: Profile, builder: PromptBuilder, cache: Path | Sequence[CacheSource] | None,
+                 live_data: Path | None, rank: int, world: int) -> Dataset:
+    """The run's samples: live, one cache (zarr: map-style; webdataset: this rank's stream), or
+    several zarr caches as one :class:`MixedSamples`."""
     if live_data is not None:
         from janus_cache.index import build_index
 
@@ -147,10 +148,13 @@ def make_dataset(profile: Profile, builder: PromptBuilder, cache: Path | None, l
                             subinstruction_rule=profile.cache.subinstruction_rule)
         return LiveSamples(index, builder, Resolution.parse(profile.cache.resolution))
     assert cache is not None
-    opened = open_training_cache(profile, cache)
-    if opened.streaming:
-        return StreamedSamples(opened.reader, builder, rank=rank, world=world)
-    return CachedSamples(opened.reader, builder)
+    opened = [(source.name, open_training_cache(profile, source.path)) for source in as_sources(cache)]
+    if len(opened) > 1:
+        return mixed_samples(opened, builder)
+    one = opened[0][1]
+    if one.streaming:
+        return StreamedSamples(one.reader, builder, rank=rank, world=world)
+    return CachedSamples(one.reader, builder)
 
 
 def lr_lambda(total_steps: int, warmup_steps: int, step: int) -> float:
@@ -166,8 +170,8 @@ class TooFewSamples(ValueError):
 
 
 class Trainer:
-    def __init__(self, profile: Profile, settings: TrainSettings, out_dir: Path, cache: Path | None = None,
-                 live_data: Path | None = None) -> None:
+    def __init__(self, profile: Profile, settings: TrainSettings, out_dir: Path,
+                 cache: Path | Sequence[CacheSource] | None = None, live_data: Path | None = None) -> None:
         if (cache is None) == (live_data is None):
             raise ValueError("train from exactly one of a cache or (live) source data")
         self.profile, self.settings, self.out_dir = profile, settings, Path(out_dir)
@@ -184,15 +188,27 @@ class Trainer:
             profile, self.builder, settings.val_cache, None, self.rank, self.world)
         self.dataset, self.validation = plan_validation(settings, self.dataset, val_data)
         self.streaming = isinstance(self.dataset, StreamedSamples)
+        self.sources = as_sources(cache) if cache is not None else [CacheSource("live", Path(live_data), 1.0)]
+        sizes = self.dataset.sizes if isinstance(self.dataset, MixedSamples) else (len(self.dataset),)
+        # The one global sample sequence of every epoch (one source: its seeded permutation).
+        self.order = Mixture(sizes, tuple(s.weight for s in self.sources), settings.seed)
         self.samples_per_step = settings.micro_batch * settings.grad_accum * self.world
-        self.steps_per_epoch = len(self.dataset) // self.samples_per_step
+        self.steps_per_epoch = self.order.epoch_length // self.samples_per_step
         if self.steps_per_epoch == 0:  # before the (slow) model build
-            source = cache if cache is not None else live_data
+            source = ", ".join(str(s.path) for s in self.sources)
             raise TooFewSamples(
-                f"{source} holds {len(self.dataset)} samples, fewer than one optimizer step takes "
+                f"{source} holds {self.order.epoch_length} samples, fewer than one optimizer step takes "
                 f"(micro_batch {settings.micro_batch} x grad_accum {settings.grad_accum} x {self.world} processes "
                 f"= {self.samples_per_step})"
             )
+        # The checkpoint to resume (verified by its checksums, falling back past a damaged one) and
+        # whether the run can continue it: before any model is built (a refusal costs nothing), and a
+        # checkpoint of another world size is loaded as a universal checkpoint, which the engine
+        # must know when it is built.
+        self.checkpoints = Checkpoints(self.out_dir / CHECKPOINTS, self.rank, self.world)
+        self._chosen = self.checkpoints.resumable()
+        self._resume = (None if self._chosen is None
+                        else ResumePoint.find(self.checkpoint_dir(), self._chosen.tag, self.data_layout()))
 
         # The frozen VGGT is built only to train live or to recompute a batch live now and then.
         live = live_data is not None or settings.live_check_every > 0
@@ -209,6 +225,8 @@ class Trainer:
         warmup = max(1, round(settings.warmup_ratio * self.total_steps))
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, partial(lr_lambda, self.total_steps, warmup))
         config = deepspeed_config(settings, bf16=profile.compute_dtype == "bfloat16")
+        if self._resume is not None and self._resume.elastic:
+            config["checkpoint"] = {"load_universal": True}
         self.engine, _, _, self.scheduler = deepspeed.initialize(
             model=model, optimizer=optimizer, lr_scheduler=scheduler, config=config
         )
@@ -218,9 +236,8 @@ class Trainer:
         self.step = 0
         self._saved_step = -1
         self.epoch = 0
-        self.position = 0  # micro-batch samples of this rank already consumed in this epoch
+        self.position = 0  # samples of this epoch's global sequence consumed by all ranks together
         self.nonfinite_skips = 0
-        self.checkpoints = Checkpoints(self.out_dir / CHECKPOINTS, self.rank, self.world)
         self.resume_note: str | None = None  # why the resume did not start where ``latest`` pointed
         self.metrics_file = self.out_dir / METRICS_FILE
         self.evaluator = self.best = None
@@ -236,33 +253,47 @@ class Trainer:
     def checkpoint_dir(self) -> Path:
         return self.out_dir / CHECKPOINTS
 
-    def data_layout(self) -> dict[str, int]:
-        """What a data position means: positions count this rank's samples of an epoch's
-        permutation, so a resumed run must split the data the same way."""
-        return {"world": self.world, "micro_batch": self.settings.micro_batch,
-                "grad_accum": self.settings.grad_accum, "n_samples": len(self.dataset), "seed": self.settings.seed}
+    def data_layout(self) -> DataLayout:
+        """What a data position means: samples consumed of the epoch's global sequence, which
+        depends on the sources, their sizes and weights and the seed; the step size (global
+        batch) must match too, the split over processes need not (zarr)."""
+        return DataLayout(world=self.world, micro_batch=self.settings.micro_batch,
+                          grad_accum=self.settings.grad_accum, n_samples=self.order.epoch_length,
+                          seed=self.settings.seed, streaming=self.streaming,
+                          sources=tuple((s.name, n, s.weight) for s, n in zip(self.sources, self.order.sizes)))
 
     def resume(self) -> bool:
         """Continue from the newest intact checkpoint in ``out_dir``, if any (``janus_train.checkpoints``
-        verifies it and falls back past a damaged one, noting why in ``resume_note``): weights,
-        optimizer and LR schedule (DeepSpeed's part), then the data position and this rank's RNG
-        states. Metric records after the resumed step are dropped, so each step is logged once."""
-        chosen = self.checkpoints.resumable()
+        verified it before the engine was built and fell back past a damaged one, noting why in
+        ``resume_note``): weights, optimizer and LR schedule (DeepSpeed's part), then the data
+        position and this rank's RNG states. Metric records after the resumed step are dropped, so
+        each step is logged once.
+
+        Saved by another number of processes (zarr caches): rank 0 converts the checkpoint once
+        with DeepSpeed's ``ds_to_universal`` into ``<tag>_universal/`` and every rank loads that
+        (weights and Adam moments re-partitioned); the data position continues the same global
+        sequence. A different global batch, data or streaming world is a :class:`ResumeError`,
+        raised when the trainer is built (before any model is).
+        """
         if self.log is not None:
-            self.log.resume_at(chosen.step if chosen is not None else 0)
-        if chosen is None:
+            self.log.resume_at(self._chosen.step if self._chosen is not None else 0)
+        point = self._resume
+        if point is None:
             return False
-        self.resume_note = chosen.note
-        path, state = self.engine.load_checkpoint(str(self.checkpoint_dir()), tag=chosen.tag)
+        self.resume_note = self._chosen.note
+        tag = point.tag
+        if point.elastic:
+            tag = universal_checkpoint(self.checkpoint_dir(), point.tag, self.rank, point.saved_world, self.world)
+            dist.barrier()
+        path, state = self.engine.load_checkpoint(str(self.checkpoint_dir()), tag=tag)
         if path is None or not state:
-            raise ValueError(f"{self.checkpoint_dir() / chosen.tag}: the checkpoint could not be loaded")
-        saved_layout, layout = state.get("data_layout", {}), self.data_layout()
-        changed = {k: (saved_layout.get(k), v) for k, v in layout.items() if saved_layout.get(k) != v}
-        if changed:
-            raise ValueError(f"{path}: cannot resume the data position, the run differs in "
-                             + ", ".join(f"{k} (checkpoint {old}, now {new})" for k, (old, new) in changed.items()))
-        self.step, self.epoch, self.position = state["step"], state["epoch"], state["position"]
+            raise ResumeError(f"{self.checkpoint_dir() / point.tag}: the checkpoint could not be loaded")
+        if point.elastic:
+            repair_universal_load(self.engine.optimizer, self.scheduler.get_last_lr())
+        self.step, self.epoch = state["step"], state["epoch"]
+        self.position = DataLayout.global_position(state)
         self.nonfinite_skips = state.get("nonfinite_skips", 0)
+        # RNG states are per process: on another world each rank takes rank 0's (the only one loaded).
         set_rng_states(state["rng"])
         self._saved_step = self.step
         return True
@@ -273,21 +304,29 @@ class Trainer:
         if self._saved_step == self.step:
             return
         state = {"step": self.step, "epoch": self.epoch, "position": self.position,
-                 "data_layout": self.data_layout(), "rng": rng_states(), "nonfinite_skips": self.nonfinite_skips}
+                 "data_layout": self.data_layout().to_dict(), "rng": rng_states(),
+                 "nonfinite_skips": self.nonfinite_skips}
         self.checkpoints.save(self.engine, tag_name(self.step), state, keep=self.settings.save_total_limit)
         self._saved_step = self.step
 
     # ------------------------------------------------------------------------------------ data
 
     def _loader(self) -> Iterator[tuple[dict[str, Any], int, int]]:
-        """(micro-batch, epoch, position after it) from the current (epoch, position) on."""
+        """(micro-batch, epoch, global position after it) from the current (epoch, position) on.
+
+        An epoch is ``steps_per_epoch`` whole steps of its global sequence (the remainder of fewer
+        than ``samples_per_step`` samples is not trained in that epoch); every rank reads its
+        round-robin share, so after each micro-batch all ranks together have consumed another
+        ``micro_batch x world`` samples of the sequence.
+        """
         epoch, position = self.epoch, self.position
-        per_rank = len(self.dataset) // self.world
+        end = self.steps_per_epoch * self.samples_per_step
+        micro_global = self.settings.micro_batch * self.world
         while True:
-            # A map-style cache starts the epoch's permutation at ``position`` directly; a stream
-            # has no random access and reads past the samples already trained on.
-            sampler = None if self.streaming else EpochSampler(
-                len(self.dataset), self.rank, self.world, self.settings.seed, epoch, start=position
+            # A map-style cache starts the epoch's sequence at ``position`` directly; a stream
+            # has no random access and reads past the samples this rank already trained on.
+            sampler = None if self.streaming else rank_share_from(
+                self.order.epoch_sequence(epoch), self.rank, self.world, start=position, stop=end
             )
             loader = DataLoader(
                 self.dataset,
@@ -297,14 +336,18 @@ class Trainer:
                 num_workers=self.settings.num_workers,
                 drop_last=True,
             )
-            skip = position // self.settings.micro_batch if self.streaming else 0
+            skip = position // micro_global if self.streaming else 0
+            fresh = position == 0
             for i, batch in enumerate(loader):
                 if i < skip:
                     continue
-                position += self.settings.micro_batch
-                if position > per_rank:
+                if position >= end:
                     break
+                position += micro_global
                 yield batch, epoch, position
+            if fresh and position == 0:  # else the next epoch would read nothing again, forever
+                raise ValueError(f"rank {self.rank} reads no sample of an epoch (a webdataset cache with fewer "
+                                 f"shards than the {self.world} processes?)")
             epoch, position = epoch + 1, 0
 
     # ------------------------------------------------------------------------------- training
@@ -360,6 +403,10 @@ class Trainer:
             # non-finite (weights, optimizer state and LR schedule untouched, gradients dropped).
             self._guard_nonfinite(record, micro, losses, applied=self.engine.skipped_steps == skipped_before)
             record["nonfinite_skips"] = self.nonfinite_skips
+            if self.settings.log_sample_keys:
+                per_rank: list[Any] = [None] * self.world  # every rank's keys, in the global order
+                dist.all_gather_object(per_rank, [key for batch in micro for key in batch["keys"]])
+                record["sample_keys"] = merge_rank_shares(per_rank)
             every = self.settings.live_check_every
             if every and self.step % every == 0 and micro[0]["features"] is not None:
                 record.update(self.live_check(micro[0]))

@@ -83,8 +83,8 @@ def episode_ids(dataset: Dataset[TrainItem]) -> list[str]:
         return [str(e) for e in dataset.reader.read_column(SAMPLES_TABLE, EPISODE_COLUMN)]
     if isinstance(dataset, LiveSamples):
         return [sample.episode_id for sample in dataset.index.samples]
-    raise ValidationError("holding out episodes for validation needs a zarr (random access) training cache or live "
-                     "data; for a webdataset cache set train.val_cache instead")
+    raise ValidationError("holding out episodes for validation needs one zarr (random access) training cache or "
+                          "live data; for a webdataset cache or several caches set train.val_cache instead")
 
 
 def capped_rows(rows: Sequence[int], max_samples: int, seed: int) -> tuple[int, ...]:

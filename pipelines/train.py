@@ -1,12 +1,14 @@
 """Stage 2 entry point, started on every rank: ``torchrun --nproc_per_node N -m pipelines.train``.
 
-Trains from a cache (``--cache``; VGGT is never built) or, for the live baseline, from the
-source data (``--live-data``; VGGT runs inside the model). Resumes from the latest checkpoint in
-``--out`` when there is one.
+Trains from a cache (``--cache PATH``; VGGT is never built), from several zarr caches drawn with
+sampling weights (``--cache r2r=PATH:0.7 --cache rxr=PATH:0.3``, see ``janus_train.mixture``) or,
+for the live baseline, from the source data (``--live-data``; VGGT runs inside the model).
+Resumes from the latest checkpoint in ``--out`` when there is one, also on another number of
+processes (``janus_train.elastic``); a checkpoint it cannot continue is one ``error:`` line.
 
 Start-up check: before any model is built, rank 0 runs verify's schema and freshness checks of
-the cache against the training profile and tells every rank the verdict; a refused cache ends
-all ranks with exit code 1 and the one-line reason (which names the differing field).
+every cache against the training profile and tells every rank the verdict; a refused cache ends
+all ranks with exit code 1 and the one-line reason (which names the cache and the differing field).
 
 Validation (``janus_train.validation``): the profile's source, or ``--val-cache CACHE`` instead of it
 (checked at start-up like the training cache); a source that cannot be used (e.g. a hold-out that
@@ -39,7 +41,9 @@ from janus_cache.profile import Profile, ProfileError, load_profile
 from janus_train.checkpoints import NoIntactCheckpoint
 from janus_train.config import TrainSettings, load_train_settings
 from janus_train.export import export
+from janus_train.elastic import ResumeError
 from janus_train.logs import WandbMissing, check_wandb
+from janus_train.mixture import CacheSource, MixtureError, parse_cache_sources
 from janus_train.nonfinite import NonFiniteStep
 from janus_train.reference_checkpoint import ReferenceCheckpointError, check_reference_checkpoint, run_model_config
 from janus_train.trainer import CHECKPOINTS, EXPORT_DIR, TooFewSamples, Trainer, init_distributed
@@ -82,6 +86,15 @@ def cache_refusal(cache: Path, profile: Profile) -> str | None:
     return None
 
 
+def sources_refusal(sources: list[CacheSource], profile: Profile) -> str | None:
+    """The first refusal of any of a run's caches, naming the cache when there are several."""
+    for source in sources:
+        refusal = cache_refusal(source.path, profile)
+        if refusal is not None:
+            return refusal if len(sources) == 1 else f"cache {source.name!r}: {refusal}"
+    return None
+
+
 def record_outputs(trainer: Trainer, path: Path, n_samples: int) -> None:
     """Every rank computes (ZeRO-3 needs all of them); rank 0 writes ``path``."""
     from safetensors.torch import save_file
@@ -97,7 +110,9 @@ def record_outputs(trainer: Trainer, path: Path, n_samples: int) -> None:
 
 def command(
     out: Annotated[Path, typer.Option("--out", help="Run directory: checkpoints, metrics, export.")],
-    cache: Annotated[Optional[Path], typer.Option(help="Cache directory to train from.")] = None,
+    cache: Annotated[Optional[list[str]], typer.Option(
+        help="Cache directory to train from; repeat as NAME=PATH:WEIGHT to draw from several zarr caches "
+             "with sampling weights (e.g. --cache r2r=caches/r2r:0.7 --cache rxr=caches/rxr:0.3).")] = None,
     live_data: Annotated[Optional[Path], typer.Option(help="Train live from source data (baseline).")] = None,
     profile: Annotated[str, typer.Option(help="Profile name or YAML path.")] = "tiny",
     max_steps: Annotated[Optional[int], typer.Option(min=1, help="Override train.max_steps.")] = None,
@@ -111,15 +126,16 @@ def command(
     from dataclasses import replace
 
     ranks = Ranks.from_env()
-    if (cache is None) == (live_data is None):
+    if (not cache) == (live_data is None):
         fail_alike(ranks, "give exactly one of --cache or --live-data", code=2)
     try:
+        sources = parse_cache_sources(cache) if cache else None
         prof = load_profile(profile)
         settings = load_train_settings(prof)
         if settings.init_from is not None:
             check_reference_checkpoint(settings.init_from, prof)
         check_wandb(settings.wandb_project, prof.source)
-    except (ProfileError, ReferenceCheckpointError, WandbMissing) as err:
+    except (ProfileError, ReferenceCheckpointError, WandbMissing, MixtureError) as err:
         fail_alike(ranks, str(err))
     if max_steps is not None:
         settings = replace(settings, max_steps=max_steps)
@@ -134,33 +150,35 @@ def command(
             run_lock = lock_on_main(Control(ranks), out)
         except RankFailed as err:
             fail_alike(ranks, str(err))
-        for checked in (cache, settings.val_cache):
-            if checked is None:
-                continue
+        checked_sources = list(sources or []) + (
+            [CacheSource("validation", settings.val_cache, 1.0)] if settings.val_cache is not None else [])
+        if checked_sources:
             try:
-                refusal = Control(ranks).on_main(lambda: cache_refusal(checked, prof))
+                refusal = Control(ranks).on_main(lambda: sources_refusal(checked_sources, prof))
             except RankFailed as err:
-                refusal = f"cannot check the cache {checked}: {err}"
+                refusal = f"cannot check the cache(s) {', '.join(str(s.path) for s in checked_sources)}: {err}"
             if refusal is not None:
                 fail_alike(ranks, refusal)
         try:
-            trainer = Trainer(prof, settings, out, cache=cache, live_data=live_data)
-        except TooFewSamples as err:
+            trainer = Trainer(prof, settings, out, cache=sources, live_data=live_data)
+        except (TooFewSamples, ResumeError, MixtureError, NoIntactCheckpoint) as err:
             fail_alike(ranks, str(err))
         except ValidationError as err:  # the same on every rank
             fail_alike(ranks, f"{prof.source}: {err}")
         try:
             try:
                 resumed = trainer.resume()
-            except NoIntactCheckpoint as err:
+            except ResumeError as err:
                 fail_alike(ranks, str(err))
             if trainer.rank == 0 and trainer.resume_note:
                 print(f"warning: {trainer.resume_note}", file=sys.stderr, flush=True)
             if trainer.rank == 0:
+                mixture = (" from " + ", ".join(f"{s.name} (weight {s.weight:g})" for s in trainer.sources)
+                           if len(trainer.sources) > 1 else "")
                 print(f"training {trainer.total_steps} steps of {trainer.samples_per_step} samples on {trainer.world} "
-                      f"processes ({trainer.steps_per_epoch} steps per epoch), metrics in {trainer.metrics_file}"
-                      + (f"; resumed at step {trainer.step} (epoch {trainer.epoch}, position {trainer.position})"
-                         if resumed else "")
+                      f"processes ({trainer.steps_per_epoch} steps per epoch){mixture}, metrics in {trainer.metrics_file}"
+                      + (f"; resumed at step {trainer.step} (epoch {trainer.epoch}, sample {trainer.position} "
+                         f"of the epoch)" if resumed else "")
                       + (f"; validating on {trainer.validation.description}" if trainer.validation else ""),
                       flush=True)
             try:

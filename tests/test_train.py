@@ -331,8 +331,8 @@ def test_live_two_process_run_with_micro_batch_2_starts_with_the_cached_runs_los
 
 def test_resume_after_step_k_repeats_the_uninterrupted_losses(reference_run: Run, setup: Setup,
                                                               tmp_path: Path) -> None:
-    """A run directory holding only the step-3 checkpoint (mid-epoch: epoch 1, 2 of 4 samples per
-    rank) is what a run killed after step 3 leaves; a new launch resumes there and its steps 4..10
+    """A run directory holding only the step-3 checkpoint (mid-epoch: epoch 1, 4 of its 8 samples
+    consumed by the 2 ranks together) is what a run killed after step 3 leaves; a new launch resumes there and its steps 4..10
     repeat the uninterrupted run's losses, gradient norms and LRs (data position, optimizer, LR
     schedule and RNG all come from the checkpoint)."""
     out = tmp_path / "run"
@@ -344,7 +344,7 @@ def test_resume_after_step_k_repeats_the_uninterrupted_losses(reference_run: Run
 
     result = torchrun_train("--out", out, "--cache", setup.fp32_cache, "--profile", setup.fp32_profile, "--no-export")
     assert_succeeded(result)
-    assert f"resumed at step {SAVE_EVERY} (epoch 1, position 2)" in result.stdout
+    assert f"resumed at step {SAVE_EVERY} (epoch 1, sample 4 of the epoch)" in result.stdout
     resumed = read_metrics(out)[SAVE_EVERY:]
     expected = reference_run.records[SAVE_EVERY:]
     assert [r["step"] for r in resumed] == list(range(SAVE_EVERY + 1, MAX_STEPS + 1))

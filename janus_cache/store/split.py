@@ -7,9 +7,12 @@ ranks passes ``rank`` and ``world``; the worker is the current DataLoader worker
   round-robin to its loader workers (:func:`shards_for`). :func:`rank_and_worker_splitter` is that
   split as a webdataset pipeline stage; the reader builds its pipeline with it and with neither
   of webdataset's own splitters, so shards are split exactly once.
-* **zarr** (random access): an epoch is a seeded permutation of the sample rows dealt
-  round-robin to ranks (:func:`epoch_rows`); the DataLoader hands a rank's rows to its workers
-  itself (a map-style dataset is indexed, never split again).
+* **zarr** (random access): an epoch is a seeded permutation of the sample rows, one global
+  sequence for all ranks; rank ``r`` of ``world`` reads its items ``G + r, G + r + world, ...``
+  from the global offset ``G`` on (:func:`rank_share_from`, :func:`epoch_rows`); the DataLoader
+  hands a rank's rows to its workers itself (a map-style dataset is indexed, never split again).
+  Because the position is a global offset into a sequence that does not depend on the world, a
+  run resumed on another number of ranks continues the same sequence (elastic resume).
 
 Either way every sample is read exactly once per epoch across all ranks and workers; ranks'
 shares differ by at most one shard (webdataset) or one sample (zarr).
@@ -27,6 +30,9 @@ T = TypeVar("T")
 
 _EPOCH_SEED_STRIDE = 100_003
 """Mixes seed and epoch into one generator seed (a prime, so nearby (seed, epoch) pairs differ)."""
+_STREAM_SEED_STRIDE = 1_000_000_007
+"""Separates the permutations of independent streams (e.g. the caches of a mixture) of one seed and
+epoch; stream 0 is the plain epoch permutation."""
 
 
 def _check_slot(what: str, index: int, count: int) -> None:
@@ -59,13 +65,34 @@ def rank_and_worker_splitter(src: Iterable[T], rank: int, world: int) -> Iterato
     yield from share(share(list(src), rank, world, "rank"), worker, workers, "worker")
 
 
-def epoch_order(n_samples: int, seed: int, epoch: int) -> list[int]:
-    """The epoch's permutation of sample rows; depends only on (seed, epoch), so a resume can
-    start at any position in it directly."""
-    generator = torch.Generator().manual_seed(seed * _EPOCH_SEED_STRIDE + epoch)
+def epoch_order(n_samples: int, seed: int, epoch: int, stream: int = 0) -> list[int]:
+    """The epoch's permutation of sample rows; depends only on (seed, epoch, stream), never on the
+    number of ranks, so a resume (on any world) can start at any position in it directly.
+    ``stream`` tells independent permutations of one (seed, epoch) apart (0: the plain one)."""
+    if isinstance(stream, bool) or not isinstance(stream, int) or stream < 0:
+        raise ValueError(f"stream must be a non-negative int, got {stream!r}")
+    generator = torch.Generator().manual_seed(seed * _EPOCH_SEED_STRIDE + epoch + stream * _STREAM_SEED_STRIDE)
     return torch.randperm(n_samples, generator=generator).tolist()
 
 
-def epoch_rows(n_samples: int, rank: int, world: int, seed: int, epoch: int) -> list[int]:
-    """Rank ``rank``'s sample rows of an epoch, in order: its round-robin share of the permutation."""
-    return share(epoch_order(n_samples, seed, epoch), rank, world, "rank")
+def rank_share_from(sequence: Sequence[T], rank: int, world: int, start: int = 0, stop: int | None = None) -> list[T]:
+    """Rank ``rank``'s items of a global sequence from global offset ``start`` up to ``stop``:
+    ``sequence[start + rank : stop : world]`` (round-robin, so after every rank has read ``k``
+    items the ranks together have read exactly ``sequence[start : start + k * world]``)."""
+    _check_slot("rank", rank, world)
+    stop = len(sequence) if stop is None else stop
+    if not 0 <= start <= stop <= len(sequence):
+        raise ValueError(f"need 0 <= start <= stop <= {len(sequence)}, got start {start}, stop {stop}")
+    return list(sequence[start + rank : stop : world])
+
+
+def merge_rank_shares(shares: Sequence[Sequence[T]]) -> list[T]:
+    """The inverse of :func:`rank_share_from` over equal shares: the ranks' items back in the
+    global sequence's order (rank ``r``'s ``j``-th item is item ``r + j * world``)."""
+    return [share_[j] for j in range(len(shares[0])) for share_ in shares] if shares else []
+
+
+def epoch_rows(n_samples: int, rank: int, world: int, seed: int, epoch: int, start: int = 0) -> list[int]:
+    """Rank ``rank``'s sample rows of an epoch, in order, from global offset ``start`` (samples of the
+    epoch's permutation that all ranks together have consumed): its round-robin share."""
+    return rank_share_from(epoch_order(n_samples, seed, epoch), rank, world, start)
