@@ -33,7 +33,7 @@ from janus_cache.device import process_device
 from janus_cache.resolution import Resolution, visual_tokens
 from janus_cache.store import OpenedCache, open_cache
 from janus_train.config import TrainSettings, deepspeed_config, load_train_settings
-from janus_train.data import CachedSamples, EpochSampler, LiveSamples, StreamedSamples, collate
+from janus_train.data import CachedSamples, DamagedSample, EpochSampler, LiveSamples, StreamedSamples, collate
 from janus_train.gpu_specs import peak_flops
 from janus_train.logs import RunLog
 from janus_train.nonfinite import NonFiniteStep, nonfinite_message
@@ -207,6 +207,8 @@ class Trainer:
         self.epoch = 0
         self.position = 0  # micro-batch samples of this rank already consumed in this epoch
         self.nonfinite_skips = 0
+        self.damaged_skips = 0  # samples left out for damaged cache data (train.damaged_samples: skip)
+        self._damage_seen: list[Any] = []  # DamagedData met by this rank's loader since the last step
         self.metrics_file = self.out_dir / METRICS_FILE
         self.log = RunLog(self.out_dir, self.metrics_file, self.total_steps, settings.wandb_project,
                           run_config={"profile": profile.name, "world": self.world}) if self.rank == 0 else None
@@ -237,6 +239,7 @@ class Trainer:
                              + ", ".join(f"{k} (checkpoint {old}, now {new})" for k, (old, new) in changed.items()))
         self.step, self.epoch, self.position = state["step"], state["epoch"], state["position"]
         self.nonfinite_skips = state.get("nonfinite_skips", 0)
+        self.damaged_skips = state.get("damaged_skips", 0)
         set_rng_states(state["rng"])
         self._saved_step = self.step
         return True
@@ -246,7 +249,8 @@ class Trainer:
         if self._saved_step == self.step:
             return
         state = {"step": self.step, "epoch": self.epoch, "position": self.position,
-                 "data_layout": self.data_layout(), "rng": rng_states(), "nonfinite_skips": self.nonfinite_skips}
+                 "data_layout": self.data_layout(), "rng": rng_states(), "nonfinite_skips": self.nonfinite_skips,
+                 "damaged_skips": self.damaged_skips}
         self.engine.save_checkpoint(str(self.checkpoint_dir()), tag=f"step{self.step:08d}", client_state=state)
         self._saved_step = self.step
         if self.rank == 0:
@@ -282,6 +286,9 @@ class Trainer:
                 position += self.settings.micro_batch
                 if position > per_rank:
                     break
+                self._damage_seen.extend(batch.pop("damaged", []))
+                if "keys" not in batch:
+                    continue  # every sample of it damaged: the step takes the next micro-batch
                 yield batch, epoch, position
             epoch, position = epoch + 1, 0
 
@@ -298,6 +305,7 @@ class Trainer:
             fetched = [next(batches) for _ in range(self.settings.grad_accum)]
             micro = [batch for batch, _, _ in fetched]
             times.data_wait = time.perf_counter() - start
+            self._check_damage()
             local = LossDenominators.from_batches(micro).as_tensor(self.device)
             dist.all_reduce(local)
             denominators = LossDenominators.from_tensor(local)
@@ -338,6 +346,7 @@ class Trainer:
             # non-finite (weights, optimizer state and LR schedule untouched, gradients dropped).
             self._guard_nonfinite(record, micro, losses, applied=self.engine.skipped_steps == skipped_before)
             record["nonfinite_skips"] = self.nonfinite_skips
+            record["damaged_skips"] = self.damaged_skips
             every = self.settings.live_check_every
             if every and self.step % every == 0 and micro[0]["features"] is not None:
                 record.update(self.live_check(micro[0]))
@@ -406,6 +415,26 @@ class Trainer:
             record["alloc_retries"] = torch.cuda.memory_stats(self.device).get("num_alloc_retries", 0)
         return record
 
+    def _check_damage(self) -> None:
+        """Before a step's compute, on every rank: the damaged samples the ranks' loaders met (left
+        out of the micro-batches). ``train.damaged_samples: skip`` counts them; ``stop`` raises
+        :class:`DamagedSample` on every rank with the first one's line (its file and sample)."""
+        seen, self._damage_seen = self._damage_seen, []
+        count = torch.tensor([float(sum(err.samples for err in seen))], device=self.device)
+        dist.all_reduce(count)
+        total = int(count.item())
+        if total == 0:
+            return
+        if self.settings.damaged_samples == "skip":
+            self.damaged_skips += total
+            return
+        per_rank: list[Any] = [None] * self.world
+        dist.all_gather_object(per_rank, [str(err) for err in seen])
+        rank, first = next((r, lines[0]) for r, lines in enumerate(per_rank) if lines)
+        raise DamagedSample(f"step {self.step + 1}, rank {rank}: {first} ({total} damaged sample(s) in the step; "
+                            "stopped on every rank before training on it, train.damaged_samples: skip would "
+                            "leave them out)")
+
     def _guard_nonfinite(self, record: dict[str, Any], micro: list[dict[str, Any]], losses: list[torch.Tensor],
                          applied: bool) -> None:
         """After a step: a non-finite (all-reduced) loss or global gradient norm is the same verdict
@@ -461,6 +490,8 @@ class Trainer:
         if self.streaming:
             raise ValueError("outputs_on needs a map-style dataset (a zarr cache or live data)")
         batch = collate([self.dataset[row] for row in rows], pad_token_id=self.pad_token_id)
+        if "damaged" in batch:
+            raise DamagedSample(str(batch["damaged"][0]))
         was_training = self.engine.training
         self.engine.eval()
         try:

@@ -33,6 +33,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from janus_cache.profile import Profile, ProfileError, load_profile
 from janus_train.config import TrainSettings, load_train_settings
+from janus_train.data import DamagedSample
 from janus_train.export import export
 from janus_train.logs import WandbMissing, check_wandb
 from janus_train.nonfinite import NonFiniteStep
@@ -148,7 +149,7 @@ def command(
                          if resumed else ""), flush=True)
             try:
                 trainer.train()
-            except NonFiniteStep as err:
+            except (NonFiniteStep, DamagedSample) as err:
                 if trainer.rank == 0:
                     print(f"error: {err}", file=sys.stderr, flush=True)
                 raise typer.Exit(1)
