@@ -126,6 +126,8 @@ class Outcome:
     rewritten_shards: tuple[str, ...] = ()
     """Shard files that were committed before this run and rewritten by it (damaged, or their
     commit record was)."""
+    repaired: tuple[str, ...] = ()
+    """Metadata files and tables rewritten after ``prepare()`` (its own repairs were shown then)."""
 
     @property
     def written(self) -> int:
@@ -140,6 +142,8 @@ class Outcome:
         if self.skipped_while_indexing:
             lines.append("  skipped while indexing: " + ", ".join(
                 f"{n} {reason}" for reason, n in sorted(self.skipped_while_indexing.items())))
+        if self.repaired:
+            lines.append(f"  repaired: rewrote {', '.join(self.repaired)}")
         if self.rewritten_shards:
             lines.append(f"  repaired: rewrote {len(self.rewritten_shards)} shard(s) that failed their commit "
                          f"records: {', '.join(self.rewritten_shards[:10])}"
@@ -168,6 +172,7 @@ class PrecomputeJob:
         self.encoder = encoder
         self._before: Manifest | None = None  # the manifest before this run (set by prepare)
         self._wanted: Manifest | None = None  # this run's settings as a manifest (set by prepare)
+        self._repairs_shown = 0  # the writer's repairs that prepare() returned
         self._started = time.time()
 
     # ------------------------------------------------------------------------------ queries
@@ -286,6 +291,7 @@ class PrecomputeJob:
         if existing is None or repairs:
             write_manifest(out, manifest)
         repairs += self.writer.repairs
+        self._repairs_shown = len(self.writer.repairs)
         warnings = [warning] if warning else []
         if repairs:
             warnings.append(f"repaired {out}: rewrote {', '.join(repairs)}")
@@ -367,7 +373,8 @@ class PrecomputeJob:
         atomic_write_bytes(self.out / REPORT_NAME, (json.dumps(report, indent=1, sort_keys=True) + "\n").encode())
         write_manifest(self.out, replace(merged, shards=shards, counts=counts))
         return Outcome(self.out, len(index.samples), len(index.frames), dropped, dict(index.report.counts()),
-                       disk_usage(self.out), tuple(self._rewritten_shards()))
+                       disk_usage(self.out), tuple(self._rewritten_shards()),
+                       tuple(self.writer.repairs[self._repairs_shown:]))
 
     def _rewritten_shards(self) -> list[str]:
         """Shard files the manifest before this run listed as committed whose commit record this run

@@ -176,10 +176,15 @@ class ZarrGroup:
             meta = directory / ZARR_ROOT_NAME
             if not meta.is_file():
                 return
-            if json.loads(meta.read_text()).get("node_type") == "array":
+            children = sorted(p for p in directory.iterdir() if p.is_dir())
+            try:
+                is_array = json.loads(meta.read_text()).get("node_type") == "array"
+            except (ValueError, AttributeError):  # damaged: an array unless nodes lie below it
+                is_array = not any((child / ZARR_ROOT_NAME).is_file() for child in children)
+            if is_array:
                 found.append(rel)
                 return
-            for child in sorted(p for p in directory.iterdir() if p.is_dir()):
+            for child in children:
                 visit(child, f"{rel}/{child.name}" if rel else child.name)
 
         visit(self.root, "")
