@@ -50,11 +50,6 @@ class TrainItem:
     features: torch.Tensor | None
 
 
-class DamagedSample(RuntimeError):
-    """Training met damaged cache data with ``train.damaged_samples: stop``; raised on every rank with
-    the same one-line message (the file and sample), before anything of that step was trained."""
-
-
 @dataclass(frozen=True)
 class DamagedItem:
     """A sample (or, for a tar shard that cannot be read on, ``error.samples`` samples) whose stored

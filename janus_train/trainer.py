@@ -33,7 +33,8 @@ from janus_cache.device import process_device
 from janus_cache.resolution import Resolution, visual_tokens
 from janus_cache.store import OpenedCache, open_cache
 from janus_train.config import TrainSettings, deepspeed_config, load_train_settings
-from janus_train.data import CachedSamples, DamagedSample, EpochSampler, LiveSamples, StreamedSamples, collate
+from janus_train.damaged import DamagedSample, damaged_message
+from janus_train.data import CachedSamples, EpochSampler, LiveSamples, StreamedSamples, collate
 from janus_train.gpu_specs import peak_flops
 from janus_train.logs import RunLog
 from janus_train.nonfinite import NonFiniteStep, nonfinite_message
@@ -430,10 +431,7 @@ class Trainer:
             return
         per_rank: list[Any] = [None] * self.world
         dist.all_gather_object(per_rank, [str(err) for err in seen])
-        rank, first = next((r, lines[0]) for r, lines in enumerate(per_rank) if lines)
-        raise DamagedSample(f"step {self.step + 1}, rank {rank}: {first} ({total} damaged sample(s) in the step; "
-                            "stopped on every rank before training on it, train.damaged_samples: skip would "
-                            "leave them out)")
+        raise DamagedSample(damaged_message(self.step + 1, per_rank, total))
 
     def _guard_nonfinite(self, record: dict[str, Any], micro: list[dict[str, Any]], losses: list[torch.Tensor],
                          applied: bool) -> None:

@@ -33,7 +33,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from janus_cache.profile import Profile, ProfileError, load_profile
 from janus_train.config import TrainSettings, load_train_settings
-from janus_train.data import DamagedSample
+from janus_train.damaged import DamagedSample
 from janus_train.export import export
 from janus_train.logs import WandbMissing, check_wandb
 from janus_train.nonfinite import NonFiniteStep
