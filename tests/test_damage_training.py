@@ -106,6 +106,22 @@ def test_a_deleted_shard_is_refused_by_the_start_up_check_naming_it(damaged_zarr
     assert refusal is not None and str(missing) in refusal
 
 
+def test_an_edited_endian_is_refused_by_the_start_up_check_naming_the_zarr_json(
+    damaged_zarr: Damaged, tmp_path: Path,
+) -> None:
+    """Before: 20 steps of ``loss nan`` and exit 0 (every bf16 feature read byte-swapped)."""
+    import shutil
+
+    from pipelines.train import cache_refusal
+
+    cache = Path(shutil.copytree(damaged_zarr.cache, tmp_path / "cache"))
+    reader = open_training_cache(load_profile(damaged_zarr.profile), damaged_zarr.cache).reader
+    meta = cache / reader.features_array / "zarr.json"
+    meta.write_text(meta.read_text().replace('"little"', '"big"'))
+    refusal = cache_refusal(cache, load_profile(damaged_zarr.profile))
+    assert refusal is not None and f"{meta} differs from the sha256 recorded" in refusal, refusal
+
+
 def test_a_damaged_sample_stops_every_rank_naming_the_shard_file_and_the_sample(
     damaged_zarr: Damaged, tmp_path: Path,
 ) -> None:

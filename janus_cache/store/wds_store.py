@@ -208,7 +208,8 @@ class WdsCacheWriter(VariantWriter):
             except StoreError:  # damaged: rewritten below; each tar shard still answers to its record
                 existing = layout
             if existing != layout:
-                raise StoreError(f"{directory} holds shards of layout {existing}; asked for {layout}")
+                raise StoreError(f"{directory} holds shards of layout {existing}; asked for {layout} (if {file} was "
+                                 "edited, rebuild the cache: precompute --overwrite)")
             if file.read_bytes() != layout.to_json().encode():
                 atomic_write_bytes(file, layout.to_json().encode())
                 self._repaired(f"{file.relative_to(self.root).as_posix()} (damaged or edited)")

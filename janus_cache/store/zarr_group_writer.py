@@ -183,7 +183,8 @@ class ZarrGroupWriter(ZarrGroup):
                 shape, dtype, shards, chunks, attrs = found
                 raise StoreError(
                     f"array {path!r} of cache {self.root} exists with shape {shape}, dtype {dtype}, chunks {chunks}, "
-                    f"shards {shards}, attrs {attrs}; asked for {spec.describe()}"
+                    f"shards {shards}, attrs {attrs}; asked for {spec.describe()} (if {file} was edited, rebuild "
+                    "the cache: precompute --overwrite)"
                 )
             atomic_write_bytes(file, expected)
             self._repaired(f"{path}/{ZARR_ROOT_NAME} (damaged or edited)")
