@@ -83,6 +83,8 @@ def step_line(record: dict[str, Any], total_steps: int, eta_s: float) -> str:
             f"wait {100 * record['data_wait_share']:.0f}% | eta {duration(eta_s)}")
     if record.get("nonfinite_skips"):
         line += f" | non-finite skips {record['nonfinite_skips']}"
+    if record.get("damaged_skips"):
+        line += f" | damaged samples skipped {record['damaged_skips']}"
     if "live_feature_max_abs" in record:
         line += (f" | live check: feature diff {record['live_feature_max_abs']:.3g}, "
                  f"loss rel diff {record['live_loss_rel_diff']:.3g}")

@@ -166,13 +166,16 @@ def test_with_skip_the_run_leaves_damaged_samples_out_and_counts_them(damaged_za
     assert [r["step"] for r in logged] == list(range(1, MAX_STEPS + 1))
     assert [r["damaged_skips"] for r in logged] == [damaged_draws(damaged_zarr.row, s) for s in range(1, MAX_STEPS + 1)]
     assert logged[-1]["damaged_skips"] >= 1
+    line = next(line for line in result.stdout.splitlines() if line.startswith(f"step {MAX_STEPS}/{MAX_STEPS}"))
+    assert f"| damaged samples skipped {logged[-1]['damaged_skips']}" in line
 
 
 def test_a_flipped_action_digit_in_a_tar_stops_naming_the_tar_and_the_sample(
     workdir: tuple[Path, Path], tmp_path: Path,
 ) -> None:
+    """Read by 2 DataLoader worker processes per rank: the error crosses them intact."""
     root, data = workdir
-    profile = write_profile(root / "wds.yaml")
+    profile = write_profile(root / "wds.yaml", num_workers=2)
     cache = root / "wds"
     assert run(Options(data, cache, str(profile), cache_format="wds", workers=1)) == 0
     reader = open_training_cache(load_profile(profile), cache).reader

@@ -50,8 +50,9 @@ def check_schema(root: Path | str) -> CheckResult:
                 f"{cache.root}/manifest.json has no final shard table: the precompute that made this cache "
                 "did not finish (run the same precompute command again to resume)"
             )
-        else:  # a finished precompute recorded the checksums of every metadata file
-            problems = metadata_problems(cache.root) + problems
+        else:  # a finished precompute recorded the checksums of every metadata file (first: the cause)
+            report = str(cache.root / REPORT_NAME)  # a missing one is said below, with what it means
+            problems = [p for p in metadata_problems(cache.root) if not p.startswith(f"{report} is missing")] + problems
         if not (cache.root / REPORT_NAME).is_file():
             problems.append(f"{cache.root} has no {REPORT_NAME}: the precompute that made this cache did not finish")
         detail = (
