@@ -287,8 +287,8 @@ class PrecomputeJob:
         # A new cache gets its manifest now (it marks the directory as this cache); an existing
         # one keeps its own until finish() writes the complete one, so a failed run never leaves
         # a worse manifest behind.
-        manifest = existing if existing is not None and not repairs else wanted
-        if existing is None or repairs:
+        manifest = existing if existing is not None else wanted
+        if existing is None:
             write_manifest(out, manifest)
         repairs += self.writer.repairs
         self._repairs_shown = len(self.writer.repairs)
@@ -298,13 +298,14 @@ class PrecomputeJob:
         return Prepared(manifest, plan, tuple(warnings), tuple(repairs))
 
     def _existing_manifest(self, wanted: Manifest) -> tuple[Manifest | None, list[str]]:
-        """The cache's manifest and, when it was damaged or edited, what repairing it takes.
+        """The cache's manifest (None: none, or one to rebuild from this run's settings) and, when it
+        was damaged or edited, the repair to report.
 
         A manifest that cannot be read, or that differs from the sha256 recorded for it, is
-        rebuilt where ``checksums.json`` proves which keyed settings it had: its own keyed fields
-        when they still have the recorded digest (``finish()`` rewrites the rest), else this run's
-        when they do (a cache of exactly this resolution). Otherwise: a one-line error naming the
-        file and the command that rebuilds the cache.
+        repaired where ``checksums.json`` proves which keyed settings it had: kept when its own
+        keyed fields still have the recorded digest (``finish()`` rewrites the rest), rebuilt from
+        this run's when they do (a cache of exactly this resolution). Otherwise: a one-line error
+        naming the file and the command that rebuilds the cache.
         """
         layout = CacheLayout(self.out)
         try:
@@ -322,7 +323,7 @@ class PrecomputeJob:
         if existing is not None and recorded == keyed_digest(existing):
             return existing, [f"{MANIFEST_NAME} (edited outside its keyed settings)"]
         if recorded is not None and recorded == keyed_digest(wanted):
-            return wanted, [f"{MANIFEST_NAME} (damaged; rebuilt from this run's settings, which match the "
+            return None, [f"{MANIFEST_NAME} (damaged; rebuilt from this run's settings, which match the "
                             "digest recorded for it)"]
         raise PrecomputeError(
             f"{layout.manifest} is damaged ({problem}) and {layout.checksums.name} does not prove which settings it "

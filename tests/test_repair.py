@@ -121,6 +121,23 @@ def test_a_rerun_rebuilds_a_damaged_manifest_whose_settings_the_checksums_prove(
     assert file_digests(cache) == file_digests(intact)
 
 
+def test_a_rerun_restores_a_manifest_edited_outside_its_keyed_settings(
+    reference: Callable[[str], Path], sample_dataset: Path, profile: Path, tmp_path: Path,
+) -> None:
+    intact = reference("zarr")
+    cache = copy_cache(intact, tmp_path / "cache")
+    manifest = cache / "manifest.json"
+    data = json.loads(manifest.read_text())
+    data["counts"]["samples_written"] -= 1
+    manifest.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    assert not check_schema(cache).passed  # differs from the sha256 recorded for it
+
+    result = rerun(sample_dataset, cache, profile)
+    assert succeeded(result), tail(result)
+    assert "manifest.json (edited outside its keyed settings)" in output(result)
+    assert file_digests(cache) == file_digests(intact)
+
+
 def test_a_damaged_manifest_of_other_settings_is_one_line_naming_it_and_the_fix(
     reference: Callable[[str], Path], sample_dataset: Path, tmp_path: Path,
 ) -> None:
