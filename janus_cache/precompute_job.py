@@ -23,6 +23,7 @@ import errno
 import functools
 import json
 import shutil
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from functools import cached_property
@@ -50,10 +51,11 @@ from janus_cache.precompute import (
 )
 from janus_cache.profile import CacheSettings
 from janus_cache.resolution import Resolution
-from janus_cache.store import CacheWriter, Manifest, open_writer, read_manifest, write_manifest
-from janus_cache.store.commit import StoreError, atomic_write_bytes, hashed, read_record, verify_shard
-from janus_cache.store.layout import MANIFEST_NAME, REPORT_NAME, ZARR_ROOT_NAME, frames_array
-from janus_cache.store.manifest import check_compatible, merge_manifests
+from janus_cache.store import CacheWriter, Manifest, ManifestError, StoreError, open_writer, read_manifest, write_manifest
+from janus_cache.store.checksums import changed_metadata, recorded_manifest_keyed
+from janus_cache.store.commit import atomic_write_bytes, hashed, read_record, verify_shard
+from janus_cache.store.layout import MANIFEST_NAME, REPORT_NAME, ZARR_ROOT_NAME, CacheLayout, frames_array
+from janus_cache.store.manifest import SchemaVersionError, check_compatible, keyed_digest, merge_manifests
 
 
 class PrecomputeError(RuntimeError):
@@ -147,6 +149,8 @@ class Prepared:
     manifest: Manifest
     plan: Plan
     warnings: tuple[str, ...] = ()
+    repairs: tuple[str, ...] = ()
+    """Metadata files and tables rewritten because they were damaged or edited (also in ``warnings``)."""
 
 
 @dataclass(frozen=True)
@@ -159,6 +163,11 @@ class Outcome:
     dropped: dict[str, str]
     skipped_while_indexing: dict[str, int]
     bytes_on_disk: int
+    rewritten_shards: tuple[str, ...] = ()
+    """Shard files that were committed before this run and rewritten by it (damaged, or their
+    commit record was)."""
+    repaired: tuple[str, ...] = ()
+    """Metadata files and tables rewritten after ``prepare()`` (its own repairs were shown then)."""
 
     @property
     def written(self) -> int:
@@ -173,6 +182,12 @@ class Outcome:
         if self.skipped_while_indexing:
             lines.append("  skipped while indexing: " + ", ".join(
                 f"{n} {reason}" for reason, n in sorted(self.skipped_while_indexing.items())))
+        if self.repaired:
+            lines.append(f"  repaired: rewrote {', '.join(self.repaired)}")
+        if self.rewritten_shards:
+            lines.append(f"  repaired: rewrote {len(self.rewritten_shards)} shard(s) that failed their commit "
+                         f"records: {', '.join(self.rewritten_shards[:10])}"
+                         + (f" and {len(self.rewritten_shards) - 10} more" if len(self.rewritten_shards) > 10 else ""))
         if self.dropped:
             lines.append(f"  {len(self.dropped)} samples failed (their frames could not be decoded); "
                          f"see {self.out / REPORT_NAME}")
@@ -198,6 +213,10 @@ class PrecomputeJob:
         self.planned_bytes: float | None = None
         """The plan's size of the whole cache, for messages (set by ``prepare()``, or by the caller
         on processes that did not prepare)."""
+        self._before: Manifest | None = None  # the manifest before this run (set by prepare)
+        self._wanted: Manifest | None = None  # this run's settings as a manifest (set by prepare)
+        self._repairs_shown = 0  # the writer's repairs that prepare() returned
+        self._started = time.time()
 
     # ------------------------------------------------------------------------------ queries
 
@@ -253,7 +272,7 @@ class PrecomputeJob:
         for shard in shards:
             try:
                 record = read_record(self.out, array, shard)
-            except StoreError:  # a damaged record proves nothing: the shard is rewritten
+            except StoreError:  # a damaged commit record proves nothing: the shard is rewritten
                 record = None
             checksum = hashed(checksums, array, shard, n_shards)
             if record is None or verify_shard(self.out, record, checksum).problem is not None:
@@ -292,6 +311,7 @@ class PrecomputeJob:
         """
         check_windows(self.index)
         wanted = wanted_manifest(self.index, self.settings, self.resolution, self.cache_format, self.encoder)
+        self._started, self._wanted = time.time(), wanted
         out = self.out
         looks_like_cache = (out / ZARR_ROOT_NAME).exists() or (out / MANIFEST_NAME).exists()
         if out.exists() and any(cache_contents(out)) and not looks_like_cache:
@@ -301,9 +321,10 @@ class PrecomputeJob:
             # Before reading anything of the old cache: --overwrite must also work when it is damaged.
             for entry in cache_contents(out):
                 shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
-        existing = read_manifest(out) if out.exists() else None
+        existing, repairs = self._existing_manifest(wanted) if out.exists() else (None, [])
         if existing is not None:
             check_compatible(existing, wanted, source=str(out))
+        self._before = existing
 
         plan = make_plan(self.index, self.encoder, self.resolution, self.settings.vggt_batch)
         self.planned_bytes = plan.needed_bytes(self.cache_format)
@@ -314,9 +335,51 @@ class PrecomputeJob:
         self.writer.write_table("frames", frame_table(self.index))
         self.writer.prepare_frames(self.resolution.name, frame_shape(self.index, self.resolution),
                                    self.settings.frames_per_shard)
-        manifest = merge_manifests(existing, wanted) if existing is not None else wanted
-        write_manifest(out, manifest)
-        return Prepared(manifest, plan, (warning,) if warning else ())
+        # A new cache gets its manifest now (it marks the directory as this cache); an existing
+        # one keeps its own until finish() writes the complete one, so a failed run never leaves
+        # a worse manifest behind.
+        manifest = existing if existing is not None else wanted
+        if existing is None:
+            write_manifest(out, manifest)
+        repairs += self.writer.repairs
+        self._repairs_shown = len(self.writer.repairs)
+        warnings = [warning] if warning else []
+        if repairs:
+            warnings.append(f"repaired {out}: rewrote {', '.join(repairs)}")
+        return Prepared(manifest, plan, tuple(warnings), tuple(repairs))
+
+    def _existing_manifest(self, wanted: Manifest) -> tuple[Manifest | None, list[str]]:
+        """The cache's manifest (None: none, or one to rebuild from this run's settings) and, when it
+        was damaged or edited, the repair to report.
+
+        A manifest that cannot be read, or that differs from the sha256 recorded for it, is
+        repaired where ``checksums.json`` proves which keyed settings it had: kept when its own
+        keyed fields still have the recorded digest (``finish()`` rewrites the rest), rebuilt from
+        this run's when they do (a cache of exactly this resolution). Otherwise: a one-line error
+        naming the file and the command that rebuilds the cache.
+        """
+        layout = CacheLayout(self.out)
+        try:
+            existing = read_manifest(self.out)
+            problem = "differs from the sha256 recorded for it"
+            damaged = existing is not None and MANIFEST_NAME in changed_metadata(self.out) and (
+                recorded_manifest_keyed(self.out) is not None)
+        except SchemaVersionError as err:
+            raise PrecomputeError(str(err)) from None
+        except ManifestError as err:
+            existing, problem, damaged = None, str(err).removeprefix(f"{layout.manifest} "), True
+        if not damaged:
+            return existing, []
+        recorded = recorded_manifest_keyed(self.out)
+        if existing is not None and recorded == keyed_digest(existing):
+            return existing, [f"{MANIFEST_NAME} (edited outside its keyed settings)"]
+        if recorded is not None and recorded == keyed_digest(wanted):
+            return None, [f"{MANIFEST_NAME} (damaged; rebuilt from this run's settings, which match the "
+                            "digest recorded for it)"]
+        raise PrecomputeError(
+            f"{layout.manifest} is damaged ({problem}) and {layout.checksums.name} does not prove which settings it "
+            f"had; rebuild the cache: re-run this precompute command with --overwrite"
+        )
 
     @_disk_full_is_one_line("writing frame shard {0}")
     def frame_shard(self, shard: int, pool: Pool | None = None) -> dict[int, str]:
@@ -346,11 +409,13 @@ class PrecomputeJob:
         current = read_manifest(self.out)
         if current is None:
             raise PrecomputeError(f"{self.out} has no {MANIFEST_NAME}: finish() runs after prepare()")
+        wanted = self._wanted or wanted_manifest(self.index, self.settings, self.resolution, self.cache_format,
+                                                 self.encoder)
         index, dropped = self.index, self.dropped
-        counts = dict(current.counts, samples_written=len(index.samples) - len(dropped), samples_failed=len(dropped))
+        counts = dict(wanted.counts, samples_written=len(index.samples) - len(dropped), samples_failed=len(dropped))
         # Arrays of other resolutions keep their entries; this run's arrays get the table on disk.
-        shards = {**current.shards, **self.writer.shard_table(verify=False)}
-        write_manifest(self.out, replace(current, shards=shards, counts=counts))
+        merged = merge_manifests(current, wanted, source=str(self.out))
+        shards = {**merged.shards, **self.writer.shard_table(verify=False)}
         failed_frames = read_frame_failures(self.out, self.resolution.name)
         report = {
             "dataset_problems": [
@@ -360,6 +425,29 @@ class PrecomputeJob:
             "failed_frames": {index.frames[row].relpath: reason for row, reason in sorted(failed_frames.items())},
             "failed_samples": dict(sorted(dropped.items())),
         }
+        # report.json first: the manifest write records the checksums of every metadata file.
         atomic_write_bytes(self.out / REPORT_NAME, (json.dumps(report, indent=1, sort_keys=True) + "\n").encode())
+        write_manifest(self.out, replace(merged, shards=shards, counts=counts))
         return Outcome(self.out, len(index.samples), len(index.frames), dropped, dict(index.report.counts()),
-                       disk_usage(self.out))
+                       disk_usage(self.out), tuple(self._rewritten_shards()),
+                       tuple(self.writer.repairs[self._repairs_shown:]))
+
+    def _rewritten_shards(self) -> list[str]:
+        """Shard files the manifest before this run listed as committed whose commit record this run
+        wrote anew (its mtime is after the run's start): the shards it repaired."""
+        if self._before is None:
+            return []
+        layout, rewritten = CacheLayout(self.out), []
+        for array, entries in sorted(self._before.shards.items()):
+            for entry in entries:
+                if not entry.committed:
+                    continue
+                try:
+                    if layout.commit_record(array, entry.shard).stat().st_mtime < self._started:
+                        continue
+                    record = read_record(self.out, array, entry.shard)
+                except (OSError, StoreError):
+                    continue
+                if record is not None:
+                    rewritten.append(record.file)
+        return rewritten

@@ -17,6 +17,7 @@ from janus_train.validation import BEST_METRICS, VAL_LOSS
 
 DEEPSPEED_DIR = CONFIGS_DIR / "deepspeed"
 NONFINITE_POLICIES = ("stop", "skip")
+DAMAGED_SAMPLE_POLICIES = ("stop", "skip")
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,10 @@ class TrainSettings:
         "stop", "A NaN/inf loss or gradient norm on any rank: stop (every rank exits 1, naming the step, rank and "
         "samples; nothing of that step is saved) or skip (no optimizer step on any rank; counted as "
         "nonfinite_skips).", choices=NONFINITE_POLICIES)
+    damaged_samples: str = setting(
+        "stop", "A sample whose cached data fails its checksum (or whose shard file is missing): stop (every rank "
+        "exits 1, rank 0 naming the file and the sample; nothing of that step is trained) or skip (left out of its "
+        "micro-batch, counted as damaged_skips).", choices=DAMAGED_SAMPLE_POLICIES)
     empty_cache_every: int = setting(0, "Optimizer steps between CUDA cache flushes (0: never).", min=0)
     live_check_every: int = setting(0, "Optimizer steps between live-feature checks (0: never).", min=0)
     deepspeed: str = setting("zero3.json", "DeepSpeed config file (relative: under configs/deepspeed/).")

@@ -13,6 +13,12 @@ ranks and loader workers is decided in :mod:`janus_cache.store.split` only.
 
 Workers do no image processing on the cached paths: ``pixel_values`` are built from the uint8
 frames on the training device by the model.
+
+Damaged cache data (a chunk or tar member failing its checksum, a missing shard file) never
+reaches the model: the cached sources return a :class:`DamagedItem` in the sample's place instead
+of raising, so the one-line :class:`~janus_cache.store.DamagedData` crosses DataLoader workers as a
+value (a worker's exception would arrive as a traceback text); :func:`collate` sets those aside
+under ``"damaged"`` and the trainer stops or skips them (``train.damaged_samples``).
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ from torch.utils.data import Dataset, IterableDataset, Sampler
 from janus_cache.index import DatasetIndex
 from janus_cache.imaging import load_frame
 from janus_cache.resolution import Resolution
-from janus_cache.store import CacheSample, WdsCacheReader, ZarrCacheReader
+from janus_cache.store import CacheSample, DamagedData, WdsCacheReader, ZarrCacheReader
 from janus_cache.store.split import epoch_rows
 from janus_train.prompt import EncodedPrompt, PromptBuilder
 
@@ -42,6 +48,18 @@ class TrainItem:
     prompt: EncodedPrompt
     frames: torch.Tensor
     features: torch.Tensor | None
+
+
+@dataclass(frozen=True)
+class DamagedItem:
+    """A sample (or, for a tar shard that cannot be read on, ``error.samples`` samples) whose stored
+    data failed its check: what the cached sources return in its place."""
+
+    error: DamagedData
+
+    @property
+    def key(self) -> str:
+        return self.error.key or self.error.file
 
 
 def cached_item(builder: PromptBuilder, sample: CacheSample) -> TrainItem:
@@ -70,8 +88,12 @@ class CachedSamples(Dataset[TrainItem]):
     def __len__(self) -> int:
         return len(self.reader)
 
-    def __getitem__(self, row: int) -> TrainItem:
-        return cached_item(self.builder, self.reader.sample(int(row)))
+    def __getitem__(self, row: int) -> TrainItem | DamagedItem:
+        try:
+            sample = self.reader.sample(int(row))
+        except DamagedData as err:
+            return DamagedItem(err)
+        return cached_item(self.builder, sample)
 
 
 class StreamedSamples(IterableDataset[TrainItem]):
@@ -86,9 +108,9 @@ class StreamedSamples(IterableDataset[TrainItem]):
     def __len__(self) -> int:
         return len(self.reader)
 
-    def __iter__(self) -> Iterator[TrainItem]:
-        for sample in self.reader.dataset(self.rank, self.world):
-            yield cached_item(self.builder, sample)
+    def __iter__(self) -> Iterator[TrainItem | DamagedItem]:
+        for sample in self.reader.dataset(self.rank, self.world, damaged="yield"):
+            yield DamagedItem(sample) if isinstance(sample, DamagedData) else cached_item(self.builder, sample)
 
 
 class LiveSamples(Dataset[TrainItem]):
@@ -107,15 +129,24 @@ class LiveSamples(Dataset[TrainItem]):
                          frames=torch.from_numpy(frames), features=None)
 
 
-def collate(items: Sequence[TrainItem], pad_token_id: int) -> dict[str, Any]:
-    """A micro-batch: padded prompt tensors, frames [B, S, H, W, 3] uint8, features [B, N, 2C] or None."""
+def collate(items: Sequence[TrainItem | DamagedItem], pad_token_id: int) -> dict[str, Any]:
+    """A micro-batch: padded prompt tensors, frames [B, S, H, W, 3] uint8, features [B, N, 2C] or None.
+
+    Damaged items are left out; their errors are listed under ``"damaged"`` (only when there are
+    any: a micro-batch of damaged items only is ``{"damaged": [...]}``)."""
     from janus_train.prompt import collate_prompts
 
+    damaged = [item.error for item in items if isinstance(item, DamagedItem)]
+    items = [item for item in items if not isinstance(item, DamagedItem)]
+    if not items:
+        return {"damaged": damaged}
     batch: dict[str, Any] = collate_prompts([item.prompt for item in items], pad_token_id)
     batch["keys"] = [item.key for item in items]
     batch["frames"] = torch.stack([item.frames for item in items])
     features = [item.features for item in items]
     batch["features"] = None if any(f is None for f in features) else torch.stack(features)
+    if damaged:
+        batch["damaged"] = damaged
     return batch
 
 

@@ -84,6 +84,8 @@ def step_line(record: dict[str, Any], total_steps: int, eta_s: float) -> str:
             f"wait {100 * record['data_wait_share']:.0f}% | eta {duration(eta_s)}")
     if record.get("nonfinite_skips"):
         line += f" | non-finite skips {record['nonfinite_skips']}"
+    if record.get("damaged_skips"):
+        line += f" | damaged samples skipped {record['damaged_skips']}"
     if record.get("val_loss") is not None:
         # Action accuracy of the head and of the LM's ACTION: tokens.
         line += (f" | val loss {record['val_loss']:.4f} acc head {number('val_action_accuracy', '.2f')} "

@@ -41,6 +41,7 @@ from janus_cache.store.split import merge_rank_shares, rank_share_from
 from janus_train.best_checkpoint import BestCheckpoint
 from janus_train.checkpoints import Checkpoints, tag_name
 from janus_train.config import TrainSettings, deepspeed_config, load_train_settings
+from janus_train.damaged import DamagedSample, damaged_message
 from janus_train.data import CachedSamples, LiveSamples, StreamedSamples, collate
 from janus_train.elastic import (
     DataLayout,
@@ -239,6 +240,8 @@ class Trainer:
         self.position = 0  # samples of this epoch's global sequence consumed by all ranks together
         self.nonfinite_skips = 0
         self.resume_note: str | None = None  # why the resume did not start where ``latest`` pointed
+        self.damaged_skips = 0  # samples left out for damaged cache data (train.damaged_samples: skip)
+        self._damage_seen: list[Any] = []  # DamagedData met by this rank's loader since the last step
         self.metrics_file = self.out_dir / METRICS_FILE
         self.evaluator = self.best = None
         if self.validation is not None:
@@ -293,6 +296,7 @@ class Trainer:
         self.step, self.epoch = state["step"], state["epoch"]
         self.position = DataLayout.global_position(state)
         self.nonfinite_skips = state.get("nonfinite_skips", 0)
+        self.damaged_skips = state.get("damaged_skips", 0)
         # RNG states are per process: on another world each rank takes rank 0's (the only one loaded).
         set_rng_states(state["rng"])
         self._saved_step = self.step
@@ -305,7 +309,7 @@ class Trainer:
             return
         state = {"step": self.step, "epoch": self.epoch, "position": self.position,
                  "data_layout": self.data_layout().to_dict(), "rng": rng_states(),
-                 "nonfinite_skips": self.nonfinite_skips}
+                 "nonfinite_skips": self.nonfinite_skips, "damaged_skips": self.damaged_skips}
         self.checkpoints.save(self.engine, tag_name(self.step), state, keep=self.settings.save_total_limit)
         self._saved_step = self.step
 
@@ -344,6 +348,11 @@ class Trainer:
                 if position >= end:
                     break
                 position += micro_global
+                self._damage_seen.extend(batch.pop("damaged", []))
+                if "keys" not in batch:
+                    # Every sample of it damaged (train.damaged_samples: skip): the step takes this
+                    # rank's next micro-batch.
+                    continue
                 yield batch, epoch, position
             if fresh and position == 0:  # else the next epoch would read nothing again, forever
                 raise ValueError(f"rank {self.rank} reads no sample of an epoch (a webdataset cache with fewer "
@@ -363,6 +372,7 @@ class Trainer:
             fetched = [next(batches) for _ in range(self.settings.grad_accum)]
             micro = [batch for batch, _, _ in fetched]
             times.data_wait = time.perf_counter() - start
+            self._check_damage()
             local = LossDenominators.from_batches(micro).as_tensor(self.device)
             dist.all_reduce(local)
             denominators = LossDenominators.from_tensor(local)
@@ -403,6 +413,7 @@ class Trainer:
             # non-finite (weights, optimizer state and LR schedule untouched, gradients dropped).
             self._guard_nonfinite(record, micro, losses, applied=self.engine.skipped_steps == skipped_before)
             record["nonfinite_skips"] = self.nonfinite_skips
+            record["damaged_skips"] = self.damaged_skips
             if self.settings.log_sample_keys:
                 per_rank: list[Any] = [None] * self.world  # every rank's keys, in the global order
                 dist.all_gather_object(per_rank, [key for batch in micro for key in batch["keys"]])
@@ -477,6 +488,23 @@ class Trainer:
             record["alloc_retries"] = torch.cuda.memory_stats(self.device).get("num_alloc_retries", 0)
         return record
 
+    def _check_damage(self) -> None:
+        """Before a step's compute, on every rank: the damaged samples the ranks' loaders met (left
+        out of the micro-batches). ``train.damaged_samples: skip`` counts them; ``stop`` raises
+        :class:`DamagedSample` on every rank with the first one's line (its file and sample)."""
+        seen, self._damage_seen = self._damage_seen, []
+        count = torch.tensor([float(sum(err.samples for err in seen))], device=self.device)
+        dist.all_reduce(count)
+        total = int(count.item())
+        if total == 0:
+            return
+        if self.settings.damaged_samples == "skip":
+            self.damaged_skips += total
+            return
+        per_rank: list[Any] = [None] * self.world
+        dist.all_gather_object(per_rank, [str(err) for err in seen])
+        raise DamagedSample(damaged_message(self.step + 1, per_rank, total))
+
     def _guard_nonfinite(self, record: dict[str, Any], micro: list[dict[str, Any]], losses: list[torch.Tensor],
                          applied: bool) -> None:
         """After a step: a non-finite (all-reduced) loss or global gradient norm is the same verdict
@@ -548,6 +576,8 @@ class Trainer:
         if self.streaming:
             raise ValueError("outputs_on needs a map-style dataset (a zarr cache or live data)")
         batch = collate([self.dataset[row] for row in rows], pad_token_id=self.pad_token_id)
+        if "damaged" in batch:
+            raise DamagedSample(str(batch["damaged"][0]))
         was_training = self.engine.training
         self.engine.eval()
         try:

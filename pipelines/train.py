@@ -40,6 +40,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from janus_cache.profile import Profile, ProfileError, load_profile
 from janus_train.checkpoints import NoIntactCheckpoint
 from janus_train.config import TrainSettings, load_train_settings
+from janus_train.damaged import DamagedSample
 from janus_train.export import export
 from janus_train.elastic import ResumeError
 from janus_train.logs import WandbMissing, check_wandb
@@ -183,7 +184,7 @@ def command(
                       flush=True)
             try:
                 trainer.train()
-            except NonFiniteStep as err:
+            except (NonFiniteStep, DamagedSample) as err:
                 fail_alike(ranks, str(err))
             trainer.save()
             if record_outputs_to is not None:

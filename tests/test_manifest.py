@@ -172,7 +172,7 @@ def test_write_then_read_gives_the_same_manifest_and_no_temporary_files(tmp_path
     assert read_manifest(tmp_path) == manifest()
     write_manifest(tmp_path, manifest(counts={"frames": 3, "samples": 2}))
     assert read_manifest(tmp_path).counts == {"frames": 3, "samples": 2}
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["manifest.json"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checksums.json", "manifest.json"]
 
 
 def test_a_crash_during_a_manifest_write_leaves_the_previous_manifest_whole(
@@ -189,7 +189,7 @@ def test_a_crash_during_a_manifest_write_leaves_the_previous_manifest_whole(
         with pytest.raises(KeyboardInterrupt):
             write_manifest(tmp_path, manifest(counts={"frames": 0}))
     assert (tmp_path / "manifest.json").read_bytes() == before
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["manifest.json"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checksums.json", "manifest.json"]
 
 
 def test_unreadable_manifests_are_errors_naming_the_file(tmp_path: Path) -> None:

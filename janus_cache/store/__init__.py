@@ -22,6 +22,11 @@ checksummed record (:mod:`janus_cache.store.commit`); a shard without a valid re
 on resume. The manifest (:mod:`janus_cache.store.manifest`) is written by one process only.
 Every path of a cache is named in :mod:`janus_cache.store.layout`.
 
+Every chunk read is checked (crc32c in zarr chunks and shard indexes, crc32c per tar member, a
+missing chunk file is never zarr's fill value) and every metadata file against ``checksums.json``
+when a cache is opened; damage is a one-line :class:`DamagedData` naming the file
+(:mod:`janus_cache.store.damage`, :mod:`janus_cache.store.checksums`).
+
 Reading goes through :func:`open_cache` (:mod:`janus_cache.store.open`)::
 
     cache = open_cache(cache_dir, resolution="pad644", variant=variant.name)
@@ -49,6 +54,7 @@ from janus_cache.store.commit import (
     shard_plan,
     verify_shard,
 )
+from janus_cache.store.damage import DamagedData, MissingChunk
 from janus_cache.store.manifest import (
     FORMATS,
     DatasetIdentity,
@@ -146,6 +152,7 @@ __all__ = [
     "CacheSample",
     "CacheWriter",
     "CommitRecord",
+    "DamagedData",
     "DatasetIdentity",
     "FieldDiff",
     "FrameIdentity",
@@ -153,6 +160,7 @@ __all__ = [
     "Manifest",
     "ManifestError",
     "ManifestMismatch",
+    "MissingChunk",
     "OpenedCache",
     "ResolutionEntry",
     "SampleMeta",

@@ -21,7 +21,7 @@ from typing import Literal
 
 import numcodecs
 import numpy as np
-from zarr.codecs import BloscCodec, BloscShuffle
+from zarr.codecs import BloscCodec, BloscShuffle, Crc32cCodec
 
 Shuffle = Literal["noshuffle", "shuffle", "bitshuffle"]
 
@@ -49,6 +49,11 @@ class Compression:
     def zarr_codec(self) -> BloscCodec:
         """The zarr v3 codec (its typesize follows the array's dtype)."""
         return BloscCodec(cname=self.cname, clevel=self.clevel, shuffle=BloscShuffle[self.shuffle])
+
+    def zarr_codecs(self) -> tuple[BloscCodec, Crc32cCodec]:
+        """The bytes-to-bytes codecs of every chunk: blosc, then a crc32c of the compressed bytes, so
+        that every chunk read is checked (zarr's sharding codec checks its shard index the same way)."""
+        return (self.zarr_codec(), Crc32cCodec())
 
     def encode(self, array: np.ndarray) -> bytes:
         """Compress the bytes of a C-contiguous array (the element size drives the shuffle)."""

@@ -3,6 +3,7 @@
 A cache directory holds (``<variant>`` is ``WindowVariant.name``, ``<resolution>`` e.g. ``pad644``)::
 
     manifest.json                           what the cache holds (janus_cache.store.manifest)
+    checksums.json                          sha256 of every metadata file (janus_cache.store.checksums)
     report.json                             the finished precompute's report (failed samples...)
     zarr.json                               the root of the zarr v3 group (both formats)
     frames/<resolution>/                    uint8 frames, one row per frame
@@ -25,6 +26,8 @@ from pathlib import Path
 
 MANIFEST_NAME = "manifest.json"
 REPORT_NAME = "report.json"
+CHECKSUMS_NAME = "checksums.json"
+"""sha256 of every metadata file of the cache, recorded with each manifest write."""
 ZARR_ROOT_NAME = "zarr.json"
 """zarr v3 metadata file of every group and array (the root one marks a zarr group)."""
 
@@ -121,6 +124,10 @@ class CacheLayout:
     @property
     def manifest(self) -> Path:
         return self.root / MANIFEST_NAME
+
+    @property
+    def checksums(self) -> Path:
+        return self.root / CHECKSUMS_NAME
 
     @property
     def report(self) -> Path:

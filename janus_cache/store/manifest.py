@@ -31,14 +31,18 @@ from pathlib import Path
 from typing import Any
 
 from janus_cache.index.subinstructions import DEFAULT_SUBINSTRUCTION_RULE
+from janus_cache.store.checksums import record_metadata
 from janus_cache.store.commit import atomic_write_bytes
 from janus_cache.store.features import STORED_DTYPES
 from janus_cache.store.layout import CacheLayout
 from janus_cache.vggt.config import ATTENTION_MODES, REFERENCE_FRAMES
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 """Version of the cache layout and manifest schema; bumped on any incompatible change.
-2: sample texts follow the reference's normalisation and the keyed ``dataset.subinstruction_rule``."""
+2: sample texts follow the reference's normalisation and the keyed ``dataset.subinstruction_rule``.
+3: every zarr chunk ends in a crc32c, every tar sample carries crc32c of its members, and
+``checksums.json`` records the sha256 of every metadata file. Older caches are refused (they
+cannot be checked on read): rebuild them with ``precompute --overwrite``."""
 
 FORMATS = ("zarr", "wds")
 
@@ -61,6 +65,10 @@ _RESOLUTION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
 
 class ManifestError(ValueError):
     """A manifest file is unreadable or not a valid manifest; the message names the file."""
+
+
+class SchemaVersionError(ManifestError):
+    """The manifest is of another schema version: the cache must be rebuilt, not repaired."""
 
 
 @dataclass(frozen=True)
@@ -278,8 +286,9 @@ class Manifest:
             raise ManifestError(f"{source} is not a JSON object")
         version = data.get("schema_version")
         if version != SCHEMA_VERSION:
-            raise ManifestError(
-                f"{source} has schema_version {version!r}; this janus reads schema_version {SCHEMA_VERSION}"
+            raise SchemaVersionError(
+                f"{source} has schema_version {version!r}; this janus reads schema_version {SCHEMA_VERSION} "
+                "(rebuild the cache: precompute --overwrite)"
             )
         try:
             manifest = cls(
@@ -354,6 +363,13 @@ def keyed_differences(existing: Manifest, wanted: Manifest) -> list[FieldDiff]:
     return diffs
 
 
+def keyed_digest(manifest: Manifest) -> str:
+    """sha256 of the manifest's keyed fields (recorded in ``checksums.json``): equal digests, equal
+    keyed settings, so a damaged manifest can be rebuilt from settings that have its digest."""
+    flat = {k: v for name in KEYED_FIELDS for k, v in _flatten(getattr(manifest, name), name).items()}
+    return hashlib.sha256(json.dumps(flat, sort_keys=True, default=str).encode()).hexdigest()
+
+
 def check_compatible(existing: Manifest, wanted: Manifest, source: str = "the cache") -> None:
     """Raise :class:`ManifestMismatch` naming every keyed field that differs."""
     diffs = keyed_differences(existing, wanted)
@@ -401,9 +417,11 @@ def read_manifest(root: Path) -> Manifest | None:
 
 
 def write_manifest(root: Path, manifest: Manifest) -> Path:
-    """Atomically (re)write the manifest of the cache at ``root``. Single writer: see module doc."""
+    """Atomically (re)write the manifest of the cache at ``root``, then record the checksums of every
+    metadata file (:mod:`janus_cache.store.checksums`). Single writer: see module doc."""
     path = CacheLayout(root).manifest
     atomic_write_bytes(path, manifest.to_json().encode())
+    record_metadata(root, keyed_digest(manifest))
     return path
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from janus_cache.store.checksums import metadata_problems
 from janus_cache.store.commit import StoreError
 from janus_cache.store.layout import CacheLayout
 from janus_cache.store.manifest import Manifest, ManifestError, read_manifest
@@ -62,11 +63,16 @@ def open_cache(path: Path | str, *, resolution: str, variant: str) -> OpenedCach
     """Open the cache at ``path`` to read ``resolution`` (e.g. ``"pad644"``) of the window variant
     named ``variant`` (``WindowVariant.name``).
 
-    Reads the manifest once. A cache that lacks the resolution or variant is a
-    :class:`CacheOpenError` naming the manifest and what the cache holds.
+    Reads the manifest once and checks every metadata file against ``checksums.json``. A cache
+    that lacks the resolution or variant, or whose metadata was edited or damaged, is a
+    :class:`CacheOpenError` naming the file.
     """
     layout = CacheLayout(Path(path))
     manifest = load_manifest(layout.root)
+    problems = metadata_problems(layout.root)
+    if problems:
+        more = f" (and {len(problems) - 1} more metadata file(s))" if len(problems) > 1 else ""
+        raise CacheOpenError(problems[0] + more)
     reader = reader_of(manifest, layout, resolution=resolution, variant=variant)
     return OpenedCache(manifest=manifest, layout=layout, reader=reader, resolution=resolution, variant=variant)
 

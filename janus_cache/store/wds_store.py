@@ -19,7 +19,15 @@ Each sample is three tar members named ``<encoded key>.<extension>``:
     the feature ``[N, 2C]``: bf16 as its uint16 bits (or float32), blosc-zstd (the zarr settings);
 ``json``
     ``{"key", "row", "resolution", "variant", "meta", "frames": {shape, dtype},
-    "feature": {shape, dtype, stored_dtype}}``: the tar is self-describing, no zarr needed to read it.
+    "feature": {shape, dtype, stored_dtype}, "crc32c": {member: crc32c}, "json_crc32c"}``: the tar
+    is self-describing, no zarr needed to read it. ``crc32c`` holds the checksums of the two other
+    members' bytes, ``json_crc32c`` that of this JSON without that field (sorted keys), so every
+    byte of a sample is checked when it is read.
+
+Reading streams each tar shard of the rank and worker in order and checks every sample: its
+members' checksums, its row (the shard's next one) and, at the end of the shard, that every
+sample was there (a damaged tar header ends Python's tar reader early and silently). Damage is a
+:class:`~janus_cache.store.damage.DamagedData` naming the tar file and sample.
 
 Key encoding: webdataset splits a member name into key and extension at the first ``.`` of its
 base name, and ``/`` would make directories. Sample keys are therefore percent-encoded
@@ -45,6 +53,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, unquote
 
+import google_crc32c
 import numpy as np
 import torch
 import webdataset
@@ -68,6 +77,7 @@ from janus_cache.store.compression import (
     FRAMES_COMPRESSION,
     decode,
 )
+from janus_cache.store.damage import DamagedData, describe
 from janus_cache.store.features import from_stored, stored_dtype, to_stored
 from janus_cache.store.layout import (
     SAMPLES_TABLE,
@@ -86,6 +96,16 @@ from janus_cache.store.zarr_group_writer import VariantWriter
 FRAMES_MEMBER = "frames.blosc"
 FEATURE_MEMBER = "feature.blosc"
 META_MEMBER = "json"
+CRC_FIELD = "crc32c"
+JSON_CRC_FIELD = "json_crc32c"
+
+
+def crc32c(data: bytes) -> int:
+    return int(google_crc32c.value(data))
+
+
+def _header_bytes(header: dict[str, Any]) -> bytes:
+    return json.dumps(header, sort_keys=True).encode()
 
 
 def encode_key(key: str) -> str:
@@ -181,13 +201,21 @@ class WdsCacheWriter(VariantWriter):
             frame_shape=tuple(frames.shape[1:]), feature_shape=tuple(feature_shape), feature_dtype=feature_dtype,
         )
         directory = self._directory(resolution)
-        if (directory / WDS_LAYOUT_NAME).is_file():
-            existing = WdsLayout.read(directory)
+        file = directory / WDS_LAYOUT_NAME
+        if file.is_file():
+            try:
+                existing = WdsLayout.read(directory)
+            except StoreError:  # damaged: rewritten below; each tar shard still answers to its record
+                existing = layout
             if existing != layout:
-                raise StoreError(f"{directory} holds shards of layout {existing}; asked for {layout}")
+                raise StoreError(f"{directory} holds shards of layout {existing}; asked for {layout} (if {file} was "
+                                 "edited, rebuild the cache: precompute --overwrite)")
+            if file.read_bytes() != layout.to_json().encode():
+                atomic_write_bytes(file, layout.to_json().encode())
+                self._repaired(f"{file.relative_to(self.root).as_posix()} (damaged or edited)")
             return
         uncommit_array(self.root, self.samples_array_path(resolution))
-        atomic_write_bytes(directory / WDS_LAYOUT_NAME, layout.to_json().encode())
+        atomic_write_bytes(file, layout.to_json().encode())
 
     def sample_shard_plan(self, resolution: str) -> list[range]:
         return self.layout(resolution).plan()
@@ -266,29 +294,53 @@ class WdsCacheWriter(VariantWriter):
                     "feature": {"shape": list(features.shape[1:]), "dtype": layout.feature_dtype,
                                 "stored_dtype": features.dtype.name},
                 }
-                writer.write({
-                    "__key__": encode_key(key),
-                    FRAMES_MEMBER: FRAMES_COMPRESSION.encode(frames[i]),
-                    FEATURE_MEMBER: FEATURES_COMPRESSION.encode(features[i]),
-                    META_MEMBER: json.dumps(header, sort_keys=True).encode(),
-                })
+                payloads = {FRAMES_MEMBER: FRAMES_COMPRESSION.encode(frames[i]),
+                            FEATURE_MEMBER: FEATURES_COMPRESSION.encode(features[i])}
+                header[CRC_FIELD] = {member: crc32c(data) for member, data in payloads.items()}
+                header[JSON_CRC_FIELD] = crc32c(_header_bytes(header))
+                writer.write({"__key__": encode_key(key), **payloads, META_MEMBER: _header_bytes(header)})
         finally:
             writer.close()
 
 
-def decode_sample(raw: dict[str, Any]) -> CacheSample:
-    """A raw webdataset sample (member extension -> bytes) -> the cache's :class:`CacheSample`.
-
-    In a webdataset pipeline use ``.compose(decode_samples)``: ``.map`` would add ``__key__`` back.
-    """
-    where = f"{raw.get('__url__', '<stream>')} member {raw.get('__key__')!r}"
+def checked_header(raw: dict[str, Any], row: int | None = None) -> dict[str, Any]:
+    """The JSON header of a raw sample after checking every member's crc32c, the key and (given)
+    the row; damage is a :class:`DamagedData` naming the tar file and the sample."""
+    where = str(raw.get("__url__", "<stream>"))
+    key = decode_key(str(raw.get("__key__")))
     missing = [m for m in (META_MEMBER, FRAMES_MEMBER, FEATURE_MEMBER) if m not in raw]
     if missing:
-        raise StoreError(f"{where} lacks the member(s) {missing}")
-    header = json.loads(raw[META_MEMBER])
-    frames = decode(raw[FRAMES_MEMBER], header["frames"]["dtype"], tuple(header["frames"]["shape"]))
-    spec = header["feature"]
-    stored = decode(raw[FEATURE_MEMBER], spec["stored_dtype"], tuple(spec["shape"]))
+        raise DamagedData(where, f"sample lacks the member(s) {missing}", key)
+    try:
+        header = json.loads(raw[META_MEMBER])
+        stored_crc = header.pop(JSON_CRC_FIELD)
+        json_ok = crc32c(_header_bytes(header)) == stored_crc
+        member_crc = {m: int(header[CRC_FIELD][m]) for m in (FRAMES_MEMBER, FEATURE_MEMBER)}
+    except (ValueError, KeyError, TypeError, AttributeError) as err:
+        raise DamagedData(where, f"member {raw.get('__key__')}.{META_MEMBER} {describe(err)}", key) from None
+    if not json_ok:
+        raise DamagedData(where, f"member {raw.get('__key__')}.{META_MEMBER} fails its crc32c", key)
+    bad = [f"{raw['__key__']}.{m}" for m, crc in member_crc.items() if crc32c(raw[m]) != crc]
+    if bad:
+        raise DamagedData(where, f"member(s) {', '.join(bad)} fail their crc32c", key)
+    if header.get("key") != key:
+        raise DamagedData(where, f"sample {key!r} holds the header of {header.get('key')!r}", key)
+    if row is not None and header.get("row") != row:
+        raise DamagedData(where, f"sample {key!r} is row {header.get('row')}, the shard's next row is {row}", key)
+    return header
+
+
+def decode_sample(raw: dict[str, Any], row: int | None = None) -> CacheSample:
+    """A raw webdataset sample (member extension -> bytes) -> the cache's :class:`CacheSample`, every
+    member checked (:func:`checked_header`)."""
+    header = checked_header(raw, row)
+    where = f"{raw.get('__url__', '<stream>')} member {raw.get('__key__')!r}"
+    try:
+        frames = decode(raw[FRAMES_MEMBER], header["frames"]["dtype"], tuple(header["frames"]["shape"]))
+        spec = header["feature"]
+        stored = decode(raw[FEATURE_MEMBER], spec["stored_dtype"], tuple(spec["shape"]))
+    except (ValueError, KeyError, TypeError, RuntimeError) as err:
+        raise DamagedData(str(raw.get("__url__", "<stream>")), describe(err), header.get("key")) from None
     return CacheSample(
         key=header["key"],
         row=int(header["row"]),
@@ -298,10 +350,43 @@ def decode_sample(raw: dict[str, Any]) -> CacheSample:
     )
 
 
-def decode_samples(raw_samples: Iterable[dict[str, Any]]) -> Iterator[CacheSample]:
-    """:func:`decode_sample` over a stream (a pipeline stage; unlike ``.map`` it adds no ``__key__``)."""
-    for raw in raw_samples:
-        yield decode_sample(raw)
+def read_shard(path: str, rows: range) -> Iterator[CacheSample | DamagedData]:
+    """The samples of one tar shard holding rows ``rows``, checked; damage is yielded, not raised:
+    a damaged sample as one :class:`DamagedData`, and where the tar itself cannot be read on (or
+    ends early) one more standing for every sample not read."""
+    read = 0
+    try:
+        with open(path, "rb") as stream:
+            members = ({**m, "__url__": path} for m in tariterators.tar_file_iterator(stream))
+            for raw in tariterators.group_by_keys(members):
+                if read >= len(rows):
+                    yield DamagedData(path, f"holds more than its {len(rows)} samples")
+                    return
+                try:
+                    sample: CacheSample | DamagedData = decode_sample(raw, rows.start + read)
+                except DamagedData as err:
+                    sample = err
+                read += 1
+                yield sample
+    except Exception as err:  # noqa: BLE001 - an unreadable tar (missing, damaged header...)
+        yield DamagedData(path, f"tar cannot be read after {read} of its {len(rows)} samples ({describe(err)})",
+                          samples=len(rows) - read)
+        return
+    if read < len(rows):
+        yield DamagedData(path, f"holds {read} of its {len(rows)} samples (a tar header is damaged)",
+                          samples=len(rows) - read)
+
+
+def read_shards(urls: Iterable[dict[str, Any]], plan: dict[str, range], damaged: str = "raise",
+                ) -> Iterator[CacheSample | DamagedData]:
+    """webdataset pipeline stage: the checked samples of each shard URL (``plan``: URL -> rows).
+    ``damaged="raise"`` raises the first :class:`DamagedData`, ``"yield"`` yields it in the stream
+    (for a caller that skips and counts damaged samples)."""
+    for url in urls:
+        for item in read_shard(url["url"], plan[url["url"]]):
+            if isinstance(item, DamagedData) and damaged == "raise":
+                raise item
+            yield item
 
 
 class WdsCacheReader:
@@ -351,27 +436,31 @@ class WdsCacheReader:
             members = ({**m, "__url__": str(path)} for m in tariterators.tar_file_iterator(stream))
             yield from tariterators.group_by_keys(members)
 
-    def dataset(self, rank: int = 0, world: int = 1) -> webdataset.WebDataset:
-        """The samples of rank ``rank`` (of ``world``) as a webdataset pipeline of CacheSamples.
+    def dataset(self, rank: int = 0, world: int = 1, damaged: str = "raise") -> webdataset.DataPipeline:
+        """The samples of rank ``rank`` (of ``world``) as a webdataset pipeline of CacheSamples,
+        each checked (:func:`read_shard`).
 
         Shards are split once, by :func:`janus_cache.store.split.rank_and_worker_splitter`: this
-        rank's share, then each DataLoader worker's share of it (webdataset's own node and worker
-        splitters are off). Over all ranks and workers every sample is read exactly once.
+        rank's share, then each DataLoader worker's share of it. Over all ranks and workers every
+        sample is read exactly once. ``damaged``: ``"raise"`` the first :class:`DamagedData`, or
+        ``"yield"`` it in the stream in place of the samples it stands for.
         """
+        if damaged not in ("raise", "yield"):
+            raise ValueError(f"damaged must be 'raise' or 'yield', got {damaged!r}")
         paths = [str(p) for p in self.shard_paths()]
-        splitter = partial(split.rank_and_worker_splitter, rank=rank, world=world)
-        return webdataset.WebDataset(
-            paths, shardshuffle=False, nodesplitter=None, workersplitter=splitter, empty_check=False
-        ).compose(decode_samples)
+        plan = dict(zip(paths, self.layout.plan()))
+        return webdataset.DataPipeline(
+            webdataset.SimpleShardList(paths),
+            partial(split.rank_and_worker_splitter, rank=rank, world=world),
+            partial(read_shards, plan=plan, damaged=damaged),
+        )
 
     def shard(self, shard: int) -> Iterator[CacheSample]:
         """The samples of tar shard ``shard`` (no splitting), e.g. to check one shard."""
         paths = self.shard_paths()
         if not 0 <= shard < len(paths):
             raise StoreError(f"{self.array} has {len(paths)} shards; there is no shard {shard}")
-        pipeline = webdataset.WebDataset([str(paths[shard])], shardshuffle=False, nodesplitter=None,
-                                         workersplitter=None, empty_check=False)
-        return iter(pipeline.compose(decode_samples))
+        return read_shards([{"url": str(paths[shard])}], {str(paths[shard]): self.layout.plan()[shard]})
 
     def __iter__(self) -> Iterator[CacheSample]:
         return iter(self.dataset())

@@ -27,6 +27,7 @@ import zarr
 from zarr.storage import LocalStore
 
 from janus_cache.store.commit import ShardCheck, StoreError, check_shard, read_record, shard_plan
+from janus_cache.store.damage import DamagedData, StrictLocalStore, describe
 from janus_cache.store.layout import (
     KEY_COLUMN,
     SAMPLES_TABLE,
@@ -79,7 +80,11 @@ class ZarrGroup:
     # -- arrays ---------------------------------------------------------------------------------
 
     def _store(self) -> LocalStore:
-        return LocalStore(self.root, read_only=self._read_only)
+        # Readers never see zarr's fill value for a missing chunk; writers must (zarr reads the
+        # shard it is about to replace, and a new shard has no file yet).
+        if self._read_only:
+            return StrictLocalStore(self.root, read_only=True)
+        return LocalStore(self.root, read_only=False)
 
     def _this_process(self) -> None:
         """Drop handles opened by another process (after a fork, or when unpickled in a worker)."""
@@ -92,7 +97,11 @@ class ZarrGroup:
         if array is None:
             if not (self.root / path / ZARR_ROOT_NAME).is_file():
                 raise StoreError(f"cache {self.root} has no array {path!r}")
-            array = zarr.open_array(self._store(), path=path, mode="r" if self._read_only else "r+", zarr_format=3)
+            try:
+                array = zarr.open_array(self._store(), path=path, mode="r" if self._read_only else "r+",
+                                        zarr_format=3)
+            except Exception as err:  # noqa: BLE001 - whatever zarr makes of damaged metadata
+                raise DamagedData(self.root / path / ZARR_ROOT_NAME, f"metadata cannot be read ({describe(err)})") from None
             if not self._read_only:
                 # zarr skips chunks equal to the fill value by default; a shard must always be one
                 # file (an all-black frame shard included) so that it can be committed.
@@ -103,6 +112,30 @@ class ZarrGroup:
     def array(self, path: str) -> Any:
         """Array ``path`` of the cache, opened (read-only in a reader): its shape, dtype, attributes."""
         return self._array(path)
+
+    def read_rows(self, path: str, start: int, stop: int) -> np.ndarray:
+        """Rows ``start:stop`` of array ``path``, every chunk checked (crc32c, present): damage is a
+        :class:`DamagedData` naming the shard file."""
+        array = self._array(path)
+        try:
+            return array[start:stop]
+        except DamagedData:
+            raise
+        except Exception as err:  # noqa: BLE001 - a chunk that fails its check or cannot be decoded
+            raise self._locate_damage(path, start, stop, err) from None
+
+    def _locate_damage(self, path: str, start: int, stop: int, err: BaseException) -> DamagedData:
+        """The damage of the first shard of rows ``start:stop`` that fails on its own (the error path only)."""
+        array = self._array(path)
+        per_shard = (array.shards or array.chunks)[0]
+        for shard in range(start // per_shard, (max(stop, start + 1) - 1) // per_shard + 1):
+            try:
+                array[shard * per_shard:min((shard + 1) * per_shard, array.shape[0])]
+            except Exception as shard_err:  # noqa: BLE001
+                if isinstance(shard_err, DamagedData):
+                    return shard_err
+                return DamagedData(self.shard_file(path, shard), describe(shard_err))
+        return DamagedData(self.shard_file(path, start // per_shard), describe(err))
 
     def has_array(self, path: str) -> bool:
         return (self.root / path / ZARR_ROOT_NAME).is_file()
@@ -143,10 +176,15 @@ class ZarrGroup:
             meta = directory / ZARR_ROOT_NAME
             if not meta.is_file():
                 return
-            if json.loads(meta.read_text()).get("node_type") == "array":
+            children = sorted(p for p in directory.iterdir() if p.is_dir())
+            try:
+                is_array = json.loads(meta.read_text()).get("node_type") == "array"
+            except (ValueError, AttributeError):  # damaged: an array unless nodes lie below it
+                is_array = not any((child / ZARR_ROOT_NAME).is_file() for child in children)
+            if is_array:
                 found.append(rel)
                 return
-            for child in sorted(p for p in directory.iterdir() if p.is_dir()):
+            for child in children:
                 visit(child, f"{rel}/{child.name}" if rel else child.name)
 
         visit(self.root, "")
@@ -184,10 +222,11 @@ class ZarrGroup:
     def frames(self, resolution: str, rows: Sequence[int] | np.ndarray | range) -> np.ndarray:
         """uint8 ``[len(rows), H, W, 3]`` frames of ``resolution`` at frame rows ``rows`` (any order)."""
         array = self._array(frames_array(resolution))
+        path = frames_array(resolution)
         if isinstance(rows, range) and rows.step == 1:
             if rows.start < 0 or rows.stop > array.shape[0]:
                 raise IndexError(f"frame rows {rows} out of range for {array.shape[0]} frames of {resolution}")
-            return array[rows.start:rows.stop]
+            return self.read_rows(path, rows.start, rows.stop)
         index = np.asarray(rows, dtype=np.int64).reshape(-1)
         if index.size and (index.min() < 0 or index.max() >= array.shape[0]):
             raise IndexError(f"frame rows {index.tolist()} out of range for {array.shape[0]} frames of {resolution}")
@@ -197,7 +236,7 @@ class ZarrGroup:
         # costs ~10 ms per frame on sharded arrays, a slice ~1 ms per call plus decoding.
         unique, inverse = np.unique(index, return_inverse=True)
         runs = np.split(unique, np.flatnonzero(np.diff(unique) != 1) + 1)
-        frames = np.concatenate([array[int(run[0]):int(run[-1]) + 1] for run in runs])
+        frames = np.concatenate([self.read_rows(path, int(run[0]), int(run[-1]) + 1) for run in runs])
         return frames[inverse]
 
     # -- tables ---------------------------------------------------------------------------------
@@ -224,8 +263,13 @@ class ZarrGroup:
         if attrs is None:
             if not self.has_table(table):
                 raise StoreError(f"cache {self.root} has no {table!r} table")
-            group = zarr.open_group(self._store(), path=table_group(table), mode="r", zarr_format=3)
-            attrs = self._tables[table] = group.attrs.asdict()
+            try:
+                group = zarr.open_group(self._store(), path=table_group(table), mode="r", zarr_format=3)
+                attrs = group.attrs.asdict()
+            except Exception as err:  # noqa: BLE001 - whatever zarr makes of damaged metadata
+                raise DamagedData(self.root / table_group(table) / ZARR_ROOT_NAME,
+                                  f"metadata cannot be read ({describe(err)})") from None
+            self._tables[table] = attrs
         return attrs
 
     def _column_array(self, table: str, column: str, part: str | None = None) -> np.ndarray:
@@ -234,7 +278,8 @@ class ZarrGroup:
         self._this_process()
         cached = self._columns.get(key)
         if cached is None:
-            cached = self._array(table_column(table, column, part))[...]
+            path = table_column(table, column, part)
+            cached = self.read_rows(path, 0, self._array(path).shape[0])
             self._columns[key] = cached
         return cached
 
@@ -243,8 +288,13 @@ class ZarrGroup:
         start, stop = int(offsets[row]), int(offsets[row + 1])
         if stop == start:
             return ""
-        payload = self._array(table_column(table, column, TEXT_PAYLOAD))[start:stop]
-        return payload.tobytes().decode("utf-8")
+        path = table_column(table, column, TEXT_PAYLOAD)
+        payload = self.read_rows(path, start, stop)
+        try:
+            return payload.tobytes().decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise DamagedData(self.shard_file(path, 0), f"row {row} of text column {table}.{column} is not UTF-8 "
+                              f"({err.reason})") from None
 
     def table_row(self, table: str, row: int) -> dict[str, Any]:
         """Row ``row`` of a table as plain Python values (str, int, float, nested lists)."""
@@ -266,15 +316,20 @@ class ZarrGroup:
 
     def read_column(self, table: str, column: str) -> np.ndarray | list[str]:
         """One whole column: a numeric array, or a text column as a list of str (only this column
-        is read and decoded)."""
+        is read and decoded; a damaged chunk or non-UTF-8 text is :class:`DamagedData`)."""
         kind = self.table_columns(table).get(column)
         if kind is None:
             raise StoreError(f"the {table!r} table of {self.root} has no column {column!r}")
         if kind != "utf8":
             return self._column_array(table, column)
         offsets = self._column_array(table, column, TEXT_OFFSETS)
-        payload = self._array(table_column(table, column, TEXT_PAYLOAD))[...].tobytes()
-        return [payload[a:b].decode("utf-8") for a, b in pairwise(offsets)]
+        path = table_column(table, column, TEXT_PAYLOAD)
+        payload = self.read_rows(path, 0, self._array(path).shape[0]).tobytes()
+        try:
+            return [payload[a:b].decode("utf-8") for a, b in pairwise(offsets)]
+        except UnicodeDecodeError as err:
+            raise DamagedData(self.shard_file(path, 0), f"text column {table}.{column} is not UTF-8 "
+                              f"({err.reason})") from None
 
     def read_table(self, table: str) -> dict[str, np.ndarray | list[str]]:
         """A whole table: numeric columns as arrays, text columns as lists of str."""

@@ -8,6 +8,7 @@ several resolutions: preparing a new one creates its arrays and leaves the other
 
 from __future__ import annotations
 
+import json
 import math
 import shutil
 from collections import Counter
@@ -18,22 +19,26 @@ from typing import Any
 
 import numpy as np
 import zarr
+from zarr.storage import MemoryStore
 
 from janus_cache.store.commit import (
     CommitRecord,
     StoreError,
+    atomic_write_bytes,
     commit_shard,
     fsync_path,
     remove_partials,
     uncommit,
     uncommit_array,
 )
+from janus_cache.store.damage import DamagedData
 from janus_cache.store.compression import FRAMES_COMPRESSION, TABLES_COMPRESSION, Compression
 from janus_cache.store.layout import (
     FRAMES_TABLE,
     KEY_COLUMN,
     SAMPLES_TABLE,
     TEXT_OFFSETS,
+    TABLES_GROUP,
     TEXT_PAYLOAD,
     WINDOW_ROWS_COLUMN,
     ZARR_ROOT_NAME,
@@ -77,6 +82,40 @@ def _single_shard_spec(shape: tuple[int, ...], dtype: np.dtype) -> _ArraySpec:
     return _row_spec(shape, dtype, chunk, shard, TABLES_COMPRESSION)
 
 
+def _create(store: Any, path: str, spec: _ArraySpec) -> Any:
+    return zarr.create_array(
+        store, name=path, shape=spec.shape, dtype=spec.dtype, chunks=spec.chunks,
+        shards=spec.shards, compressors=spec.compression.zarr_codecs(), fill_value=0,
+        attributes=dict(spec.attributes), zarr_format=3, overwrite=True,
+    )
+
+
+def _array_metadata(path: str, spec: _ArraySpec) -> bytes:
+    """The exact ``zarr.json`` zarr writes for array ``path`` of ``spec`` (what a repair restores)."""
+    store = MemoryStore()
+    _create(store, path, spec)
+    return store._store_dict[f"{path}/{ZARR_ROOT_NAME}"].to_bytes()
+
+
+def _group_metadata() -> bytes:
+    """The exact ``zarr.json`` of a group without attributes."""
+    store = MemoryStore()
+    zarr.open_group(store, mode="w", zarr_format=3)
+    return store._store_dict[ZARR_ROOT_NAME].to_bytes()
+
+
+def _identity(metadata: bytes) -> tuple[Any, ...] | None:
+    """What makes an array that array: shape, data type, shard and chunk shapes, attributes (None
+    when the metadata cannot be parsed). Codecs are not in it: they say how bytes are stored."""
+    try:
+        data = json.loads(metadata)
+        inner = data["codecs"][0]["configuration"]["chunk_shape"]
+        return (tuple(data["shape"]), data["data_type"], tuple(data["chunk_grid"]["configuration"]["chunk_shape"]),
+                tuple(inner), data.get("attributes", {}))
+    except (ValueError, KeyError, TypeError, IndexError):
+        return None
+
+
 class ZarrGroupWriter(ZarrGroup):
     """Write side shared by both formats: the frame arrays and the tables of a cache.
 
@@ -86,6 +125,15 @@ class ZarrGroupWriter(ZarrGroup):
 
     def __init__(self, root: Path | str) -> None:
         super().__init__(root, read_only=False)
+        self.repairs: list[str] = []
+        """Metadata files and tables this writer rewrote because they were damaged or edited."""
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**super().__getstate__(), "repairs": []}
+
+    def _repaired(self, what: str) -> None:
+        self.repairs.append(what)
+        self._pid = -1  # reopen every handle: the metadata under them changed
 
     def _ensure_group(self) -> None:
         if not (self.root / ZARR_ROOT_NAME).is_file():
@@ -93,29 +141,57 @@ class ZarrGroupWriter(ZarrGroup):
             zarr.open_group(self._store(), mode="a", zarr_format=3)
             fsync_path(self.root / ZARR_ROOT_NAME)
 
+    def _repair_groups(self, path: str) -> None:
+        """The ``zarr.json`` of every group above array ``path``: a plain group's must be zarr's own
+        bytes; a table's group (it has attributes) must at least parse, its content is
+        ``write_table``'s to check."""
+        parts = path.split("/")[:-1]
+        for depth in range(len(parts) + 1):
+            relative = "/".join([*parts[:depth], ZARR_ROOT_NAME])
+            file = self.root / relative
+            if not file.is_file():
+                continue  # zarr creates a missing one with the array
+            current, canonical = file.read_bytes(), _group_metadata()
+            if depth == 2 and parts[0] == TABLES_GROUP:
+                try:
+                    json.loads(current)
+                    continue
+                except ValueError:
+                    pass
+            if current != canonical:
+                atomic_write_bytes(file, canonical)
+                self._repaired(f"{relative} (damaged or edited)")
+
     def _prepare_array(self, path: str, spec: _ArraySpec) -> None:
-        """Create array ``path`` as ``spec``; an existing equal array is kept with its shards."""
+        """Create array ``path`` as ``spec``; an existing equal array is kept with its shards.
+
+        An existing array's ``zarr.json`` that differs from what zarr writes for ``spec`` in
+        anything but the array's identity (shape, dtype, shard and chunk shapes, attributes), e.g.
+        an edited ``"endian"`` or a damaged file, is rewritten: committed shards stay, each still
+        checked against its commit record. A different identity is a different array: an error.
+        """
         self._ensure_group()
-        if self.has_array(path):
-            existing = self._array(path)
-            # Compression is not compared: it changes the stored bytes, never the content.
-            found = _ArraySpec(
-                tuple(existing.shape), np.dtype(existing.dtype), tuple(existing.chunks),
-                tuple(existing.shards or existing.chunks), spec.compression, existing.attrs.asdict(),
-            )
-            if found != spec:
+        self._repair_groups(path)
+        expected = _array_metadata(path, spec)
+        file = self.root / path / ZARR_ROOT_NAME
+        if file.is_file():
+            current = file.read_bytes()
+            if current == expected:
+                return
+            found = _identity(current)
+            if found is not None and found != _identity(expected):
+                shape, dtype, shards, chunks, attrs = found
                 raise StoreError(
-                    f"array {path!r} of cache {self.root} exists with {found.describe()}; "
-                    f"asked for {spec.describe()}"
+                    f"array {path!r} of cache {self.root} exists with shape {shape}, dtype {dtype}, chunks {chunks}, "
+                    f"shards {shards}, attrs {attrs}; asked for {spec.describe()} (if {file} was edited, rebuild "
+                    "the cache: precompute --overwrite)"
                 )
+            atomic_write_bytes(file, expected)
+            self._repaired(f"{path}/{ZARR_ROOT_NAME} (damaged or edited)")
             return
         # A new array starts without commits; records left by an earlier array of this path are void.
         uncommit_array(self.root, path)
-        zarr.create_array(
-            self._store(), name=path, shape=spec.shape, dtype=spec.dtype, chunks=spec.chunks,
-            shards=spec.shards, compressors=spec.compression.zarr_codec(), fill_value=0,
-            attributes=dict(spec.attributes), zarr_format=3, overwrite=True,
-        )
+        _create(self._store(), path, spec)
         for parent in [self.root / path, *(self.root / path).parents]:
             fsync_path(parent / ZARR_ROOT_NAME)
             if parent == self.root:
@@ -173,6 +249,8 @@ class ZarrGroupWriter(ZarrGroup):
                 f"cache {self.root} already holds a different {table!r} table; rows of its arrays refer "
                 "to that one, so a cache of other data needs a new (or emptied) cache directory"
             )
+        if state == "incomplete":
+            self._repaired(f"table {table} (interrupted, damaged or edited)")
 
         self._ensure_group()
         group_path = table_group(table)
@@ -185,17 +263,9 @@ class ZarrGroupWriter(ZarrGroup):
         self._tables.pop(table, None)
         kinds: dict[str, str] = {}
         for name, data in prepared.items():
-            if isinstance(data, list):
-                encoded = [s.encode("utf-8") for s in data]
-                offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
-                np.cumsum([len(b) for b in encoded], out=offsets[1:])
-                payload = np.frombuffer(b"".join(encoded), dtype=np.uint8)
-                self._write_whole(table_column(table, name, TEXT_OFFSETS), offsets)
-                self._write_whole(table_column(table, name, TEXT_PAYLOAD), payload)
-                kinds[name] = "utf8"
-            else:
-                self._write_whole(table_column(table, name), data)
-                kinds[name] = data.dtype.name
+            for path, array in _stored_columns(table, name, data).items():
+                self._write_whole(path, array)
+            kinds[name] = "utf8" if isinstance(data, list) else data.dtype.name
         group = zarr.open_group(self._store(), path=group_path, mode="a", zarr_format=3)
         group.attrs.update({"n_rows": n_rows, "columns": kinds})
         fsync_path(self.root / group_path / ZARR_ROOT_NAME)
@@ -207,15 +277,27 @@ class ZarrGroupWriter(ZarrGroup):
         if not self.has_table(table):
             return "absent"
         self._tables.pop(table, None)
-        if "columns" not in self._table_attrs(table):  # the attributes are written last
+        try:
+            attrs = self._table_attrs(table)
+        except DamagedData:
+            return "incomplete"
+        if "columns" not in attrs:  # the attributes are written last
             return "incomplete"
         group_path = table_group(table)
         if not all(c.ok for path in self.array_paths() if path.startswith(group_path + "/")
                    for c in self.check_array(path)):
             return "incomplete"
-        if list(self.table_columns(table)) != list(columns):
+        if list(attrs["columns"]) != list(columns):
             return "different"
-        stored = self.read_table(table)
+        if self._column_metadata_damaged(table, columns):
+            return "incomplete"
+        try:
+            stored = self.read_table(table)
+        except DamagedData:
+            return "incomplete"
+        n_rows = next((len(c) if isinstance(c, list) else c.shape[0] for c in columns.values()), 0)
+        if attrs.get("n_rows") != n_rows and all(len(v) == n_rows for v in stored.values()):
+            return "incomplete"  # an edited row count over intact columns
         for name, data in columns.items():
             if isinstance(data, list):
                 if stored[name] != data:
@@ -224,6 +306,20 @@ class ZarrGroupWriter(ZarrGroup):
                       and np.array_equal(stored[name], data)):
                 return "different"
         return "equal"
+
+    def _column_metadata_damaged(self, table: str, columns: Mapping[str, np.ndarray | list[str]]) -> bool:
+        """Whether a column array's ``zarr.json`` differs from what writing ``columns`` would give in
+        anything but the array's identity (a different identity is a different table, not damage)."""
+        for name, data in columns.items():
+            for path, array in _stored_columns(table, name, data).items():
+                file = self.root / path / ZARR_ROOT_NAME
+                if not file.is_file():
+                    return True
+                current = file.read_bytes()
+                expected = _array_metadata(path, _single_shard_spec(tuple(array.shape), array.dtype))
+                if current != expected and _identity(current) in (None, _identity(expected)):
+                    return True
+        return False
 
     def _write_whole(self, path: str, data: np.ndarray) -> None:
         self._prepare_array(path, _single_shard_spec(tuple(data.shape), data.dtype))
@@ -277,6 +373,18 @@ def _column(table: str, name: str, data: ColumnData) -> np.ndarray | list[str]:
         if not isinstance(value, str):
             raise StoreError(f"text column {table}.{name} row {i} is {type(value).__name__} {value!r}, not str")
     return values
+
+
+def _stored_columns(table: str, name: str, data: np.ndarray | list[str]) -> dict[str, np.ndarray]:
+    """The array(s) column ``name`` is stored as: a numeric column as itself, a text column as its
+    offsets and UTF-8 payload."""
+    if not isinstance(data, list):
+        return {table_column(table, name): data}
+    encoded = [s.encode("utf-8") for s in data]
+    offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
+    np.cumsum([len(b) for b in encoded], out=offsets[1:])
+    payload = np.frombuffer(b"".join(encoded), dtype=np.uint8)
+    return {table_column(table, name, TEXT_OFFSETS): offsets, table_column(table, name, TEXT_PAYLOAD): payload}
 
 
 def _check_required_columns(table: str, columns: Mapping[str, np.ndarray | list[str]]) -> None:

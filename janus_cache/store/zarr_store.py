@@ -30,6 +30,7 @@ import torch
 
 from janus_cache.store.commit import CommitRecord, ShardCheck, StoreError
 from janus_cache.store.compression import FEATURES_COMPRESSION
+from janus_cache.store.damage import DamagedData
 from janus_cache.store.features import from_stored, stored_dtype, to_stored
 from janus_cache.store.layout import SAMPLES_TABLE, ZARR_ROOT_NAME, features_array, frames_array
 from janus_cache.store.records import CacheSample, SampleMeta
@@ -108,7 +109,7 @@ class ZarrCacheReader(ZarrGroup):
         array = self._array(self.features_array)
         if not 0 <= row < array.shape[0]:
             raise IndexError(f"sample row {row} out of range for {array.shape[0]} samples in {self.root}")
-        return from_stored(array[row], str(array.attrs["logical_dtype"]))
+        return from_stored(self.read_rows(self.features_array, row, row + 1)[0], str(array.attrs["logical_dtype"]))
 
     def sample_shard_plan(self) -> list[range]:
         """Sample rows of each feature shard."""
@@ -122,15 +123,23 @@ class ZarrCacheReader(ZarrGroup):
         return self.table_rows(SAMPLES_TABLE)
 
     def sample(self, row: int) -> CacheSample:
-        key, values = self.sample_meta_row(row)
-        meta = SampleMeta.from_row(values, f"sample row {row} of {self.root}")
-        return CacheSample(
-            key=key,
-            row=row,
-            frames=self.frames(self.resolution, meta.window_rows),
-            feature=self.feature(row),
-            meta=meta,
-        )
+        """Sample row ``row``; every chunk it reads is checked, damage is a :class:`DamagedData`
+        naming the file and the sample (its row when the key itself is unreadable)."""
+        try:
+            key, values = self.sample_meta_row(row)
+        except DamagedData as err:
+            raise err.for_sample(f"row {row}") from None
+        try:
+            meta = SampleMeta.from_row(values, f"sample row {row} of {self.root}")
+            return CacheSample(
+                key=key,
+                row=row,
+                frames=self.frames(self.resolution, meta.window_rows),
+                feature=self.feature(row),
+                meta=meta,
+            )
+        except DamagedData as err:
+            raise err.for_sample(key) from None
 
     def __getitem__(self, row: int) -> CacheSample:
         return self.sample(row)

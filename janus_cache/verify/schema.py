@@ -1,5 +1,6 @@
 """The schema check: the manifest is valid; frame arrays, feature arrays (or webdataset layouts)
-and tables exist with the shapes and dtypes the manifest says; the precompute finished."""
+and tables exist with the shapes and dtypes the manifest says; the precompute finished; every
+metadata file matches the sha256 recorded for it in ``checksums.json``."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from janus_cache.store import StoreError
+from janus_cache.store.checksums import metadata_problems
 from janus_cache.store.manifest import ResolutionEntry
 from janus_cache.store.layout import (
     REPORT_NAME,
@@ -48,6 +50,9 @@ def check_schema(root: Path | str) -> CheckResult:
                 f"{cache.root}/manifest.json has no final shard table: the precompute that made this cache "
                 "did not finish (run the same precompute command again to resume)"
             )
+        else:  # a finished precompute recorded the checksums of every metadata file (first: the cause)
+            report = str(cache.root / REPORT_NAME)  # a missing one is said below, with what it means
+            problems = [p for p in metadata_problems(cache.root) if not p.startswith(f"{report} is missing")] + problems
         if not (cache.root / REPORT_NAME).is_file():
             problems.append(f"{cache.root} has no {REPORT_NAME}: the precompute that made this cache did not finish")
         detail = (
