@@ -20,8 +20,9 @@ from zarr.storage import LocalStore
 from janus_cache.store.commit import StoreError
 from janus_cache.store.layout import ZARR_ROOT_NAME
 
-REPAIR_HINT = "re-run the precompute command that made the cache to repair it"
-"""What a user does about damaged data: precompute rewrites every shard that fails its checks."""
+REPAIR_HINT = "re-run the precompute command that made the cache with --checksums all to repair it"
+"""What a user does about damaged data: precompute rewrites every shard that fails its checks (a
+resume trusts a shard by its commit record and size; --checksums all hashes every one)."""
 
 
 class DamagedData(StoreError):
