@@ -60,13 +60,16 @@ def write_test_profile(path: Path, cache: dict | None = None, vggt: dict | None 
 
 
 def file_digests(root: Path) -> dict[str, str]:
-    """sha256 of every file under ``root``, keyed by its path relative to ``root``."""
+    """sha256 of every file under ``root``, keyed by its path relative to ``root``; a cache's stored
+    dataset index (``index/``, a memo of the dataset's files, not cache content) is left out."""
     import hashlib
 
+    from janus_cache.store.layout import INDEX_STORE_DIR
+
     return {
-        p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+        rel: hashlib.sha256(p.read_bytes()).hexdigest()
         for p in sorted(root.rglob("*"))
-        if p.is_file()
+        if p.is_file() and not (rel := p.relative_to(root).as_posix()).startswith(INDEX_STORE_DIR + "/")
     }
 
 
