@@ -77,5 +77,8 @@ def file_digests(root: Path) -> dict[str, str]:
 # the Makefile does) instead of compiling it in every test that starts a training process.
 import os  # noqa: E402
 import sys  # noqa: E402
+import tempfile  # noqa: E402
 
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions"))
+# `janus-cache index` and `plan` keep bare datasets' indexes in a user folder; the tests' stay apart.
+os.environ.setdefault("JANUS_INDEX_CACHE", tempfile.mkdtemp(prefix="janus-test-index-"))
