@@ -132,10 +132,22 @@ def encode_column(values: Sequence[Any], base: Path) -> tuple[str, dict[str, np.
     return kind, {"pickle": np.frombuffer(blob, dtype=np.uint8)}
 
 
+def _shared_ints(array: np.ndarray) -> list[int]:
+    """``array.tolist()``, one int object per distinct value when values repeat (window rows name
+    each frame up to 9 times, widths are one value): a built index shares them too."""
+    if array.size < 2:
+        return array.tolist()
+    distinct, inverse = np.unique(array, return_inverse=True)
+    if len(distinct) * 2 > array.size:
+        return array.tolist()
+    values = distinct.tolist()
+    return [values[i] for i in inverse.tolist()]
+
+
 def decode_column(kind: str, arrays: dict[str, np.ndarray], base: Path) -> list[Any]:
     """The Python values of one stored column (the inverse of :func:`encode_column`)."""
     if kind == "int":
-        return arrays["data"].tolist()
+        return _shared_ints(arrays["data"])
     if kind == "bool":
         return [bool(v) for v in arrays["data"].tolist()]
     if kind in ("text", "path"):
@@ -147,7 +159,7 @@ def decode_column(kind: str, arrays: dict[str, np.ndarray], base: Path) -> list[
     if kind in ("ints", "texts"):
         bounds = arrays["rows"].tolist()
         if kind == "ints":
-            flat: list[Any] = arrays["data"].tolist()
+            flat: list[Any] = _shared_ints(arrays["data"])
         else:
             strings = _decode_table(arrays["utf8"], arrays["offsets"])
             flat = [strings[c] for c in arrays["codes"].tolist()]
