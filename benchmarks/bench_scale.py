@@ -84,6 +84,11 @@ def template(work: Path) -> Path:
     if not (root / ".complete").exists():
         shutil.rmtree(root, ignore_errors=True)
         write_sample_data(root, episodes=TEMPLATE_EPISODES, steps=TEMPLATE_STEPS, seed=0)
+        # An hour old, as a real dataset's files are: a file modified moments before indexing is
+        # re-read by the next run (janus_cache.index.cached.RACY_NS); hard links share this mtime.
+        then = time.time_ns() - 3600 * 10**9
+        for path in root.rglob("*"):
+            os.utime(path, ns=(then, then))
         (root / ".complete").touch()
     return root
 

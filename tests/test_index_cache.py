@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,22 @@ from janus_cache.index.episode_folders import EpisodeFolderBuilder
 from janus_cache.index.files import IMAGE_SUFFIXES
 
 EP, OTHER = "episode_0000", "episode_0001"
+
+
+def age(*paths: Path, seconds: float = 3600) -> None:
+    """Give files (every file under a folder) an mtime ``seconds`` ago: a file modified moments
+    before indexing is re-read next time (its mtime may not move on a quick second change)."""
+    then = time.time_ns() - int(seconds * 1e9)
+    for path in paths:
+        for p in [path, *path.rglob("*")] if path.is_dir() else [path]:
+            os.utime(p, ns=(then, then))
+
+
+@pytest.fixture
+def dataset(dataset_copy: Path) -> Path:
+    """A private copy of the sample dataset whose files were last modified an hour ago."""
+    age(dataset_copy)
+    return dataset_copy
 
 
 def images(root: Path) -> list[Path]:
@@ -43,138 +60,155 @@ def assert_same_index(a: DatasetIndex, b: DatasetIndex) -> None:
     assert a.frames == b.frames and a.samples == b.samples and a.episodes == b.episodes
 
 
-def test_the_stored_index_equals_a_fresh_build(dataset_copy: Path, tmp_path: Path) -> None:
-    fresh = build_index(dataset_copy)
-    stored = build_stored_index(dataset_copy, tmp_path / "store")
+def test_the_stored_index_equals_a_fresh_build(dataset: Path, tmp_path: Path) -> None:
+    fresh = build_index(dataset)
+    stored = build_stored_index(dataset, tmp_path / "store")
     assert not stored.reused and stored.saved and stored.checked == len(fresh.frames)
     assert_same_index(stored.index, fresh)
-    reused = build_stored_index(dataset_copy, tmp_path / "store")
+    reused = build_stored_index(dataset, tmp_path / "store")
     assert reused.reused and reused.checked == 0 and reused.entry == stored.entry
     assert_same_index(reused.index, fresh)
     # What another process of a job reads: the columns of the entry, by its fingerprint.
-    assert_same_index(load_stored(stored.entry, stored.fingerprint, dataset_copy), fresh)
+    assert_same_index(load_stored(stored.entry, stored.fingerprint, dataset), fresh)
 
 
-def test_the_stored_index_keeps_problems_windows_and_settings(dataset_copy: Path, tmp_path: Path) -> None:
+def test_the_stored_index_keeps_problems_windows_and_settings(dataset: Path, tmp_path: Path) -> None:
     """A damaged dataset (unreadable image, empty description) under other settings: the report,
     the shorter history and the janus rule come back as built; settings are keyed apart."""
-    (dataset_copy / OTHER / sorted(os.listdir(dataset_copy / OTHER))[0]).write_bytes(b"not a png")
-    description = next((dataset_copy / EP).glob("step_0003_*.json"))
+    (dataset / OTHER / sorted(os.listdir(dataset / OTHER))[0]).write_bytes(b"not a png")
+    description = next((dataset / EP).glob("step_0003_*.json"))
     description.write_text(json.dumps({"landmark_description": "", "spatial_description": "x"}))
+    age(dataset)
     store = tmp_path / "store"
     for kwargs in ({"history": 3, "subinstruction_rule": "janus"}, {"check_images": False}, {}):
-        fresh = build_index(dataset_copy, **kwargs)
+        fresh = build_index(dataset, **kwargs)
         assert fresh.report.entries, "the damage is reported"
-        build_stored_index(dataset_copy, store, **kwargs)
-        again = build_stored_index(dataset_copy, store, **kwargs)
+        build_stored_index(dataset, store, **kwargs)
+        again = build_stored_index(dataset, store, **kwargs)
         assert again.reused
         assert_same_index(again.index, fresh)
     assert len(os.listdir(store)) == 3
     with pytest.raises(DatasetError, match="strict mode"):
-        build_stored_index(dataset_copy, store, strict=True)
+        build_stored_index(dataset, store, strict=True)
 
 
 def test_a_relative_source_path_gives_relative_frame_paths_as_a_fresh_build(
-    dataset_copy: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    dataset: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    build_stored_index(dataset_copy, tmp_path / "store")
-    monkeypatch.chdir(dataset_copy.parent)
-    relative = Path(dataset_copy.name)
+    build_stored_index(dataset, tmp_path / "store")
+    monkeypatch.chdir(dataset.parent)
+    relative = Path(dataset.name)
     again = build_stored_index(relative, tmp_path / "store")
     assert again.reused
     assert again.index.frames[0].path == relative / EP / again.index.frames[0].path.name
     assert_same_index(again.index, build_index(relative))
 
 
-def test_an_unchanged_dataset_is_not_read_again(dataset_copy: Path, tmp_path: Path) -> None:
+def test_an_unchanged_dataset_is_not_read_again(dataset: Path, tmp_path: Path) -> None:
     """Every image scrambled behind the index's back (same size, same mtime): the reused index
     still has the original hashes and no problem, so no image was opened."""
-    first = build_stored_index(dataset_copy, tmp_path / "store")
-    scramble_keeping_size_and_mtime(images(dataset_copy))
-    again = build_stored_index(dataset_copy, tmp_path / "store")
+    first = build_stored_index(dataset, tmp_path / "store")
+    scramble_keeping_size_and_mtime(images(dataset))
+    again = build_stored_index(dataset, tmp_path / "store")
     assert again.reused and again.checked == 0
     assert_same_index(again.index, first.index)
-    assert build_index(dataset_copy).frames == (), "a fresh build reads them: none is an image now"
+    assert build_index(dataset).frames == (), "a fresh build reads them: none is an image now"
 
 
-def test_a_changed_image_is_the_only_file_read_and_hashed_again(dataset_copy: Path, tmp_path: Path) -> None:
-    first = build_stored_index(dataset_copy, tmp_path / "store")
-    changed = next((dataset_copy / EP).glob("step_0005_*.png"))
+def test_a_changed_image_is_the_only_file_read_and_hashed_again(dataset: Path, tmp_path: Path) -> None:
+    first = build_stored_index(dataset, tmp_path / "store")
+    changed = next((dataset / EP).glob("step_0005_*.png"))
     replacement = next(f for f in first.index.frames if f.episode_id == OTHER and f.step == 2)
     new_bytes = replacement.path.read_bytes()
-    scramble_keeping_size_and_mtime([p for p in images(dataset_copy) if p != changed])
+    scramble_keeping_size_and_mtime([p for p in images(dataset) if p != changed])
     changed.write_bytes(new_bytes)  # another frame's picture: new size, content and mtime
-    again = build_stored_index(dataset_copy, tmp_path / "store")
+    age(changed, seconds=60)
+    again = build_stored_index(dataset, tmp_path / "store")
     assert not again.reused and again.checked == 1
     assert again.index.report.entries == ()  # the scrambled files were not read
     row = next(f.row for f in first.index.frames if f.path == changed)
     assert (again.index.frames[row].nbytes, again.index.frames[row].sha256) == (len(new_bytes), replacement.sha256)
     assert [f for f in again.index.frames if f.row != row] == [f for f in first.index.frames if f.row != row]
-    third = build_stored_index(dataset_copy, tmp_path / "store")
+    third = build_stored_index(dataset, tmp_path / "store")
     assert third.reused and third.index == again.index
 
 
-def test_an_edited_description_is_read_again_and_the_images_are_not(dataset_copy: Path, tmp_path: Path) -> None:
-    build_stored_index(dataset_copy, tmp_path / "store")
-    scramble_keeping_size_and_mtime(images(dataset_copy))
-    description = next((dataset_copy / EP).glob("step_0004_*.json"))
+def test_a_file_modified_moments_before_indexing_is_read_again_next_time(dataset: Path, tmp_path: Path) -> None:
+    """Its mtime may stay put through a quick second change of the same size (coarse file
+    timestamps): such a file is not trusted by size and mtime until it is older."""
+    first = build_stored_index(dataset, tmp_path / "store")
+    fresh = next((dataset / EP).glob("step_0002_*.png"))
+    fresh.write_bytes(fresh.read_bytes())  # same bytes, mtime now
+    second = build_stored_index(dataset, tmp_path / "store")
+    assert not second.reused and second.checked == 1 and second.index == first.index
+    scramble_keeping_size_and_mtime([fresh])  # changed within the same mtime
+    third = build_stored_index(dataset, tmp_path / "store")
+    assert not third.reused and third.checked == 1
+    assert fresh not in [f.path for f in third.index.frames], "the scrambled file was read and refused"
+
+
+def test_an_edited_description_is_read_again_and_the_images_are_not(dataset: Path, tmp_path: Path) -> None:
+    build_stored_index(dataset, tmp_path / "store")
+    scramble_keeping_size_and_mtime(images(dataset))
+    description = next((dataset / EP).glob("step_0004_*.json"))
     data = json.loads(description.read_text())
     data["landmark_description"] = "An edited description."
     description.write_text(json.dumps(data))
-    again = build_stored_index(dataset_copy, tmp_path / "store")
+    again = build_stored_index(dataset, tmp_path / "store")
     assert not again.reused and again.checked == 0
     assert again.index.sample(f"{EP}/4").description_2d == "An edited description."
     assert again.index.report.entries == ()
 
 
-def test_new_and_removed_episodes_and_files_are_seen(dataset_copy: Path, tmp_path: Path) -> None:
+def test_new_and_removed_episodes_and_files_are_seen(dataset: Path, tmp_path: Path) -> None:
     store = tmp_path / "store"
-    first = build_stored_index(dataset_copy, store)
-    shutil.copytree(dataset_copy / OTHER, dataset_copy / "episode_0009")
-    grown = build_stored_index(dataset_copy, store)
+    first = build_stored_index(dataset, store)
+    shutil.copytree(dataset / OTHER, dataset / "episode_0009")
+    grown = build_stored_index(dataset, store)
     assert not grown.reused and len(grown.index.episodes) == len(first.index.episodes) + 1
     assert grown.checked == len(grown.index.frames_of("episode_0009"))  # only the new episode's images
-    (dataset_copy / "episode_0010").mkdir()  # an empty folder is reported by the builder: a change
-    empty = build_stored_index(dataset_copy, store)
+    (dataset / "episode_0010").mkdir()  # an empty folder is reported by the builder: a change
+    empty = build_stored_index(dataset, store)
     assert not empty.reused and empty.index.report.by_reason(Reason.MISSING_MILESTONES)
-    shutil.rmtree(dataset_copy / "episode_0010")
-    next((dataset_copy / EP).glob("step_0011_*.png")).unlink()
-    shrunk = build_stored_index(dataset_copy, store)
+    shutil.rmtree(dataset / "episode_0010")
+    next((dataset / EP).glob("step_0011_*.png")).unlink()
+    shrunk = build_stored_index(dataset, store)
     assert not shrunk.reused and shrunk.checked == 0
-    assert_same_index(shrunk.index, build_index(dataset_copy))
+    assert_same_index(shrunk.index, build_index(dataset))
 
 
-def test_new_images_are_checked_by_worker_processes(dataset_copy: Path, tmp_path: Path) -> None:
-    builder = EpisodeFolderBuilder(dataset_copy, 8, True, 1, "reference")
+def test_new_images_are_checked_by_worker_processes(dataset: Path, tmp_path: Path) -> None:
+    builder = EpisodeFolderBuilder(dataset, 8, True, 1, "reference")
     stored = IndexStore(tmp_path / "store", prefill_min_files=1).get(builder, processes=2)
-    assert stored.checked == len(images(dataset_copy)) and builder.inspected == []  # none in the builder
-    assert_same_index(stored.index, build_index(dataset_copy))
+    assert stored.checked == len(images(dataset)) and builder.inspected == []  # none in the builder
+    assert_same_index(stored.index, build_index(dataset))
 
 
-def test_an_annotation_file_index_is_stored_and_follows_its_images(dataset_copy: Path, tmp_path: Path) -> None:
-    index = build_index(dataset_copy)
+def test_an_annotation_file_index_is_stored_and_follows_its_images(dataset: Path, tmp_path: Path) -> None:
+    index = build_index(dataset)
     records = [{"id": s.key, "instruction": s.instruction, "subinstruction": s.subinstruction,
                 "2D_description": s.description_2d, "3D_description": s.description_3d, "action": s.action,
                 "images": [f.relpath for f in index.window(s)]} for s in index.samples]
     records.append({**records[0], "id": "needs-a-missing-image", "images": [f"{EP}/missing.png"]})
     annotation = tmp_path / "train.jsonl"
     annotation.write_text("".join(json.dumps(r) + "\n" for r in records))
+    age(annotation)
     store = tmp_path / "store"
-    first = build_stored_index(annotation, store, image_root=dataset_copy)
-    assert_same_index(first.index, build_index(annotation, image_root=dataset_copy))
+    first = build_stored_index(annotation, store, image_root=dataset)
+    assert_same_index(first.index, build_index(annotation, image_root=dataset))
     assert first.index.report.by_reason(Reason.MISSING_IMAGE)
-    picture = next((dataset_copy / EP).glob("step_0001_*.png")).read_bytes()
-    scramble_keeping_size_and_mtime(images(dataset_copy))
-    again = build_stored_index(annotation, store, image_root=dataset_copy)
+    picture = next((dataset / EP).glob("step_0001_*.png")).read_bytes()
+    scramble_keeping_size_and_mtime(images(dataset))
+    again = build_stored_index(annotation, store, image_root=dataset)
     assert again.reused and again.index == first.index
-    (dataset_copy / EP / "missing.png").write_bytes(picture)
-    arrived = build_stored_index(annotation, store, image_root=dataset_copy)
+    (dataset / EP / "missing.png").write_bytes(picture)
+    arrived = build_stored_index(annotation, store, image_root=dataset)
     assert not arrived.reused and arrived.checked == 1 and arrived.index.sample("needs-a-missing-image")
 
 
-def test_a_store_that_cannot_be_written_still_gives_the_index(dataset_copy: Path, tmp_path: Path) -> None:
+def test_a_store_that_cannot_be_written_still_gives_the_index(dataset: Path, tmp_path: Path) -> None:
     store = tmp_path / "store"
     store.write_text("a file where the store's folder should be")
-    stored = build_stored_index(dataset_copy, store)
+    stored = build_stored_index(dataset, store)
     assert not stored.saved and not stored.reused
-    assert_same_index(stored.index, build_index(dataset_copy))
+    assert_same_index(stored.index, build_index(dataset))

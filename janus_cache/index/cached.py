@@ -56,6 +56,10 @@ INDEX_CACHE_ENV = "JANUS_INDEX_CACHE"
 """Environment variable naming the store of bare datasets' indexes (see :func:`user_index_dir`)."""
 
 SOURCES_FILE = "sources.npz"
+RACY_NS = 2_000_000_000
+"""A file modified this close to (or after) the scan may change again within its timestamp's
+granularity (coarse kernel clocks, network filesystems) without a new size or mtime: it is stored
+as unknown, so the next run rebuilds and reads it again (as git treats racily clean files)."""
 PREFILL_CHUNK = 256
 """Images per task of the worker processes that check new or changed images."""
 PREFILL_MIN_FILES = 2048
@@ -174,6 +178,7 @@ class IndexStore:
         entry = self.entry(params)
         meta = read_meta(entry)
         seconds: dict[str, float] = {}
+        scanned_at = time.time_ns()
         start = time.perf_counter()
         sources = self._fingerprint(builder, params, entry if meta is not None else None)
         fingerprint = sources.digest() if sources is not None else ""
@@ -197,6 +202,7 @@ class IndexStore:
         if isinstance(builder, AnnotationBuilder):  # its images are known only now
             sources = scan_files(params.base, builder.referenced, builder.threads, [annotation_entry(params.source)])
         assert sources is not None
+        sources = sources.without_racy(scanned_at - RACY_NS)
         fingerprint = sources.digest()
         start = time.perf_counter()
         saved = self._save(index, entry, params, sources, fingerprint)

@@ -28,6 +28,8 @@ MISSING = -1
 """Size and mtime of a file that does not exist (a referenced image that is missing)."""
 FOLDER = -2
 """Size and mtime of a folder entry (episode folders: the folder itself)."""
+RACY = -3
+"""mtime recorded for a file modified too recently to trust its mtime (``SourceFiles.without_racy``)."""
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,14 @@ class SourceFiles:
         h.update(np.ascontiguousarray(self.sizes, dtype="<i8").tobytes())
         h.update(np.ascontiguousarray(self.mtimes, dtype="<i8").tobytes())
         return h.hexdigest()
+
+    def without_racy(self, since_ns: int) -> "SourceFiles":
+        """These files with the mtime of each one modified at or after ``since_ns`` replaced by
+        :data:`RACY` (never equal to a real scan's, so the next fingerprint differs)."""
+        racy = self.mtimes >= since_ns
+        if not racy.any():
+            return self
+        return SourceFiles(self.relpaths, self.sizes, np.where(racy, RACY, self.mtimes))
 
     def stats(self) -> dict[str, tuple[int, int]]:
         """relpath -> (size, mtime_ns)."""
