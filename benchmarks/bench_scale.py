@@ -61,6 +61,9 @@ class Measure:
     rss_mb: float
     ok: bool
     note: str = ""
+    cpu_seconds: float | None = None
+    """User + system CPU time of the process and its descendants (steadier than wall time on a
+    shared machine)."""
 
 
 @dataclass
@@ -138,9 +141,9 @@ def bench_profile(work: Path, resolution: str) -> Path:
 
 
 def measure(command: list[str], env: dict[str, str] | None = None, log: Path | None = None
-            ) -> tuple[float, float, int, str]:
-    """(seconds, peak RSS in MB of the process or its largest waited-for descendant, exit code,
-    output) of ``command``."""
+            ) -> tuple[float, float, float, int, str]:
+    """(wall seconds, CPU seconds, peak RSS in MB of the process or its largest waited-for
+    descendant, exit code, output) of ``command``."""
     started = time.perf_counter()
     with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO,
                           env={**os.environ, **(env or {})}) as proc:
@@ -150,7 +153,7 @@ def measure(command: list[str], env: dict[str, str] | None = None, log: Path | N
     seconds = time.perf_counter() - started
     if log is not None:
         log.write_text(output)
-    return seconds, usage.ru_maxrss / 1024, proc.returncode, output
+    return seconds, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024, proc.returncode, output
 
 
 def launch(module: str, args: list[str], nproc: int) -> list[str]:
@@ -191,15 +194,23 @@ def run_step(results: Results, metric: str, samples: int, command: list[str], wo
              env: dict[str, str] | None = None) -> Measure:
     log = work / "logs" / f"{metric.replace(' ', '_')}-{samples}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
-    seconds, rss, code, output = measure(command, env, log)
+    seconds, cpu, rss, code, output = measure(command, env, log)
     note = "" if code == 0 else f"exit {code}, see {log}: {output.strip().splitlines()[-1] if output.strip() else ''}"
     if metric == "read" and code == 0:
         note = output.strip().splitlines()[-1]
-    m = Measure(metric, samples, seconds, rss, code == 0, note)
+    m = Measure(metric, samples, seconds, rss, code == 0, note, cpu)
     results.measures.append(m)
-    print(f"  {metric:<16} {samples:>8} samples  {seconds:8.1f} s  {rss:7.0f} MB" + (f"  {note}" if note else ""),
-          flush=True)
+    print(f"  {metric:<16} {samples:>8} samples  {seconds:8.1f} s (cpu {cpu:6.1f} s)  {rss:7.0f} MB"
+          + (f"  {note}" if note else ""), flush=True)
     return m
+
+
+BASELINE = "import pipelines.cache_cli, pipelines.precompute, janus_cache.verify"
+
+
+def bench_baseline(results: Results, work: Path) -> None:
+    """What every measured command pays before its work: Python and the imports (size 0)."""
+    run_step(results, "python + imports", 0, [sys.executable, "-c", BASELINE], work)
 
 
 def bench_size(results: Results, work: Path, profile: Path, samples: int, steps: int) -> None:
@@ -232,9 +243,10 @@ def bench_cache(results: Results, work: Path, profile: Path, samples: int, steps
 # ------------------------------------------------------------------------------ the table
 
 
-def growth(results: Results, metric: str) -> str:
-    """Cost ratio per 10x samples between the two largest sizes measured (seconds)."""
-    points = sorted((m.samples, m.seconds) for m in results.measures if m.metric == metric and m.ok)
+def growth(results: Results, metric: str, cpu: bool = False) -> str:
+    """Cost ratio per 10x samples between the two largest sizes measured (wall or CPU seconds)."""
+    points = sorted((m.samples, m.cpu_seconds if cpu else m.seconds) for m in results.measures
+                    if m.metric == metric and m.ok and (m.cpu_seconds is not None or not cpu))
     if len(points) < 2 or points[-1][0] == points[-2][0]:
         return "-"
     (n1, t1), (n2, t2) = points[-2], points[-1]
@@ -244,14 +256,15 @@ def growth(results: Results, metric: str) -> str:
 def table(results: Results) -> str:
     metrics = list(dict.fromkeys(m.metric for m in results.measures))
     sizes = sorted({m.samples for m in results.measures})
-    head = ["cost"] + [f"{n} samples" for n in sizes] + ["per 10x samples"]
+    head = ["cost"] + [f"{n} samples" if n else "no data" for n in sizes] + ["per 10x samples (wall)", "(cpu)"]
     rows = []
     for metric in metrics:
         cells = []
         for n in sizes:
             m = results.get(metric, n)
-            cells.append("" if m is None else (f"{m.seconds:.1f} s, {m.rss_mb:.0f} MB" if m.ok else "failed"))
-        rows.append([metric, *cells, growth(results, metric)])
+            cpu = f" (cpu {m.cpu_seconds:.1f} s)" if m is not None and m.cpu_seconds is not None else ""
+            cells.append("" if m is None else (f"{m.seconds:.1f} s{cpu}, {m.rss_mb:.0f} MB" if m.ok else "failed"))
+        rows.append([metric, *cells, growth(results, metric), growth(results, metric, cpu=True)])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
     reads = [m for m in results.measures if m.metric == "read" and m.ok]
@@ -289,25 +302,45 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", type=Path, default=Path("/tmp/janus-bench-scale"),
                         help="Datasets, caches and logs (kept: datasets are reused).")
     parser.add_argument("--results", type=Path, default=REPO / "benchmarks" / "results" / "bench_scale.json")
+    parser.add_argument("--combine", type=Path, nargs="+", default=(),
+                        help="Only print and save the table of these earlier --results files together.")
     args = parser.parse_args(argv)
+    if args.combine:
+        return combine(args.combine, args.results)
     sizes = [int(s) for s in args.sizes.split(",") if s]
     pre_sizes = [int(s) for s in args.precompute_sizes.split(",") if s]
     args.work.mkdir(parents=True, exist_ok=True)
     profile = bench_profile(args.work, args.resolution)
     results = Results(sizes, pre_sizes, f"{platform.node()}: {os.cpu_count()} cores, {platform.python_version()}")
     print(f"bench-scale in {args.work} ({results.machine})", flush=True)
+    bench_baseline(results, args.work)
     for n in sizes:
         bench_size(results, args.work, profile, n, args.steps)
     for n in pre_sizes:
         bench_cache(results, args.work, profile, n, args.steps, args.nproc)
+    save(results, args.results)
+    return 0 if all(m.ok for m in results.measures) else 1
+
+
+def save(results: Results, path: Path) -> None:
+    """Print the table and the targets' verdicts; write them as JSON and Markdown (``.md``)."""
     text = table(results)
     verdicts = check_targets(results)
     print("\n" + text + "\n\n" + "\n".join(verdicts))
-    args.results.parent.mkdir(parents=True, exist_ok=True)
-    args.results.write_text(json.dumps({**asdict(results), "targets": verdicts}, indent=1) + "\n")
-    args.results.with_suffix(".md").write_text(f"# bench_scale ({results.machine})\n\n{text}\n\n"
-                                               + "\n".join(f"- {v}" for v in verdicts) + "\n")
-    return 0 if all(m.ok for m in results.measures) else 1
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({**asdict(results), "targets": verdicts}, indent=1) + "\n")
+    path.with_suffix(".md").write_text(f"# bench_scale ({results.machine})\n\n{text}\n\n"
+                                       + "\n".join(f"- {v}" for v in verdicts) + "\n")
+
+
+def combine(files: list[Path], out: Path) -> int:
+    """One table of several runs' results (e.g. index/plan sizes and precompute sizes run apart)."""
+    loaded = [json.loads(f.read_text()) for f in files]
+    results = Results(sorted({n for d in loaded for n in d["sizes"]}),
+                      sorted({n for d in loaded for n in d["precompute_sizes"]}), loaded[0]["machine"])
+    results.measures = [Measure(**m) for d in loaded for m in d["measures"]]
+    save(results, out)
+    return 0
 
 
 if __name__ == "__main__":
