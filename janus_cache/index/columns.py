@@ -63,11 +63,18 @@ def _decode_table(utf8: np.ndarray, offsets: np.ndarray) -> list[str]:
     return [data[a:b].decode("utf-8", _TEXT_ERRORS) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
 
 
+def _compact(array: np.ndarray) -> np.ndarray:
+    """int32 when the values fit (codes, rows, windows: half the bytes on disk), else int64."""
+    if array.size and (array.min() < np.iinfo(np.int32).min or array.max() > np.iinfo(np.int32).max):
+        return array
+    return array.astype(np.int32)
+
+
 def _dictionary(values: Sequence[str | None]) -> tuple[np.ndarray, list[str]]:
     table: dict[str, int] = {}
     codes = np.fromiter((-1 if v is None else table.setdefault(v, len(table)) for v in values),
                         dtype=np.int64, count=len(values))
-    return codes, list(table)
+    return _compact(codes), list(table)
 
 
 # ----------------------------------------------------------------------------- columns
@@ -112,7 +119,8 @@ def encode_column(values: Sequence[Any], base: Path) -> tuple[str, dict[str, np.
     """(kind, arrays) of one field's values over all rows."""
     kind = _kind(values)
     if kind in ("int", "bool"):
-        return kind, {"data": np.array(values, dtype=np.int64 if kind == "int" else np.bool_)}
+        return kind, {"data": _compact(np.array(values, dtype=np.int64)) if kind == "int"
+                      else np.array(values, dtype=np.bool_)}
     if kind in ("text", "path"):
         if kind == "path":
             prefix = _base_prefix(base)
@@ -125,7 +133,7 @@ def encode_column(values: Sequence[Any], base: Path) -> tuple[str, dict[str, np.
         np.cumsum(lengths, out=offsets[1:])
         flat = [x for v in values for x in v]
         if kind == "ints":
-            return kind, {"data": np.array(flat, dtype=np.int64), "rows": offsets}
+            return kind, {"data": _compact(np.array(flat, dtype=np.int64)), "rows": offsets}
         codes, table = _dictionary(flat)
         return kind, {"codes": codes, "rows": offsets, **_text_table(table)}
     blob = pickle.dumps(list(values), protocol=pickle.HIGHEST_PROTOCOL)
