@@ -311,7 +311,9 @@ def main(argv: list[str] | None = None) -> int:
     pre_sizes = [int(s) for s in args.precompute_sizes.split(",") if s]
     args.work.mkdir(parents=True, exist_ok=True)
     profile = bench_profile(args.work, args.resolution)
-    results = Results(sizes, pre_sizes, f"{platform.node()}: {os.cpu_count()} cores, {platform.python_version()}")
+    load = os.getloadavg()[0]  # a shared machine's wall times stretch with its load; CPU times less
+    results = Results(sizes, pre_sizes, f"{platform.node()}: {os.cpu_count()} cores, load average {load:.1f} at "
+                      f"start, Python {platform.python_version()}")
     print(f"bench-scale in {args.work} ({results.machine})", flush=True)
     bench_baseline(results, args.work)
     for n in sizes:
