@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import pickle
 import shutil
 import sys
 import time
@@ -187,7 +188,8 @@ class IndexStore:
             start = time.perf_counter()
             try:
                 index = read_columns(entry, meta, params.source, params.base)
-            except (OSError, ValueError, KeyError, EOFError) as err:  # damaged entry: rebuilt below
+            except (OSError, ValueError, KeyError, EOFError, TypeError, pickle.UnpicklingError) as err:
+                # a damaged entry is rebuilt below
                 print(f"warning: stored index {entry} is unreadable ({err}); rebuilding it", file=sys.stderr)
             else:
                 seconds["load"] = time.perf_counter() - start
