@@ -206,6 +206,17 @@ def test_an_annotation_file_index_is_stored_and_follows_its_images(dataset: Path
     assert not arrived.reused and arrived.checked == 1 and arrived.index.sample("needs-a-missing-image")
 
 
+def test_a_damaged_stored_index_is_rebuilt(dataset: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+                                            ) -> None:
+    first = build_stored_index(dataset, tmp_path / "store")
+    column = next(first.entry.glob("samples.key.*.npy"))
+    column.write_bytes(column.read_bytes()[:20])
+    again = build_stored_index(dataset, tmp_path / "store")
+    assert not again.reused and "rebuilding it" in capsys.readouterr().err
+    assert_same_index(again.index, first.index)
+    assert build_stored_index(dataset, tmp_path / "store").reused
+
+
 def test_a_store_that_cannot_be_written_still_gives_the_index(dataset: Path, tmp_path: Path) -> None:
     store = tmp_path / "store"
     store.write_text("a file where the store's folder should be")
