@@ -10,7 +10,7 @@ same command resumes.
 The dataset index is kept in the cache (``CacheLayout.index_store``): rank 0 reuses it while the
 dataset's files are unchanged, else rebuilds it (new or changed images checked by worker
 processes on all of the node's cores) and stores it; the other ranks read the stored columns
-instead of receiving a pickle of the whole index.
+instead of receiving a pickle of the whole index, making rows only when they are read.
 """
 
 from __future__ import annotations
@@ -101,7 +101,8 @@ def index_on_every_rank(opts: Options, profile: Profile, control: Control) -> Da
         return control.on_main(lambda: built[0])
     if control.ranks.is_main:
         return built[0]
-    return load_stored(Path(where[0]), where[1], opts.data, opts.image_root)
+    # Lazily: a rank makes only the frame rows of its own shards (samples: when it iterates them).
+    return load_stored(Path(where[0]), where[1], opts.data, opts.image_root, lazy=True)
 
 
 def _finish(job: PrecomputeJob, opts: Options, seconds: float) -> int:

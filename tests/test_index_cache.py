@@ -72,6 +72,21 @@ def test_the_stored_index_equals_a_fresh_build(dataset: Path, tmp_path: Path) ->
     assert_same_index(load_stored(stored.entry, stored.fingerprint, dataset), fresh)
 
 
+def test_a_lazily_read_index_gives_the_same_rows_lookups_and_summary(dataset: Path, tmp_path: Path) -> None:
+    fresh = build_index(dataset)
+    stored = build_stored_index(dataset, tmp_path / "store")
+    lazy = load_stored(stored.entry, stored.fingerprint, dataset, lazy=True)
+    assert isinstance(lazy, DatasetIndex) and len(lazy.frames) == len(fresh.frames)
+    assert lazy.frames[-1] == fresh.frames[-1] and lazy.frames[2:5] == fresh.frames[2:5]
+    assert lazy.samples == fresh.samples and lazy.frames == fresh.frames and lazy.episodes == fresh.episodes
+    key = fresh.samples[7].key
+    assert lazy.sample(key) == fresh.sample(key) and lazy.window(lazy.sample(key)) == fresh.window(fresh.sample(key))
+    assert lazy.frames_of(OTHER) == fresh.frames_of(OTHER) and lazy.frame(EP, 3) == fresh.frame(EP, 3)
+    assert lazy.summary() == fresh.summary() and lazy.source_identity() == fresh.source_identity()
+    with pytest.raises(IndexError):
+        lazy.frames[len(fresh.frames)]
+
+
 def test_the_stored_index_keeps_problems_windows_and_settings(dataset: Path, tmp_path: Path) -> None:
     """A damaged dataset (unreadable image, empty description) under other settings: the report,
     the shorter history and the janus rule come back as built; settings are keyed apart."""

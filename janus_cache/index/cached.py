@@ -50,6 +50,7 @@ from janus_cache.index.columns import (
 )
 from janus_cache.index.episode_folders import EpisodeFolderBuilder
 from janus_cache.index.files import FRAME_NAME, Builder, ImageInfo, Problem, inspect_image
+from janus_cache.index.lazy import read_lazy
 from janus_cache.index.fingerprint import SourceFiles, annotation_entry, scan_episode_folders, scan_files
 from janus_cache.index.model import DatasetIndex
 
@@ -145,16 +146,18 @@ class StoredIndex:
 
 
 def load_stored(entry: Path, fingerprint: str, source: Path | str, image_root: Path | str | None = None,
-                mmap: bool = True) -> DatasetIndex:
+                lazy: bool = False) -> DatasetIndex:
     """The index stored in ``entry`` by :meth:`IndexStore.get`, which must still have ``fingerprint``
-    (how the other processes of a job read what one of them built, instead of receiving a pickle)."""
+    (how the other processes of a job read what one of them built, instead of receiving a pickle).
+    ``lazy``: frames and samples made when asked for (:mod:`janus_cache.index.lazy`), for a
+    process that reads only its own shards' rows."""
     meta = read_meta(entry)
     if meta is None or meta.get("fingerprint") != fingerprint:
         raise ValueError(f"{entry}: the stored index changed or is incomplete; build the index again")
     source = Path(source)
     base = Path(image_root) if image_root is not None else source.parent if meta["format"] == "annotations" \
         else source
-    return read_columns(entry, meta, source, base, mmap=mmap)
+    return read_lazy(entry, meta, source, base) if lazy else read_columns(entry, meta, source, base)
 
 
 def _inspect_chunk(args: tuple[list[str], bool]) -> list[ImageInfo | Problem]:

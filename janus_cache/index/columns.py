@@ -212,17 +212,27 @@ def read_meta(directory: Path) -> dict[str, Any] | None:
         return None
 
 
-def read_columns(directory: Path, meta: dict[str, Any], source: Path, base: Path,
-                 mmap: bool = True) -> DatasetIndex:
-    """Materialise the index stored in ``directory`` (whose ``meta.json`` is ``meta``); paths are
-    rebased on ``base`` and the index's ``source`` is ``source``."""
-    mode = "r" if mmap else None
+def load_parts(directory: Path, mmap: bool = True) -> dict[str, dict[str, dict[str, np.ndarray]]]:
+    """table -> field -> part -> array (memory-mapped with ``mmap``) of a stored index."""
     parts: dict[str, dict[str, dict[str, np.ndarray]]] = {t: {} for t in TABLES}
     for name in os.listdir(directory):
         if name.endswith(".npy"):
             table, fieldname, part, _ = name.split(".")
-            parts[table].setdefault(fieldname, {})[part] = np.load(directory / name, mmap_mode=mode,
+            parts[table].setdefault(fieldname, {})[part] = np.load(directory / name, mmap_mode="r" if mmap else None,
                                                                    allow_pickle=False)
+    return parts
+
+
+def read_scalars(directory: Path) -> dict[str, Any]:
+    """The index-wide values (all but ``source`` and the tables)."""
+    return pickle.loads((directory / INDEX_SCALARS).read_bytes())
+
+
+def read_columns(directory: Path, meta: dict[str, Any], source: Path, base: Path,
+                 mmap: bool = True) -> DatasetIndex:
+    """Materialise the index stored in ``directory`` (whose ``meta.json`` is ``meta``); paths are
+    rebased on ``base`` and the index's ``source`` is ``source``."""
+    parts = load_parts(directory, mmap)
     tables: dict[str, tuple[Any, ...]] = {}
     for table, cls in TABLES.items():
         names = [f.name for f in dataclasses.fields(cls)]
@@ -230,5 +240,4 @@ def read_columns(directory: Path, meta: dict[str, Any], source: Path, base: Path
         columns = [decode_column(kinds[n], parts[table].get(n, {}), base) for n in names]
         n_rows = meta["counts"][table]
         tables[table] = tuple(cls(*values) for values in zip(*columns, strict=True)) if n_rows else ()
-    scalars = pickle.loads((directory / INDEX_SCALARS).read_bytes())
-    return DatasetIndex(source=source, **tables, **scalars)
+    return DatasetIndex(source=source, **tables, **read_scalars(directory))
