@@ -57,7 +57,7 @@ def _text_table(strings: Sequence[str]) -> dict[str, np.ndarray]:
     return {"utf8": np.frombuffer(b"".join(encoded), dtype=np.uint8), "offsets": offsets}
 
 
-def _decode_table(utf8: np.ndarray, offsets: np.ndarray) -> list[str]:
+def decode_table(utf8: np.ndarray, offsets: np.ndarray) -> list[str]:
     data = bytes(utf8)
     bounds = offsets.tolist()
     return [data[a:b].decode("utf-8", _TEXT_ERRORS) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
@@ -159,7 +159,7 @@ def decode_column(kind: str, arrays: dict[str, np.ndarray], base: Path) -> list[
     if kind == "bool":
         return [bool(v) for v in arrays["data"].tolist()]
     if kind in ("text", "path"):
-        table: list[Any] = _decode_table(arrays["utf8"], arrays["offsets"])
+        table: list[Any] = decode_table(arrays["utf8"], arrays["offsets"])
         if kind == "path":
             table = [Path(t[1:]) if t.startswith("\0") else base / t for t in table]
         table.append(None)  # code -1
@@ -169,7 +169,7 @@ def decode_column(kind: str, arrays: dict[str, np.ndarray], base: Path) -> list[
         if kind == "ints":
             flat: list[Any] = _shared_ints(arrays["data"])
         else:
-            strings = _decode_table(arrays["utf8"], arrays["offsets"])
+            strings = decode_table(arrays["utf8"], arrays["offsets"])
             flat = [strings[c] for c in arrays["codes"].tolist()]
         return [tuple(flat[a:b]) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
     if kind == "pickle":

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from janus_cache.index.columns import TABLES, _decode_table, decode_column, load_parts, read_scalars
+from janus_cache.index.columns import TABLES, decode_table, decode_column, load_parts, read_scalars
 from janus_cache.index.model import DatasetIndex, Episode, Frame, Sample
 
 
@@ -33,7 +33,7 @@ class LazyRows(Sequence[Any]):
         if name not in self._columns:
             kind, arrays = self._kinds[name], self._parts.get(name, {})
             if kind == "path":  # strings decoded once, a Path made per row asked for
-                table, codes, base = _decode_table(arrays["utf8"], arrays["offsets"]), arrays["codes"], self._base
+                table, codes, base = decode_table(arrays["utf8"], arrays["offsets"]), arrays["codes"], self._base
 
                 def path(row: int) -> Path | None:
                     code = int(codes[row])
