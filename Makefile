@@ -34,7 +34,7 @@ PRECOMPUTE_ARGS ?=
 VERIFY_ARGS ?=
 STAMP := $(VENV)/.janus-setup
 
-.PHONY: help setup test demo precompute train verify bench bench-gpu clean-demo
+.PHONY: help setup test demo precompute train verify bench bench-gpu bench-scale clean-demo
 
 help:
 	@echo "make setup       install janus and its dependencies into $(VENV)"
@@ -45,6 +45,7 @@ help:
 	@echo "make train [PROFILE=tiny|h800] [CACHE=cache | MIXTURE='r2r=dir:0.7 rxr=dir:0.3'] [RUN=runs/PROFILE] [NPROC=n]"
 	@echo "make bench       live vs cached data path, storage, FLOPs per sample (CPU; GPU section with CUDA)"
 	@echo "make bench-gpu   janus vs reference precompute and training step on one GPU (< 10 min)"
+	@echo "make bench-scale [SAMPLES=10000,100000,612560] [PRECOMPUTE_SAMPLES=1000,10000]  costs vs dataset size"
 
 $(STAMP): pyproject.toml $(TORCH_CONSTRAINTS)
 	@test -x $(PY) || $(PYTHON_SYS) -m venv $(VENV)
@@ -94,6 +95,13 @@ bench: $(STAMP)
 
 bench-gpu: $(STAMP)
 	$(PY) -m pipelines.bench_gpu --out bench $(BENCH_ARGS)
+
+# Hard-linked datasets of SAMPLES samples (index, plan) and PRECOMPUTE_SAMPLES (precompute, resume,
+# verify, trainer start-up check, reads); results in benchmarks/results/bench_scale.{json,md}.
+SAMPLES ?= 10000,100000,612560
+PRECOMPUTE_SAMPLES ?= 1000,10000
+bench-scale: $(STAMP)
+	$(PY) benchmarks/bench_scale.py --sizes $(SAMPLES) --precompute-sizes "$(PRECOMPUTE_SAMPLES)" --nproc $(NPROC) $(BENCH_ARGS)
 
 clean-demo:
 	rm -rf $(DEMO_DIR)

@@ -54,7 +54,8 @@ from janus_cache.resolution import Resolution
 from janus_cache.store import CacheWriter, Manifest, ManifestError, StoreError, open_writer, read_manifest, write_manifest
 from janus_cache.store.checksums import changed_metadata, recorded_manifest_keyed
 from janus_cache.store.commit import atomic_write_bytes, hashed, read_record, verify_shard
-from janus_cache.store.layout import MANIFEST_NAME, REPORT_NAME, ZARR_ROOT_NAME, CacheLayout, frames_array
+from janus_cache.store.layout import (INDEX_STORE_DIR, MANIFEST_NAME, REPORT_NAME, ZARR_ROOT_NAME, CacheLayout,
+                                      frames_array)
 from janus_cache.store.manifest import SchemaVersionError, check_compatible, keyed_digest, merge_manifests
 
 
@@ -138,8 +139,16 @@ def remove_partials(root: Path) -> None:
 
 def cache_contents(out: Path) -> list[Path]:
     """The entries of the cache directory ``out``, less the lock file of the run writing it (which
-    ``--overwrite`` must not delete: the run holds it)."""
-    return [entry for entry in out.iterdir() if entry.name != LOCK_NAME]
+    ``--overwrite`` must not delete: the run holds it) and the stored dataset index (a memo of the
+    dataset, valid whatever the cache holds, written before the cache is prepared)."""
+    return [entry for entry in out.iterdir() if entry.name not in (LOCK_NAME, INDEX_STORE_DIR)]
+
+
+def is_foreign_directory(out: Path) -> bool:
+    """True when ``out`` exists, holds something and is not a janus cache: precompute refuses it
+    and writes nothing there (not even the dataset index)."""
+    looks_like_cache = (out / ZARR_ROOT_NAME).exists() or (out / MANIFEST_NAME).exists()
+    return out.is_dir() and any(cache_contents(out)) and not looks_like_cache
 
 
 @dataclass(frozen=True)
@@ -313,8 +322,7 @@ class PrecomputeJob:
         wanted = wanted_manifest(self.index, self.settings, self.resolution, self.cache_format, self.encoder)
         self._started, self._wanted = time.time(), wanted
         out = self.out
-        looks_like_cache = (out / ZARR_ROOT_NAME).exists() or (out / MANIFEST_NAME).exists()
-        if out.exists() and any(cache_contents(out)) and not looks_like_cache:
+        if is_foreign_directory(out):
             # Checked before --overwrite: it deletes the directory, which must be an earlier cache.
             raise PrecomputeError(f"{out} exists, is not empty and is not a janus cache; choose another --out")
         if overwrite and out.exists():

@@ -6,6 +6,7 @@ Every command exits 0 on success and non-zero with a one-line reason otherwise.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -54,13 +55,14 @@ def index(
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
 ) -> None:
     """Index a dataset and print its summary: episodes, frames, samples and skipped inputs."""
-    from janus_cache.index import DatasetError, build_index
+    from janus_cache.index import DatasetError, build_index, user_index_dir
     from janus_cache.profile import ProfileError, load_profile
 
     try:
         prof = load_profile(profile)
         idx = build_index(data, history=prof.cache.history, image_root=image_root, strict=strict, progress=True,
-                          subinstruction_rule=prof.cache.subinstruction_rule)
+                          subinstruction_rule=prof.cache.subinstruction_rule, cache_dir=user_index_dir(),
+                          processes=os.cpu_count() or 1)
     except (ProfileError, DatasetError, FileNotFoundError) as err:
         fail(str(err))
     summary = idx.summary()
@@ -117,7 +119,7 @@ def plan_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")] = False,
 ) -> None:
     """Estimate a cache's size per format and the precompute time, measured on a few real samples."""
-    from janus_cache.index import DatasetError, build_index
+    from janus_cache.index import DatasetError, build_index, user_index_dir
     from janus_cache.encoder import WindowEncoder
     from janus_cache.plan import make_plan
     from janus_cache.profile import ProfileError, load_profile
@@ -127,7 +129,8 @@ def plan_cmd(
         prof = load_profile(profile)
         res = Resolution.parse(resolution or prof.cache.resolution)
         idx = build_index(data, history=prof.cache.history, image_root=image_root,
-                          subinstruction_rule=prof.cache.subinstruction_rule)
+                          subinstruction_rule=prof.cache.subinstruction_rule, cache_dir=user_index_dir(),
+                          processes=os.cpu_count() or 1)
         device = "cuda" if prof.device == "cuda" else "cpu"
         encoder = WindowEncoder.from_settings(prof.vggt, prof.cache, device)
         result = make_plan(idx, encoder, res, prof.cache.vggt_batch, probe=probe)

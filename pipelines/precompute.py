@@ -6,6 +6,11 @@ which step: rank 0 indexes the dataset and prepares the cache, every rank writes
 owns (shard i belongs to rank i mod world), frames first, features second, with barriers in
 between, and rank 0 finishes. Shards committed by an earlier run are skipped, so re-running the
 same command resumes.
+
+The dataset index is kept in the cache (``CacheLayout.index_store``): rank 0 reuses it while the
+dataset's files are unchanged, else rebuilds it (new or changed images checked by worker
+processes on all of the node's cores) and stores it; the other ranks read the stored columns
+instead of receiving a pickle of the whole index, making rows only when they are read.
 """
 
 from __future__ import annotations
@@ -21,14 +26,15 @@ from typing import Annotated, Optional
 import typer
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from janus_cache.index import DatasetIndex, build_index
+from janus_cache.index import DatasetIndex, build_index, build_stored_index, load_stored
 from janus_cache.encoder import WindowEncoder
 from janus_cache.plan import Plan
-from janus_cache.precompute_job import PrecomputeError, PrecomputeJob, Prepared
+from janus_cache.precompute_job import PrecomputeError, PrecomputeJob, Prepared, is_foreign_directory
 from janus_cache.profile import Profile, load_profile
 from janus_cache.device import process_device
 from janus_cache.resolution import Resolution
 from janus_cache.store.commit import CHECKSUM_MODES, is_committed
+from janus_cache.store.layout import CacheLayout
 from janus_cache.store.split import shards_for
 from pipelines.distributed import CommitTally, Control, Progress, RankFailed, Ranks, fail_alike, lock_on_main
 from pipelines.launcher import spawn_pool
@@ -75,6 +81,34 @@ def _prepare(job: PrecomputeJob, opts: Options, resolution: Resolution, processe
     return prepared
 
 
+def index_on_every_rank(opts: Options, profile: Profile, control: Control) -> DatasetIndex:
+    """The dataset index on every rank: rank 0 gets it from the cache's index store (reused or
+    rebuilt with all local cores), the others read the store's columns (a pickle only when the
+    store could not be written)."""
+    built: list[DatasetIndex] = []
+
+    def on_main() -> tuple[str, str] | None:
+        if is_foreign_directory(opts.out):  # refused by the job's first step; nothing is written there
+            built.append(build_index(opts.data, history=profile.cache.history, image_root=opts.image_root,
+                                     strict=opts.strict, subinstruction_rule=profile.cache.subinstruction_rule))
+            return None
+        stored = build_stored_index(
+            opts.data, CacheLayout(opts.out).index_store, history=profile.cache.history, image_root=opts.image_root,
+            strict=opts.strict, progress=True, subinstruction_rule=profile.cache.subinstruction_rule,
+            processes=default_workers(1))
+        print(stored.describe(), flush=True)
+        built.append(stored.index)
+        return (str(stored.entry), stored.fingerprint) if stored.saved else None
+
+    where = control.on_main(on_main)
+    if where is None:  # known to every rank alike
+        return control.on_main(lambda: built[0])
+    if control.ranks.is_main:
+        return built[0]
+    # Lazily: a rank makes only the frame rows of its own shards (samples: when it iterates them).
+    return load_stored(Path(where[0]), where[1], opts.data, opts.image_root, lazy=True)
+
+
 def _finish(job: PrecomputeJob, opts: Options, seconds: float) -> int:
     """Rank 0: the job's last step and its summary; the exit code."""
     outcome = job.finish()
@@ -98,10 +132,7 @@ def run(opts: Options) -> int:
         profile = control.on_main(lambda: load_profile(opts.profile))
         resolution = Resolution.parse(opts.resolution or profile.cache.resolution)
         workers = opts.workers or default_workers(ranks.local_world)
-        index: DatasetIndex = control.on_main(
-            lambda: build_index(opts.data, history=profile.cache.history, image_root=opts.image_root,
-                                strict=opts.strict, progress=True, subinstruction_rule=profile.cache.subinstruction_rule)
-        )
+        index = index_on_every_rank(opts, profile, control)
         encoder = WindowEncoder.from_settings(profile.vggt, profile.cache, _device(profile, ranks))
         job = PrecomputeJob(index, opts.out, opts.cache_format, profile.cache, resolution, encoder)
         prepared = control.on_main(lambda: _prepare(job, opts, resolution, ranks.world, workers))

@@ -30,6 +30,7 @@ from janus_cache.device import process_device
 from janus_cache.dtypes import TORCH_DTYPES
 from janus_cache.index import DatasetIndex
 from janus_cache.encoder import EncoderIdentity, WindowEncoder
+from janus_cache.store.layout import CacheLayout
 from janus_cache.store.split import share
 from janus_cache.profile import Profile, load_profile
 from janus_cache.verify import (
@@ -221,8 +222,10 @@ def run_checks(opts: Options, ranks: Ranks, control: Control, progress: Progress
     started = time.perf_counter()
     indexes: tuple[DatasetIndex | None, DatasetIndex | None] = (None, None)
     if opts.data is not None:
+        # Reused from the cache's index store while the dataset's files are unchanged.
         indexes = control.on_main(lambda: dataset_indexes(opts.data, history, profile.cache.history,
-                                                            profile.cache.subinstruction_rule))
+                                                            profile.cache.subinstruction_rule,
+                                                            CacheLayout(opts.cache).index_store))
     index_seconds = time.perf_counter() - started
     live_wanted = indexes[1] is not None and opts.live > 0
     # Every rank of the live check builds the encoder; freshness hashes its weights (rank 0), from

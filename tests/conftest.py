@@ -70,13 +70,16 @@ def write_test_profile(path: Path, cache: dict | None = None, vggt: dict | None 
 
 
 def file_digests(root: Path) -> dict[str, str]:
-    """sha256 of every file under ``root``, keyed by its path relative to ``root``."""
+    """sha256 of every file under ``root``, keyed by its path relative to ``root``; a cache's stored
+    dataset index (``index/``, a memo of the dataset's files, not cache content) is left out."""
     import hashlib
 
+    from janus_cache.store.layout import INDEX_STORE_DIR
+
     return {
-        p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+        rel: hashlib.sha256(p.read_bytes()).hexdigest()
         for p in sorted(root.rglob("*"))
-        if p.is_file()
+        if p.is_file() and not (rel := p.relative_to(root).as_posix()).startswith(INDEX_STORE_DIR + "/")
     }
 
 
@@ -84,5 +87,8 @@ def file_digests(root: Path) -> dict[str, str]:
 # the Makefile does) instead of compiling it in every test that starts a training process.
 import os  # noqa: E402
 import sys  # noqa: E402
+import tempfile  # noqa: E402
 
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions"))
+# `janus-cache index` and `plan` keep bare datasets' indexes in a user folder; the tests' stay apart.
+os.environ.setdefault("JANUS_INDEX_CACHE", tempfile.mkdtemp(prefix="janus-test-index-"))

@@ -4,7 +4,9 @@
 (:mod:`janus_cache.index.episode_folders`) or a ``.json`` / ``.jsonl`` annotation file
 (:mod:`janus_cache.index.annotations`). Texts follow :mod:`janus_cache.index.texts`, the
 subinstruction of a frame :mod:`janus_cache.index.subinstructions`; problems go to the index's
-report (:mod:`janus_cache.index.problems`) instead of passing silently.
+report (:mod:`janus_cache.index.problems`) instead of passing silently. With ``cache_dir`` the
+index is stored in columns and reused while the sources are unchanged
+(:mod:`janus_cache.index.cached`).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import os
 from pathlib import Path
 
 from janus_cache.index.annotations import ANNOTATION_FIELDS, AnnotationBuilder
+from janus_cache.index.cached import IndexStore, StoredIndex, load_stored, user_index_dir
 from janus_cache.index.episode_folders import (
     LANDMARK_FIELD,
     MILESTONES_FILE,
@@ -58,11 +61,16 @@ __all__ = [
     "DatasetSummary",
     "Episode",
     "Frame",
+    "IndexStore",
     "Reason",
     "ReportEntry",
     "Sample",
+    "StoredIndex",
     "SubinstructionRule",
     "build_index",
+    "build_stored_index",
+    "load_stored",
+    "user_index_dir",
     "content_hash",
     "frame_content_hash",
     "normalise_text",
@@ -82,6 +90,8 @@ def build_index(
     workers: int | None = None,
     progress: bool = False,
     subinstruction_rule: str = DEFAULT_SUBINSTRUCTION_RULE,
+    cache_dir: Path | str | None = None,
+    processes: int = 1,
 ) -> DatasetIndex:
     """Index an episode-folder root, or a ``.json`` / ``.jsonl`` annotation file.
 
@@ -93,11 +103,52 @@ def build_index(
     ``workers``: threads for the per-frame work (default: a few per core). ``progress``: show a
     progress bar of the per-file checks on stderr. ``subinstruction_rule``: ``reference``
     (default) or ``janus``, see :mod:`janus_cache.index.subinstructions` (episode folders only;
-    an annotation record names its own subinstruction).
+    an annotation record names its own subinstruction). ``cache_dir``: a folder of stored
+    indexes (:class:`IndexStore`): the index is reused from it while the dataset's files keep
+    their sizes and mtimes, else rebuilt reading only new or changed images, and stored.
+    ``processes``: worker processes that check images when many are new (with ``cache_dir``).
 
     Raises ``FileNotFoundError`` for a missing source, ``DatasetError`` for an unusable one or,
     with ``strict``, for any reported problem.
     """
+    if cache_dir is not None:
+        return build_stored_index(
+            source, cache_dir, history=history, image_root=image_root, strict=strict, check_images=check_images,
+            workers=workers, progress=progress, subinstruction_rule=subinstruction_rule, processes=processes,
+        ).index
+    index = _builder(source, history, image_root, check_images, workers, progress, subinstruction_rule).build()
+    _check_strict(index, source, strict)
+    return index
+
+
+def build_stored_index(
+    source: Path | str,
+    cache_dir: Path | str,
+    *,
+    history: int = DEFAULT_HISTORY,
+    image_root: Path | str | None = None,
+    strict: bool = False,
+    check_images: bool = True,
+    workers: int | None = None,
+    progress: bool = False,
+    subinstruction_rule: str = DEFAULT_SUBINSTRUCTION_RULE,
+    processes: int = 1,
+) -> StoredIndex:
+    """:func:`build_index` through the store in ``cache_dir``; also says where the index is
+    stored and whether it was reused (other processes then read it with :func:`load_stored`)."""
+    builder = _builder(source, history, image_root, check_images, workers, progress, subinstruction_rule)
+    stored = IndexStore(cache_dir).get(builder, processes=processes)
+    _check_strict(stored.index, source, strict)
+    return stored
+
+
+def _check_strict(index: DatasetIndex, source: Path | str, strict: bool) -> None:
+    if strict and index.report.entries:
+        raise DatasetError(index.report.strict_message(Path(source)), index.report)
+
+
+def _builder(source: Path | str, history: int, image_root: Path | str | None, check_images: bool,
+             workers: int | None, progress: bool, subinstruction_rule: str) -> Builder:
     source = Path(source)
     if isinstance(history, bool) or not isinstance(history, int) or history < 1:
         raise ValueError(f"history must be a positive int, got {history!r}")
@@ -120,7 +171,4 @@ def build_index(
     else:
         raise DatasetError(f"{source}: expected an episode-folder root or a .json/.jsonl annotation file")
     builder.progress = progress
-    index = builder.build()
-    if strict and index.report.entries:
-        raise DatasetError(index.report.strict_message(source), index.report)
-    return index
+    return builder

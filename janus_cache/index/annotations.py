@@ -61,12 +61,14 @@ class AnnotationBuilder(Builder):
         self.file = file
         self.image_root = image_root
         self.seen_ids: dict[str, str] = {}
+        self.referenced: list[str] = []
 
     def build(self) -> DatasetIndex:
         records = [r for r in (self._parse(raw, line, pos) for raw, line, pos in self._load()) if r is not None]
 
         # Frames: distinct image paths; index within an episode folder by step in the name, then name.
         relpaths = sorted({p for r in records for p in r.images})
+        self.referenced = relpaths  # the images a stored index's fingerprint covers
         by_episode: dict[str, list[str]] = {}
         for rel in relpaths:
             by_episode.setdefault(posixpath.dirname(rel) or ".", []).append(rel)

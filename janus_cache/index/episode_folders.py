@@ -31,7 +31,6 @@ from janus_cache.index.files import (
     Builder,
     ImageInfo,
     Problem,
-    inspect_image,
     read_json,
 )
 from janus_cache.index.model import ACTIONS, DatasetIndex, Episode, Frame, Sample
@@ -78,7 +77,7 @@ class EpisodeFolderBuilder(Builder):
         jobs: list[_FrameFile] = [f for scan in scans for files in scan.by_step.values() for f in files]
         checked = self.map(
             lambda job: (
-                inspect_image(job.path, self.check_images),
+                self.inspect(job.path),
                 _read_descriptions(job.path.with_suffix(".json")),
             ),
             jobs,

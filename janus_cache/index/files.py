@@ -10,9 +10,10 @@ import abc
 import hashlib
 import io
 import json
+import os
 import re
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, MutableMapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -121,14 +122,32 @@ class Builder(abc.ABC):
         self.threads = max(1, threads)
         self.entries: list[ReportEntry] = []
         self.progress = False
+        self.known: MutableMapping[str, tuple[int, int, ImageInfo | Problem]] = {}
+        """Image checks made earlier, by path, with the file's (size, mtime_ns) then (a stored
+        index's, see ``janus_cache.index.cached``); used while the file still has them."""
+        self.inspected: list[Path] = []
+        """Images this builder read and checked (not known)."""
 
     def report(
         self, file: Path | str, reason: Reason, key: str | None = None, detail: str = "", line: int | None = None
     ) -> None:
         self.entries.append(ReportEntry(str(file), reason, key, detail, line))
 
+    def inspect(self, path: Path) -> ImageInfo | Problem:
+        """``inspect_image(path)``, or the known check of the file while its size and mtime are unchanged."""
+        hit = self.known.get(str(path))
+        if hit is not None:
+            try:
+                st = os.stat(path)
+            except OSError:
+                st = None
+            if st is not None and (st.st_size, st.st_mtime_ns) == hit[:2]:
+                return hit[2]
+        self.inspected.append(path)
+        return inspect_image(path, self.check_images)
+
     def inspect_images(self, paths: Sequence[Path]) -> list[ImageInfo | Problem]:
-        return self.map(lambda p: inspect_image(p, self.check_images), paths)
+        return self.map(self.inspect, paths)
 
     def map(self, fn: Callable[[_T], _R], items: Sequence[_T]) -> list[_R]:
         # Checking ~600k images takes minutes: show it (a bar on a terminal, sparse lines in logs).

@@ -13,6 +13,8 @@ A cache directory holds (``<variant>`` is ``WindowVariant.name``, ``<resolution>
     wds/<variant>/<resolution>/shard-000000.tar ...
     commits/<array>/000000.json ...         one commit record per shard of every array
     failures/frames/<resolution>/000000.json  frames of a shard that could not be decoded
+    index/<key>/                            the dataset's stored index (janus_cache.index.cached),
+                                            not cache content: kept by --overwrite
 
 *Array names* (``frames/pad644``, ``wds/<variant>/pad644``...) are paths relative to the cache
 root; commit records, shard tables and messages name arrays by them. :class:`CacheLayout` turns
@@ -47,6 +49,7 @@ TEXT_OFFSETS = "offsets"
 """A text column is two arrays: ``<column>/utf8`` (the UTF-8 bytes) and ``<column>/offsets``."""
 
 WDS_LAYOUT_NAME = "layout.json"
+INDEX_STORE_DIR = "index"
 
 
 def frames_array(resolution: str) -> str:
@@ -140,6 +143,11 @@ class CacheLayout:
     @property
     def commits(self) -> Path:
         return self.root / COMMITS_DIR
+
+    @property
+    def index_store(self) -> Path:
+        """The folder of stored dataset indexes (``janus_cache.index.IndexStore``) of this cache's runs."""
+        return self.root / INDEX_STORE_DIR
 
     def frames(self, resolution: str) -> Path:
         return self.path(frames_array(resolution))

@@ -222,10 +222,13 @@ def _source_change(was: tuple[str, int, int, str], now: tuple[str, int, int, str
 
 
 def dataset_indexes(data: Path | str, cache_history: int, live_history: int,
-                    subinstruction_rule: str = DEFAULT_SUBINSTRUCTION_RULE) -> tuple[DatasetIndex, DatasetIndex]:
+                    subinstruction_rule: str = DEFAULT_SUBINSTRUCTION_RULE,
+                    cache_dir: Path | str | None = None) -> tuple[DatasetIndex, DatasetIndex]:
     """The index completeness compares against (the cache's window history) and the one the live
-    path reads windows from (the profile's); one index when the two agree."""
-    index = build_index(data, history=cache_history, subinstruction_rule=subinstruction_rule)
+    path reads windows from (the profile's); one index when the two agree. ``cache_dir``: the
+    index store to reuse them from while the dataset is unchanged (see ``build_index``)."""
+    index = build_index(data, history=cache_history, subinstruction_rule=subinstruction_rule, cache_dir=cache_dir)
     if live_history == cache_history:
         return index, index
-    return index, build_index(data, history=live_history, subinstruction_rule=subinstruction_rule)
+    return index, build_index(data, history=live_history, subinstruction_rule=subinstruction_rule,
+                              cache_dir=cache_dir)

@@ -1,0 +1,243 @@
+"""The columnar form of a :class:`~janus_cache.index.DatasetIndex`: one numpy array (or a few) per
+field of its frames, samples and episodes, written as ``.npy`` files that can be memory-mapped.
+
+Columns are made from the model's dataclass fields, whatever they are, by the type of their values:
+integers and booleans are plain arrays; texts are dictionary-encoded (codes into a table of
+distinct strings, stored as UTF-8 bytes plus offsets; ``None`` is code -1), so an instruction
+shared by an episode's samples is stored, and materialised, once; paths are texts relative to
+the dataset's base folder, rebased on the path the caller gives; tuples of integers or texts are
+ragged (flat values plus offsets). A field of any other type is kept as a pickled list (none of
+the model's fields today). The few index-wide values (source format, history, report...) are
+pickled: they are small.
+
+Materialising a stored index gives a :class:`DatasetIndex` equal to the one that was stored
+(``index_from_columns(columns_of(index)) == index``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import pickle
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from janus_cache.index.model import DatasetIndex, Episode, Frame, Sample
+
+FORMAT_VERSION = 1
+"""Version of the stored layout; a stored index of another version is rebuilt."""
+
+TABLES: dict[str, type] = {"frames": Frame, "samples": Sample, "episodes": Episode}
+"""The row classes of an index, by the name of the index field holding them."""
+
+INDEX_META = "meta.json"
+INDEX_SCALARS = "index.pkl"
+_TEXT_ERRORS = "surrogatepass"  # lone surrogates (odd file names, JSON escapes) round-trip
+
+
+def schema_tag() -> str:
+    """Short hash of the model's field names and the layout version: a stored index of other code is rebuilt."""
+    names = {name: [f.name for f in dataclasses.fields(cls)] for name, cls in TABLES.items()}
+    names["index"] = [f.name for f in dataclasses.fields(DatasetIndex) if f.init]
+    return hashlib.sha256(json.dumps([FORMAT_VERSION, names]).encode()).hexdigest()[:12]
+
+
+# ------------------------------------------------------------------------------ texts
+
+
+def _text_table(strings: Sequence[str]) -> dict[str, np.ndarray]:
+    encoded = [s.encode("utf-8", _TEXT_ERRORS) for s in strings]
+    offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
+    np.cumsum([len(b) for b in encoded], out=offsets[1:])
+    return {"utf8": np.frombuffer(b"".join(encoded), dtype=np.uint8), "offsets": offsets}
+
+
+def decode_table(utf8: np.ndarray, offsets: np.ndarray) -> list[str]:
+    data = bytes(utf8)
+    bounds = offsets.tolist()
+    return [data[a:b].decode("utf-8", _TEXT_ERRORS) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+
+
+def _compact(array: np.ndarray) -> np.ndarray:
+    """int32 when the values fit (codes, rows, windows: half the bytes on disk), else int64."""
+    if array.size and (array.min() < np.iinfo(np.int32).min or array.max() > np.iinfo(np.int32).max):
+        return array
+    return array.astype(np.int32)
+
+
+def _dictionary(values: Sequence[str | None]) -> tuple[np.ndarray, list[str]]:
+    table: dict[str, int] = {}
+    codes = np.fromiter((-1 if v is None else table.setdefault(v, len(table)) for v in values),
+                        dtype=np.int64, count=len(values))
+    return _compact(codes), list(table)
+
+
+# ----------------------------------------------------------------------------- columns
+
+
+def _kind(values: Sequence[Any]) -> str:
+    present = [v for v in values if v is not None]
+    if not present:
+        return "text"  # all None (or empty): a text column of nulls
+    if all(isinstance(v, bool) for v in present) and len(present) == len(values):
+        return "bool"
+    if all(isinstance(v, int) and not isinstance(v, bool) for v in present) and len(present) == len(values):
+        return "int"
+    if all(isinstance(v, str) for v in present):
+        return "text"
+    if all(isinstance(v, Path) for v in present) and len(present) == len(values):
+        return "path"
+    if all(isinstance(v, tuple) for v in present) and len(present) == len(values):
+        items = [x for v in present for x in v]
+        if all(isinstance(x, int) and not isinstance(x, bool) for x in items):
+            return "ints"
+        if all(isinstance(x, str) for x in items):
+            return "texts"
+    return "pickle"
+
+
+def _relative(path: Path, prefix: str) -> str:
+    text = str(path)
+    if not prefix:
+        return text
+    if text == prefix[:-1]:
+        return ""
+    return text[len(prefix):] if text.startswith(prefix) else "\0" + text  # \0: not under the base
+
+
+def _base_prefix(base: Path) -> str:
+    text = str(base)
+    return "" if text == "." else text.rstrip("/") + "/"
+
+
+def encode_column(values: Sequence[Any], base: Path) -> tuple[str, dict[str, np.ndarray]]:
+    """(kind, arrays) of one field's values over all rows."""
+    kind = _kind(values)
+    if kind in ("int", "bool"):
+        return kind, {"data": _compact(np.array(values, dtype=np.int64)) if kind == "int"
+                      else np.array(values, dtype=np.bool_)}
+    if kind in ("text", "path"):
+        if kind == "path":
+            prefix = _base_prefix(base)
+            values = [_relative(v, prefix) for v in values]
+        codes, table = _dictionary(values)
+        return kind, {"codes": codes, **_text_table(table)}
+    if kind in ("ints", "texts"):
+        lengths = [len(v) for v in values]
+        offsets = np.zeros(len(values) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        flat = [x for v in values for x in v]
+        if kind == "ints":
+            return kind, {"data": _compact(np.array(flat, dtype=np.int64)), "rows": offsets}
+        codes, table = _dictionary(flat)
+        return kind, {"codes": codes, "rows": offsets, **_text_table(table)}
+    blob = pickle.dumps(list(values), protocol=pickle.HIGHEST_PROTOCOL)
+    return kind, {"pickle": np.frombuffer(blob, dtype=np.uint8)}
+
+
+def _shared_ints(array: np.ndarray) -> list[int]:
+    """``array.tolist()``, one int object per distinct value when values repeat (window rows name
+    each frame up to 9 times, widths are one value): a built index shares them too."""
+    if array.size < 2:
+        return array.tolist()
+    distinct, inverse = np.unique(array, return_inverse=True)
+    if len(distinct) * 2 > array.size:
+        return array.tolist()
+    values = distinct.tolist()
+    return [values[i] for i in inverse.tolist()]
+
+
+def decode_column(kind: str, arrays: dict[str, np.ndarray], base: Path) -> list[Any]:
+    """The Python values of one stored column (the inverse of :func:`encode_column`)."""
+    if kind == "int":
+        return _shared_ints(arrays["data"])
+    if kind == "bool":
+        return [bool(v) for v in arrays["data"].tolist()]
+    if kind in ("text", "path"):
+        table: list[Any] = decode_table(arrays["utf8"], arrays["offsets"])
+        if kind == "path":
+            table = [Path(t[1:]) if t.startswith("\0") else base / t for t in table]
+        table.append(None)  # code -1
+        return [table[c] for c in arrays["codes"].tolist()]
+    if kind in ("ints", "texts"):
+        bounds = arrays["rows"].tolist()
+        if kind == "ints":
+            flat: list[Any] = _shared_ints(arrays["data"])
+        else:
+            strings = decode_table(arrays["utf8"], arrays["offsets"])
+            flat = [strings[c] for c in arrays["codes"].tolist()]
+        return [tuple(flat[a:b]) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+    if kind == "pickle":
+        return pickle.loads(bytes(arrays["pickle"]))
+    raise ValueError(f"unknown column kind {kind!r}")
+
+
+# ------------------------------------------------------------------------------ on disk
+
+
+def _base(index_source: Path, image_root: Path | None) -> Path:
+    """The folder stored paths are relative to: the episode root, or an annotation file's image root."""
+    return image_root if image_root is not None else index_source
+
+
+def write_columns(index: DatasetIndex, directory: Path, base: Path, meta: dict[str, Any]) -> None:
+    """Write ``index`` into the (new, empty) ``directory``: ``<table>.<field>.<part>.npy`` files,
+    the index-wide values and ``meta.json`` (``meta`` plus the column kinds), the latter last."""
+    directory.mkdir(parents=True, exist_ok=True)
+    kinds: dict[str, dict[str, str]] = {}
+    for table, cls in TABLES.items():
+        rows = getattr(index, table)
+        kinds[table] = {}
+        for f in dataclasses.fields(cls):
+            kind, arrays = encode_column([getattr(r, f.name) for r in rows], base)
+            kinds[table][f.name] = kind
+            for part, array in arrays.items():
+                np.save(directory / f"{table}.{f.name}.{part}.npy", array, allow_pickle=False)
+    scalars = {f.name: getattr(index, f.name) for f in dataclasses.fields(DatasetIndex)
+               if f.init and f.name not in TABLES and f.name != "source"}
+    (directory / INDEX_SCALARS).write_bytes(pickle.dumps(scalars, protocol=pickle.HIGHEST_PROTOCOL))
+    counts = {table: len(getattr(index, table)) for table in TABLES}
+    (directory / INDEX_META).write_text(json.dumps({**meta, "kinds": kinds, "counts": counts}, indent=1))
+
+
+def read_meta(directory: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads((directory / INDEX_META).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def load_parts(directory: Path, mmap: bool = True) -> dict[str, dict[str, dict[str, np.ndarray]]]:
+    """table -> field -> part -> array (memory-mapped with ``mmap``) of a stored index."""
+    parts: dict[str, dict[str, dict[str, np.ndarray]]] = {t: {} for t in TABLES}
+    for name in os.listdir(directory):
+        if name.endswith(".npy"):
+            table, fieldname, part, _ = name.split(".")
+            parts[table].setdefault(fieldname, {})[part] = np.load(directory / name, mmap_mode="r" if mmap else None,
+                                                                   allow_pickle=False)
+    return parts
+
+
+def read_scalars(directory: Path) -> dict[str, Any]:
+    """The index-wide values (all but ``source`` and the tables)."""
+    return pickle.loads((directory / INDEX_SCALARS).read_bytes())
+
+
+def read_columns(directory: Path, meta: dict[str, Any], source: Path, base: Path,
+                 mmap: bool = True) -> DatasetIndex:
+    """Materialise the index stored in ``directory`` (whose ``meta.json`` is ``meta``); paths are
+    rebased on ``base`` and the index's ``source`` is ``source``."""
+    parts = load_parts(directory, mmap)
+    tables: dict[str, tuple[Any, ...]] = {}
+    for table, cls in TABLES.items():
+        names = [f.name for f in dataclasses.fields(cls)]
+        kinds = meta["kinds"][table]
+        columns = [decode_column(kinds[n], parts[table].get(n, {}), base) for n in names]
+        n_rows = meta["counts"][table]
+        tables[table] = tuple(cls(*values) for values in zip(*columns, strict=True)) if n_rows else ()
+    return DatasetIndex(source=source, **tables, **read_scalars(directory))
