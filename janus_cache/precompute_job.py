@@ -5,7 +5,7 @@ A :class:`PrecomputeJob` is plain single-process code with five steps, run in th
 1. ``prepare()`` (one process, before any shard): refuse a directory that is not a cache and a
    cache made with other keyed settings, measure the plan, refuse when the disk is too small,
    delete what a killed run left half-written, write the frames table, create the frames
-   array and write the manifest (no shard table yet);
+   array and write the manifest (no shard table yet) and the per-episode identities;
 2. ``frame_shard(i)`` for every frame shard (any process, each shard written by exactly one);
 3. ``prepare_features()`` (one process, after every frame shard): the samples table (samples
    whose window frames all decoded) and the feature storage;
@@ -15,6 +15,14 @@ A :class:`PrecomputeJob` is plain single-process code with five steps, run in th
 
 Which process runs which shard, barriers and progress displays belong to the caller
 (``pipelines/precompute.py``). The units of work themselves are in :mod:`janus_cache.precompute`.
+
+**Appending.** A cache whose dataset identity differs from the index's is *appended to* when the
+index only adds episodes after the cache's ones (``janus_cache.index.changes``): the tables are
+rewritten with the new rows after the old ones, the arrays grow, and only the new rows' shards are
+written; full shards of the old rows stay byte for byte as they are, and a partially filled last
+shard is rewritten whole (recomputed from its sources, as a build from scratch computes it). The
+result equals a cache built from scratch on the whole dataset. A changed or removed episode, or
+new episodes that would land before old ones, is refused in one line naming it and its file.
 """
 
 from __future__ import annotations
@@ -30,7 +38,15 @@ from typing import Any
 
 import numpy as np
 
-from janus_cache.index import DatasetIndex, Sample
+from janus_cache.index import (
+    CachedRows,
+    DatasetIndex,
+    Sample,
+    append_order_problem,
+    dataset_changes,
+    episode_identities,
+    prefixes_keys,
+)
 from janus_cache.lock import LOCK_NAME
 from janus_cache.encoder import WindowEncoder
 from janus_cache.plan import Plan, format_bytes, make_plan
@@ -49,10 +65,10 @@ from janus_cache.precompute import (
 )
 from janus_cache.profile import CacheSettings
 from janus_cache.resolution import Resolution
-from janus_cache.store import CacheWriter, Manifest, open_writer, read_manifest, write_manifest
+from janus_cache.store import CacheWriter, DatasetIdentity, Manifest, open_writer, read_manifest, write_manifest
 from janus_cache.store.commit import atomic_write_bytes, read_record, verify_shard
-from janus_cache.store.layout import MANIFEST_NAME, REPORT_NAME, ZARR_ROOT_NAME, frames_array
-from janus_cache.store.manifest import check_compatible, merge_manifests
+from janus_cache.store.layout import EPISODES_NAME, MANIFEST_NAME, REPORT_NAME, ZARR_ROOT_NAME, frames_array
+from janus_cache.store.manifest import check_compatible, merge_manifests, read_episodes, write_episodes
 
 
 class PrecomputeError(RuntimeError):
@@ -107,6 +123,8 @@ class Prepared:
     manifest: Manifest
     plan: Plan
     warnings: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+    """What the run does beyond a plain build or resume (e.g. the episodes it appends)."""
 
 
 @dataclass(frozen=True)
@@ -238,7 +256,9 @@ class PrecomputeJob:
         plan needs more space than is free. ``on_plan`` sees the plan before the free-space check.
         """
         check_windows(self.index)
-        wanted = wanted_manifest(self.index, self.settings, self.resolution, self.cache_format, self.encoder)
+        episodes = episode_identities(self.index)
+        wanted = wanted_manifest(self.index, self.settings, self.resolution, self.cache_format, self.encoder,
+                                 episodes)
         out = self.out
         looks_like_cache = (out / ZARR_ROOT_NAME).exists() or (out / MANIFEST_NAME).exists()
         if out.exists() and any(cache_contents(out)) and not looks_like_cache:
@@ -249,6 +269,13 @@ class PrecomputeJob:
             for entry in cache_contents(out):
                 shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
         existing = read_manifest(out) if out.exists() else None
+        notes: tuple[str, ...] = ()
+        if existing is not None and existing.dataset != wanted.dataset:
+            # Every other keyed field must be equal; the dataset may only have grown.
+            same_rule = replace(existing.dataset, subinstruction_rule=wanted.dataset.subinstruction_rule)
+            check_compatible(existing, replace(wanted, dataset=same_rule), source=str(out))
+            notes = (self._check_append(existing),)
+            existing = replace(existing, dataset=wanted.dataset)
         if existing is not None:
             check_compatible(existing, wanted, source=str(out))
 
@@ -257,12 +284,65 @@ class PrecomputeJob:
         out.mkdir(parents=True, exist_ok=True)
         warning = check_free_space(out, plan.needed_bytes(self.cache_format) - disk_usage(out), force)
         remove_partials(out)
-        self.writer.write_table("frames", frame_table(self.index))
+        # append/grow: the manifest's dataset identity was checked above, so a stored table or
+        # array that is a prefix of this one can only be the old rows of an append (or of an
+        # append interrupted before its manifest was written).
+        self.writer.write_table("frames", frame_table(self.index), append=True)
         self.writer.prepare_frames(self.resolution.name, frame_shape(self.index, self.resolution),
-                                   self.settings.frames_per_shard)
+                                   self.settings.frames_per_shard, grow=True)
         manifest = merge_manifests(existing, wanted) if existing is not None else wanted
+        # The manifest first: a crash before the episode table leaves a manifest that equals the
+        # dataset, so the next run writes the table without asking what changed.
         write_manifest(out, manifest)
-        return Prepared(manifest, plan, (warning,) if warning else ())
+        write_episodes(out, episodes)
+        return Prepared(manifest, plan, (warning,) if warning else (), notes)
+
+    def _check_append(self, existing: Manifest) -> str:
+        """Refuse (:class:`PrecomputeError`, one line) unless the index only adds episodes after the
+        cache's ones; the note to show when it does."""
+        out, index = self.out, self.index
+        stored = read_episodes(out)
+        if stored is None:
+            raise PrecomputeError(f"{out} was built from other data (dataset.digest differs) and has no "
+                                  f"{EPISODES_NAME} telling its episodes; rebuild it with --overwrite")
+        recorded = DatasetIdentity.compute(stored, existing.dataset.subinstruction_rule, existing.dataset.sources)
+        if recorded != existing.dataset:
+            raise PrecomputeError(f"{out / EPISODES_NAME} does not match the manifest's dataset identity "
+                                  "(edited, or left by another run); rebuild the cache with --overwrite")
+        new_sources = tuple(s.name for s in index.sources)
+        old_sources = existing.dataset.sources
+        if new_sources[: len(old_sources)] != old_sources:
+            raise PrecomputeError(f"{out} was built from the sources {' '.join(old_sources)}, the dataset names "
+                                  f"{' '.join(new_sources) or 'none'}: sources can only be added after the "
+                                  "existing ones, in the same order")
+        if stored and not stored[0].episode_id.startswith(f"{stored[0].source}/") and prefixes_keys(index.sources):
+            raise PrecomputeError(f"{out} holds keys without a source name (built from the one unnamed source "
+                                  f"{old_sources[0] if old_sources else '?'}); a cache that grows by sources needs "
+                                  "named sources (NAME=PATH) from its first build: rebuild it with --overwrite")
+        failed = dict(json.loads(self.out.joinpath(REPORT_NAME).read_text()).get("failed_samples", {})) \
+            if (self.out / REPORT_NAME).is_file() else {}
+        samples = self.writer.read_table("samples") if self.writer.has_table("samples") else None
+        cached = CachedRows.of_tables(self.writer.read_table("frames"), samples, failed)
+        changes = dataset_changes(stored, index, cached)
+        if changes.refusals:
+            first = changes.refusals[0]
+            more = f" (and {len(changes.refusals) - 1} more changed or removed episode(s))" \
+                if len(changes.refusals) > 1 else ""
+            raise PrecomputeError(f"{out} cannot take this dataset: {first}{more}; a cache only grows by new "
+                                  f"episodes: restore {first.file} or rebuild with --overwrite")
+        problem = append_order_problem(stored, index)
+        if problem is not None:
+            raise PrecomputeError(f"{out} cannot take this dataset: {problem}")
+        others = sorted(set(existing.resolutions) - {self.resolution.name})
+        if others:
+            raise PrecomputeError(f"{out} also holds the resolution(s) {', '.join(others)}; appending updates one "
+                                  "resolution, so the others would be left short: rebuild with --overwrite")
+        if not changes.added:
+            raise PrecomputeError(f"{out} was built from the same episodes in another form (dataset identity "
+                                  "differs, no episode added or changed); rebuild it with --overwrite")
+        added = [index.episode(e) for e in changes.added]
+        return (f"appending {len(added)} new episode(s) ({sum(len(e.frame_rows) for e in added)} frames, "
+                f"{sum(len(e.sample_rows) for e in added)} samples) after the cache's {len(stored)}")
 
     def frame_shard(self, shard: int, pool: Pool | None = None) -> dict[int, str]:
         """Step 2 (any process): decode, write and commit frame shard ``shard``, decoding in
@@ -272,9 +352,9 @@ class PrecomputeJob:
     def prepare_features(self) -> None:
         """Step 3 (one process, after every frame shard): samples table and feature storage."""
         height, width = frame_shape(self.index, self.resolution)
-        self.writer.write_table("samples", self._sample_table)
+        self.writer.write_table("samples", self._sample_table, append=True)  # append/grow: see prepare()
         self.writer.prepare_samples(self.resolution.name, self.encoder.feature_shape(height, width),
-                                    self.settings.feature_dtype, self.settings.samples_per_shard)
+                                    self.settings.feature_dtype, self.settings.samples_per_shard, grow=True)
 
     def feature_shards(self, shards: Sequence[int],
                        on_done: Callable[[int, int], None] = lambda shard, n: None) -> None:

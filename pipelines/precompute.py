@@ -21,7 +21,7 @@ from typing import Annotated, Optional
 import typer
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from janus_cache.index import DatasetIndex, build_index
+from janus_cache.index import DatasetIndex, build_sources_index
 from janus_cache.encoder import WindowEncoder
 from janus_cache.plan import Plan
 from janus_cache.precompute_job import PrecomputeJob, Prepared
@@ -35,7 +35,8 @@ from pipelines.launcher import spawn_pool
 
 @dataclass(frozen=True)
 class Options:
-    data: Path
+    data: tuple[str, ...]
+    """Dataset sources: paths or ``NAME=PATH`` (``janus_cache.index.sources``), in cache order."""
     out: Path
     profile: str = "tiny"
     cache_format: str = "zarr"
@@ -62,12 +63,14 @@ def _prepare(job: PrecomputeJob, opts: Options, resolution: Resolution, processe
     """Rank 0: the job's first step, printing its plan as soon as it is measured."""
 
     def show(plan: Plan) -> None:
-        print(f"plan for {opts.data} -> {opts.out} ({opts.cache_format}, {resolution.name}):", flush=True)
+        print(f"plan for {' '.join(opts.data)} -> {opts.out} ({opts.cache_format}, {resolution.name}):", flush=True)
         print(plan.format(processes, workers), flush=True)
 
     prepared = job.prepare(overwrite=opts.overwrite, force=opts.force, on_plan=show)
     for warning in prepared.warnings:
         print(f"warning: {warning}", file=sys.stderr, flush=True)
+    for note in prepared.notes:
+        print(note, flush=True)
     return prepared
 
 
@@ -95,8 +98,9 @@ def run(opts: Options) -> int:
         resolution = Resolution.parse(opts.resolution or profile.cache.resolution)
         workers = opts.workers or default_workers(ranks.local_world)
         index: DatasetIndex = control.on_main(
-            lambda: build_index(opts.data, history=profile.cache.history, image_root=opts.image_root,
-                                strict=opts.strict, progress=True, subinstruction_rule=profile.cache.subinstruction_rule)
+            lambda: build_sources_index(opts.data, history=profile.cache.history, image_root=opts.image_root,
+                                        strict=opts.strict, progress=True,
+                                        subinstruction_rule=profile.cache.subinstruction_rule)
         )
         encoder = WindowEncoder.from_settings(profile.vggt, profile.cache, _device(profile, ranks))
         job = PrecomputeJob(index, opts.out, opts.cache_format, profile.cache, resolution, encoder)
@@ -135,7 +139,10 @@ def run(opts: Options) -> int:
 
 
 def command(
-    data: Annotated[Path, typer.Argument(help="Episode-folder root, or a JSON/JSONL annotation file.")],
+    data: Annotated[list[str], typer.Argument(
+        help="Dataset sources, in cache order: episode-folder roots or JSON/JSONL annotation files, each a bare "
+             "PATH (keys as in the dataset, named after its folder) or NAME=PATH (keys prefixed NAME/). A cache "
+             "grows by new episodes or sources listed after the old ones.")],
     out: Annotated[Path, typer.Option("--out", help="Cache directory (created or resumed).")],
     profile: Annotated[str, typer.Option(help="Profile name or YAML path.")] = "tiny",
     image_root: Annotated[
@@ -152,7 +159,7 @@ def command(
     """Precompute a cache of frozen-VGGT features and uint8 frames (resumable)."""
     if cache_format not in ("zarr", "wds"):
         raise typer.BadParameter(f"--format must be zarr or wds, got {cache_format!r}")
-    opts = Options(data, out, profile, cache_format, resolution, overwrite, force, allow_failures, workers, strict,
+    opts = Options(tuple(data), out, profile, cache_format, resolution, overwrite, force, allow_failures, workers, strict,
                    image_root)
     raise typer.Exit(run(opts))
 

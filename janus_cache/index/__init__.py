@@ -5,11 +5,17 @@
 (:mod:`janus_cache.index.annotations`). Texts follow :mod:`janus_cache.index.texts`, the
 subinstruction of a frame :mod:`janus_cache.index.subinstructions`; problems go to the index's
 report (:mod:`janus_cache.index.problems`) instead of passing silently.
+
+``build_sources_index`` combines several named sources into one index
+(:mod:`janus_cache.index.sources`): what precompute, verify and the trainer's dataset check build.
+Each episode's identity (:mod:`janus_cache.index.identity`) is what a cache records of it, and
+:mod:`janus_cache.index.changes` compares a cache's episodes with the dataset now.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 from janus_cache.index.annotations import ANNOTATION_FIELDS, AnnotationBuilder
@@ -18,6 +24,13 @@ from janus_cache.index.episode_folders import (
     MILESTONES_FILE,
     SPATIAL_FIELD,
     EpisodeFolderBuilder,
+)
+from janus_cache.index.changes import (
+    CachedRows,
+    DatasetChanges,
+    EpisodeChange,
+    append_order_problem,
+    dataset_changes,
 )
 from janus_cache.index.files import IMAGE_SUFFIXES, Builder, content_hash, frame_content_hash
 from janus_cache.index.model import (
@@ -31,6 +44,7 @@ from janus_cache.index.model import (
     parse_action,
     source_identity,
 )
+from janus_cache.index.identity import EpisodeIdentity, episode_identities, episode_identity
 from janus_cache.index.problems import DatasetError, DatasetReport, Reason, ReportEntry
 from janus_cache.index.subinstructions import (
     DEFAULT_SUBINSTRUCTION_RULE,
@@ -39,6 +53,7 @@ from janus_cache.index.subinstructions import (
     parse_rule,
     subinstruction_for,
 )
+from janus_cache.index.sources import DataSource, combine, describe, parse_sources, prefixes_keys
 from janus_cache.index.texts import normalise_text
 from janus_cache.windows import DEFAULT_HISTORY
 
@@ -46,6 +61,19 @@ __all__ = [
     "ACTIONS",
     "ACTION_IDS",
     "ANNOTATION_FIELDS",
+    "CachedRows",
+    "DataSource",
+    "DatasetChanges",
+    "EpisodeChange",
+    "EpisodeIdentity",
+    "append_order_problem",
+    "build_sources_index",
+    "dataset_changes",
+    "describe",
+    "episode_identities",
+    "episode_identity",
+    "parse_sources",
+    "prefixes_keys",
     "DEFAULT_SUBINSTRUCTION_RULE",
     "IMAGE_SUFFIXES",
     "LANDMARK_FIELD",
@@ -123,4 +151,36 @@ def build_index(
     index = builder.build()
     if strict and index.report.entries:
         raise DatasetError(index.report.strict_message(source), index.report)
+    return index
+
+
+def build_sources_index(
+    sources: Sequence[str | Path | DataSource] | str | Path,
+    *,
+    history: int = DEFAULT_HISTORY,
+    image_root: Path | str | None = None,
+    strict: bool = False,
+    check_images: bool = True,
+    workers: int | None = None,
+    progress: bool = False,
+    subinstruction_rule: str = DEFAULT_SUBINSTRUCTION_RULE,
+) -> DatasetIndex:
+    """One index of several dataset sources (``NAME=PATH`` or bare paths, in order; a string may
+    hold several separated by spaces), keyed as :mod:`janus_cache.index.sources` says.
+
+    The keyword arguments are :func:`build_index`'s; ``image_root`` applies to a single annotation
+    source. Raises ``DatasetError`` for unusable sources or names, or (``strict``) any problem.
+    """
+    parsed = parse_sources([sources] if isinstance(sources, (str, Path)) else sources)
+    if image_root is not None and len(parsed) > 1:
+        raise DatasetError(f"an image root applies to one annotation source, not to the {len(parsed)} sources "
+                           f"{describe(parsed)}")
+    indexes = [
+        build_index(source.path, history=history, image_root=image_root, check_images=check_images,
+                    workers=workers, progress=progress, subinstruction_rule=subinstruction_rule)
+        for source in parsed
+    ]
+    index = combine(parsed, indexes)
+    if strict and index.report.entries:
+        raise DatasetError(index.report.strict_message(describe(parsed)), index.report)
     return index

@@ -73,6 +73,11 @@ class Sample:
     description_2d: str
     description_3d: str
     action: str
+    source: str = ""
+    """Name of the dataset source the sample comes from (``janus_cache.index.sources``)."""
+    record: str = field(default="", compare=False)
+    """Where the sample's own texts and action were read: its frame's description JSON (episode
+    folders) or ``file:line`` of its annotation record; named when they change."""
 
     @property
     def action_id(self) -> int:
@@ -95,6 +100,11 @@ class Episode:
     checkpoints: tuple[int, ...]
     frame_rows: tuple[int, ...]
     sample_rows: tuple[int, ...]
+    source: str = ""
+    """Name of the dataset source the episode comes from (``janus_cache.index.sources``)."""
+    texts_file: str = field(default="", compare=False)
+    """The file holding the episode's instruction and subinstructions (episode folders:
+    ``milestones_result.json``; empty for annotation files, whose records hold them)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,6 +171,9 @@ class DatasetIndex:
     report: DatasetReport
     subinstruction_rule: str = DEFAULT_SUBINSTRUCTION_RULE
     """How episode-folder samples got their subinstruction (see ``janus_cache.index.subinstructions``)."""
+    sources: tuple[Any, ...] = ()
+    """The named sources this index combines, in order (``janus_cache.index.sources.DataSource``);
+    empty for an index of one path built by ``build_index``."""
     _samples_by_key: dict[str, int] = field(init=False, repr=False, compare=False)
     _episodes_by_id: dict[str, int] = field(init=False, repr=False, compare=False)
     _frame_rows: dict[tuple[str, int], int] = field(init=False, repr=False, compare=False)

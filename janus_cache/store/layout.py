@@ -4,6 +4,7 @@ A cache directory holds (``<variant>`` is ``WindowVariant.name``, ``<resolution>
 
     manifest.json                           what the cache holds (janus_cache.store.manifest)
     report.json                             the finished precompute's report (failed samples...)
+    episodes.json                           each episode's identity (janus_cache.index.identity)
     zarr.json                               the root of the zarr v3 group (both formats)
     frames/<resolution>/                    uint8 frames, one row per frame
     vggt/<variant>/<resolution>/            features, one row per sample (zarr format)
@@ -25,6 +26,8 @@ from pathlib import Path
 
 MANIFEST_NAME = "manifest.json"
 REPORT_NAME = "report.json"
+EPISODES_NAME = "episodes.json"
+"""Per-episode dataset identities, in row order (what staleness checks and appends compare)."""
 ZARR_ROOT_NAME = "zarr.json"
 """zarr v3 metadata file of every group and array (the root one marks a zarr group)."""
 
@@ -125,6 +128,10 @@ class CacheLayout:
     @property
     def report(self) -> Path:
         return self.root / REPORT_NAME
+
+    @property
+    def episodes(self) -> Path:
+        return self.root / EPISODES_NAME
 
     @property
     def zarr_root(self) -> Path:
