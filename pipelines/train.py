@@ -6,7 +6,10 @@ source data (``--live-data``; VGGT runs inside the model). Resumes from the late
 
 Start-up check: before any model is built, rank 0 runs verify's schema and freshness checks of
 the cache against the training profile and tells every rank the verdict; a refused cache ends
-all ranks with exit code 1 and the one-line reason (which names the differing field).
+all ranks with exit code 1 and the one-line reason (which names the differing field). With
+``--data`` (the dataset as precompute was given it), rank 0 also runs verify's dataset comparison
+(completeness against a fresh index: per-episode frames, texts and actions), so a cache made stale
+by an edited description, instruction or image is refused naming the episode and the file.
 
 ``--record-outputs FILE`` writes, after training, the final model's outputs on the first
 ``--record-samples`` samples of the data (one micro-batch; see ``Trainer.outputs_on``) as
@@ -76,6 +79,16 @@ def cache_refusal(cache: Path, profile: Profile) -> str | None:
     return None
 
 
+def dataset_refusal(cache: Path, data: str, profile: Profile) -> str | None:
+    """Why ``cache`` is stale against the dataset ``data`` (None when it is not): verify's
+    completeness check against the dataset indexed now, with the cache's window history."""
+    from janus_cache.verify import CheckedCache, check_completeness, dataset_indexes, failure_message
+
+    history = CheckedCache(cache).manifest.window.history
+    index, _ = dataset_indexes(data, history, history, profile.cache.subinstruction_rule)
+    return failure_message(cache, [check_completeness(cache, index)]) or None
+
+
 def record_outputs(trainer: Trainer, path: Path, n_samples: int) -> None:
     """Every rank computes (ZeRO-3 needs all of them); rank 0 writes ``path``."""
     from safetensors.torch import save_file
@@ -93,6 +106,10 @@ def command(
     out: Annotated[Path, typer.Option("--out", help="Run directory: checkpoints, metrics, export.")],
     cache: Annotated[Optional[Path], typer.Option(help="Cache directory to train from.")] = None,
     live_data: Annotated[Optional[Path], typer.Option(help="Train live from source data (baseline).")] = None,
+    data: Annotated[Optional[str], typer.Option(
+        "--data", help="The dataset --cache was built from, as given to precompute (a path, or NAME=PATH sources "
+                       "separated by spaces): refuse the cache when the dataset changed since (frames, texts, "
+                       "actions, episodes).")] = None,
     profile: Annotated[str, typer.Option(help="Profile name or YAML path.")] = "tiny",
     max_steps: Annotated[Optional[int], typer.Option(min=1, help="Override train.max_steps.")] = None,
     export_at_end: Annotated[bool, typer.Option("--export/--no-export", help="Export 16-bit HF weights at the end.")] = True,
@@ -105,6 +122,10 @@ def command(
 
     if (cache is None) == (live_data is None):
         print("error: give exactly one of --cache or --live-data", file=sys.stderr)
+        raise typer.Exit(2)
+    if data is not None and cache is None:
+        print("error: --data checks a --cache against its dataset; --live-data reads the dataset itself",
+              file=sys.stderr)
         raise typer.Exit(2)
     try:
         prof = load_profile(profile)
@@ -132,6 +153,8 @@ def command(
         if cache is not None:
             try:
                 refusal = Control(ranks).on_main(lambda: cache_refusal(cache, prof))
+                if refusal is None and data is not None:
+                    refusal = Control(ranks).on_main(lambda: dataset_refusal(cache, data, prof))
             except RankFailed as err:
                 refusal = f"cannot check the cache {cache}: {err}"
             if refusal is not None:

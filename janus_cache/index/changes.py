@@ -16,6 +16,7 @@ from typing import Any
 
 from janus_cache.index.identity import EpisodeIdentity, episode_identity
 from janus_cache.index.model import ACTIONS, DatasetIndex, Episode, Sample
+from janus_cache.index.sources import prefixes_keys
 
 TEXT_FIELDS = ("instruction", "subinstruction", "description_2d", "description_3d")
 """Sample texts compared with the cache's samples table (its columns of the same names)."""
@@ -147,7 +148,8 @@ def _changed(index: DatasetIndex, episode: Episode, cached: CachedRows) -> Episo
             findings.append((str(frame.path), f"changed source file {frame.path} ({', '.join(what)})"))
     for key, was in cached.frames.get(ep, {}).items():
         if key not in live_frames:
-            findings.append((was[0], f"source file {was[0]} (frame {key}) is gone from the dataset"))
+            gone = _source_file(index, episode.source, was[0])
+            findings.append((gone, f"source file {gone} (frame {key}) is gone from the dataset"))
     live_samples = set()
     for row in episode.sample_rows:
         sample = index.samples[row]
@@ -187,10 +189,22 @@ def _text_file(episode: Episode, sample: Sample, name: str) -> str:
 
 
 def _removed(old: EpisodeIdentity, index: DatasetIndex, cached: CachedRows) -> EpisodeChange:
-    """A cached episode the dataset no longer has, with the index's reason when it reported one."""
+    """A cached episode the dataset no longer has: its folder, and the index's reason when it
+    reported one (e.g. its milestones file became unreadable)."""
     files = sorted(was[0] for was in cached.frames.get(old.episode_id, {}).values())
-    where = files[0].rsplit("/", 1)[0] if files else old.episode_id
-    reason = next((str(e) for e in index.report if f"/{where.split('/')[-1]}/" in e.file or
-                   e.file.endswith(f"/{where.split('/')[-1]}")), None)
-    why = f": {reason}" if reason else ""
-    return EpisodeChange(old.episode_id, where, f"is gone from the dataset (its frames were under {where}){why}")
+    folder = _source_file(index, old.source, files[0].rsplit("/", 1)[0]) if files else old.episode_id
+    reason = next((str(e) for e in index.report if e.file == folder or e.file.startswith(folder + "/")), None)
+    why = f"; the index reports {reason}" if reason else ""
+    return EpisodeChange(old.episode_id, folder, f"gone from the dataset (its frames were under {folder}){why}")
+
+
+def _source_file(index: DatasetIndex, source: str, relpath: str) -> str:
+    """A path of the frames table (relative, prefixed with the source name when keys are) as a
+    path under its source's root, where the index knows the source."""
+    roots = {s.name: s.path for s in index.sources}
+    root = roots.get(source)
+    if root is None:
+        return relpath
+    if prefixes_keys(index.sources) and relpath.startswith(f"{source}/"):
+        relpath = relpath[len(source) + 1:]
+    return str((root if root.is_dir() else root.parent) / relpath)
