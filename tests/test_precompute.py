@@ -404,7 +404,7 @@ def test_a_keyed_field_change_is_refused_with_the_field_named(
 def test_overwrite_starts_over_with_the_new_settings(
     references: Callable[[str], Path], sample_dataset: Path, profile: Path, variant: str, tmp_path: Path
 ) -> None:
-    """A changed source image is refused naming ``dataset.digest`` (nothing written); ``--overwrite``
+    """A changed source image is refused naming its episode and file (nothing written); ``--overwrite``
     then rebuilds the cache from the changed source, even with its manifest damaged: of all the
     data files, exactly the changed frame's shard, the feature shards of the windows holding that
     frame and the frames table's content-hash column differ from the old cache."""
@@ -412,7 +412,8 @@ def test_overwrite_starts_over_with_the_new_settings(
     cache = copy_cache(reference, tmp_path / "cache")
     data, changed_frame = changed_source_dataset(sample_dataset, tmp_path / "data")
     refused = run(precompute_command(data, cache, profile, nproc=None))
-    assert refused.returncode != 0 and "dataset.digest" in output(refused), tail(refused)
+    assert refused.returncode != 0 and f"changed source file {data / changed_frame}" in output(refused) \
+        and "episode episode_0001" in output(refused), tail(refused)
     assert file_digests(cache) == file_digests(reference)
 
     manifest = cache / "manifest.json"
