@@ -297,6 +297,13 @@ class PrecomputeJob:
         write_episodes(out, episodes)
         return Prepared(manifest, plan, (warning,) if warning else (), notes)
 
+    def _cached_rows(self) -> CachedRows:
+        """The cache's frame and sample tables (what its episodes were), for naming changed files."""
+        report = self.out / REPORT_NAME
+        failed = json.loads(report.read_text()).get("failed_samples", {}) if report.is_file() else {}
+        samples = self.writer.read_table("samples") if self.writer.has_table("samples") else None
+        return CachedRows.of_tables(self.writer.read_table("frames"), samples, failed)
+
     def _check_append(self, existing: Manifest) -> str:
         """Refuse (:class:`PrecomputeError`, one line) unless the index only adds episodes after the
         cache's ones; the note to show when it does."""
@@ -319,11 +326,7 @@ class PrecomputeJob:
             raise PrecomputeError(f"{out} holds keys without a source name (built from the one unnamed source "
                                   f"{old_sources[0] if old_sources else '?'}); a cache that grows by sources needs "
                                   "named sources (NAME=PATH) from its first build: rebuild it with --overwrite")
-        failed = dict(json.loads(self.out.joinpath(REPORT_NAME).read_text()).get("failed_samples", {})) \
-            if (self.out / REPORT_NAME).is_file() else {}
-        samples = self.writer.read_table("samples") if self.writer.has_table("samples") else None
-        cached = CachedRows.of_tables(self.writer.read_table("frames"), samples, failed)
-        changes = dataset_changes(stored, index, cached)
+        changes = dataset_changes(stored, index, self._cached_rows)
         if changes.refusals:
             first = changes.refusals[0]
             more = f" (and {len(changes.refusals) - 1} more changed or removed episode(s))" \

@@ -35,8 +35,9 @@ from pipelines.launcher import spawn_pool
 
 @dataclass(frozen=True)
 class Options:
-    data: tuple[str, ...]
-    """Dataset sources: paths or ``NAME=PATH`` (``janus_cache.index.sources``), in cache order."""
+    data: tuple[str | Path, ...] | str | Path
+    """Dataset sources: paths or ``NAME=PATH`` (``janus_cache.index.sources``), in cache order; one
+    path or string is one value (a string may list several sources separated by spaces)."""
     out: Path
     profile: str = "tiny"
     cache_format: str = "zarr"
@@ -47,6 +48,15 @@ class Options:
     workers: Optional[int] = None
     strict: bool = False
     image_root: Optional[Path] = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.data, (str, Path)):
+            object.__setattr__(self, "data", (self.data,))
+
+    @property
+    def sources(self) -> str:
+        """The sources as given, for messages."""
+        return " ".join(str(d) for d in self.data)
 
 
 def _device(profile: Profile, ranks: Ranks) -> str:
@@ -63,7 +73,7 @@ def _prepare(job: PrecomputeJob, opts: Options, resolution: Resolution, processe
     """Rank 0: the job's first step, printing its plan as soon as it is measured."""
 
     def show(plan: Plan) -> None:
-        print(f"plan for {' '.join(opts.data)} -> {opts.out} ({opts.cache_format}, {resolution.name}):", flush=True)
+        print(f"plan for {opts.sources} -> {opts.out} ({opts.cache_format}, {resolution.name}):", flush=True)
         print(plan.format(processes, workers), flush=True)
 
     prepared = job.prepare(overwrite=opts.overwrite, force=opts.force, on_plan=show)

@@ -53,7 +53,14 @@ from janus_cache.index.subinstructions import (
     parse_rule,
     subinstruction_for,
 )
-from janus_cache.index.sources import DataSource, combine, describe, parse_sources, prefixes_keys
+from janus_cache.index.sources import (
+    DataSource,
+    combine,
+    describe,
+    parse_sources,
+    prefixes_keys,
+    source_values,
+)
 from janus_cache.index.texts import normalise_text
 from janus_cache.windows import DEFAULT_HISTORY
 
@@ -74,6 +81,7 @@ __all__ = [
     "episode_identity",
     "parse_sources",
     "prefixes_keys",
+    "source_values",
     "DEFAULT_SUBINSTRUCTION_RULE",
     "IMAGE_SUFFIXES",
     "LANDMARK_FIELD",

@@ -10,7 +10,7 @@ or action changed), *removed* when the dataset no longer has it, *added* when th
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -86,20 +86,20 @@ class DatasetChanges:
         return self.changed + self.removed
 
 
-def dataset_changes(stored: Sequence[EpisodeIdentity], index: DatasetIndex, cached: CachedRows) -> DatasetChanges:
-    """Compare the cache's episodes (``stored``, with its tables ``cached``) with ``index``."""
+def dataset_changes(stored: Sequence[EpisodeIdentity], index: DatasetIndex,
+                    cached: Callable[[], CachedRows]) -> DatasetChanges:
+    """Compare the cache's episodes (``stored``) with ``index``; ``cached`` reads the cache's
+    tables, called only when an episode changed or is gone (to name the file)."""
     by_id = {e.episode_id: e for e in index.episodes}
     stored_ids = {e.episode_id for e in stored}
-    changed: list[EpisodeChange] = []
-    removed: list[EpisodeChange] = []
-    for old in stored:
-        episode = by_id.get(old.episode_id)
-        if episode is None:
-            removed.append(_removed(old, index, cached))
-        elif episode_identity(index, episode) != old:
-            changed.append(_changed(index, episode, cached))
+    differing = [(old, by_id.get(old.episode_id)) for old in stored]
+    differing = [(old, episode) for old, episode in differing
+                 if episode is None or episode_identity(index, episode) != old]
+    rows = cached() if differing else CachedRows()
+    changed = tuple(_changed(index, episode, rows) for _, episode in differing if episode is not None)
+    removed = tuple(_removed(old, index, rows) for old, episode in differing if episode is None)
     added = tuple(e.episode_id for e in index.episodes if e.episode_id not in stored_ids)
-    return DatasetChanges(tuple(changed), tuple(removed), added)
+    return DatasetChanges(changed, removed, added)
 
 
 def append_order_problem(stored: Sequence[EpisodeIdentity], index: DatasetIndex) -> str | None:

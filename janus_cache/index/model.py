@@ -10,10 +10,13 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from janus_cache.index.problems import DatasetReport
 from janus_cache.index.subinstructions import DEFAULT_SUBINSTRUCTION_RULE
+
+if TYPE_CHECKING:  # sources.py builds on this module
+    from janus_cache.index.sources import DataSource
 
 ACTIONS: tuple[str, ...] = ("STOP", "MOVE_FORWARD", "TURN_LEFT", "TURN_RIGHT")
 """Action names; the position is the action id: the integer code of annotation files and the class
@@ -171,7 +174,7 @@ class DatasetIndex:
     report: DatasetReport
     subinstruction_rule: str = DEFAULT_SUBINSTRUCTION_RULE
     """How episode-folder samples got their subinstruction (see ``janus_cache.index.subinstructions``)."""
-    sources: tuple[Any, ...] = ()
+    sources: tuple[DataSource, ...] = ()
     """The named sources this index combines, in order (``janus_cache.index.sources.DataSource``);
     empty for an index of one path built by ``build_index``."""
     _samples_by_key: dict[str, int] = field(init=False, repr=False, compare=False)

@@ -80,6 +80,12 @@ def parse_sources(values: Iterable[str | Path | DataSource]) -> tuple[DataSource
     return tuple(sources)
 
 
+def source_values(value: str | Path) -> list[str | Path]:
+    """One command-line value naming a dataset, for :func:`parse_sources`: an existing path is one
+    source (even with spaces or '=' in it); anything else may list several (``r2r=A rxr=B``)."""
+    return [Path(value)] if Path(value).exists() else [str(value)]
+
+
 def prefixes_keys(sources: Sequence[DataSource]) -> bool:
     """Whether keys carry their source's name (several sources, or one given a name)."""
     return len(sources) > 1 or any(s.named for s in sources)

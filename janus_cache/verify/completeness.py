@@ -21,6 +21,7 @@ from janus_cache.index import (
     build_sources_index,
     dataset_changes,
     episode_identities,
+    source_values,
 )
 from janus_cache.precompute import dataset_identity, read_frame_failures
 from janus_cache.store import DatasetIdentity, ManifestError, StoreError
@@ -189,8 +190,8 @@ def _changed_episodes(cache: CheckedCache, index: DatasetIndex, failed: Mapping[
     found: list[str] = []
     if recorded != cache.manifest.dataset:
         found.append(f"{cache.layout.episodes} does not match the manifest's dataset identity (edited?)")
-    changes = dataset_changes(stored, index, CachedRows.of_tables(cache.table(FRAMES_TABLE),
-                                                                  cache.table(SAMPLES_TABLE), failed))
+    changes = dataset_changes(stored, index, lambda: CachedRows.of_tables(cache.table(FRAMES_TABLE),
+                                                                          cache.table(SAMPLES_TABLE), failed))
     found += [f"changed {change}" for change in changes.changed[:LISTED]]
     if len(changes.changed) > LISTED:
         found.append(f"... {len(changes.changed)} episodes in all changed")
@@ -274,7 +275,7 @@ def dataset_indexes(data: Path | str, cache_history: int, live_history: int,
 
     ``data`` names the dataset as precompute was given it: one path, or sources ``NAME=PATH ...``
     separated by spaces (``janus_cache.index.sources``), so that the keys are the cache's."""
-    sources = [data] if isinstance(data, Path) and data.exists() else [str(data)]
+    sources = source_values(data)
     index = build_sources_index(sources, history=cache_history, subinstruction_rule=subinstruction_rule)
     if live_history == cache_history:
         return index, index
