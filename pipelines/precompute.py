@@ -151,7 +151,7 @@ def run(opts: Options) -> int:
 def command(
     data: Annotated[list[str], typer.Argument(
         help="Dataset sources, in cache order: episode-folder roots or JSON/JSONL annotation files, each a bare "
-             "PATH (keys as in the dataset, named after its folder) or NAME=PATH (keys prefixed NAME/). A cache "
+             "PATH (keys as in the dataset, named after its (image) folder) or NAME=PATH (keys prefixed NAME/). A cache "
              "grows by new episodes or sources listed after the old ones.")],
     out: Annotated[Path, typer.Option("--out", help="Cache directory (created or resumed).")],
     profile: Annotated[str, typer.Option(help="Profile name or YAML path.")] = "tiny",

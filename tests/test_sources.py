@@ -100,7 +100,7 @@ def test_a_source_is_name_equals_path_or_a_bare_path_named_after_its_folder(tmp_
     named, bare, annotation = parse_sources([f"rxr={tmp_path / 'r2r'}", f"{tmp_path / 'r2r'} {tmp_path / 'ann.jsonl'}"])
     assert (named.name, named.path, named.named) == ("rxr", tmp_path / "r2r", True)
     assert (bare.name, bare.path, bare.named) == ("r2r", tmp_path / "r2r", False)
-    assert (annotation.name, annotation.named) == ("ann", False)
+    assert (annotation.name, annotation.named) == (tmp_path.name, False)  # the folder of its images
     with pytest.raises(DatasetError, match="have the same name 'r2r'"):
         parse_sources([str(tmp_path / "r2r"), f"r2r={tmp_path}"])
     with pytest.raises(DatasetError, match="the name before '=' must be a word"):

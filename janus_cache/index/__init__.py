@@ -57,6 +57,7 @@ from janus_cache.index.sources import (
     DataSource,
     combine,
     describe,
+    named_after_image_root,
     parse_sources,
     prefixes_keys,
     source_values,
@@ -179,7 +180,8 @@ def build_sources_index(
     The keyword arguments are :func:`build_index`'s; ``image_root`` applies to a single annotation
     source. Raises ``DatasetError`` for unusable sources or names, or (``strict``) any problem.
     """
-    parsed = parse_sources([sources] if isinstance(sources, (str, Path)) else sources)
+    parsed = named_after_image_root(parse_sources([sources] if isinstance(sources, (str, Path)) else sources),
+                                    image_root)
     if image_root is not None and len(parsed) > 1:
         raise DatasetError(f"an image root applies to one annotation source, not to the {len(parsed)} sources "
                            f"{describe(parsed)}")

@@ -1,9 +1,8 @@
 """The identity of each episode of a dataset: what a cache built from it depends on.
 
-An episode's digest covers its source name and id, its instruction, subinstructions and
-checkpoints (episode folders), every frame (path, pixel size, file size, content hash) and every
-sample (key, window, both descriptions, action; an annotation record's own instruction and
-subinstruction), in index order. A cache stores these per-episode digests (``janus_cache.store.manifest``)
+An episode's digest covers its source name and id, every frame (path, pixel size, file size,
+content hash) and every sample (key, window, instruction, subinstruction, both descriptions,
+action), in index order: what the cache stores, whichever file format the texts came from. A cache stores these per-episode digests (``janus_cache.store.manifest``)
 so that a later run can tell, per episode, what is unchanged, changed, gone or new: the staleness
 check of ``verify --data`` and the append rule of precompute (``janus_cache.index.changes``).
 """
@@ -47,18 +46,16 @@ def episode_identity(index: DatasetIndex, episode: Episode) -> EpisodeIdentity:
     def line(*item: Any) -> None:
         digest.update(json.dumps(item, ensure_ascii=False).encode() + b"\n")
 
-    # An episode folder's texts as read (the milestones file): which subinstruction a sample gets
-    # from them is the keyed subinstruction rule's business, not the dataset's.
-    line("episode", episode.source, episode.episode_id, episode.instruction, list(episode.subinstructions),
-         list(episode.checkpoints))
+    # The samples' texts as trained on, whichever file format held them: an annotation file and
+    # the episode folders of the same samples are the same dataset.
+    line("episode", episode.source, episode.episode_id)
     for row in episode.frame_rows:
         f = index.frames[row]
         line("frame", f.key, f.relpath, f.width, f.height, f.nbytes, f.sha256 or "")
     for row in episode.sample_rows:
         s = index.samples[row]
-        # An annotation record holds its own instruction and subinstruction.
-        own = [] if episode.texts_file else [s.instruction, s.subinstruction]
-        line("sample", s.key, list(s.window), s.description_2d, s.description_3d, s.action, *own)
+        line("sample", s.key, list(s.window), s.instruction, s.subinstruction, s.description_2d,
+             s.description_3d, s.action)
     return EpisodeIdentity(episode.episode_id, episode.source, digest.hexdigest(), len(episode.frame_rows),
                            len(episode.sample_rows))
 

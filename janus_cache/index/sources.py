@@ -1,7 +1,9 @@
 """Several dataset sources in one index: ``r2r=data/r2r rxr=data/rxr.jsonl`` (or one bare path).
 
 A source is an episode-folder root or an annotation file with a *name*: ``NAME=PATH``, or a bare
-``PATH``, which is named after its folder (or the annotation file's stem). The combined index is
+``PATH``, which is named after its folder (an annotation file: the folder of its images, i.e. its
+image root, by default the file's own folder), so that an annotation file and the episode folders
+it describes make the same cache. The combined index is
 the sources' indexes one after the other, **in the order given**, each in its own canonical order
 (episode folders sorted by name; see the input formats). That order is the cache's row order, so a
 cache grows by appending (DAgger rounds): list the new round as a new source after the old ones
@@ -44,7 +46,8 @@ class DataSource:
 
 
 def parse_source(text: str) -> DataSource:
-    """``NAME=PATH`` or a bare ``PATH`` (named after its folder, or an annotation file's stem)."""
+    """``NAME=PATH`` or a bare ``PATH`` (named after its folder; an annotation file after the folder
+    it is in, see :func:`named_after_image_root` for one with an image root elsewhere)."""
     name, sep, path = text.partition("=")
     if sep and SOURCE_NAME.match(name) and path:
         return DataSource(name, Path(path), named=True)
@@ -52,7 +55,7 @@ def parse_source(text: str) -> DataSource:
         raise DatasetError(f"dataset source {text!r}: the name before '=' must be a word of letters, digits, "
                            "'_', '.' or '-', and a path must follow it")
     source = Path(text)
-    name = source.stem if source.suffix.lower() in (".json", ".jsonl") else source.resolve().name
+    name = _folder_name(source.parent if _is_annotation(source) else source)
     if not SOURCE_NAME.match(name):
         raise DatasetError(f"dataset source {text}: cannot name it after {name!r}; give it a name, NAME={text}")
     return DataSource(name, source)
@@ -78,6 +81,26 @@ def parse_sources(values: Iterable[str | Path | DataSource]) -> tuple[DataSource
                                f"{source.name!r}; name them, e.g. NAME={source.path}")
         seen[source.name] = source
     return tuple(sources)
+
+
+def _is_annotation(path: Path) -> bool:
+    return path.suffix.lower() in (".json", ".jsonl")
+
+
+def _folder_name(path: Path) -> str:
+    return path.resolve().name
+
+
+def named_after_image_root(sources: tuple[DataSource, ...], image_root: Path | str | None) -> tuple[DataSource, ...]:
+    """A single bare annotation source whose images lie under ``image_root`` is named after that
+    folder (as the episode folders there would be)."""
+    if image_root is None or len(sources) != 1 or sources[0].named or not _is_annotation(sources[0].path):
+        return sources
+    name = _folder_name(Path(image_root))
+    if not SOURCE_NAME.match(name):
+        raise DatasetError(f"dataset source {sources[0].path}: cannot name it after its image root {image_root}; "
+                           f"give it a name, NAME={sources[0].path}")
+    return (DataSource(name, sources[0].path),)
 
 
 def source_values(value: str | Path) -> list[str | Path]:
