@@ -20,6 +20,9 @@ DEMO_DIR ?= demo_out
 DATA ?=
 OUT ?= cache
 FORMAT ?= zarr
+# DATA: the dataset; several sources, in cache order, as DATA="r2r=data/r2r rxr=data/rxr" (a bare
+# path keeps its own keys; NAME=PATH prefixes them with NAME/). make train DATA=... checks the cache
+# against it before training.
 # Processes per node; default: the profile's nproc_per_node. Multi-node: pass torchrun's own
 # settings, e.g. TORCHRUN_ARGS="--nnodes 2 --node-rank 0 --master-addr node0 --master-port 29500".
 NPROC ?= $(shell $(PY) -c "from janus_cache.profile import load_profile; print(load_profile('$(PROFILE)').nproc_per_node)" 2>/dev/null || echo 1)
@@ -40,9 +43,9 @@ help:
 	@echo "make setup       install janus and its dependencies into $(VENV)"
 	@echo "make demo        run janus on generated sample data (tiny profile, CPU)"
 	@echo "make test        run the test suite"
-	@echo "make precompute DATA=dir [PROFILE=tiny] [OUT=cache] [NPROC=n] [FORMAT=zarr|wds]"
+	@echo "make precompute DATA=dir [PROFILE=tiny] [OUT=cache] [NPROC=n] [FORMAT=zarr|wds]  (DATA=\"r2r=dir1 rxr=dir2\": several sources)"
 	@echo "make verify CACHE=dir [DATA=dir] [PROFILE=tiny] [NPROC=n] [VERIFY_ARGS='--live 8 --json report.json']"
-	@echo "make train [PROFILE=tiny|h800] [CACHE=cache | MIXTURE='r2r=dir:0.7 rxr=dir:0.3'] [RUN=runs/PROFILE] [NPROC=n]"
+	@echo "make train [PROFILE=tiny|h800] [CACHE=cache | MIXTURE='r2r=dir:0.7 rxr=dir:0.3'] [DATA=dir] [RUN=runs/PROFILE] [NPROC=n]"
 	@echo "make bench       live vs cached data path, storage, FLOPs per sample (CPU; GPU section with CUDA)"
 	@echo "make bench-gpu   janus vs reference precompute and training step on one GPU (< 10 min)"
 	@echo "make bench-scale [SAMPLES=10000,100000,612560] [PRECOMPUTE_SAMPLES=1000,10000]  costs vs dataset size"
@@ -66,7 +69,7 @@ demo: $(STAMP)
 	$(MAKE) --no-print-directory precompute DATA=$(DEMO_DIR)/data OUT=$(DEMO_DIR)/cache PROFILE=$(PROFILE) NPROC=2
 	$(JANUS_CACHE) info $(DEMO_DIR)/cache
 	$(MAKE) --no-print-directory verify CACHE=$(DEMO_DIR)/cache DATA=$(DEMO_DIR)/data PROFILE=$(PROFILE) NPROC=2
-	$(MAKE) --no-print-directory train CACHE=$(DEMO_DIR)/cache RUN=$(DEMO_DIR)/run PROFILE=$(PROFILE) NPROC=2
+	$(MAKE) --no-print-directory train CACHE=$(DEMO_DIR)/cache DATA=$(DEMO_DIR)/data RUN=$(DEMO_DIR)/run PROFILE=$(PROFILE) NPROC=2
 	@echo "demo done: data $(DEMO_DIR)/data, cache $(DEMO_DIR)/cache, run $(DEMO_DIR)/run (metrics.jsonl, export/)"
 
 precompute: $(STAMP)
@@ -83,12 +86,13 @@ TRAIN_ARGS ?=
 
 train: $(STAMP)
 	$(LAUNCH_ENV) $(LAUNCH) --launcher-log $(RUN)/launcher.log $(TORCHRUN_ARGS) --nproc_per_node $(NPROC) -m pipelines.train \
-		$(if $(MIXTURE),$(foreach c,$(MIXTURE),--cache $(c)),--cache $(CACHE)) --out $(RUN) --profile $(PROFILE) $(TRAIN_ARGS)
+		$(if $(MIXTURE),$(foreach c,$(MIXTURE),--cache $(c)),--cache $(CACHE)) --out $(RUN) --profile $(PROFILE) \
+		$(if $(DATA),--data "$(DATA)") $(TRAIN_ARGS)
 
 verify: $(STAMP)
 	@test -n "$(CACHE)" || { echo "make verify: set CACHE=<cache directory> (and DATA=<dataset> for the dataset and live checks)" >&2; exit 2; }
 	$(LAUNCH_ENV) $(LAUNCH) $(TORCHRUN_ARGS) --nproc_per_node $(NPROC) -m pipelines.verify $(CACHE) \
-		--profile $(PROFILE) $(if $(DATA),--data $(DATA)) $(VERIFY_ARGS)
+		--profile $(PROFILE) $(if $(DATA),--data "$(DATA)") $(VERIFY_ARGS)
 
 bench: $(STAMP)
 	$(PY) -m pipelines.bench --out bench $(BENCH_ARGS)

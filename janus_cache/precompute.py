@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from janus_cache.index import DatasetIndex, Frame, Sample
+from janus_cache.index import DatasetIndex, EpisodeIdentity, Frame, Sample, episode_identities
 from janus_cache.encoder import WindowEncoder, encoder_fingerprint
 from janus_cache.imaging import FrameError, load_frame
 from janus_cache.profile import CacheSettings
@@ -39,7 +39,6 @@ from janus_cache.resolution import Resolution
 from janus_cache.store import (
     CacheWriter,
     DatasetIdentity,
-    FrameIdentity,
     Layout,
     Manifest,
     ResolutionEntry,
@@ -50,6 +49,9 @@ from janus_cache.store.layout import KEY_COLUMN, WINDOW_ROWS_COLUMN, CacheLayout
 from janus_cache.store.records import ACTION_COLUMN, EPISODE_COLUMN, TEXT_COLUMNS
 from janus_cache.store.compression import FEATURES_COMPRESSION, FRAMES_COMPRESSION
 from janus_cache.store.manifest import library_versions
+
+SOURCE_COLUMN = "source"
+"""Samples-table column naming each sample's dataset source (``janus_cache.index.sources``)."""
 
 SAMPLING_RULE = "linspace"
 """Name of the window rule of janus_cache.windows (front padding with frame 0, then linspace)."""
@@ -103,6 +105,7 @@ def sample_table(samples: Sequence[Sample], history: int) -> dict[str, Any]:
     return {
         KEY_COLUMN: [s.key for s in samples],
         EPISODE_COLUMN: [s.episode_id for s in samples],
+        SOURCE_COLUMN: [s.source for s in samples],
         "step": np.array([s.step for s in samples], dtype=np.int32),
         WINDOW_ROWS_COLUMN: window_rows,
         ACTION_COLUMN: np.array([s.action_id for s in samples], dtype=np.int8),
@@ -124,11 +127,11 @@ def check_windows(index: DatasetIndex) -> None:
 # ------------------------------------------------------------------------------------ manifest
 
 
-def dataset_identity(index: DatasetIndex) -> DatasetIdentity:
-    frames = (FrameIdentity(f.relpath, f.width, f.height, f.sha256 or "") for f in index.frames)
-    return DatasetIdentity.compute(
-        frames, len(index.episodes), len(index.samples), subinstruction_rule=index.subinstruction_rule
-    )
+def dataset_identity(index: DatasetIndex, episodes: Sequence[EpisodeIdentity] | None = None) -> DatasetIdentity:
+    """The manifest's dataset identity of ``index`` (from its ``episodes`` identities when given)."""
+    episodes = episode_identities(index) if episodes is None else episodes
+    return DatasetIdentity.compute(episodes, subinstruction_rule=index.subinstruction_rule,
+                                   sources=(s.name for s in index.sources))
 
 
 def wanted_manifest(
@@ -137,8 +140,10 @@ def wanted_manifest(
     resolution: Resolution,
     cache_format: str,
     encoder: WindowEncoder,
+    episodes: Sequence[EpisodeIdentity] | None = None,
 ) -> Manifest:
-    """The manifest a cache built from ``index`` with these settings must have (no shards yet)."""
+    """The manifest a cache built from ``index`` with these settings must have (no shards yet);
+    ``episodes``: the index's episode identities, when already computed."""
     height, width = frame_shape(index, resolution)
     entry = ResolutionEntry(
         name=resolution.name,
@@ -151,7 +156,7 @@ def wanted_manifest(
         window=window_variant(cache),
         encoder_fingerprint=encoder_fingerprint(encoder.model),
         feature_dtype=cache.feature_dtype,
-        dataset=dataset_identity(index),
+        dataset=dataset_identity(index, episodes),
         layout=Layout(frames_per_shard=cache.frames_per_shard, samples_per_shard=cache.samples_per_shard),
         resolutions={resolution.name: entry},
         counts={"episodes": len(index.episodes), "frames": len(index.frames), "samples": len(index.samples)},

@@ -5,7 +5,7 @@ A :class:`PrecomputeJob` is plain single-process code with five steps, run in th
 1. ``prepare()`` (one process, before any shard): refuse a directory that is not a cache and a
    cache made with other keyed settings, measure the plan, refuse when the disk is too small,
    delete what a killed run left half-written, write the frames table, create the frames
-   array and write the manifest (no shard table yet);
+   array and write the manifest (no shard table yet) and the per-episode identities;
 2. ``frame_shard(i)`` for every frame shard (any process, each shard written by exactly one);
 3. ``prepare_features()`` (one process, after every frame shard): the samples table (samples
    whose window frames all decoded) and the feature storage;
@@ -15,6 +15,14 @@ A :class:`PrecomputeJob` is plain single-process code with five steps, run in th
 
 Which process runs which shard, barriers and progress displays belong to the caller
 (``pipelines/precompute.py``). The units of work themselves are in :mod:`janus_cache.precompute`.
+
+**Appending.** A cache whose dataset identity differs from the index's is *appended to* when the
+index only adds episodes after the cache's ones (``janus_cache.index.changes``): the tables are
+rewritten with the new rows after the old ones, the arrays grow, and only the new rows' shards are
+written; full shards of the old rows stay byte for byte as they are, and a partially filled last
+shard is rewritten whole (recomputed from its sources, as a build from scratch computes it). The
+result equals a cache built from scratch on the whole dataset. A changed or removed episode, or
+new episodes that would land before old ones, is refused in one line naming it and its file.
 """
 
 from __future__ import annotations
@@ -33,7 +41,16 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from janus_cache.index import DatasetIndex, Sample
+from janus_cache.index import (
+    CachedRows,
+    DatasetIndex,
+    EpisodeIdentity,
+    Sample,
+    append_order_problem,
+    dataset_changes,
+    episode_identities,
+    prefixes_keys,
+)
 from janus_cache.lock import LOCK_NAME
 from janus_cache.encoder import WindowEncoder
 from janus_cache.plan import Plan, format_bytes, make_plan
@@ -51,12 +68,14 @@ from janus_cache.precompute import (
 )
 from janus_cache.profile import CacheSettings
 from janus_cache.resolution import Resolution
-from janus_cache.store import CacheWriter, Manifest, ManifestError, StoreError, open_writer, read_manifest, write_manifest
+from janus_cache.store import (CacheWriter, DatasetIdentity, Manifest, ManifestError, StoreError, open_writer,
+                               read_manifest, write_manifest)
 from janus_cache.store.checksums import changed_metadata, recorded_manifest_keyed
 from janus_cache.store.commit import atomic_write_bytes, hashed, read_record, verify_shard
-from janus_cache.store.layout import (INDEX_STORE_DIR, MANIFEST_NAME, REPORT_NAME, ZARR_ROOT_NAME, CacheLayout,
-                                      frames_array)
-from janus_cache.store.manifest import SchemaVersionError, check_compatible, keyed_digest, merge_manifests
+from janus_cache.store.layout import (EPISODES_NAME, INDEX_STORE_DIR, MANIFEST_NAME, REPORT_NAME, ZARR_ROOT_NAME,
+                                      CacheLayout, frames_array)
+from janus_cache.store.manifest import (SchemaVersionError, check_compatible, keyed_digest, merge_manifests,
+                                        read_episodes, write_episodes)
 
 
 class PrecomputeError(RuntimeError):
@@ -160,6 +179,8 @@ class Prepared:
     warnings: tuple[str, ...] = ()
     repairs: tuple[str, ...] = ()
     """Metadata files and tables rewritten because they were damaged or edited (also in ``warnings``)."""
+    notes: tuple[str, ...] = ()
+    """What the run does beyond a plain build or resume (e.g. the episodes it appends)."""
 
 
 @dataclass(frozen=True)
@@ -226,6 +247,7 @@ class PrecomputeJob:
         self._wanted: Manifest | None = None  # this run's settings as a manifest (set by prepare)
         self._repairs_shown = 0  # the writer's repairs that prepare() returned
         self._started = time.time()
+        self._episodes: tuple[EpisodeIdentity, ...] | None = None  # this run's episode identities (set by prepare)
 
     # ------------------------------------------------------------------------------ queries
 
@@ -319,8 +341,10 @@ class PrecomputeJob:
         plan needs more space than is free. ``on_plan`` sees the plan before the free-space check.
         """
         check_windows(self.index)
-        wanted = wanted_manifest(self.index, self.settings, self.resolution, self.cache_format, self.encoder)
-        self._started, self._wanted = time.time(), wanted
+        episodes = episode_identities(self.index)
+        wanted = wanted_manifest(self.index, self.settings, self.resolution, self.cache_format, self.encoder,
+                                 episodes)
+        self._started, self._wanted, self._episodes = time.time(), wanted, episodes
         out = self.out
         if is_foreign_directory(out):
             # Checked before --overwrite: it deletes the directory, which must be an earlier cache.
@@ -330,6 +354,14 @@ class PrecomputeJob:
             for entry in cache_contents(out):
                 shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
         existing, repairs = self._existing_manifest(wanted) if out.exists() else (None, [])
+        notes: tuple[str, ...] = ()
+        if existing is not None and existing.dataset != wanted.dataset:
+            # Every other keyed field must be equal; the dataset may only have grown.
+            same_rule = replace(existing.dataset, subinstruction_rule=wanted.dataset.subinstruction_rule)
+            check_compatible(existing, replace(wanted, dataset=same_rule), source=str(out))
+            notes = (self._check_append(existing),)
+            # The manifest on disk keeps the old identity until finish() writes the grown one.
+            existing = replace(existing, dataset=wanted.dataset)
         if existing is not None:
             check_compatible(existing, wanted, source=str(out))
         self._before = existing
@@ -340,21 +372,26 @@ class PrecomputeJob:
         out.mkdir(parents=True, exist_ok=True)
         warning = check_free_space(out, plan.needed_bytes(self.cache_format) - disk_usage(out), force)
         remove_partials(out)
-        self.writer.write_table("frames", frame_table(self.index))
+        # append/grow: the manifest's dataset identity was checked above, so a stored table or
+        # array that is a prefix of this one can only be the old rows of an append (or of an
+        # append interrupted before its manifest was written).
+        self.writer.write_table("frames", frame_table(self.index), append=True)
         self.writer.prepare_frames(self.resolution.name, frame_shape(self.index, self.resolution),
-                                   self.settings.frames_per_shard)
-        # A new cache gets its manifest now (it marks the directory as this cache); an existing
-        # one keeps its own until finish() writes the complete one, so a failed run never leaves
-        # a worse manifest behind.
+                                   self.settings.frames_per_shard, grow=True)
+        # A new cache gets its manifest and episode table now (they mark the directory as this
+        # cache); an existing one keeps its own until finish() writes the complete ones, so a failed
+        # run (or an interrupted append) never leaves a worse manifest behind.
         manifest = existing if existing is not None else wanted
         if existing is None:
             write_manifest(out, manifest)
+        if not notes:  # the manifest's identity is this dataset's: the same table (or a damaged one repaired)
+            write_episodes(out, episodes)
         repairs += self.writer.repairs
         self._repairs_shown = len(self.writer.repairs)
         warnings = [warning] if warning else []
         if repairs:
             warnings.append(f"repaired {out}: rewrote {', '.join(repairs)}")
-        return Prepared(manifest, plan, tuple(warnings), tuple(repairs))
+        return Prepared(manifest, plan, tuple(warnings), tuple(repairs), notes)
 
     def _existing_manifest(self, wanted: Manifest) -> tuple[Manifest | None, list[str]]:
         """The cache's manifest (None: none, or one to rebuild from this run's settings) and, when it
@@ -399,9 +436,9 @@ class PrecomputeJob:
     def prepare_features(self) -> None:
         """Step 3 (one process, after every frame shard): samples table and feature storage."""
         height, width = frame_shape(self.index, self.resolution)
-        self.writer.write_table("samples", self._sample_table)
+        self.writer.write_table("samples", self._sample_table, append=True)  # append/grow: see prepare()
         self.writer.prepare_samples(self.resolution.name, self.encoder.feature_shape(height, width),
-                                    self.settings.feature_dtype, self.settings.samples_per_shard)
+                                    self.settings.feature_dtype, self.settings.samples_per_shard, grow=True)
 
     @_disk_full_is_one_line("writing feature shards")
     def feature_shards(self, shards: Sequence[int],
@@ -417,8 +454,11 @@ class PrecomputeJob:
         current = read_manifest(self.out)
         if current is None:
             raise PrecomputeError(f"{self.out} has no {MANIFEST_NAME}: finish() runs after prepare()")
+        episodes = self._episodes if self._episodes is not None else episode_identities(self.index)
         wanted = self._wanted or wanted_manifest(self.index, self.settings, self.resolution, self.cache_format,
-                                                 self.encoder)
+                                                 self.encoder, episodes)
+        if current.dataset != wanted.dataset:  # an append, checked by prepare(): the cache grew
+            current = replace(current, dataset=wanted.dataset)
         index, dropped = self.index, self.dropped
         counts = dict(wanted.counts, samples_written=len(index.samples) - len(dropped), samples_failed=len(dropped))
         # Arrays of other resolutions keep their entries; this run's arrays get the table on disk.
@@ -436,6 +476,8 @@ class PrecomputeJob:
         # report.json first: the manifest write records the checksums of every metadata file.
         atomic_write_bytes(self.out / REPORT_NAME, (json.dumps(report, indent=1, sort_keys=True) + "\n").encode())
         write_manifest(self.out, replace(merged, shards=shards, counts=counts))
+        # After the manifest: its identity is what the episode table must match.
+        write_episodes(self.out, episodes)
         return Outcome(self.out, len(index.samples), len(index.frames), dropped, dict(index.report.counts()),
                        disk_usage(self.out), tuple(self._rewritten_shards()),
                        tuple(self.writer.repairs[self._repairs_shown:]))

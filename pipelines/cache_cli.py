@@ -46,7 +46,8 @@ def sample_data(
 
 @app.command("index")
 def index(
-    data: Annotated[Path, typer.Argument(help="Episode-folder root, or a JSON/JSONL annotation file.")],
+    data: Annotated[Path, typer.Argument(help="Episode-folder root, or a JSON/JSONL annotation file; several "
+                                              "sources as one argument: 'r2r=DIR rxr=FILE'.")],
     profile: Annotated[str, typer.Option(help="Profile name or YAML path (sets the history size).")] = "tiny",
     image_root: Annotated[
         Optional[Path], typer.Option(help="Image root of an annotation file (default: its folder).")
@@ -55,14 +56,14 @@ def index(
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
 ) -> None:
     """Index a dataset and print its summary: episodes, frames, samples and skipped inputs."""
-    from janus_cache.index import DatasetError, build_index, user_index_dir
+    from janus_cache.index import DatasetError, build_sources_index, source_values, user_index_dir
     from janus_cache.profile import ProfileError, load_profile
 
     try:
         prof = load_profile(profile)
-        idx = build_index(data, history=prof.cache.history, image_root=image_root, strict=strict, progress=True,
-                          subinstruction_rule=prof.cache.subinstruction_rule, cache_dir=user_index_dir(),
-                          processes=os.cpu_count() or 1)
+        idx = build_sources_index(source_values(data), history=prof.cache.history, image_root=image_root,
+                                  strict=strict, progress=True, subinstruction_rule=prof.cache.subinstruction_rule,
+                                  cache_dir=user_index_dir(), processes=os.cpu_count() or 1)
     except (ProfileError, DatasetError, FileNotFoundError) as err:
         fail(str(err))
     summary = idx.summary()
@@ -107,7 +108,8 @@ def profile_cmd(
 
 @app.command("plan")
 def plan_cmd(
-    data: Annotated[Path, typer.Argument(help="Episode-folder root, or a JSON/JSONL annotation file.")],
+    data: Annotated[Path, typer.Argument(help="Episode-folder root, or a JSON/JSONL annotation file; several "
+                                              "sources as one argument: 'r2r=DIR rxr=FILE'.")],
     profile: Annotated[str, typer.Option(help="Profile name or YAML path.")] = "tiny",
     image_root: Annotated[
         Optional[Path], typer.Option(help="Image root of an annotation file (default: its folder).")
@@ -119,7 +121,7 @@ def plan_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")] = False,
 ) -> None:
     """Estimate a cache's size per format and the precompute time, measured on a few real samples."""
-    from janus_cache.index import DatasetError, build_index, user_index_dir
+    from janus_cache.index import DatasetError, build_sources_index, source_values, user_index_dir
     from janus_cache.encoder import WindowEncoder
     from janus_cache.plan import make_plan
     from janus_cache.profile import ProfileError, load_profile
@@ -128,9 +130,9 @@ def plan_cmd(
     try:
         prof = load_profile(profile)
         res = Resolution.parse(resolution or prof.cache.resolution)
-        idx = build_index(data, history=prof.cache.history, image_root=image_root,
-                          subinstruction_rule=prof.cache.subinstruction_rule, cache_dir=user_index_dir(),
-                          processes=os.cpu_count() or 1)
+        idx = build_sources_index(source_values(data), history=prof.cache.history, image_root=image_root,
+                                  subinstruction_rule=prof.cache.subinstruction_rule, cache_dir=user_index_dir(),
+                                  processes=os.cpu_count() or 1)
         device = "cuda" if prof.device == "cuda" else "cpu"
         encoder = WindowEncoder.from_settings(prof.vggt, prof.cache, device)
         result = make_plan(idx, encoder, res, prof.cache.vggt_batch, probe=probe)

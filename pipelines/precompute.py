@@ -26,7 +26,7 @@ from typing import Annotated, Optional
 import typer
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from janus_cache.index import DatasetIndex, build_index, build_stored_index, load_stored
+from janus_cache.index import DatasetIndex, build_sources_index
 from janus_cache.encoder import WindowEncoder
 from janus_cache.plan import Plan
 from janus_cache.precompute_job import PrecomputeError, PrecomputeJob, Prepared, is_foreign_directory
@@ -42,7 +42,9 @@ from pipelines.launcher import spawn_pool
 
 @dataclass(frozen=True)
 class Options:
-    data: Path
+    data: tuple[str | Path, ...] | str | Path
+    """Dataset sources: paths or ``NAME=PATH`` (``janus_cache.index.sources``), in cache order; one
+    path or string is one value (a string may list several sources separated by spaces)."""
     out: Path
     profile: str = "tiny"
     cache_format: str = "zarr"
@@ -56,6 +58,15 @@ class Options:
     checksums: str = "none"
     """Committed shards a resume hashes before trusting them: ``none`` (commit record and byte
     size only: no shard payload is read), ``sample`` (one in 16 and every table) or ``all``."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.data, (str, Path)):
+            object.__setattr__(self, "data", (self.data,))
+
+    @property
+    def sources(self) -> str:
+        """The sources as given, for messages."""
+        return " ".join(str(d) for d in self.data)
 
 
 def _device(profile: Profile, ranks: Ranks) -> str:
@@ -72,41 +83,30 @@ def _prepare(job: PrecomputeJob, opts: Options, resolution: Resolution, processe
     """Rank 0: the job's first step, printing its plan as soon as it is measured."""
 
     def show(plan: Plan) -> None:
-        print(f"plan for {opts.data} -> {opts.out} ({opts.cache_format}, {resolution.name}):", flush=True)
+        print(f"plan for {opts.sources} -> {opts.out} ({opts.cache_format}, {resolution.name}):", flush=True)
         print(plan.format(processes, workers), flush=True)
 
     prepared = job.prepare(overwrite=opts.overwrite, force=opts.force, on_plan=show)
     for warning in prepared.warnings:
         print(f"warning: {warning}", file=sys.stderr, flush=True)
+    for note in prepared.notes:
+        print(note, flush=True)
     return prepared
 
 
 def index_on_every_rank(opts: Options, profile: Profile, control: Control) -> DatasetIndex:
-    """The dataset index on every rank: rank 0 gets it from the cache's index store (reused or
-    rebuilt with all local cores), the others read the store's columns (a pickle only when the
-    store could not be written)."""
-    built: list[DatasetIndex] = []
+    """The dataset index of every source, on every rank: rank 0 builds it through the cache's index
+    store (reused while the sources keep their sizes and mtimes, else rebuilt with all local cores
+    reading only new or changed images) and sends it to the others."""
 
-    def on_main() -> tuple[str, str] | None:
-        if is_foreign_directory(opts.out):  # refused by the job's first step; nothing is written there
-            built.append(build_index(opts.data, history=profile.cache.history, image_root=opts.image_root,
-                                     strict=opts.strict, subinstruction_rule=profile.cache.subinstruction_rule))
-            return None
-        stored = build_stored_index(
-            opts.data, CacheLayout(opts.out).index_store, history=profile.cache.history, image_root=opts.image_root,
-            strict=opts.strict, progress=True, subinstruction_rule=profile.cache.subinstruction_rule,
-            processes=default_workers(1))
-        print(stored.describe(), flush=True)
-        built.append(stored.index)
-        return (str(stored.entry), stored.fingerprint) if stored.saved else None
+    def on_main() -> DatasetIndex:
+        # A directory that is not a cache is refused by the job's first step: nothing is written there.
+        store = None if is_foreign_directory(opts.out) else CacheLayout(opts.out).index_store
+        return build_sources_index(opts.data, history=profile.cache.history, image_root=opts.image_root,
+                                   strict=opts.strict, progress=True, subinstruction_rule=profile.cache.subinstruction_rule,
+                                   cache_dir=store, processes=default_workers(1))
 
-    where = control.on_main(on_main)
-    if where is None:  # known to every rank alike
-        return control.on_main(lambda: built[0])
-    if control.ranks.is_main:
-        return built[0]
-    # Lazily: a rank makes only the frame rows of its own shards (samples: when it iterates them).
-    return load_stored(Path(where[0]), where[1], opts.data, opts.image_root, lazy=True)
+    return control.on_main(on_main)
 
 
 def _finish(job: PrecomputeJob, opts: Options, seconds: float) -> int:
@@ -182,7 +182,10 @@ def run(opts: Options) -> int:
 
 
 def command(
-    data: Annotated[Path, typer.Argument(help="Episode-folder root, or a JSON/JSONL annotation file.")],
+    data: Annotated[list[str], typer.Argument(
+        help="Dataset sources, in cache order: episode-folder roots or JSON/JSONL annotation files, each a bare "
+             "PATH (keys as in the dataset, named after its (image) folder) or NAME=PATH (keys prefixed NAME/). A cache "
+             "grows by new episodes or sources listed after the old ones.")],
     out: Annotated[Path, typer.Option("--out", help="Cache directory (created or resumed).")],
     profile: Annotated[str, typer.Option(help="Profile name or YAML path.")] = "tiny",
     image_root: Annotated[
@@ -208,7 +211,7 @@ def command(
         parsed = Resolution.parse(resolution) if resolution is not None else None
     except ValueError as err:
         fail_alike(Ranks.from_env(), f"--resolution: {err}", code=2)
-    opts = Options(data, out, profile, cache_format, parsed, overwrite, force, allow_failures, workers, strict,
+    opts = Options(tuple(data), out, profile, cache_format, parsed, overwrite, force, allow_failures, workers, strict,
                    image_root, checksums)
     raise typer.Exit(run(opts))
 

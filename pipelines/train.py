@@ -9,6 +9,10 @@ processes (``janus_train.elastic``); a checkpoint it cannot continue is one ``er
 Start-up check: before any model is built, rank 0 runs verify's schema and freshness checks of
 every cache against the training profile and tells every rank the verdict; a refused cache ends
 all ranks with exit code 1 and the one-line reason (which names the cache and the differing field).
+With ``--data`` (the dataset as precompute was given it; one cache), rank 0 also runs verify's
+dataset comparison (completeness against a fresh index: per-episode frames, texts and actions), so a
+cache made stale by an edited description, instruction or image is refused naming the episode and
+the file.
 
 Validation (``janus_train.validation``): the profile's source, or ``--val-cache CACHE`` instead of it
 (checked at start-up like the training cache); a source that cannot be used (e.g. a hold-out that
@@ -96,6 +100,19 @@ def sources_refusal(sources: list[CacheSource], profile: Profile) -> str | None:
     return None
 
 
+def dataset_refusal(cache: Path, data: str, profile: Profile) -> str | None:
+    """Why ``cache`` is stale against the dataset ``data`` (None when it is not): verify's
+    completeness check against the dataset indexed now, with the cache's window history (the
+    cache's index store is reused while the dataset's files are unchanged)."""
+    from janus_cache.store.layout import CacheLayout
+    from janus_cache.verify import CheckedCache, check_completeness, dataset_indexes, failure_message
+
+    history = CheckedCache(cache).manifest.window.history
+    index, _ = dataset_indexes(data, history, history, profile.cache.subinstruction_rule,
+                               cache_dir=CacheLayout(cache).index_store)
+    return failure_message(cache, [check_completeness(cache, index)]) or None
+
+
 def record_outputs(trainer: Trainer, path: Path, n_samples: int) -> None:
     """Every rank computes (ZeRO-3 needs all of them); rank 0 writes ``path``."""
     from safetensors.torch import save_file
@@ -115,6 +132,10 @@ def command(
         help="Cache directory to train from; repeat as NAME=PATH:WEIGHT to draw from several zarr caches "
              "with sampling weights (e.g. --cache r2r=caches/r2r:0.7 --cache rxr=caches/rxr:0.3).")] = None,
     live_data: Annotated[Optional[Path], typer.Option(help="Train live from source data (baseline).")] = None,
+    data: Annotated[Optional[str], typer.Option(
+        "--data", help="The dataset --cache was built from, as given to precompute (a path, or NAME=PATH sources "
+                       "separated by spaces): refuse the cache when the dataset changed since (frames, texts, "
+                       "actions, episodes).")] = None,
     profile: Annotated[str, typer.Option(help="Profile name or YAML path.")] = "tiny",
     max_steps: Annotated[Optional[int], typer.Option(min=1, help="Override train.max_steps.")] = None,
     val_cache: Annotated[Optional[Path], typer.Option(help="Override train.val_cache (a cache to validate on).")] = None,
@@ -129,6 +150,9 @@ def command(
     ranks = Ranks.from_env()
     if (not cache) == (live_data is None):
         fail_alike(ranks, "give exactly one of --cache or --live-data", code=2)
+    if data is not None and (not cache or len(cache) != 1):
+        fail_alike(ranks, "--data checks one --cache against its dataset (--live-data reads the dataset itself; "
+                          "check the caches of a mixture one by one with janus-cache verify --data)", code=2)
     try:
         sources = parse_cache_sources(cache) if cache else None
         prof = load_profile(profile)
@@ -156,6 +180,8 @@ def command(
         if checked_sources:
             try:
                 refusal = Control(ranks).on_main(lambda: sources_refusal(checked_sources, prof))
+                if refusal is None and data is not None:
+                    refusal = Control(ranks).on_main(lambda: dataset_refusal(sources[0].path, data, prof))
             except RankFailed as err:
                 refusal = f"cannot check the cache(s) {', '.join(str(s.path) for s in checked_sources)}: {err}"
             if refusal is not None:

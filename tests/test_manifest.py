@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 import janus_cache.store.commit as commit_module
+from janus_cache.index import EpisodeIdentity
 from janus_cache.store import (
     DatasetIdentity,
     FieldDiff,
-    FrameIdentity,
     Layout,
     Manifest,
     ManifestError,
@@ -32,10 +32,9 @@ from janus_cache.store.manifest import (
     version_differences,
 )
 
-FRAMES = [
-    FrameIdentity("ep0/rgb/000.png", 640, 480, "aa" * 32),
-    FrameIdentity("ep0/rgb/001.png", 640, 480, "bb" * 32),
-    FrameIdentity("ep1/rgb/000.png", 640, 480, "cc" * 32),
+EPISODES = [
+    EpisodeIdentity("ep0", "r2r", "aa" * 32, frames=2, samples=2),
+    EpisodeIdentity("ep1", "r2r", "bb" * 32, frames=1, samples=1),
 ]
 
 
@@ -50,7 +49,7 @@ def manifest(**changes: object) -> Manifest:
         window=WindowVariant(history=8, sampling="linspace", reference_frame="first", layer=-2, attention="causal"),
         encoder_fingerprint="sha256:" + "12" * 32,
         feature_dtype="bfloat16",
-        dataset=DatasetIdentity.compute(FRAMES, n_episodes=2, n_samples=3),
+        dataset=DatasetIdentity.compute(EPISODES, sources=["r2r"]),
         layout=Layout(frames_per_shard=64, samples_per_shard=16),
         resolutions={"pad644": pad644()},
         counts={"frames": 3, "samples": 3},
@@ -86,16 +85,17 @@ def test_stored_dtype_follows_the_logical_feature_dtype(tmp_path: Path) -> None:
         read_manifest(tmp_path)
 
 
-def test_dataset_identity_changes_with_any_frame_field_or_order_and_is_deterministic() -> None:
-    base = DatasetIdentity.compute(FRAMES, n_episodes=2, n_samples=3)
-    assert base == DatasetIdentity.compute(list(FRAMES), n_episodes=2, n_samples=3)
-    assert base.n_frames == 3
+def test_dataset_identity_changes_with_any_episode_field_or_order_and_is_deterministic() -> None:
+    base = DatasetIdentity.compute(EPISODES)
+    assert base == DatasetIdentity.compute(list(EPISODES))
+    assert (base.n_episodes, base.n_frames, base.n_samples) == (2, 3, 3)
     changed = [
-        DatasetIdentity.compute([replace(FRAMES[0], content_hash="dd" * 32), *FRAMES[1:]], 2, 3),
-        DatasetIdentity.compute([replace(FRAMES[0], width=641), *FRAMES[1:]], 2, 3),
-        DatasetIdentity.compute([replace(FRAMES[0], relative_path="ep0/rgb/002.png"), *FRAMES[1:]], 2, 3),
-        DatasetIdentity.compute(FRAMES[::-1], 2, 3),
-        DatasetIdentity.compute(FRAMES, 2, 4),
+        DatasetIdentity.compute([replace(EPISODES[0], digest="dd" * 32), *EPISODES[1:]]),
+        DatasetIdentity.compute([replace(EPISODES[0], episode_id="ep2"), *EPISODES[1:]]),
+        DatasetIdentity.compute([replace(EPISODES[0], source="rxr"), *EPISODES[1:]]),
+        DatasetIdentity.compute([replace(EPISODES[0], frames=3), *EPISODES[1:]]),
+        DatasetIdentity.compute(EPISODES[::-1]),
+        DatasetIdentity.compute(EPISODES[:1]),
     ]
     assert len({base.digest, *(c.digest for c in changed)}) == 1 + len(changed)
 
@@ -119,7 +119,7 @@ def test_keyed_differences_name_every_differing_field_with_both_values() -> None
         window=replace(existing.window, history=4, attention="full"),
         encoder_fingerprint="sha256:" + "34" * 32,
         resolutions={"pad644": pad644(preprocessing={"mode": "crop", "target": 644})},
-        dataset=DatasetIdentity.compute(FRAMES[:2], n_episodes=1, n_samples=2),
+        dataset=DatasetIdentity.compute(EPISODES[:1], sources=["r2r"]),
     )
     diffs = {d.name: (d.existing, d.wanted) for d in keyed_differences(existing, wanted)}
     assert diffs["window.history"] == (8, 4)

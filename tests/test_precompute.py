@@ -27,7 +27,7 @@ import torch
 from conftest import REPO_ROOT, file_digests, write_test_profile
 from PIL import Image, ImageOps
 
-from janus_cache.index import DatasetIndex, build_index
+from janus_cache.index import DatasetIndex, build_index, build_sources_index
 from janus_cache.encoder import WindowEncoder
 from janus_cache.imaging import load_frame
 from janus_cache.plan import Plan
@@ -271,13 +271,13 @@ def test_the_reference_run_prints_the_plan_and_a_summary(references: Callable[[s
 
 
 def test_the_job_run_step_by_step_in_one_process_builds_the_reference_cache(
-    references: Callable[[str], Path], sample_index: DatasetIndex, settings: Profile, tmp_path: Path
+    references: Callable[[str], Path], sample_dataset: Path, settings: Profile, tmp_path: Path
 ) -> None:
     """The library's precompute job driven by hand, every shard in reverse order, writes the
     2-process reference cache byte for byte; afterwards no shard is pending."""
     encoder = WindowEncoder.from_settings(settings.vggt, settings.cache)
-    job = PrecomputeJob(sample_index, tmp_path / "cache", "zarr", settings.cache, Resolution.parse(RESOLUTION),
-                        encoder)
+    index = build_sources_index(sample_dataset)  # as precompute indexes its DATA (the source's name is stored)
+    job = PrecomputeJob(index, tmp_path / "cache", "zarr", settings.cache, Resolution.parse(RESOLUTION), encoder)
     shown: list[Plan] = []
     prepared = job.prepare(on_plan=shown.append)
     assert shown == [prepared.plan] and prepared.warnings == ()
@@ -408,7 +408,7 @@ def test_a_keyed_field_change_is_refused_with_the_field_named(
 def test_overwrite_starts_over_with_the_new_settings(
     references: Callable[[str], Path], sample_dataset: Path, profile: Path, variant: str, tmp_path: Path
 ) -> None:
-    """A changed source image is refused naming ``dataset.digest`` (nothing written); ``--overwrite``
+    """A changed source image is refused naming its episode and file (nothing written); ``--overwrite``
     then rebuilds the cache from the changed source, even with its manifest damaged: of all the
     data files, exactly the changed frame's shard, the feature shards of the windows holding that
     frame and the frames table's content-hash column differ from the old cache."""
@@ -416,7 +416,8 @@ def test_overwrite_starts_over_with_the_new_settings(
     cache = copy_cache(reference, tmp_path / "cache")
     data, changed_frame = changed_source_dataset(sample_dataset, tmp_path / "data")
     refused = run(precompute_command(data, cache, profile, nproc=None))
-    assert refused.returncode != 0 and "dataset.digest" in output(refused), tail(refused)
+    assert refused.returncode != 0 and f"changed source file {data / changed_frame}" in output(refused) \
+        and "episode episode_0001" in output(refused), tail(refused)
     assert file_digests(cache) == file_digests(reference)
 
     manifest = cache / "manifest.json"

@@ -7,11 +7,17 @@ subinstruction of a frame :mod:`janus_cache.index.subinstructions`; problems go 
 report (:mod:`janus_cache.index.problems`) instead of passing silently. With ``cache_dir`` the
 index is stored in columns and reused while the sources are unchanged
 (:mod:`janus_cache.index.cached`).
+
+``build_sources_index`` combines several named sources into one index
+(:mod:`janus_cache.index.sources`): what precompute, verify and the trainer's dataset check build.
+Each episode's identity (:mod:`janus_cache.index.identity`) is what a cache records of it, and
+:mod:`janus_cache.index.changes` compares a cache's episodes with the dataset now.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 from janus_cache.index.annotations import ANNOTATION_FIELDS, AnnotationBuilder
@@ -21,6 +27,13 @@ from janus_cache.index.episode_folders import (
     MILESTONES_FILE,
     SPATIAL_FIELD,
     EpisodeFolderBuilder,
+)
+from janus_cache.index.changes import (
+    CachedRows,
+    DatasetChanges,
+    EpisodeChange,
+    append_order_problem,
+    dataset_changes,
 )
 from janus_cache.index.files import IMAGE_SUFFIXES, Builder, content_hash, frame_content_hash
 from janus_cache.index.model import (
@@ -34,6 +47,7 @@ from janus_cache.index.model import (
     parse_action,
     source_identity,
 )
+from janus_cache.index.identity import EpisodeIdentity, episode_identities, episode_identity
 from janus_cache.index.problems import DatasetError, DatasetReport, Reason, ReportEntry
 from janus_cache.index.subinstructions import (
     DEFAULT_SUBINSTRUCTION_RULE,
@@ -42,6 +56,15 @@ from janus_cache.index.subinstructions import (
     parse_rule,
     subinstruction_for,
 )
+from janus_cache.index.sources import (
+    DataSource,
+    combine,
+    describe,
+    named_after_image_root,
+    parse_sources,
+    prefixes_keys,
+    source_values,
+)
 from janus_cache.index.texts import normalise_text
 from janus_cache.windows import DEFAULT_HISTORY
 
@@ -49,6 +72,20 @@ __all__ = [
     "ACTIONS",
     "ACTION_IDS",
     "ANNOTATION_FIELDS",
+    "CachedRows",
+    "DataSource",
+    "DatasetChanges",
+    "EpisodeChange",
+    "EpisodeIdentity",
+    "append_order_problem",
+    "build_sources_index",
+    "dataset_changes",
+    "describe",
+    "episode_identities",
+    "episode_identity",
+    "parse_sources",
+    "prefixes_keys",
+    "source_values",
     "DEFAULT_SUBINSTRUCTION_RULE",
     "IMAGE_SUFFIXES",
     "LANDMARK_FIELD",
@@ -172,3 +209,40 @@ def _builder(source: Path | str, history: int, image_root: Path | str | None, ch
         raise DatasetError(f"{source}: expected an episode-folder root or a .json/.jsonl annotation file")
     builder.progress = progress
     return builder
+
+
+def build_sources_index(
+    sources: Sequence[str | Path | DataSource] | str | Path,
+    *,
+    history: int = DEFAULT_HISTORY,
+    image_root: Path | str | None = None,
+    strict: bool = False,
+    check_images: bool = True,
+    workers: int | None = None,
+    progress: bool = False,
+    subinstruction_rule: str = DEFAULT_SUBINSTRUCTION_RULE,
+    cache_dir: Path | str | None = None,
+    processes: int = 1,
+) -> DatasetIndex:
+    """One index of several dataset sources (``NAME=PATH`` or bare paths, in order; a string may
+    hold several separated by spaces), keyed as :mod:`janus_cache.index.sources` says.
+
+    The keyword arguments are :func:`build_index`'s; ``image_root`` applies to a single annotation
+    source; with ``cache_dir`` each source's index is stored there (an entry per dataset and settings).
+    Raises ``DatasetError`` for unusable sources or names, or (``strict``) any problem.
+    """
+    parsed = named_after_image_root(parse_sources([sources] if isinstance(sources, (str, Path)) else sources),
+                                    image_root)
+    if image_root is not None and len(parsed) > 1:
+        raise DatasetError(f"an image root applies to one annotation source, not to the {len(parsed)} sources "
+                           f"{describe(parsed)}")
+    indexes = [
+        build_index(source.path, history=history, image_root=image_root, check_images=check_images,
+                    workers=workers, progress=progress, subinstruction_rule=subinstruction_rule,
+                    cache_dir=cache_dir, processes=processes)
+        for source in parsed
+    ]
+    index = combine(parsed, indexes)
+    if strict and index.report.entries:
+        raise DatasetError(index.report.strict_message(describe(parsed)), index.report)
+    return index

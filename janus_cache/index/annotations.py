@@ -150,6 +150,7 @@ class AnnotationBuilder(Builder):
                     description_2d=record.texts["description_2d"],
                     description_3d=record.texts["description_3d"],
                     action=record.action,
+                    record=record.where,
                 )
             )
         episodes = tuple(

@@ -264,6 +264,7 @@ class EpisodeFolderBuilder(Builder):
                     description_2d=text.landmark,
                     description_3d=text.spatial,
                     action=frame_file.action,
+                    record=str(frame_file.path.with_suffix(".json")),
                 )
             )
         return Episode(
@@ -274,6 +275,7 @@ class EpisodeFolderBuilder(Builder):
             checkpoints=scan.checkpoints,
             frame_rows=tuple(frame_rows.values()),
             sample_rows=tuple(sample_rows),
+            texts_file=str(scan.path / MILESTONES_FILE),
         )
 
 

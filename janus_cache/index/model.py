@@ -10,10 +10,13 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from janus_cache.index.problems import DatasetReport
 from janus_cache.index.subinstructions import DEFAULT_SUBINSTRUCTION_RULE
+
+if TYPE_CHECKING:  # sources.py builds on this module
+    from janus_cache.index.sources import DataSource
 
 ACTIONS: tuple[str, ...] = ("STOP", "MOVE_FORWARD", "TURN_LEFT", "TURN_RIGHT")
 """Action names; the position is the action id: the integer code of annotation files and the class
@@ -73,6 +76,11 @@ class Sample:
     description_2d: str
     description_3d: str
     action: str
+    source: str = ""
+    """Name of the dataset source the sample comes from (``janus_cache.index.sources``)."""
+    record: str = field(default="", compare=False)
+    """Where the sample's own texts and action were read: its frame's description JSON (episode
+    folders) or ``file:line`` of its annotation record; named when they change."""
 
     @property
     def action_id(self) -> int:
@@ -95,6 +103,11 @@ class Episode:
     checkpoints: tuple[int, ...]
     frame_rows: tuple[int, ...]
     sample_rows: tuple[int, ...]
+    source: str = ""
+    """Name of the dataset source the episode comes from (``janus_cache.index.sources``)."""
+    texts_file: str = field(default="", compare=False)
+    """The file holding the episode's instruction and subinstructions (episode folders:
+    ``milestones_result.json``; empty for annotation files, whose records hold them)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,6 +174,9 @@ class DatasetIndex:
     report: DatasetReport
     subinstruction_rule: str = DEFAULT_SUBINSTRUCTION_RULE
     """How episode-folder samples got their subinstruction (see ``janus_cache.index.subinstructions``)."""
+    sources: tuple[DataSource, ...] = ()
+    """The named sources this index combines, in order (``janus_cache.index.sources.DataSource``);
+    empty for an index of one path built by ``build_index``."""
     _samples_by_key: dict[str, int] = field(init=False, repr=False, compare=False)
     _episodes_by_id: dict[str, int] = field(init=False, repr=False, compare=False)
     _frame_rows: dict[tuple[str, int], int] = field(init=False, repr=False, compare=False)

@@ -59,7 +59,6 @@ from janus_cache.store.manifest import (
     FORMATS,
     DatasetIdentity,
     FieldDiff,
-    FrameIdentity,
     Layout,
     Manifest,
     ManifestError,
@@ -92,15 +91,18 @@ class CacheWriter(Protocol):
     root: Path
     variant: str
 
-    def write_table(self, table: str, columns: dict[str, ColumnData]) -> None:
-        """(Re)write the ``frames`` or ``samples`` table (text ``key`` column; samples: ``window_rows``)."""
+    def write_table(self, table: str, columns: dict[str, ColumnData], append: bool = False) -> None:
+        """(Re)write the ``frames`` or ``samples`` table (text ``key`` column; samples: ``window_rows``);
+        ``append``: the stored table may be the first rows of the new one."""
 
-    def prepare_frames(self, resolution: str, frame_shape: tuple[int, int], frames_per_shard: int) -> None:
-        """Create (or keep, when equal) the frames array of ``resolution``, one row per frame."""
+    def prepare_frames(self, resolution: str, frame_shape: tuple[int, int], frames_per_shard: int,
+                       grow: bool = False) -> None:
+        """Create (or keep, when equal) the frames array of ``resolution``, one row per frame;
+        ``grow``: extend an existing one with fewer rows (its partial last shard is rewritten)."""
 
     def prepare_samples(self, resolution: str, feature_shape: tuple[int, int], feature_dtype: str,
-                        samples_per_shard: int) -> None:
-        """Create (or keep, when equal) the per-sample storage of ``resolution``."""
+                        samples_per_shard: int, grow: bool = False) -> None:
+        """Create (or keep, when equal) the per-sample storage of ``resolution``; ``grow`` as above."""
 
     def frame_shard_plan(self, resolution: str) -> list[range]:
         """Frame rows of each frame shard."""
@@ -155,7 +157,6 @@ __all__ = [
     "DamagedData",
     "DatasetIdentity",
     "FieldDiff",
-    "FrameIdentity",
     "Layout",
     "Manifest",
     "ManifestError",

@@ -5,6 +5,7 @@ A cache directory holds (``<variant>`` is ``WindowVariant.name``, ``<resolution>
     manifest.json                           what the cache holds (janus_cache.store.manifest)
     checksums.json                          sha256 of every metadata file (janus_cache.store.checksums)
     report.json                             the finished precompute's report (failed samples...)
+    episodes.json                           each episode's identity (janus_cache.index.identity)
     zarr.json                               the root of the zarr v3 group (both formats)
     frames/<resolution>/                    uint8 frames, one row per frame
     vggt/<variant>/<resolution>/            features, one row per sample (zarr format)
@@ -30,6 +31,8 @@ MANIFEST_NAME = "manifest.json"
 REPORT_NAME = "report.json"
 CHECKSUMS_NAME = "checksums.json"
 """sha256 of every metadata file of the cache, recorded with each manifest write."""
+EPISODES_NAME = "episodes.json"
+"""Per-episode dataset identities, in row order (what staleness checks and appends compare)."""
 ZARR_ROOT_NAME = "zarr.json"
 """zarr v3 metadata file of every group and array (the root one marks a zarr group)."""
 
@@ -135,6 +138,10 @@ class CacheLayout:
     @property
     def report(self) -> Path:
         return self.root / REPORT_NAME
+
+    @property
+    def episodes(self) -> Path:
+        return self.root / EPISODES_NAME
 
     @property
     def zarr_root(self) -> Path:

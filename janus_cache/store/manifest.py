@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from janus_cache.index.identity import EpisodeIdentity
 from janus_cache.index.subinstructions import DEFAULT_SUBINSTRUCTION_RULE
 from janus_cache.store.checksums import record_metadata
 from janus_cache.store.commit import atomic_write_bytes
@@ -41,8 +42,10 @@ SCHEMA_VERSION = 3
 """Version of the cache layout and manifest schema; bumped on any incompatible change.
 2: sample texts follow the reference's normalisation and the keyed ``dataset.subinstruction_rule``.
 3: every zarr chunk ends in a crc32c, every tar sample carries crc32c of its members, and
-``checksums.json`` records the sha256 of every metadata file. Older caches are refused (they
-cannot be checked on read): rebuild them with ``precompute --overwrite``."""
+``checksums.json`` records the sha256 of every metadata file; the dataset identity is per episode
+(``episodes.json``, texts and actions included), with the source names; samples record their
+``source``. Older caches are refused (they cannot be checked on read): rebuild them with
+``precompute --overwrite``."""
 
 FORMATS = ("zarr", "wds")
 
@@ -134,52 +137,41 @@ class WindowVariant:
 
 
 @dataclass(frozen=True)
-class FrameIdentity:
-    """One source frame as the dataset identity sees it."""
-
-    relative_path: str
-    width: int
-    height: int
-    content_hash: str
-
-
-@dataclass(frozen=True)
 class DatasetIdentity:
-    """A digest over every source frame (path, size, content hash, in order), the counts, and the
-    rule that gave each sample its subinstruction (it changes the stored texts)."""
+    """A digest over every episode's identity (``janus_cache.index.identity``: source, frames,
+    texts, actions; in order), the counts, the source names in order, and the rule that gave each
+    sample its subinstruction (it changes the stored texts). The per-episode identities are stored
+    next to the manifest (:func:`write_episodes`), so a change can be traced to its episode."""
 
     digest: str
     n_episodes: int
     n_frames: int
     n_samples: int
     subinstruction_rule: str = DEFAULT_SUBINSTRUCTION_RULE
+    sources: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "sources", tuple(str(s) for s in self.sources))
 
     @classmethod
     def compute(
         cls,
-        frames: Iterable[FrameIdentity],
-        n_episodes: int,
-        n_samples: int,
+        episodes: Iterable[EpisodeIdentity],
         subinstruction_rule: str = DEFAULT_SUBINSTRUCTION_RULE,
+        sources: Iterable[str] = (),
     ) -> DatasetIdentity:
-        """Identity of a dataset whose frames, in index order, are ``frames``.
+        """Identity of a dataset whose episodes, in index order, are ``episodes``.
 
-        Each frame contributes one JSON line, so no path can be confused with another field.
+        Each episode contributes one JSON line, so no id can be confused with another field.
         """
         digest = hashlib.sha256()
-        n_frames = 0
-        for frame in frames:
-            line = json.dumps([frame.relative_path, frame.width, frame.height, frame.content_hash])
-            digest.update(line.encode() + b"\n")
-            n_frames += 1
+        n_episodes = n_frames = n_samples = 0
+        for episode in episodes:
+            digest.update(json.dumps([episode.source, episode.episode_id, episode.digest]).encode() + b"\n")
+            n_episodes, n_frames, n_samples = n_episodes + 1, n_frames + episode.frames, n_samples + episode.samples
         digest.update(json.dumps({"episodes": n_episodes, "frames": n_frames, "samples": n_samples}).encode())
-        return cls(
-            digest=digest.hexdigest(),
-            n_episodes=n_episodes,
-            n_frames=n_frames,
-            n_samples=n_samples,
-            subinstruction_rule=subinstruction_rule,
-        )
+        return cls(digest=digest.hexdigest(), n_episodes=n_episodes, n_frames=n_frames, n_samples=n_samples,
+                   subinstruction_rule=subinstruction_rule, sources=tuple(sources))
 
 
 @dataclass(frozen=True)
@@ -423,6 +415,30 @@ def write_manifest(root: Path, manifest: Manifest) -> Path:
     atomic_write_bytes(path, manifest.to_json().encode())
     record_metadata(root, keyed_digest(manifest))
     return path
+
+
+def write_episodes(root: Path, episodes: Iterable[EpisodeIdentity]) -> Path:
+    """Atomically (re)write the per-episode identities of the cache at ``root`` (single writer)."""
+    path = CacheLayout(root).episodes
+    data = {"episodes": [e.to_dict() for e in episodes]}
+    atomic_write_bytes(path, (json.dumps(data, indent=1, sort_keys=True, ensure_ascii=False) + "\n").encode())
+    return path
+
+
+def read_episodes(root: Path) -> tuple[EpisodeIdentity, ...] | None:
+    """The per-episode identities of the cache at ``root`` (None when it has none); a damaged
+    file is a :class:`ManifestError` naming it."""
+    path = CacheLayout(root).episodes
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        items = data["episodes"]
+        if not isinstance(items, list):
+            raise TypeError("'episodes' is not a list")
+        return tuple(EpisodeIdentity.from_dict(item, f"{path} entry {i}") for i, item in enumerate(items))
+    except FileNotFoundError:
+        return None
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError, UnicodeDecodeError) as err:
+        raise ManifestError(f"{path} is not a valid episode table: {err}") from None
 
 
 def library_versions() -> dict[str, str]:

@@ -47,6 +47,7 @@ import json
 import os
 import uuid
 from collections.abc import Iterable, Iterator
+import dataclasses
 from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
@@ -189,8 +190,10 @@ class WdsCacheWriter(VariantWriter):
         return CacheLayout(self.root).wds_shard(self.variant, resolution, shard)
 
     def prepare_samples(self, resolution: str, feature_shape: tuple[int, int], feature_dtype: str,
-                        samples_per_shard: int) -> None:
-        """Record the shard layout of ``resolution`` (its frames must be prepared first)."""
+                        samples_per_shard: int, grow: bool = False) -> None:
+        """Record the shard layout of ``resolution`` (its frames must be prepared first). With
+        ``grow`` (appending), a layout that differs only in having fewer samples is extended: full
+        tar shards are kept, a partially filled last one is uncommitted (rewritten whole)."""
         _check_name("resolution", resolution)
         n_samples = self._sample_rows_checked()
         window = self._column_array(SAMPLES_TABLE, WINDOW_ROWS_COLUMN)
@@ -207,6 +210,13 @@ class WdsCacheWriter(VariantWriter):
                 existing = WdsLayout.read(directory)
             except StoreError:  # damaged: rewritten below; each tar shard still answers to its record
                 existing = layout
+            if grow and existing.n_samples < layout.n_samples \
+                    and dataclasses.replace(existing, n_samples=layout.n_samples) == layout:
+                if existing.n_samples % existing.samples_per_shard:
+                    uncommit(self.root, self.samples_array_path(resolution),
+                             existing.n_samples // existing.samples_per_shard)
+                atomic_write_bytes(file, layout.to_json().encode())
+                return
             if existing != layout:
                 raise StoreError(f"{directory} holds shards of layout {existing}; asked for {layout} (if {file} was "
                                  "edited, rebuild the cache: precompute --overwrite)")

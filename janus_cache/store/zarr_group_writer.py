@@ -13,7 +13,7 @@ import math
 import shutil
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -162,13 +162,17 @@ class ZarrGroupWriter(ZarrGroup):
                 atomic_write_bytes(file, canonical)
                 self._repaired(f"{relative} (damaged or edited)")
 
-    def _prepare_array(self, path: str, spec: _ArraySpec) -> None:
+    def _prepare_array(self, path: str, spec: _ArraySpec, grow: bool = False) -> None:
         """Create array ``path`` as ``spec``; an existing equal array is kept with its shards.
 
         An existing array's ``zarr.json`` that differs from what zarr writes for ``spec`` in
         anything but the array's identity (shape, dtype, shard and chunk shapes, attributes), e.g.
         an edited ``"endian"`` or a damaged file, is rewritten: committed shards stay, each still
         checked against its commit record. A different identity is a different array: an error.
+
+        With ``grow`` (appending rows), an existing array that differs only in having fewer rows
+        is resized to ``spec``: its full shards are kept untouched, a partially filled last shard
+        is uncommitted (so it is rewritten whole, as a build from scratch writes it).
         """
         self._ensure_group()
         self._repair_groups(path)
@@ -178,8 +182,14 @@ class ZarrGroupWriter(ZarrGroup):
             current = file.read_bytes()
             if current == expected:
                 return
-            found = _identity(current)
-            if found is not None and found != _identity(expected):
+            found, wanted = _identity(current), _identity(expected)
+            if grow and found is not None and wanted is not None and found[0][0] < wanted[0][0] \
+                    and found[0][1:] == wanted[0][1:] and found[1:] == wanted[1:]:
+                self._grow_array(path, found[0][0], spec)
+                if file.read_bytes() != expected:  # e.g. an edited codec: as a build from scratch writes it
+                    atomic_write_bytes(file, expected)
+                return
+            if found is not None and found != wanted:
                 shape, dtype, shards, chunks, attrs = found
                 raise StoreError(
                     f"array {path!r} of cache {self.root} exists with shape {shape}, dtype {dtype}, chunks {chunks}, "
@@ -192,6 +202,18 @@ class ZarrGroupWriter(ZarrGroup):
         # A new array starts without commits; records left by an earlier array of this path are void.
         uncommit_array(self.root, path)
         _create(self._store(), path, spec)
+        for parent in [self.root / path, *(self.root / path).parents]:
+            fsync_path(parent / ZARR_ROOT_NAME)
+            if parent == self.root:
+                break
+        self._arrays.pop(path, None)
+
+    def _grow_array(self, path: str, old_rows: int, spec: _ArraySpec) -> None:
+        rows_per_shard = spec.shards[0]
+        if old_rows % rows_per_shard:
+            # Uncommitted before the resize: a crash in between leaves the shard to be rewritten.
+            uncommit(self.root, path, old_rows // rows_per_shard)
+        self._array(path).resize(spec.shape)
         for parent in [self.root / path, *(self.root / path).parents]:
             fsync_path(parent / ZARR_ROOT_NAME)
             if parent == self.root:
@@ -225,14 +247,15 @@ class ZarrGroupWriter(ZarrGroup):
 
     # -- tables ---------------------------------------------------------------------------------
 
-    def write_table(self, table: str, columns: Mapping[str, ColumnData]) -> None:
+    def write_table(self, table: str, columns: Mapping[str, ColumnData], append: bool = False) -> None:
         """(Re)write a whole table: numeric columns as arrays, text columns as lists of str.
 
         Every column must have the same number of rows. The ``frames`` and ``samples`` tables
         need a text ``key`` column; ``samples`` also an integer ``window_rows`` column
         ``[n, history + 1]``. Writing the table the cache already holds changes nothing; a
         different one is refused (the cache's arrays are row-aligned with the old one); an
-        interrupted write is redone.
+        interrupted write is redone. With ``append``, a stored table whose rows are the first rows
+        of ``columns`` (same columns) is rewritten with the new rows after them.
         """
         _check_name("table", table)
         prepared = {name: _column(table, name, data) for name, data in columns.items()}
@@ -244,7 +267,7 @@ class ZarrGroupWriter(ZarrGroup):
         state = self._table_state(table, prepared)
         if state == "equal":
             return  # resume, or a new resolution: the committed table is already this one
-        if state == "different":
+        if state == "different" and not (append and self._table_is_prefix(table, prepared)):
             raise StoreError(
                 f"cache {self.root} already holds a different {table!r} table; rows of its arrays refer "
                 "to that one, so a cache of other data needs a new (or emptied) cache directory"
@@ -321,6 +344,21 @@ class ZarrGroupWriter(ZarrGroup):
                     return True
         return False
 
+    def _table_is_prefix(self, table: str, columns: Mapping[str, np.ndarray | list[str]]) -> bool:
+        """Whether the stored ``table`` has ``columns``' names and is their first rows."""
+        if list(self.table_columns(table)) != list(columns):
+            return False
+        stored = self.read_table(table)
+        for name, data in columns.items():
+            old = stored[name]
+            if isinstance(data, list):
+                if not isinstance(old, list) or data[: len(old)] != old:
+                    return False
+            elif not (isinstance(old, np.ndarray) and old.dtype == data.dtype and old.shape[0] <= data.shape[0]
+                      and np.array_equal(old, data[: old.shape[0]])):
+                return False
+        return True
+
     def _write_whole(self, path: str, data: np.ndarray) -> None:
         self._prepare_array(path, _single_shard_spec(tuple(data.shape), data.dtype))
         if data.shape[0]:
@@ -328,18 +366,20 @@ class ZarrGroupWriter(ZarrGroup):
 
     # -- frames ---------------------------------------------------------------------------------
 
-    def prepare_frames(self, resolution: str, frame_shape: tuple[int, int], frames_per_shard: int) -> None:
+    def prepare_frames(self, resolution: str, frame_shape: tuple[int, int], frames_per_shard: int,
+                       grow: bool = False) -> None:
         """Create ``frames/<resolution>`` with one row per frame of the frames table.
 
         ``frame_shape`` is ``(H, W)``. An existing array of the same shape and layout is kept
-        (resume); a different one is an error.
+        (resume); a different one is an error, except, with ``grow``, one with fewer rows
+        (appending: see ``_prepare_array``).
         """
         _check_name("resolution", resolution)
         height, width = (int(x) for x in frame_shape)
         n_frames = self.table_rows(FRAMES_TABLE)
         spec = _row_spec((n_frames, height, width, 3), np.dtype(np.uint8), 1, frames_per_shard, FRAMES_COMPRESSION,
                          {"resolution": resolution})
-        self._prepare_array(frames_array(resolution), spec)
+        self._prepare_array(frames_array(resolution), spec, grow)
 
     def write_frame_shard(self, resolution: str, shard: int, frames: np.ndarray) -> CommitRecord:
         """Write frame shard ``shard`` of ``resolution``: uint8 ``[rows in shard, H, W, 3]``."""

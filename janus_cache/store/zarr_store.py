@@ -53,14 +53,15 @@ class ZarrCacheWriter(VariantWriter):
         return features_array(self.variant, resolution)
 
     def prepare_samples(self, resolution: str, feature_shape: tuple[int, int], feature_dtype: str,
-                        samples_per_shard: int) -> None:
-        """Create ``vggt/<variant>/<resolution>`` with one row per sample of the samples table."""
+                        samples_per_shard: int, grow: bool = False) -> None:
+        """Create ``vggt/<variant>/<resolution>`` with one row per sample of the samples table
+        (``grow``: an existing one with fewer rows is extended, as ``prepare_frames`` does)."""
         _check_name("resolution", resolution)
         n_samples = self._sample_rows_checked()
         shape = (n_samples, *(int(x) for x in feature_shape))
         spec = _row_spec(shape, stored_dtype(feature_dtype), 1, samples_per_shard, FEATURES_COMPRESSION,
                          {"logical_dtype": feature_dtype, "resolution": resolution, "variant": self.variant})
-        self._prepare_array(self.samples_array_path(resolution), spec)
+        self._prepare_array(self.samples_array_path(resolution), spec, grow)
 
     def sample_shard_plan(self, resolution: str) -> list[range]:
         return self.array_shard_plan(self.samples_array_path(resolution))

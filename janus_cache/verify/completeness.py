@@ -1,7 +1,9 @@
 """The completeness check: keys are unique and windows point at frames that decoded; (wds) each
 tar shard holds exactly the samples of its rows; with a dataset index, every indexed sample is
 present exactly once (samples the cache's ``report.json`` lists as failed at precompute excepted),
-no extra keys, the same windows and the same source files (path, size, content hash)."""
+no extra keys, the same windows and the same source files (path, size, content hash), and every
+episode's identity (``episodes.json``: frames, texts, actions) equal to the dataset's: an edited
+description, instruction or image fails naming the episode and the file."""
 
 from __future__ import annotations
 
@@ -12,9 +14,18 @@ from typing import Any
 
 import numpy as np
 
-from janus_cache.index import DEFAULT_SUBINSTRUCTION_RULE, DatasetIndex, build_index
+from janus_cache.index import (
+    DEFAULT_SUBINSTRUCTION_RULE,
+    CachedRows,
+    DatasetIndex,
+    build_sources_index,
+    dataset_changes,
+    episode_identities,
+    source_values,
+)
 from janus_cache.precompute import dataset_identity, read_frame_failures
-from janus_cache.store import StoreError
+from janus_cache.store import DatasetIdentity, ManifestError, StoreError
+from janus_cache.store.manifest import read_episodes
 from janus_cache.store.wds_store import FEATURE_MEMBER, FRAMES_MEMBER, META_MEMBER, decode_key, planned_tar_shards
 from janus_cache.store.layout import FRAMES_TABLE, KEY_COLUMN, REPORT_NAME, SAMPLES_TABLE, WINDOW_ROWS_COLUMN
 from janus_cache.verify.cache import CheckedCache, open_checked
@@ -40,7 +51,8 @@ def check_completeness(root: Path | str, index: DatasetIndex | None) -> CheckRes
         # Every key is always present (stable --json layout); the dataset ones stay empty without an index.
         data: dict[str, Any] = {"dataset_compared": index is not None, "missing": [], "extra": [],
                                 "failed_at_precompute": [], "changed_windows": [], "changed_sources": [],
-                                "new_sources": [], "dataset_identity_matches": None}
+                                "new_sources": [], "changed_episodes": [], "removed_episodes": [],
+                                "added_episodes": [], "dataset_identity_matches": None}
         try:
             samples, frames = cache.table(SAMPLES_TABLE), cache.table(FRAMES_TABLE)
         except Exception as err:  # noqa: BLE001 - unreadable tables are the finding
@@ -147,15 +159,50 @@ def _against_index(cache: CheckedCache, index: DatasetIndex, sample_keys: Sequen
     data["changed_windows"] = _changed_windows(index, indexed, sample_keys, frame_keys, window_rows, problems)
     _changed_sources(cache, index, frame_keys, problems, data)
 
-    identity = dataset_identity(index)
+    episodes = episode_identities(index)
+    identity = dataset_identity(index, episodes)
+    _changed_episodes(cache, index, failed, problems, data)
     if identity != cache.manifest.dataset:
         differences = [
             f"{name}: cache has {getattr(cache.manifest.dataset, name)!r}, dataset has {getattr(identity, name)!r}"
-            for name in ("n_episodes", "n_frames", "n_samples", "digest")
+            for name in ("sources", "n_episodes", "n_frames", "n_samples", "subinstruction_rule", "digest")
             if getattr(cache.manifest.dataset, name) != getattr(identity, name)
         ]
         problems.append("dataset identity differs from the manifest's (" + "; ".join(differences) + ")")
     data["dataset_identity_matches"] = identity == cache.manifest.dataset
+
+
+def _changed_episodes(cache: CheckedCache, index: DatasetIndex, failed: Mapping[str, str], problems: list[str],
+                      data: dict[str, Any]) -> None:
+    """Per episode: changed (naming the file), removed or new, against the cache's episode table.
+
+    Findings go first: they name what the user edited, the frame and sample findings follow."""
+    try:
+        stored = read_episodes(cache.root)
+    except ManifestError as err:
+        problems.insert(0, str(err))
+        return
+    if stored is None:
+        problems.insert(0, f"{cache.layout.episodes} is missing: the cache cannot be compared per episode")
+        return
+    recorded = DatasetIdentity.compute(stored, cache.manifest.dataset.subinstruction_rule,
+                                       cache.manifest.dataset.sources)
+    found: list[str] = []
+    if recorded != cache.manifest.dataset:
+        found.append(f"{cache.layout.episodes} does not match the manifest's dataset identity (edited?)")
+    changes = dataset_changes(stored, index, lambda: CachedRows.of_tables(cache.table(FRAMES_TABLE),
+                                                                          cache.table(SAMPLES_TABLE), failed))
+    found += [f"changed {change}" for change in changes.changed[:LISTED]]
+    if len(changes.changed) > LISTED:
+        found.append(f"... {len(changes.changed)} episodes in all changed")
+    found += [str(change) for change in changes.removed[:LISTED]]
+    if changes.added:
+        found.append(f"{len(changes.added)} episode(s) of the dataset are not in the cache: {listed(changes.added)} "
+                     "(precompute again to append them)")
+    data.update(changed_episodes=[{"episode": c.episode_id, "file": c.file, "detail": c.detail}
+                                  for c in changes.changed],
+                removed_episodes=[c.episode_id for c in changes.removed], added_episodes=list(changes.added))
+    problems[:0] = found
 
 
 def _changed_windows(index: DatasetIndex, indexed: Mapping[str, Any], sample_keys: Sequence[str],
@@ -225,10 +272,16 @@ def dataset_indexes(data: Path | str, cache_history: int, live_history: int,
                     subinstruction_rule: str = DEFAULT_SUBINSTRUCTION_RULE,
                     cache_dir: Path | str | None = None) -> tuple[DatasetIndex, DatasetIndex]:
     """The index completeness compares against (the cache's window history) and the one the live
-    path reads windows from (the profile's); one index when the two agree. ``cache_dir``: the
-    index store to reuse them from while the dataset is unchanged (see ``build_index``)."""
-    index = build_index(data, history=cache_history, subinstruction_rule=subinstruction_rule, cache_dir=cache_dir)
+    path reads windows from (the profile's); one index when the two agree.
+
+    ``data`` names the dataset as precompute was given it: one path, or sources ``NAME=PATH ...``
+    separated by spaces (``janus_cache.index.sources``), so that the keys are the cache's.
+    ``cache_dir``: the index store to reuse them from while the dataset is unchanged (see
+    ``build_index``)."""
+    sources = source_values(data)
+    index = build_sources_index(sources, history=cache_history, subinstruction_rule=subinstruction_rule,
+                                cache_dir=cache_dir)
     if live_history == cache_history:
         return index, index
-    return index, build_index(data, history=live_history, subinstruction_rule=subinstruction_rule,
-                              cache_dir=cache_dir)
+    return index, build_sources_index(sources, history=live_history, subinstruction_rule=subinstruction_rule,
+                                      cache_dir=cache_dir)

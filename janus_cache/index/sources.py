@@ -1,0 +1,161 @@
+"""Several dataset sources in one index: ``r2r=data/r2r rxr=data/rxr.jsonl`` (or one bare path).
+
+A source is an episode-folder root or an annotation file with a *name*: ``NAME=PATH``, or a bare
+``PATH``, which is named after its folder (an annotation file: the folder of its images, i.e. its
+image root, by default the file's own folder), so that an annotation file and the episode folders
+it describes make the same cache. The combined index is
+the sources' indexes one after the other, **in the order given**, each in its own canonical order
+(episode folders sorted by name; see the input formats). That order is the cache's row order, so a
+cache grows by appending (DAgger rounds): list the new round as a new source after the old ones
+(or name its episodes to sort after the existing ones), and the appended cache equals a cache built
+from scratch on the union.
+
+Keys: with several sources, or a source given as ``NAME=PATH``, every episode id (and so every
+frame and sample key) is prefixed with its source name, ``r2r/<episode>/<step>``, which keeps keys
+unique across sources; a single bare path keeps the dataset's own keys (as caches of one dataset
+always had). Every sample and episode records its source name either way (the sample table's
+``source`` column). A cache meant to grow by further sources should name its first one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import shlex
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from janus_cache.index.model import DatasetIndex, Episode, Frame, Sample
+from janus_cache.index.problems import DatasetError, DatasetReport, ReportEntry
+
+SOURCE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+"""A source name: a path-safe word (it becomes the first part of every key)."""
+
+
+@dataclass(frozen=True, slots=True)
+class DataSource:
+    """One dataset source: its name, its path, and whether the name was given (``NAME=PATH``)."""
+
+    name: str
+    path: Path
+    named: bool = False
+
+    def __str__(self) -> str:
+        return f"{self.name}={self.path}" if self.named else str(self.path)
+
+
+def parse_source(text: str) -> DataSource:
+    """``NAME=PATH`` or a bare ``PATH`` (named after its folder; an annotation file after the folder
+    it is in, see :func:`named_after_image_root` for one with an image root elsewhere)."""
+    name, sep, path = text.partition("=")
+    if sep and SOURCE_NAME.match(name) and path:
+        return DataSource(name, Path(path), named=True)
+    if sep and not Path(text).exists():
+        raise DatasetError(f"dataset source {text!r}: the name before '=' must be a word of letters, digits, "
+                           "'_', '.' or '-', and a path must follow it")
+    source = Path(text)
+    name = _folder_name(source.parent if _is_annotation(source) else source)
+    if not SOURCE_NAME.match(name):
+        raise DatasetError(f"dataset source {text}: cannot name it after {name!r}; give it a name, NAME={text}")
+    return DataSource(name, source)
+
+
+def parse_sources(values: Iterable[str | Path | DataSource]) -> tuple[DataSource, ...]:
+    """The sources of command-line values, each one source or several separated by spaces (as in
+    ``make precompute DATA="r2r=data/r2r rxr=data/rxr"``). Names must be unique."""
+    sources: list[DataSource] = []
+    for value in values:
+        if isinstance(value, DataSource):
+            sources.append(value)
+        elif isinstance(value, Path):
+            sources.append(parse_source(str(value)))
+        else:
+            sources.extend(parse_source(part) for part in shlex.split(value))
+    if not sources:
+        raise DatasetError("no dataset source given")
+    seen: dict[str, DataSource] = {}
+    for source in sources:
+        if source.name in seen:
+            raise DatasetError(f"dataset sources {seen[source.name]} and {source} have the same name "
+                               f"{source.name!r}; name them, e.g. NAME={source.path}")
+        seen[source.name] = source
+    return tuple(sources)
+
+
+def _is_annotation(path: Path) -> bool:
+    return path.suffix.lower() in (".json", ".jsonl")
+
+
+def _folder_name(path: Path) -> str:
+    return path.resolve().name
+
+
+def named_after_image_root(sources: tuple[DataSource, ...], image_root: Path | str | None) -> tuple[DataSource, ...]:
+    """A single bare annotation source whose images lie under ``image_root`` is named after that
+    folder (as the episode folders there would be)."""
+    if image_root is None or len(sources) != 1 or sources[0].named or not _is_annotation(sources[0].path):
+        return sources
+    name = _folder_name(Path(image_root))
+    if not SOURCE_NAME.match(name):
+        raise DatasetError(f"dataset source {sources[0].path}: cannot name it after its image root {image_root}; "
+                           f"give it a name, NAME={sources[0].path}")
+    return (DataSource(name, sources[0].path),)
+
+
+def source_values(value: str | Path) -> list[str | Path]:
+    """One command-line value naming a dataset, for :func:`parse_sources`: an existing path is one
+    source (even with spaces or '=' in it); anything else may list several (``r2r=A rxr=B``)."""
+    return [Path(value)] if Path(value).exists() else [str(value)]
+
+
+def prefixes_keys(sources: Sequence[DataSource]) -> bool:
+    """Whether keys carry their source's name (several sources, or one given a name)."""
+    return len(sources) > 1 or any(s.named for s in sources)
+
+
+def describe(sources: Sequence[DataSource]) -> str:
+    """The sources as a user writes them (``r2r=data/r2r rxr=data/rxr``)."""
+    return " ".join(str(s) for s in sources)
+
+
+def combine(sources: Sequence[DataSource], indexes: Sequence[DatasetIndex]) -> DatasetIndex:
+    """One index of several sources' indexes, in the given order (keys prefixed as documented)."""
+    if len(sources) != len(indexes) or not sources:
+        raise ValueError("combine needs one index per source")
+    prefix = prefixes_keys(sources)
+    episodes: list[Episode] = []
+    frames: list[Frame] = []
+    samples: list[Sample] = []
+    entries: list[ReportEntry] = []
+    for source, index in zip(sources, indexes, strict=True):
+        def named(text: str) -> str:
+            return f"{source.name}/{text}" if prefix else text
+
+        frame_offset, sample_offset = len(frames), len(samples)
+        frames.extend(dataclasses.replace(f, row=f.row + frame_offset, episode_id=named(f.episode_id),
+                                          relpath=named(f.relpath)) for f in index.frames)
+        samples.extend(dataclasses.replace(
+            s, row=s.row + sample_offset, key=named(s.key), episode_id=named(s.episode_id), source=source.name,
+            window_rows=tuple(r + frame_offset for r in s.window_rows)) for s in index.samples)
+        episodes.extend(dataclasses.replace(
+            e, episode_id=named(e.episode_id), source=source.name,
+            frame_rows=tuple(r + frame_offset for r in e.frame_rows),
+            sample_rows=tuple(r + sample_offset for r in e.sample_rows)) for e in index.episodes)
+        entries.extend(e if e.sample_key is None else dataclasses.replace(e, sample_key=named(e.sample_key))
+                       for e in index.report)
+    formats = sorted({index.source_format for index in indexes})
+    histories = {index.history for index in indexes}
+    rules = {index.subinstruction_rule for index in indexes}
+    assert len(histories) == 1 and len(rules) == 1, "sources of one index share history and subinstruction rule"
+    return DatasetIndex(
+        source=indexes[0].source if len(sources) == 1 else Path(describe(sources)),
+        source_format="+".join(formats),
+        history=indexes[0].history,
+        episodes=tuple(episodes),
+        frames=tuple(frames),
+        samples=tuple(samples),
+        report=DatasetReport(tuple(entries)),
+        subinstruction_rule=indexes[0].subinstruction_rule,
+        sources=tuple(sources),
+    )
