@@ -393,6 +393,56 @@ class PrecomputeJob:
             warnings.append(f"repaired {out}: rewrote {', '.join(repairs)}")
         return Prepared(manifest, plan, tuple(warnings), tuple(repairs), notes)
 
+    def _cached_rows(self) -> CachedRows:
+        """The cache's frame and sample tables (what its episodes were), for naming changed files."""
+        report = self.out / REPORT_NAME
+        failed = json.loads(report.read_text()).get("failed_samples", {}) if report.is_file() else {}
+        samples = self.writer.read_table("samples") if self.writer.has_table("samples") else None
+        return CachedRows.of_tables(self.writer.read_table("frames"), samples, failed)
+
+    def _check_append(self, existing: Manifest) -> str:
+        """Refuse (:class:`PrecomputeError`, one line) unless the index only adds episodes after the
+        cache's ones; the note to show when it does."""
+        out, index = self.out, self.index
+        stored = read_episodes(out)
+        if stored is None:
+            raise PrecomputeError(f"{out} was built from other data (dataset.digest differs) and has no "
+                                  f"{EPISODES_NAME} telling its episodes; rebuild it with --overwrite")
+        recorded = DatasetIdentity.compute(stored, existing.dataset.subinstruction_rule, existing.dataset.sources)
+        if recorded != existing.dataset:
+            raise PrecomputeError(f"{out / EPISODES_NAME} does not match the manifest's dataset identity "
+                                  "(edited, or left by another run); rebuild the cache with --overwrite")
+        new_sources = tuple(s.name for s in index.sources)
+        old_sources = existing.dataset.sources
+        if new_sources[: len(old_sources)] != old_sources:
+            raise PrecomputeError(f"{out} was built from the sources {' '.join(old_sources)}, the dataset names "
+                                  f"{' '.join(new_sources) or 'none'}: sources can only be added after the "
+                                  "existing ones, in the same order")
+        if stored and not stored[0].episode_id.startswith(f"{stored[0].source}/") and prefixes_keys(index.sources):
+            raise PrecomputeError(f"{out} holds keys without a source name (built from the one unnamed source "
+                                  f"{old_sources[0] if old_sources else '?'}); a cache that grows by sources needs "
+                                  "named sources (NAME=PATH) from its first build: rebuild it with --overwrite")
+        changes = dataset_changes(stored, index, self._cached_rows)
+        if changes.refusals:
+            first = changes.refusals[0]
+            more = f" (and {len(changes.refusals) - 1} more changed or removed episode(s))" \
+                if len(changes.refusals) > 1 else ""
+            raise PrecomputeError(f"{out} cannot take this dataset: {first}{more}; a cache only grows by new "
+                                  f"episodes: restore {first.file} or rebuild with --overwrite")
+        problem = append_order_problem(stored, index)
+        if problem is not None:
+            raise PrecomputeError(f"{out} cannot take this dataset: {problem}")
+        others = sorted(set(existing.resolutions) - {self.resolution.name})
+        if others:
+            raise PrecomputeError(f"{out} also holds the resolution(s) {', '.join(others)}; appending updates one "
+                                  "resolution, so the others would be left short: rebuild with --overwrite")
+        if not changes.added:
+            raise PrecomputeError(f"{out} was built from the same episodes in another form (dataset identity "
+                                  "differs, no episode added or changed); rebuild it with --overwrite")
+        added = [index.episode(e) for e in changes.added]
+        return (f"appending {len(added)} new episode(s) ({sum(len(e.frame_rows) for e in added)} frames, "
+                f"{sum(len(e.sample_rows) for e in added)} samples) after the cache's {len(stored)}")
+
     def _existing_manifest(self, wanted: Manifest) -> tuple[Manifest | None, list[str]]:
         """The cache's manifest (None: none, or one to rebuild from this run's settings) and, when it
         was damaged or edited, the repair to report.
