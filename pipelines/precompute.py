@@ -104,7 +104,8 @@ def index_on_every_rank(opts: Options, profile: Profile, control: Control) -> Da
         store = None if is_foreign_directory(opts.out) else CacheLayout(opts.out).index_store
         return build_sources_index(opts.data, history=profile.cache.history, image_root=opts.image_root,
                                    strict=opts.strict, progress=True, subinstruction_rule=profile.cache.subinstruction_rule,
-                                   cache_dir=store, processes=default_workers(1))
+                                   cache_dir=store, processes=default_workers(1),
+                                   on_stored=lambda stored: print(stored.describe(), flush=True))
 
     return control.on_main(on_main)
 

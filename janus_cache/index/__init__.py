@@ -17,7 +17,7 @@ Each episode's identity (:mod:`janus_cache.index.identity`) is what a cache reco
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from janus_cache.index.annotations import ANNOTATION_FIELDS, AnnotationBuilder
@@ -223,12 +223,14 @@ def build_sources_index(
     subinstruction_rule: str = DEFAULT_SUBINSTRUCTION_RULE,
     cache_dir: Path | str | None = None,
     processes: int = 1,
+    on_stored: Callable[[StoredIndex], None] | None = None,
 ) -> DatasetIndex:
     """One index of several dataset sources (``NAME=PATH`` or bare paths, in order; a string may
     hold several separated by spaces), keyed as :mod:`janus_cache.index.sources` says.
 
     The keyword arguments are :func:`build_index`'s; ``image_root`` applies to a single annotation
-    source; with ``cache_dir`` each source's index is stored there (an entry per dataset and settings).
+    source; with ``cache_dir`` each source's index is stored there (an entry per dataset and settings)
+    and ``on_stored`` sees each source's :class:`StoredIndex` (reused or rebuilt, and what it read).
     Raises ``DatasetError`` for unusable sources or names, or (``strict``) any problem.
     """
     parsed = named_after_image_root(parse_sources([sources] if isinstance(sources, (str, Path)) else sources),
@@ -236,12 +238,18 @@ def build_sources_index(
     if image_root is not None and len(parsed) > 1:
         raise DatasetError(f"an image root applies to one annotation source, not to the {len(parsed)} sources "
                            f"{describe(parsed)}")
-    indexes = [
-        build_index(source.path, history=history, image_root=image_root, check_images=check_images,
-                    workers=workers, progress=progress, subinstruction_rule=subinstruction_rule,
-                    cache_dir=cache_dir, processes=processes)
-        for source in parsed
-    ]
+    indexes = []
+    for source in parsed:
+        if cache_dir is None:
+            indexes.append(build_index(source.path, history=history, image_root=image_root, check_images=check_images,
+                                       workers=workers, progress=progress, subinstruction_rule=subinstruction_rule))
+            continue
+        stored = build_stored_index(source.path, cache_dir, history=history, image_root=image_root,
+                                    check_images=check_images, workers=workers, progress=progress,
+                                    subinstruction_rule=subinstruction_rule, processes=processes)
+        if on_stored is not None:
+            on_stored(stored)
+        indexes.append(stored.index)
     index = combine(parsed, indexes)
     if strict and index.report.entries:
         raise DatasetError(index.report.strict_message(describe(parsed)), index.report)
