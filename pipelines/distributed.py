@@ -6,6 +6,8 @@ channel is a gloo process group on every machine (GPU or not).
 
 from __future__ import annotations
 
+import contextlib
+
 import os
 import sys
 import time
@@ -125,6 +127,10 @@ class Control:
 
     def close(self) -> None:
         if self.distributed and dist.is_initialized():
+            # Every rank past its last exchange before any tears gloo down: a rank that destroys the
+            # group while a peer still sends to it can abort at exit ("terminate called ...").
+            with contextlib.suppress(Exception):
+                dist.barrier()
             dist.destroy_process_group()
 
 
