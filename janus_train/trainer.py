@@ -23,7 +23,6 @@ import math
 import os
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -52,35 +51,18 @@ from janus_train.elastic import (
     set_rng_states,
     universal_checkpoint,
 )
-from janus_train.gpu_specs import peak_flops
 from janus_train.logs import RunLog
 from janus_train.nonfinite import NonFiniteStep, nonfinite_message
 from janus_train.loss import LossDenominators, micro_batch_loss
 from janus_train.mixture import CacheSource, MixedSamples, Mixture, as_sources, mixed_samples
-from janus_train.prompt import IGNORE_INDEX, SEGMENT_NAMES, PromptBuilder
+from janus_train.prompt import IGNORE_INDEX, PromptBuilder
+from janus_train.step_metrics import StepTimes, step_record
 from janus_train.reference_checkpoint import start_model
 from janus_train.validation import VAL_LOSS, Evaluator, plan_validation
 
 CHECKPOINTS = "checkpoints"
 METRICS_FILE = "metrics.jsonl"
 EXPORT_DIR = "export"
-
-
-@dataclass
-class StepTimes:
-    """Seconds of one optimizer step on this rank; compute = forward + backward + optimizer."""
-
-    data_wait: float = 0.0
-    compute: float = 0.0
-    forward: float = 0.0
-    backward: float = 0.0
-    optimizer: float = 0.0
-
-    def lap(self, since: float, device: torch.device) -> float:
-        """Seconds since ``since`` (after the GPU's queued work, so phases are not blurred)."""
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        return time.perf_counter() - since
 
 
 def init_distributed(profile: Profile, alloc_conf: str = "") -> torch.device:
@@ -438,55 +420,11 @@ class Trainer:
 
     def _metrics(self, sums: dict[str, torch.Tensor], denominators: LossDenominators, times: StepTimes,
                  tokens: int, images: int, visual: int, lr: float) -> dict[str, Any]:
-        packed = torch.cat([v.reshape(-1).double() for v in sums.values()] + [
-            torch.tensor([tokens, images, visual, times.data_wait, times.compute, times.forward, times.backward,
-                          times.optimizer], dtype=torch.float64, device=self.device)
-        ])
-        dist.all_reduce(packed)
-        values = packed.tolist()
-        sizes = {name: v.numel() for name, v in sums.items()}
-        by_name, at = {}, 0
-        for name, size in sizes.items():
-            by_name[name] = values[at : at + size] if size > 1 else values[at]
-            at += size
-        segment_ce, segment_tokens = by_name["segment_ce_sum"], by_name["segment_tokens"]
-        action_ce, action_correct, samples = by_name["action_ce_sum"], by_name["action_correct"], by_name["samples"]
-        tokens_all, images_all, visual_all, wait_sum, compute_sum, forward_sum, backward_sum, optim_sum = values[at:]
-        token_loss = by_name["weighted_ce_sum"] / max(denominators.weight_sum, 1e-12)
-        # The weight the step that just ran used (self.step already counts it).
-        distill = self.loss_config.distill_weight_at(self.step - 1)
-        step_time = (wait_sum + compute_sum) / self.world
-        record: dict[str, Any] = {
-            "step": self.step,
-            "epoch": self.epoch,
-            "loss": token_loss + distill * action_ce / max(samples, 1.0),
-            "token_loss": token_loss,
-            "action_loss": action_ce / max(samples, 1.0),
-            "distill_loss_weight": distill,
-            "action_accuracy": action_correct / max(samples, 1.0),
-            "grad_norm": float(self.engine.get_global_grad_norm() or 0.0),
-            "lr": lr,
-            "samples_per_s": samples / max(step_time, 1e-9),
-            "tokens_per_s": tokens_all / max(step_time, 1e-9),
-            "images_per_sample": images_all / max(samples, 1.0),
-            "visual_tokens_per_sample": visual_all / max(samples, 1.0),
-            "data_wait_s": wait_sum / self.world,
-            "compute_s": compute_sum / self.world,
-            "forward_s": forward_sum / self.world,
-            "backward_s": backward_sum / self.world,
-            "optimizer_s": optim_sum / self.world,
-            "step_s": step_time,
-            "data_wait_share": wait_sum / max(wait_sum + compute_sum, 1e-12),
-        }
-        for name, ce, n in zip(SEGMENT_NAMES, segment_ce, segment_tokens):
-            record[f"loss_{name}"] = ce / n if n else None
-        peak = peak_flops(self.device)
-        if peak is not None:
-            # Training FLOPs ~ 6 x LLM parameters per token (forward + backward).
-            record["mfu"] = 6 * self.llm_params * tokens_all / (step_time * peak * self.world)
-            record["peak_memory_gb"] = torch.cuda.max_memory_allocated(self.device) / 1e9
-            record["alloc_retries"] = torch.cuda.memory_stats(self.device).get("num_alloc_retries", 0)
-        return record
+        # The distill weight the step that just ran used (self.step already counts it).
+        return step_record(sums, denominators, times, (tokens, images, visual), step=self.step, epoch=self.epoch,
+                           lr=lr, grad_norm=float(self.engine.get_global_grad_norm() or 0.0),
+                           distill=self.loss_config.distill_weight_at(self.step - 1), world=self.world,
+                           device=self.device, llm_params=self.llm_params)
 
     def _check_damage(self) -> None:
         """Before a step's compute, on every rank: the damaged samples the ranks' loaders met (left
