@@ -46,12 +46,9 @@ from janus_cache.store import (
 )
 from janus_cache.store.commit import atomic_write_bytes
 from janus_cache.store.layout import KEY_COLUMN, WINDOW_ROWS_COLUMN, CacheLayout
-from janus_cache.store.records import ACTION_COLUMN, EPISODE_COLUMN, TEXT_COLUMNS
+from janus_cache.store.records import ACTION_COLUMN, EPISODE_COLUMN, SOURCE_COLUMN, TEXT_COLUMNS
 from janus_cache.store.compression import FEATURES_COMPRESSION, FRAMES_COMPRESSION
 from janus_cache.store.manifest import library_versions
-
-SOURCE_COLUMN = "source"
-"""Samples-table column naming each sample's dataset source (``janus_cache.index.sources``)."""
 
 SAMPLING_RULE = "linspace"
 """Name of the window rule of janus_cache.windows (front padding with frame 0, then linspace)."""

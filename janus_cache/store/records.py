@@ -22,6 +22,8 @@ TEXT_COLUMNS = ("instruction", "subinstruction", "description_2d", "description_
 """Text columns of the samples table that every sample's prompt is built from."""
 ACTION_COLUMN = "action"
 EPISODE_COLUMN = "episode_id"
+SOURCE_COLUMN = "source"
+"""The samples table's dataset source name (``janus_cache.index.sources``)."""
 """The samples table's column of each sample's episode (what a validation hold-out splits by)."""
 
 
