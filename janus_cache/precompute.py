@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from janus_cache.index import DatasetIndex, EpisodeIdentity, Frame, Sample, episode_identities
+from janus_cache.index import ACTION_IDS, DatasetIndex, EpisodeIdentity, Frame, episode_identities
 from janus_cache.encoder import WindowEncoder, encoder_fingerprint
 from janus_cache.imaging import FrameError, load_frame
 from janus_cache.profile import CacheSettings
@@ -85,34 +85,53 @@ def frame_shape(index: DatasetIndex, resolution: Resolution) -> tuple[int, int]:
 
 
 def frame_table(index: DatasetIndex) -> dict[str, Any]:
-    frames = index.frames
+    # Built from the index's columns: a stored index answers without making 612k frame objects.
+    episodes = index.text_column("frames", "episode_id")
+    numbers = index.int_column("frames", "index")
     return {
-        "key": [f.key for f in frames],
-        "episode_id": [f.episode_id for f in frames],
-        "frame_index": np.array([f.index for f in frames], dtype=np.int32),
-        "source": [f.relpath for f in frames],
-        "source_width": np.array([f.width for f in frames], dtype=np.int32),
-        "source_height": np.array([f.height for f in frames], dtype=np.int32),
-        "source_sha256": [f.sha256 or "" for f in frames],
+        "key": [f"{episode}/{number}" for episode, number in zip(episodes, numbers.tolist(), strict=True)],
+        "episode_id": episodes,
+        "frame_index": numbers.astype(np.int32),
+        "source": index.text_column("frames", "relpath"),
+        "source_width": index.int_column("frames", "width").astype(np.int32),
+        "source_height": index.int_column("frames", "height").astype(np.int32),
+        "source_sha256": [sha or "" for sha in index.text_column("frames", "sha256")],
     }
 
 
-def sample_table(samples: Sequence[Sample], history: int) -> dict[str, Any]:
-    window_rows = np.array([s.window_rows for s in samples], dtype=np.int32).reshape(len(samples), history + 1)
+def window_matrix(index: DatasetIndex) -> np.ndarray:
+    """Window rows of every sample, [samples, history + 1] (after :func:`check_windows`)."""
+    windows = index.int_column("samples", WINDOW_ROWS_COLUMN)
+    return windows.reshape(len(index.samples), index.history + 1)
+
+
+def sample_table(index: DatasetIndex, rows: np.ndarray | None = None) -> dict[str, Any]:
+    """The samples table of ``index``'s samples at ``rows`` (default: all), in row order."""
+
+    def pick(values: list[Any]) -> list[Any]:
+        return values if rows is None else [values[r] for r in rows.tolist()]
+
+    window_rows = window_matrix(index)
     return {
-        KEY_COLUMN: [s.key for s in samples],
-        EPISODE_COLUMN: [s.episode_id for s in samples],
-        SOURCE_COLUMN: [s.source for s in samples],
-        "step": np.array([s.step for s in samples], dtype=np.int32),
-        WINDOW_ROWS_COLUMN: window_rows,
-        ACTION_COLUMN: np.array([s.action_id for s in samples], dtype=np.int8),
+        KEY_COLUMN: pick(index.text_column("samples", "key")),
+        EPISODE_COLUMN: pick(index.text_column("samples", "episode_id")),
+        SOURCE_COLUMN: pick(index.text_column("samples", "source")),
+        "step": index.int_column("samples", "step")[rows if rows is not None else slice(None)].astype(np.int32),
+        WINDOW_ROWS_COLUMN: (window_rows if rows is None else window_rows[rows]).astype(np.int32),
+        ACTION_COLUMN: np.array([ACTION_IDS[a] for a in pick(index.text_column("samples", "action"))], dtype=np.int8),
         # The sample record's text columns are the index's Sample fields of the same names.
-        **{name: [getattr(s, name) for s in samples] for name in TEXT_COLUMNS},
+        **{name: pick(index.text_column("samples", name)) for name in TEXT_COLUMNS},
     }
 
 
 def check_windows(index: DatasetIndex) -> None:
     """Every sample needs history + 1 frames: the cache stores windows as a rectangular array."""
+    try:
+        windows = index.int_column("samples", WINDOW_ROWS_COLUMN)
+        if len(windows) == 0 or (windows.ndim == 2 and windows.shape[1] == index.history + 1):
+            return
+    except ValueError:  # windows of several lengths: named below
+        pass
     for sample in index.samples:
         if len(sample.window_rows) != index.history + 1:
             raise ValueError(
@@ -231,18 +250,15 @@ def write_frame_shard(
     return failures
 
 
-def usable_samples(index: DatasetIndex, failed_frames: Iterable[int]) -> tuple[list[Sample], dict[str, str]]:
-    """Samples whose window frames all decoded, and {sample key: reason} for the others."""
-    failed = set(failed_frames)
-    keep: list[Sample] = []
+def usable_samples(index: DatasetIndex, failed_frames: Iterable[int]) -> tuple[np.ndarray, dict[str, str]]:
+    """Rows of the samples whose window frames all decoded, and {sample key: reason} for the others."""
+    windows = window_matrix(index)
+    bad = np.isin(windows, np.fromiter(set(failed_frames), dtype=np.int64))
     dropped: dict[str, str] = {}
-    for sample in index.samples:
-        bad = [r for r in sample.window_rows if r in failed]
-        if bad:
-            dropped[sample.key] = f"window frame {index.frames[bad[0]].relpath} could not be decoded"
-        else:
-            keep.append(sample)
-    return keep, dropped
+    for row in np.flatnonzero(bad.any(axis=1)).tolist():
+        first = int(windows[row][bad[row]][0])
+        dropped[index.samples[row].key] = f"window frame {index.frames[first].relpath} could not be decoded"
+    return np.flatnonzero(~bad.any(axis=1)), dropped
 
 
 # ---------------------------------------------------------------------------- features phase

@@ -45,7 +45,6 @@ from janus_cache.index import (
     CachedRows,
     DatasetIndex,
     EpisodeIdentity,
-    Sample,
     append_order_problem,
     dataset_changes,
     episode_identities,
@@ -61,6 +60,7 @@ from janus_cache.precompute import (
     read_frame_failures,
     sample_table,
     usable_samples,
+    window_matrix,
     wanted_manifest,
     window_variant,
     write_feature_shards,
@@ -168,6 +168,12 @@ def is_foreign_directory(out: Path) -> bool:
     and writes nothing there (not even the dataset index)."""
     looks_like_cache = (out / ZARR_ROOT_NAME).exists() or (out / MANIFEST_NAME).exists()
     return out.is_dir() and any(cache_contents(out)) and not looks_like_cache
+
+
+def refuse_foreign_directory(out: Path) -> None:
+    """Raise :class:`PrecomputeError` when ``out`` holds something that is not a janus cache."""
+    if is_foreign_directory(out):
+        raise PrecomputeError(f"{out} exists, is not empty and is not a janus cache; choose another --out")
 
 
 @dataclass(frozen=True)
@@ -311,24 +317,21 @@ class PrecomputeJob:
         return pending
 
     @cached_property
-    def _usable(self) -> tuple[list[Sample], dict[str, str]]:
+    def _usable(self) -> tuple[np.ndarray, dict[str, str]]:
         # Read from the failure records on disk, so every process gets the same answer once every
         # frame shard is committed, whichever process decoded it.
         return usable_samples(self.index, read_frame_failures(self.out, self.resolution.name))
 
     @property
-    def samples(self) -> list[Sample]:
-        """Samples whose window frames all decoded (after every frame shard)."""
+    def usable_rows(self) -> np.ndarray:
+        """Index rows of the samples whose window frames all decoded (after every frame shard): the
+        rows of the samples table, in order."""
         return self._usable[0]
 
     @property
     def dropped(self) -> dict[str, str]:
         """Sample key -> why it is left out (after every frame shard)."""
         return self._usable[1]
-
-    @cached_property
-    def _sample_table(self) -> dict[str, Any]:
-        return sample_table(self.samples, self.index.history)
 
     # -------------------------------------------------------------------------------- steps
 
@@ -346,9 +349,8 @@ class PrecomputeJob:
                                  episodes)
         self._started, self._wanted, self._episodes = time.time(), wanted, episodes
         out = self.out
-        if is_foreign_directory(out):
-            # Checked before --overwrite: it deletes the directory, which must be an earlier cache.
-            raise PrecomputeError(f"{out} exists, is not empty and is not a janus cache; choose another --out")
+        # Checked before --overwrite: it deletes the directory, which must be an earlier cache.
+        refuse_foreign_directory(out)
         if overwrite and out.exists():
             # Before reading anything of the old cache: --overwrite must also work when it is damaged.
             for entry in cache_contents(out):
@@ -486,7 +488,7 @@ class PrecomputeJob:
     def prepare_features(self) -> None:
         """Step 3 (one process, after every frame shard): samples table and feature storage."""
         height, width = frame_shape(self.index, self.resolution)
-        self.writer.write_table("samples", self._sample_table, append=True)  # append/grow: see prepare()
+        self.writer.write_table("samples", sample_table(self.index, self.usable_rows), append=True)  # append/grow: see prepare()
         self.writer.prepare_samples(self.resolution.name, self.encoder.feature_shape(height, width),
                                     self.settings.feature_dtype, self.settings.samples_per_shard, grow=True)
 
@@ -496,7 +498,7 @@ class PrecomputeJob:
         """Step 4 (any process, after ``prepare_features()``): encode, write and commit the given
         sample shards; ``on_done(shard, n_samples)`` follows each commit."""
         write_feature_shards(self.writer, self.encoder, self.resolution.name, shards,
-                             np.asarray(self._sample_table["window_rows"]), self.settings.vggt_batch, on_done)
+                             window_matrix(self.index)[self.usable_rows], self.settings.vggt_batch, on_done)
 
     @_disk_full_is_one_line("writing the manifest and report")
     def finish(self) -> Outcome:

@@ -253,7 +253,7 @@ def precompute_phases(work: Path, repeats: int) -> dict[str, Any]:
 
         writer.write_table("frames", frame_table(index))
         writer.prepare_frames(res.name, shape, len(index.frames))
-        writer.write_table("samples", sample_table(list(index.samples), index.history))
+        writer.write_table("samples", sample_table(index))
         writer.prepare_samples(res.name, encoder.feature_shape(*shape), "bfloat16", len(index.samples))
         t0 = time.perf_counter()
         frames, _ = compute_frame_shard(index.frames, rows, res, shape, None)

@@ -7,15 +7,17 @@ owns (shard i belongs to rank i mod world), frames first, features second, with 
 between, and rank 0 finishes. Shards committed by an earlier run are skipped, so re-running the
 same command resumes.
 
-The dataset index is kept in the cache (``CacheLayout.index_store``): rank 0 reuses it while the
-dataset's files are unchanged, else rebuilds it (new or changed images checked by worker
-processes on all of the node's cores) and stores it; the other ranks read the stored columns
-instead of receiving a pickle of the whole index, making rows only when they are read.
+The dataset index is kept in the cache (``CacheLayout.index_store``): rank 0's index worker
+(:mod:`pipelines.index_worker`) reuses it while the dataset's files are unchanged, else rebuilds
+it (new or changed images checked by worker processes on all of the node's cores) and stores it;
+every rank then reads the stored columns lazily, making rows only when they are read, and the
+job's index-wide steps work on whole columns (no rank holds the index as Python objects).
 """
 
 from __future__ import annotations
 
 import os
+import resource
 import sys
 import time
 from contextlib import nullcontext
@@ -26,10 +28,10 @@ from typing import Annotated, Optional
 import typer
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from janus_cache.index import DatasetIndex, build_sources_index
+from janus_cache.index import DatasetIndex, StoredSources
 from janus_cache.encoder import WindowEncoder
 from janus_cache.plan import Plan
-from janus_cache.precompute_job import PrecomputeError, PrecomputeJob, Prepared, is_foreign_directory
+from janus_cache.precompute_job import PrecomputeError, PrecomputeJob, Prepared, refuse_foreign_directory
 from janus_cache.profile import Profile, load_profile
 from janus_cache.device import process_device
 from janus_cache.resolution import Resolution
@@ -37,6 +39,7 @@ from janus_cache.store.commit import CHECKSUM_MODES, is_committed
 from janus_cache.store.layout import CacheLayout
 from janus_cache.store.split import shards_for
 from pipelines.distributed import CommitTally, Control, Progress, RankFailed, Ranks, fail_alike, lock_on_main
+from pipelines.index_worker import store_index_in_worker
 from pipelines.launcher import spawn_pool
 
 
@@ -95,25 +98,40 @@ def _prepare(job: PrecomputeJob, opts: Options, resolution: Resolution, processe
 
 
 def index_on_every_rank(opts: Options, profile: Profile, control: Control) -> DatasetIndex:
-    """The dataset index of every source, on every rank: rank 0 builds it through the cache's index
-    store (reused while the sources keep their sizes and mtimes, else rebuilt with all local cores
-    reading only new or changed images) and sends it to the others."""
+    """The dataset index of every source, on every rank, read lazily from the cache's index store:
+    rank 0's index worker (:mod:`pipelines.index_worker`) brings the stored index up to date (reused
+    while the sources keep their sizes and mtimes, else rebuilt with all local cores reading only
+    new or changed images), then every rank maps its columns and makes only the rows it uses."""
 
-    def on_main() -> DatasetIndex:
-        # A directory that is not a cache is refused by the job's first step: nothing is written there.
-        store = None if is_foreign_directory(opts.out) else CacheLayout(opts.out).index_store
-        return build_sources_index(opts.data, history=profile.cache.history, image_root=opts.image_root,
-                                   strict=opts.strict, progress=True, subinstruction_rule=profile.cache.subinstruction_rule,
-                                   cache_dir=store, processes=default_workers(1),
-                                   on_stored=lambda stored: print(stored.describe(), flush=True))
+    def on_main() -> StoredSources:
+        refuse_foreign_directory(opts.out)  # nothing is written there, not even the index
+        return store_index_in_worker(
+            opts.data, CacheLayout(opts.out).index_store, history=profile.cache.history, image_root=opts.image_root,
+            strict=opts.strict, subinstruction_rule=profile.cache.subinstruction_rule, processes=default_workers(1))
 
-    return control.on_main(on_main)
+    stored = control.on_main(on_main)
+    mine: list[DatasetIndex] = []  # each rank's own reading (a failure on one fails all alike)
+    control.gather(lambda: mine.append(stored.load()))
+    return mine[0]
 
 
-def _finish(job: PrecomputeJob, opts: Options, seconds: float) -> int:
+def peak_memory() -> tuple[float, float]:
+    """(this process's, its largest finished child's) peak resident memory in MB."""
+    return (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024)
+
+
+def format_peaks(peaks: list[tuple[float, float]]) -> str:
+    """The summary line sizing a node: each rank's peak memory and its workers' (index, decode)."""
+    ranks = ", ".join(f"{own:.0f}" for own, _ in peaks)
+    return f"  peak memory: rank{'s' if len(peaks) > 1 else ''} {ranks} MB; workers up to {max(w for _, w in peaks):.0f} MB"
+
+
+def _finish(job: PrecomputeJob, opts: Options, seconds: float, peaks: list[tuple[float, float]]) -> int:
     """Rank 0: the job's last step and its summary; the exit code."""
     outcome = job.finish()
     print(outcome.format(seconds), flush=True)
+    print(format_peaks(peaks), flush=True)
     if len(outcome.dropped) > opts.allow_failures:
         print(f"error: {len(outcome.dropped)} samples failed, more than --allow-failures {opts.allow_failures}",
               file=sys.stderr)
@@ -165,12 +183,13 @@ def run(opts: Options) -> int:
         mine = pending[ranks.rank]
         tally = CommitTally(lambda shard: is_committed(opts.out, job.samples_array, shard), job.feature_shard_rows,
                             pending)
-        progress.phase("features", len(job.samples), "samples", tally.done)
+        progress.phase("features", len(job.usable_rows), "samples", tally.done)
         control.gather(lambda: job.feature_shards(mine, on_done=lambda shard, n: progress.poll(tally)), user_errors)
         progress.poll(tally, force=True)
         progress.close()
         seconds = time.perf_counter() - started
-        return control.on_main(lambda: _finish(job, opts, seconds))
+        peaks = control.gather(peak_memory)
+        return control.on_main(lambda: _finish(job, opts, seconds, peaks))
     except RankFailed as err:
         if ranks.is_main:  # every rank failed alike: one line for the user
             print(f"error: {err}", file=sys.stderr)

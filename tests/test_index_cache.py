@@ -18,8 +18,12 @@ from janus_cache.index import (
     Reason,
     build_index,
     build_stored_index,
+    build_sources_index,
+    episode_identities,
     load_stored,
+    store_sources_index,
 )
+from janus_cache.index.cached import COMBINED_PREFIX
 from janus_cache.index.episode_folders import EpisodeFolderBuilder
 from janus_cache.index.files import IMAGE_SUFFIXES
 
@@ -85,6 +89,39 @@ def test_a_lazily_read_index_gives_the_same_rows_lookups_and_summary(dataset: Pa
     assert lazy.summary() == fresh.summary() and lazy.source_identity() == fresh.source_identity()
     with pytest.raises(IndexError):
         lazy.frames[len(fresh.frames)]
+
+
+def test_the_stored_index_of_several_sources_is_read_lazily_and_reused_until_a_source_changes(
+    dataset: Path, tmp_path: Path
+) -> None:
+    """What every precompute rank reads: the combined index of named sources, equal row for row and
+    column for column to the index built in memory, reused while no source changed."""
+    other = tmp_path / "other"
+    shutil.copytree(dataset, other)
+    age(other)
+    sources = [f"r2r={dataset}", f"rxr={other}"]
+    fresh = build_sources_index(sources)
+    stored = store_sources_index(sources, tmp_path / "store")
+    assert not stored.reused
+    lazy = stored.load()
+    for name in ("source", "source_format", "history", "frames", "samples", "episodes", "report",
+                 "subinstruction_rule", "sources"):
+        assert getattr(lazy, name) == getattr(fresh, name), name
+    assert lazy.samples[-1].key.startswith("rxr/") and lazy.samples[-1].source == "rxr"
+    # The episodes' identities are stored with it (a resume compares them with its cache's).
+    assert lazy.stored_identities is not None and episode_identities(lazy) == episode_identities(fresh)
+    for table, name in (("samples", "window_rows"), ("samples", "step"), ("frames", "width"), ("frames", "index")):
+        assert (lazy.int_column(table, name) == fresh.int_column(table, name)).all(), (table, name)
+    for table, name in (("samples", "key"), ("samples", "instruction"), ("frames", "sha256"), ("frames", "relpath")):
+        assert lazy.text_column(table, name) == fresh.text_column(table, name), (table, name)
+    again = store_sources_index(sources, tmp_path / "store")
+    assert again.reused and again.entry == stored.entry and again.fingerprint == stored.fingerprint
+    scramble_keeping_size_and_mtime([next((other / EP).glob("*.json"))])
+    os.utime(next((other / EP).glob("*.json")), ns=(0, 0))  # the stat now differs: a changed source
+    changed = store_sources_index(sources, tmp_path / "store")
+    assert not changed.reused and changed.entry == stored.entry and changed.fingerprint != stored.fingerprint
+    with pytest.raises(ValueError, match="changed or is incomplete"):
+        stored.load()  # a handle of the old index never reads the new one
 
 
 def test_the_stored_index_keeps_problems_windows_and_settings(dataset: Path, tmp_path: Path) -> None:
@@ -267,11 +304,28 @@ def test_precompute_resume_and_verify_reuse_the_index_kept_in_the_cache(tmp_path
         return done.stdout + done.stderr
 
     assert "20 image(s) read and hashed" in run(precompute)
-    assert len(os.listdir(CacheLayout(cache).index_store)) == 1
+    stored = sorted(os.listdir(CacheLayout(cache).index_store))  # the source's entry and the job's combined one
+    assert len(stored) == 2 and stored[1].startswith(COMBINED_PREFIX)
     assert "reused the stored index" in run(precompute)
     assert "reused the stored index" in run([*precompute, "--overwrite"])  # the index outlives the cache
     scramble_keeping_size_and_mtime(images(data))
     verify = [str(Path(sys.executable).parent / "janus-cache"), "verify", str(cache), "--data", str(data),
               "--profile", str(profile), "--live", "0"]
     assert "verify passed" in run(verify)  # no image opened: their sizes and mtimes are unchanged
-    assert len(os.listdir(CacheLayout(cache).index_store)) == 1
+    assert sorted(os.listdir(CacheLayout(cache).index_store)) == stored
+
+
+def test_the_index_worker_checks_images_in_processes_of_its_own_and_says_why_it_failed(
+    dataset: Path, tmp_path: Path
+) -> None:
+    """Precompute's rank 0 indexes in a worker process (its memory is gone when it exits), which
+    starts image-check processes of its own; its errors reach the caller with their message."""
+    from pipelines.index_worker import store_index_in_worker
+
+    stored = store_index_in_worker([str(dataset)], tmp_path / "store", processes=2, prefill_min_files=1)
+    assert not stored.reused
+    assert [s.key for s in stored.load().samples] == [s.key for s in build_index(dataset).samples]
+    again = store_index_in_worker([str(dataset)], tmp_path / "store", processes=2, prefill_min_files=1)
+    assert again.reused and again.entry == stored.entry
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        store_index_in_worker([str(tmp_path / "nowhere")], tmp_path / "store")

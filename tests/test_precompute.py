@@ -27,13 +27,16 @@ import torch
 from conftest import REPO_ROOT, file_digests, write_test_profile
 from PIL import Image, ImageOps
 
-from janus_cache.index import DatasetIndex, build_index, build_sources_index
+from janus_cache.index import DatasetIndex, build_index, build_sources_index, store_sources_index
 from janus_cache.encoder import WindowEncoder
 from janus_cache.imaging import load_frame
 from janus_cache.plan import Plan
 from janus_cache.precompute import (
+    check_windows,
     compute_frame_shard,
     encode_windows,
+    frame_table,
+    sample_table,
     usable_samples,
     window_variant,
 )
@@ -511,10 +514,36 @@ def test_a_frame_that_vanished_after_indexing_is_a_failure_of_its_samples(datase
     frames, failures = compute_frame_shard(index.frames, range(4, 8), resolution, (224, 224), None)
     assert list(failures) == [5] and "no such file" in failures[5] and vanished.relpath in failures[5]
     assert frames.shape == (4, 224, 224, 3)
-    kept, dropped = usable_samples(index, failures)
+    rows, dropped = usable_samples(index, failures)
+    kept = [index.samples[row] for row in rows]
     assert dropped and all(vanished.relpath in reason for reason in dropped.values())
     assert {s.key for s in kept} | set(dropped) == {s.key for s in index.samples}
     assert all(5 not in s.window_rows for s in kept)
+
+
+def tables_equal(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(
+        np.array_equal(a[k], b[k]) if isinstance(a[k], np.ndarray) else a[k] == b[k] for k in a)
+
+
+def test_the_tables_and_windows_of_a_stored_index_are_those_of_the_index_in_memory(
+    dataset_copy: Path, tmp_path: Path
+) -> None:
+    """Every precompute rank reads the stored index lazily and builds tables from its columns: the
+    same tables, usable rows and dropped samples as the index in memory (two named sources, a
+    frame that failed to decode)."""
+    sources = [f"a={dataset_copy}", f"b={dataset_copy}"]
+    fresh = build_sources_index(sources)
+    lazy = store_sources_index(sources, tmp_path / "store").load()
+    check_windows(lazy)
+    assert tables_equal(frame_table(lazy), frame_table(fresh))
+    failed = [3, len(fresh.frames) - 2]
+    rows, dropped = usable_samples(lazy, failed)
+    fresh_rows, fresh_dropped = usable_samples(fresh, failed)
+    assert (rows == fresh_rows).all() and dropped == fresh_dropped and len(dropped) > 1
+    assert list(dropped)[0].startswith("a/") and list(dropped)[-1].startswith("b/")
+    assert tables_equal(sample_table(lazy, rows), sample_table(fresh, fresh_rows))
+    assert tables_equal(sample_table(lazy), sample_table(fresh))
 
 
 # ------------------------------------------------------------------------------- round trip

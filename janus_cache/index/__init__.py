@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from janus_cache.index.annotations import ANNOTATION_FIELDS, AnnotationBuilder
-from janus_cache.index.cached import IndexStore, StoredIndex, load_stored, user_index_dir
+from janus_cache.index.cached import PREFILL_MIN_FILES, IndexStore, StoredIndex, StoredSources, load_stored, user_index_dir
 from janus_cache.index.episode_folders import (
     LANDMARK_FIELD,
     MILESTONES_FILE,
@@ -79,6 +79,8 @@ __all__ = [
     "EpisodeIdentity",
     "append_order_problem",
     "build_sources_index",
+    "store_sources_index",
+    "StoredSources",
     "dataset_changes",
     "describe",
     "episode_identities",
@@ -181,7 +183,7 @@ def build_stored_index(
 
 def _check_strict(index: DatasetIndex, source: Path | str, strict: bool) -> None:
     if strict and index.report.entries:
-        raise DatasetError(index.report.strict_message(Path(source)), index.report)
+        raise DatasetError(index.report.strict_message(source), index.report)
 
 
 def _builder(source: Path | str, history: int, image_root: Path | str | None, check_images: bool,
@@ -233,24 +235,73 @@ def build_sources_index(
     and ``on_stored`` sees each source's :class:`StoredIndex` (reused or rebuilt, and what it read).
     Raises ``DatasetError`` for unusable sources or names, or (``strict``) any problem.
     """
+    parsed = _parsed_sources(sources, image_root)
+    if cache_dir is None:
+        indexes = [build_index(source.path, history=history, image_root=image_root, check_images=check_images,
+                               workers=workers, progress=progress, subinstruction_rule=subinstruction_rule)
+                   for source in parsed]
+    else:
+        indexes = [stored.index for stored in _stored_sources(
+            parsed, cache_dir, history=history, image_root=image_root, check_images=check_images, workers=workers,
+            progress=progress, subinstruction_rule=subinstruction_rule, processes=processes, on_stored=on_stored)]
+    index = combine(parsed, indexes)
+    _check_strict(index, describe(parsed), strict)
+    return index
+
+
+def store_sources_index(
+    sources: Sequence[str | Path | DataSource] | str | Path,
+    cache_dir: Path | str,
+    *,
+    history: int = DEFAULT_HISTORY,
+    image_root: Path | str | None = None,
+    strict: bool = False,
+    check_images: bool = True,
+    workers: int | None = None,
+    progress: bool = False,
+    subinstruction_rule: str = DEFAULT_SUBINSTRUCTION_RULE,
+    processes: int = 1,
+    on_stored: Callable[[StoredIndex], None] | None = None,
+    prefill_min_files: int = PREFILL_MIN_FILES,
+) -> StoredSources:
+    """:func:`build_sources_index` kept in the store ``cache_dir`` as one combined entry, and where.
+
+    How a job of many processes shares a large index: one process calls this, the others (and it)
+    read the result with :meth:`StoredSources.load`, lazily, each making only the rows it uses.
+    While the sources are unchanged nothing is combined and no row is made (the entry is reused).
+    ``prefill_min_files``: new or changed images from which the ``processes`` check them.
+    """
+    parsed = _parsed_sources(sources, image_root)
+    parts = _stored_sources(parsed, cache_dir, history=history, image_root=image_root, check_images=check_images,
+                            workers=workers, progress=progress, subinstruction_rule=subinstruction_rule,
+                            processes=processes, on_stored=on_stored, lazy=True, prefill_min_files=prefill_min_files)
+    stored = IndexStore(cache_dir).combined([(s.name, s.named) for s in parsed], parts,
+                                            lambda indexes: combine(parsed, indexes))
+    if strict:
+        _check_strict(stored.load(), describe(parsed), strict)
+    return stored
+
+
+def _parsed_sources(sources: Sequence[str | Path | DataSource] | str | Path,
+                    image_root: Path | str | None) -> tuple[DataSource, ...]:
     parsed = named_after_image_root(parse_sources([sources] if isinstance(sources, (str, Path)) else sources),
                                     image_root)
     if image_root is not None and len(parsed) > 1:
         raise DatasetError(f"an image root applies to one annotation source, not to the {len(parsed)} sources "
                            f"{describe(parsed)}")
-    indexes = []
+    return parsed
+
+
+def _stored_sources(parsed: Sequence[DataSource], cache_dir: Path | str, *, history: int,
+                    image_root: Path | str | None, check_images: bool, workers: int | None, progress: bool,
+                    subinstruction_rule: str, processes: int, on_stored: Callable[[StoredIndex], None] | None,
+                    lazy: bool = False, prefill_min_files: int = PREFILL_MIN_FILES) -> list[StoredIndex]:
+    """Each source's index through the store in ``cache_dir`` (``lazy``: a reused one is read lazily)."""
+    parts = []
     for source in parsed:
-        if cache_dir is None:
-            indexes.append(build_index(source.path, history=history, image_root=image_root, check_images=check_images,
-                                       workers=workers, progress=progress, subinstruction_rule=subinstruction_rule))
-            continue
-        stored = build_stored_index(source.path, cache_dir, history=history, image_root=image_root,
-                                    check_images=check_images, workers=workers, progress=progress,
-                                    subinstruction_rule=subinstruction_rule, processes=processes)
+        builder = _builder(source.path, history, image_root, check_images, workers, progress, subinstruction_rule)
+        stored = IndexStore(cache_dir, prefill_min_files).get(builder, processes=processes, lazy=lazy)
         if on_stored is not None:
             on_stored(stored)
-        indexes.append(stored.index)
-    index = combine(parsed, indexes)
-    if strict and index.report.entries:
-        raise DatasetError(index.report.strict_message(describe(parsed)), index.report)
-    return index
+        parts.append(stored)
+    return parts

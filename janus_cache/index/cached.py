@@ -29,6 +29,7 @@ import pickle
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from multiprocessing import get_context
@@ -52,7 +53,9 @@ from janus_cache.index.episode_folders import EpisodeFolderBuilder
 from janus_cache.index.files import FRAME_NAME, Builder, ImageInfo, Problem, inspect_image
 from janus_cache.index.lazy import read_lazy
 from janus_cache.index.fingerprint import SourceFiles, annotation_entry, scan_episode_folders, scan_files
+from janus_cache.index.identity import IDENTITY_RULE, EpisodeIdentity, episode_identities
 from janus_cache.index.model import DatasetIndex
+from janus_cache.processes import die_with_parent
 
 INDEX_CACHE_ENV = "JANUS_INDEX_CACHE"
 """Environment variable naming the store of bare datasets' indexes (see :func:`user_index_dir`)."""
@@ -160,6 +163,38 @@ def load_stored(entry: Path, fingerprint: str, source: Path | str, image_root: P
     return read_lazy(entry, meta, source, base) if lazy else read_columns(entry, meta, source, base)
 
 
+COMBINED_PREFIX = "sources-"
+"""Name prefix of the store entries holding the combined index of several sources (one per list of sources)."""
+IDENTITIES_FILE = "identities.json"
+"""The episodes' identities (``janus_cache.index.identity``) in a combined entry: what a precompute
+compares with its cache, stored so that a resume does not read every row to compute them."""
+COMBINED_BASE = Path("/")
+"""What a combined entry's paths are stored relative to: its sources have bases of their own."""
+
+
+@dataclass(frozen=True)
+class StoredSources:
+    """Where the combined index of a list of sources is stored (:meth:`IndexStore.combined`): the
+    handle a job passes to its processes, each of which reads the columns it needs lazily."""
+
+    entry: Path
+    fingerprint: str
+    """Digest of the sources' names and their own entries' fingerprints."""
+    source: str
+    """The index's ``source`` (the sources as a user writes them)."""
+    reused: bool
+    """True when the stored combined index was current (nothing combined or written)."""
+
+    def load(self) -> DatasetIndex:
+        """The combined index, read lazily (raises ValueError when the entry changed since)."""
+        meta = read_meta(self.entry)
+        if meta is None or meta.get("fingerprint") != self.fingerprint:
+            raise ValueError(f"{self.entry}: the stored index changed or is incomplete; build the index again")
+        identities = tuple(EpisodeIdentity.from_dict(item, str(self.entry / IDENTITIES_FILE))
+                           for item in json.loads((self.entry / IDENTITIES_FILE).read_text()))
+        return read_lazy(self.entry, meta, Path(self.source), COMBINED_BASE, identities)
+
+
 def _inspect_chunk(args: tuple[list[str], bool]) -> list[ImageInfo | Problem]:
     paths, full = args
     return [inspect_image(Path(p), full) for p in paths]
@@ -175,9 +210,10 @@ class IndexStore:
     def entry(self, params: IndexParams) -> Path:
         return self.directory / params.key()
 
-    def get(self, builder: Builder, processes: int = 1) -> StoredIndex:
+    def get(self, builder: Builder, processes: int = 1, lazy: bool = False) -> StoredIndex:
         """The index of ``builder``'s dataset: the stored one when the sources are unchanged, else
-        built (new or changed images checked in ``processes`` worker processes) and stored."""
+        built (new or changed images checked in ``processes`` worker processes) and stored.
+        ``lazy``: a stored index is read lazily (:mod:`janus_cache.index.lazy`), not materialised."""
         params = IndexParams.of(builder)
         entry = self.entry(params)
         meta = read_meta(entry)
@@ -190,7 +226,7 @@ class IndexStore:
         if meta is not None and sources is not None and meta.get("fingerprint") == fingerprint:
             start = time.perf_counter()
             try:
-                index = read_columns(entry, meta, params.source, params.base)
+                index = (read_lazy if lazy else read_columns)(entry, meta, params.source, params.base)
             except (OSError, ValueError, KeyError, EOFError, TypeError, pickle.UnpicklingError) as err:
                 # a damaged entry is rebuilt below
                 print(f"warning: stored index {entry} is unreadable ({err}); rebuilding it", file=sys.stderr)
@@ -281,13 +317,41 @@ class IndexStore:
         chunks = [todo[i:i + PREFILL_CHUNK] for i in range(0, len(todo), PREFILL_CHUNK)]
         bar = tqdm(total=len(todo), desc="indexing", unit=" images", disable=not builder.progress,
                    mininterval=0.5 if sys.stderr.isatty() else 30.0, file=sys.stderr)
-        with bar, ProcessPoolExecutor(max_workers=processes, mp_context=get_context("spawn")) as pool:
+        with bar, ProcessPoolExecutor(
+                max_workers=processes, mp_context=get_context("spawn"), initializer=die_with_parent,
+                initargs=(os.getpid(),)) as pool:
             jobs = (([p for p, _, _ in chunk], builder.check_images) for chunk in chunks)
             for chunk, results in zip(chunks, pool.map(_inspect_chunk, jobs), strict=True):
                 for (path, size, mtime), info in zip(chunk, results, strict=True):
                     builder.known[path] = (size, mtime, info)
                 bar.update(len(chunk))
         return len(todo)
+
+    # ------------------------------------------------------------------------- combined
+
+    def combined(self, names: list[tuple[str, bool]], parts: list[StoredIndex],
+                 combine: Callable[[list[DatasetIndex]], DatasetIndex]) -> StoredSources:
+        """The combined index of sources stored as ``parts`` (their names and whether each was given
+        one, in order): reused while every part's fingerprint is the one it was combined from, else
+        ``combine`` of the parts' indexes is stored. Raises OSError when it cannot be written."""
+        described = [[name, named, part.entry.name, part.fingerprint] for (name, named), part in
+                     zip(names, parts, strict=True)]
+        key = hashlib.sha256(json.dumps([[n, d] for n, d, _, _ in described] + [
+            [p.entry.name for p in parts], schema_tag(), FORMAT_VERSION, IDENTITY_RULE]).encode()).hexdigest()[:20]
+        fingerprint = hashlib.sha256(json.dumps(described).encode()).hexdigest()
+        entry = self.directory / f"{COMBINED_PREFIX}{key}"
+        meta = read_meta(entry)
+        if meta is not None and meta.get("fingerprint") == fingerprint:
+            return StoredSources(entry, fingerprint, meta["source"], True)
+        index = combine([part.index for part in parts])
+        tmp = entry.with_name(f".{entry.name}.{os.getpid()}.partial")
+        shutil.rmtree(tmp, ignore_errors=True)
+        write_columns(index, tmp, COMBINED_BASE, {"fingerprint": fingerprint, "source": str(index.source),
+                                                   "schema": schema_tag(), "version": FORMAT_VERSION})
+        identities = [identity.to_dict() for identity in episode_identities(index)]
+        (tmp / IDENTITIES_FILE).write_text(json.dumps(identities, ensure_ascii=False))
+        _move_into_place(tmp, entry)
+        return StoredSources(entry, fingerprint, str(index.source), False)
 
     # ----------------------------------------------------------------------------- save
 
@@ -300,12 +364,17 @@ class IndexStore:
             _kind, arrays = encode_column(list(sources.relpaths), params.base)
             np.savez(tmp / SOURCES_FILE, sizes=sources.sizes, mtimes=sources.mtimes, **arrays)
             write_columns(index, tmp, params.base, {**params.describe(), "fingerprint": fingerprint})
-            old = entry.with_name(f".{entry.name}.{os.getpid()}.old")
-            if entry.exists():
-                os.replace(entry, old)
-            os.replace(tmp, entry)
-            shutil.rmtree(old, ignore_errors=True)
+            _move_into_place(tmp, entry)
             return True
         except OSError:  # e.g. a read-only cache: the index is served, only not kept
             shutil.rmtree(tmp, ignore_errors=True)
             return False
+
+
+def _move_into_place(tmp: Path, entry: Path) -> None:
+    """Replace the store entry ``entry`` by the complete folder ``tmp`` (a reader sees one or the other)."""
+    old = entry.with_name(f".{entry.name}.{os.getpid()}.old")
+    if entry.exists():
+        os.replace(entry, old)
+    os.replace(tmp, entry)
+    shutil.rmtree(old, ignore_errors=True)

@@ -37,7 +37,7 @@ TABLES: dict[str, type] = {"frames": Frame, "samples": Sample, "episodes": Episo
 
 INDEX_META = "meta.json"
 INDEX_SCALARS = "index.pkl"
-_TEXT_ERRORS = "surrogatepass"  # lone surrogates (odd file names, JSON escapes) round-trip
+TEXT_ERRORS = "surrogatepass"  # lone surrogates (odd file names, JSON escapes) round-trip
 
 
 def schema_tag() -> str:
@@ -51,7 +51,7 @@ def schema_tag() -> str:
 
 
 def _text_table(strings: Sequence[str]) -> dict[str, np.ndarray]:
-    encoded = [s.encode("utf-8", _TEXT_ERRORS) for s in strings]
+    encoded = [s.encode("utf-8", TEXT_ERRORS) for s in strings]
     offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
     np.cumsum([len(b) for b in encoded], out=offsets[1:])
     return {"utf8": np.frombuffer(b"".join(encoded), dtype=np.uint8), "offsets": offsets}
@@ -60,7 +60,7 @@ def _text_table(strings: Sequence[str]) -> dict[str, np.ndarray]:
 def decode_table(utf8: np.ndarray, offsets: np.ndarray) -> list[str]:
     data = bytes(utf8)
     bounds = offsets.tolist()
-    return [data[a:b].decode("utf-8", _TEXT_ERRORS) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+    return [data[a:b].decode("utf-8", TEXT_ERRORS) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
 
 
 def _compact(array: np.ndarray) -> np.ndarray:

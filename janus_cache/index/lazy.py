@@ -1,10 +1,11 @@
-"""A stored index read lazily: how a process that owns a few shards reads a 612k-sample index.
+"""A stored index read lazily: how a process of a precompute reads a 612k-sample index.
 
 :func:`read_lazy` gives a :class:`LazyIndex`, a :class:`~janus_cache.index.DatasetIndex` whose
-``frames`` and ``samples`` are :class:`LazyRows`: a row object is made when it is asked for, from
-the stored columns (memory-mapped). A frame's path is made only for the frames asked for (paths
-are most of a materialised index's memory); the key lookups (``sample(key)``, ``frame(...)``) are
-built on first use. Iterating every sample still makes every sample, one at a time.
+``frames`` and ``samples`` are :class:`LazyRows`: a row object is made when it is asked for, its
+values decoded from the stored columns (memory-mapped), so a process holds only the pages it
+touched. Whole columns come as numpy arrays or lists without making a row
+(:meth:`LazyIndex.int_column`, :meth:`LazyIndex.text_column`: what the job's tables and window
+checks use); the key lookups (``sample(key)``, ``frame(...)``) are built on first use.
 """
 
 from __future__ import annotations
@@ -16,12 +17,18 @@ from typing import Any
 
 import numpy as np
 
-from janus_cache.index.columns import TABLES, decode_table, decode_column, load_parts, read_scalars
+from janus_cache.index.columns import TABLES, TEXT_ERRORS, decode_column, decode_table, load_parts, read_scalars
+from janus_cache.index.identity import EpisodeIdentity
 from janus_cache.index.model import DatasetIndex, Episode, Frame, Sample
 
 
 class LazyRows(Sequence[Any]):
-    """The rows of one stored table, each made on access (equal to the tuple of the same rows)."""
+    """The rows of one stored table, each made on access (equal to the tuple of the same rows).
+
+    A value is decoded from the memory-mapped arrays when its row is asked for: no column is
+    turned into a list of Python objects, so a 612k-row table costs its mapped pages, not a
+    gigabyte of objects. Texts shared by many rows (instructions, episode ids) are decoded once.
+    """
 
     def __init__(self, cls: type, kinds: dict[str, str], parts: dict[str, dict[str, np.ndarray]], base: Path,
                  n_rows: int) -> None:
@@ -31,21 +38,16 @@ class LazyRows(Sequence[Any]):
 
     def _column(self, name: str) -> Callable[[int], Any]:
         if name not in self._columns:
-            kind, arrays = self._kinds[name], self._parts.get(name, {})
-            if kind == "path":  # strings decoded once, a Path made per row asked for
-                table, codes, base = decode_table(arrays["utf8"], arrays["offsets"]), arrays["codes"], self._base
-
-                def path(row: int) -> Path | None:
-                    code = int(codes[row])
-                    if code < 0:
-                        return None
-                    text = table[code]
-                    return Path(text[1:]) if text.startswith("\0") else base / text
-
-                self._columns[name] = path
-            else:
-                self._columns[name] = decode_column(kind, arrays, self._base).__getitem__
+            self._columns[name] = _row_decoder(self._kinds[name], self._parts.get(name, {}), self._base, self._n)
         return self._columns[name]
+
+    def kind(self, name: str) -> str:
+        """The stored kind of field ``name`` (:func:`~janus_cache.index.columns.encode_column`)."""
+        return self._kinds[name]
+
+    def arrays(self, name: str) -> dict[str, np.ndarray]:
+        """The stored arrays of field ``name`` (memory-mapped)."""
+        return self._parts.get(name, {})
 
     def __len__(self) -> int:
         return self._n
@@ -69,9 +71,61 @@ class LazyRows(Sequence[Any]):
     __hash__ = None  # type: ignore[assignment]
 
 
+def _text_decoder(utf8: np.ndarray, offsets: np.ndarray, codes: np.ndarray, n_rows: int
+                  ) -> Callable[[int], str | None]:
+    """code -> text: a table shared by many rows is decoded once, a table of (nearly) one text per
+    row (keys, paths, hashes) is decoded per access."""
+    if len(offsets) - 1 <= max(1, n_rows // 2):
+        table: list[str | None] = [*decode_table(utf8, offsets), None]  # code -1 is None
+        return lambda code: table[code]
+
+    def text(code: int) -> str | None:
+        if code < 0:
+            return None
+        return bytes(utf8[offsets[code]:offsets[code + 1]]).decode("utf-8", TEXT_ERRORS)
+
+    return text
+
+
+def _row_decoder(kind: str, arrays: dict[str, np.ndarray], base: Path, n_rows: int) -> Callable[[int], Any]:
+    """row -> the value of one stored column (as :func:`decode_column` gives it for that row)."""
+    if kind == "int":
+        data = arrays["data"]
+        return lambda row: int(data[row])
+    if kind == "bool":
+        flags = arrays["data"]
+        return lambda row: bool(flags[row])
+    if kind in ("text", "path"):
+        codes = arrays["codes"]
+        text = _text_decoder(arrays["utf8"], arrays["offsets"], codes, n_rows)
+        if kind == "text":
+            return lambda row: text(int(codes[row]))
+
+        def path(row: int) -> Path | None:
+            value = text(int(codes[row]))
+            if value is None:
+                return None
+            return Path(value[1:]) if value.startswith("\0") else base / value
+
+        return path
+    if kind in ("ints", "texts"):
+        bounds = arrays["rows"]
+        if kind == "ints":
+            data = arrays["data"]
+            return lambda row: tuple(data[bounds[row]:bounds[row + 1]].tolist())
+        codes = arrays["codes"]
+        text = _text_decoder(arrays["utf8"], arrays["offsets"], codes, len(codes))
+        return lambda row: tuple(text(c) for c in codes[bounds[row]:bounds[row + 1]].tolist())
+    return decode_column(kind, arrays, base).__getitem__  # pickled: whole (no field of the model today)
+
+
 @dataclasses.dataclass(frozen=True, slots=True, eq=False)
 class LazyIndex(DatasetIndex):
     """A :class:`DatasetIndex` over stored columns: rows and key lookups made on first use."""
+
+    stored_identities: tuple[EpisodeIdentity, ...] | None = None
+    """The episodes' identities stored with the columns (:func:`episode_identities` returns them
+    instead of reading every row again), or None."""
 
     def __post_init__(self) -> None:
         pass  # the lookups of DatasetIndex are built by _lookups() when first asked
@@ -94,12 +148,41 @@ class LazyIndex(DatasetIndex):
         self._lookups()
         return DatasetIndex.frame(self, episode_id, index)
 
+    def int_column(self, table: str, name: str) -> np.ndarray:
+        rows = self._table(table)
+        if not len(rows):
+            return np.zeros(0, dtype=np.int64)
+        kind, arrays = rows.kind(name), rows.arrays(name)
+        if kind in ("int", "bool"):
+            return np.asarray(arrays["data"], dtype=np.int64)
+        if kind == "ints":
+            bounds, data = np.asarray(arrays["rows"]), np.asarray(arrays["data"], dtype=np.int64)
+            widths = np.diff(bounds)
+            if len(widths) and (widths == widths[0]).all():
+                return data.reshape(len(widths), int(widths[0]))
+            return DatasetIndex.int_column(self, table, name)  # ragged: numpy cannot shape it either
+        raise TypeError(f"{table}.{name} holds {kind} values, not integers")
 
-def read_lazy(directory: Path, meta: dict[str, Any], source: Path, base: Path) -> LazyIndex:
-    """The index stored in ``directory`` with lazy frames and samples (episodes are made at once: few)."""
+    def text_column(self, table: str, name: str) -> list[Any]:
+        rows = self._table(table)
+        kind, arrays = rows.kind(name), rows.arrays(name)
+        if kind != "text":
+            return DatasetIndex.text_column(self, table, name)
+        return decode_column(kind, arrays, Path())
+
+    def _table(self, table: str) -> LazyRows:
+        rows = getattr(self, table)
+        assert isinstance(rows, LazyRows), f"{table} of a stored index is read lazily"
+        return rows
+
+
+def read_lazy(directory: Path, meta: dict[str, Any], source: Path, base: Path,
+              identities: tuple[EpisodeIdentity, ...] | None = None) -> LazyIndex:
+    """The index stored in ``directory`` with lazy frames and samples (episodes are made at once:
+    few); ``identities``: its episodes' identities, when stored with it."""
     parts = load_parts(directory, mmap=True)
     tables: dict[str, Any] = {}
     for table, cls in TABLES.items():
         rows = LazyRows(cls, meta["kinds"][table], parts[table], base, meta["counts"][table])
         tables[table] = tuple(rows) if table == "episodes" else rows
-    return LazyIndex(source=source, **tables, **read_scalars(directory))
+    return LazyIndex(source=source, **tables, **read_scalars(directory), stored_identities=identities)

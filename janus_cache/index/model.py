@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from janus_cache.index.problems import DatasetReport
 from janus_cache.index.subinstructions import DEFAULT_SUBINSTRUCTION_RULE
 
@@ -213,6 +215,18 @@ class DatasetIndex:
     def window(self, sample: Sample) -> tuple[Frame, ...]:
         """The frames of a sample's window, oldest first, the current view last."""
         return tuple(self.frames[row] for row in sample.window_rows)
+
+    def int_column(self, table: str, name: str) -> np.ndarray:
+        """Field ``name`` of every row of ``table`` (``"frames"``, ``"samples"``) as an int64 array:
+        one value per row, or a 2-D array for a tuple field whose tuples have one length (windows).
+        A stored index answers from its columns without making a row (``janus_cache.index.lazy``)."""
+        rows = getattr(self, table)
+        values = [getattr(r, name) for r in rows]
+        return np.array(values, dtype=np.int64) if values else np.zeros(0, dtype=np.int64)
+
+    def text_column(self, table: str, name: str) -> list[Any]:
+        """Field ``name`` of every row of ``table`` as a list (texts, ``None`` where absent)."""
+        return [getattr(r, name) for r in getattr(self, table)]
 
     def source_identity(self) -> tuple[tuple[str, int, int, int], ...]:
         """Per frame, in row order: (relative path, width, height, file size in bytes)."""
