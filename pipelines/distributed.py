@@ -220,6 +220,10 @@ class Progress:
     def _amount(self, n: float) -> str:
         return format_bytes(n) if self._bytes else f"{n:.0f}"
 
+    def _rate(self, per_second: float) -> str:
+        """A rate per second; under 100 with a decimal (a slow phase reads 0.4/s, not 0/s)."""
+        return self._amount(per_second) if self._bytes or per_second >= 100 else f"{per_second:.1f}"
+
     def update(self, done: int) -> None:
         done = min(done, self._total)
         if not self.enabled or done <= self._done:
@@ -234,7 +238,7 @@ class Progress:
             eta = (self._total - done) / rate if rate > 0 else float("inf")
             print(
                 f"[{self._phase}] {self._amount(done)}/{self._amount(self._total)} "
-                f"({100 * done / max(self._total, 1):.0f}%) {self._amount(rate)}/s, ETA {eta:.0f}s",
+                f"({100 * done / max(self._total, 1):.0f}%) {self._rate(rate)}/s, ETA {eta:.0f}s",
                 file=sys.stderr,
                 flush=True,
             )

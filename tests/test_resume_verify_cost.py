@@ -303,3 +303,17 @@ def test_a_full_disk_ends_two_ranks_with_one_line_and_the_same_command_then_fini
                    "--workers", "1"])
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert digests(kept) == digests(reference)
+
+
+def test_a_slow_phase_logs_its_rate_with_a_decimal(capsys: pytest.CaptureFixture[str],
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A log line of a phase doing under one unit per second reads e.g. 0.5/s, never 0/s."""
+    from pipelines.distributed import Progress
+
+    clock = iter([0.0, 4.0])
+    monkeypatch.setattr("pipelines.distributed.time.perf_counter", lambda: next(clock))
+    progress = Progress(enabled=True, log_every=0.0)
+    progress.tty = False
+    progress.phase("features", 10, "samples")
+    progress.update(2)
+    assert "[features] 2/10 (20%) 0.5/s, ETA 16s" in capsys.readouterr().err
