@@ -122,6 +122,9 @@ def test_the_stored_index_of_several_sources_is_read_lazily_and_reused_until_a_s
     assert not changed.reused and changed.entry == stored.entry and changed.fingerprint != stored.fingerprint
     with pytest.raises(ValueError, match="changed or is incomplete"):
         stored.load()  # a handle of the old index never reads the new one
+    grown = store_sources_index([*sources, f"more={other}"], tmp_path / "store")  # a source appended
+    assert grown.entry != stored.entry and grown.load().samples[-1].source == "more"
+    assert [p.name for p in (tmp_path / "store").glob("sources-*")] == [grown.entry.name]
 
 
 def test_the_stored_index_keeps_problems_windows_and_settings(dataset: Path, tmp_path: Path) -> None:

@@ -333,7 +333,8 @@ class IndexStore:
                  combine: Callable[[list[DatasetIndex]], DatasetIndex]) -> StoredSources:
         """The combined index of sources stored as ``parts`` (their names and whether each was given
         one, in order): reused while every part's fingerprint is the one it was combined from, else
-        ``combine`` of the parts' indexes is stored. Raises OSError when it cannot be written."""
+        ``combine`` of the parts' indexes is stored, replacing the combined index of any other list
+        of sources (a store serves one job's sources). Raises OSError when it cannot be written."""
         described = [[name, named, part.entry.name, part.fingerprint] for (name, named), part in
                      zip(names, parts, strict=True)]
         key = hashlib.sha256(json.dumps([[n, d] for n, d, _, _ in described] + [
@@ -351,6 +352,9 @@ class IndexStore:
         identities = [identity.to_dict() for identity in episode_identities(index)]
         (tmp / IDENTITIES_FILE).write_text(json.dumps(identities, ensure_ascii=False))
         _move_into_place(tmp, entry)
+        for other in self.directory.glob(f"{COMBINED_PREFIX}*"):  # another list of sources (before an append)
+            if other != entry:
+                shutil.rmtree(other, ignore_errors=True)
         return StoredSources(entry, fingerprint, str(index.source), False)
 
     # ----------------------------------------------------------------------------- save
