@@ -221,13 +221,20 @@ def run_checks(opts: Options, ranks: Ranks, control: Control, progress: Progress
     # the encoder (whose weights are hashed) part of freshness's.
     started = time.perf_counter()
     indexes: tuple[DatasetIndex | None, DatasetIndex | None] = (None, None)
+    live_wanted = opts.data is not None and opts.live > 0
     if opts.data is not None:
-        # Reused from the cache's index store while the dataset's files are unchanged.
-        indexes = control.on_main(lambda: dataset_indexes(opts.data, history, profile.cache.history,
-                                                            profile.cache.subinstruction_rule,
-                                                            CacheLayout(opts.cache).index_store))
+        # Reused from the cache's index store while the dataset's files are unchanged. Completeness
+        # runs on rank 0 alone; only the live check (windows on every rank) needs the index sent to
+        # the other ranks, which at the real set's size is over a gigabyte each.
+        built: list[tuple[DatasetIndex, DatasetIndex]] = []
+
+        def build() -> tuple[DatasetIndex, DatasetIndex] | None:
+            built.append(dataset_indexes(opts.data, history, profile.cache.history,
+                                         profile.cache.subinstruction_rule, CacheLayout(opts.cache).index_store))
+            return built[0] if live_wanted else None
+
+        indexes = control.on_main(build) or (built[0] if built else (None, None))
     index_seconds = time.perf_counter() - started
-    live_wanted = indexes[1] is not None and opts.live > 0
     # Every rank of the live check builds the encoder; freshness hashes its weights (rank 0), from
     # the built encoder when there is one, else from the checkpoint file without building it. A
     # reference checkpoint's encoder is always built: its identity is that of the loaded module.
@@ -256,7 +263,7 @@ def run_checks(opts: Options, ranks: Ranks, control: Control, progress: Progress
         freshness.detail += f"; encoder of checkpoint {opts.checkpoint}"
         freshness.data["encoder_source"] = str(opts.checkpoint)
     results.append(freshness)
-    if indexes[1] is None:
+    if opts.data is None:
         results.append(skipped(LIVE, "not run: needs --data (the live path decodes the dataset's source images)"))
     elif opts.live <= 0:
         results.append(skipped(LIVE, "not run: --live 0"))

@@ -93,6 +93,30 @@ def test_an_edited_png_fails_verify_naming_it(stale_setup: tuple[Path, Path], so
     assert_one_line_error(result, "changed episode episode_0001", f"changed source file {path}", "content hash")
 
 
+def test_two_ranks_of_make_verify_name_the_edited_description_and_pass_on_the_restored_one(
+    stale_setup: tuple[Path, Path], source_profile: Path
+) -> None:
+    """Completeness runs on rank 0; without the live check the other rank never receives the index
+    (over a gigabyte per rank at the real set's size), and the verdict is the same."""
+    data, cache = stale_setup
+
+    def make_verify() -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["make", "--no-print-directory", "verify", f"CACHE={cache}", f"DATA={data}", f"PROFILE={source_profile}",
+             "NPROC=2", "VERIFY_ARGS=--live 0 --checksums none"],
+            cwd=REPO_ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
+            timeout=600, check=False)
+
+    with Edited(min((data / "episode_0000").glob("step_0002_*.json"))) as path:
+        edit_json(path, "spatial_description", "The stairs lead down now.")
+        result = make_verify()
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert result.returncode != 0 and "Traceback" not in result.stderr, tail(result)
+    assert errors and "changed episode episode_0000" in errors[0] and str(path) in errors[0], tail(result)
+    restored = make_verify()
+    assert restored.returncode == 0, tail(restored)
+
+
 def test_an_edited_annotation_record_fails_verify_naming_its_line(
     sources: tuple[Path, Path], source_profile: Path, tmp_path: Path
 ) -> None:
