@@ -35,6 +35,7 @@ from janus_cache.store import (
 )
 from janus_cache.store.commit import read_record
 from janus_cache.store.layout import features_array, frames_array, table_column
+from janus_cache.store.zarr_group_writer import TEXT_BLOCK_ROWS
 
 FRAMES = frames_array(RESOLUTION)
 FEATURES = features_array(VARIANT.name, RESOLUTION)
@@ -276,6 +277,31 @@ def test_a_table_is_kept_when_equal_redone_when_interrupted_and_refused_when_dif
     CacheLayout(tmp_path).commit_record(table_column("frames", "size"), 0).unlink()  # as if killed before this commit
     writer.write_table("frames", {"key": ["g0"], "size": np.array([7], dtype=np.int32)})
     assert ZarrGroup(tmp_path, read_only=True).table_row("frames", 0) == {"key": "g0", "size": 7}
+
+
+def test_a_text_column_longer_than_one_encoding_block_is_kept_exactly_and_compared_row_by_row(
+    tmp_path: Path
+) -> None:
+    """Text is encoded and compared a block of rows at a time (a 612k-row table is never decoded
+    whole): the rows around block edges, multi-byte text included, keep their bytes, rewriting the
+    same table changes no file, and one row changed in the last block is a different table."""
+    rows = TEXT_BLOCK_ROWS + 1000
+    writer = open_writer("zarr", tmp_path, VARIANT.name)
+    notes = [f"北{i}" if i % 3 else "" for i in range(rows)]
+    columns = {"key": [f"f{i}" for i in range(rows)], "note": notes}
+    writer.write_table("frames", columns)
+    table = ZarrGroup(tmp_path, read_only=True).read_table("frames")
+    assert table["note"] == notes and table["key"][TEXT_BLOCK_ROWS - 1: TEXT_BLOCK_ROWS + 1] == [
+        f"f{TEXT_BLOCK_ROWS - 1}", f"f{TEXT_BLOCK_ROWS}"]
+    files = {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*") if p.is_file()}
+    writer.write_table("frames", columns)
+    assert {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*") if p.is_file()} == files
+
+    last = max(i for i, note in enumerate(notes) if note)
+    same_length = list(notes)
+    same_length[last] = "南" + notes[last][1:]  # the same byte count, other bytes
+    with pytest.raises(StoreError, match="already holds a different 'frames' table"):
+        writer.write_table("frames", {"key": columns["key"], "note": same_length})
 
 
 # -- layout over time ----------------------------------------------------------------------------

@@ -12,8 +12,8 @@ import json
 import math
 import shutil
 from collections import Counter
-from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +51,8 @@ from janus_cache.store.zarr_group import ColumnData, ZarrGroup, _check_name
 
 TABLE_CHUNK_ROWS = 65536
 """Rows per chunk of a table column (UTF-8 payloads: bytes per chunk)."""
+TEXT_BLOCK_ROWS = 65536
+"""Rows of a text column encoded (or compared) at a time: its payload is never built in pieces per row."""
 
 
 @dataclass(frozen=True)
@@ -314,32 +316,52 @@ class ZarrGroupWriter(ZarrGroup):
             return "different"
         if self._column_metadata_damaged(table, columns):
             return "incomplete"
+        # Column by column, text in its stored form (offsets and UTF-8 bytes): decoding a 612k-row
+        # table into Python strings beside the new one took a gigabyte in the process writing it.
         try:
-            stored = self.read_table(table)
+            same = [self._column_equal(table, name, data) for name, data in columns.items()]
         except DamagedData:
             return "incomplete"
         n_rows = next((len(c) if isinstance(c, list) else c.shape[0] for c in columns.values()), 0)
-        if attrs.get("n_rows") != n_rows and all(len(v) == n_rows for v in stored.values()):
+        if attrs.get("n_rows") != n_rows and all(self._stored_rows(table, name, isinstance(data, list)) == n_rows
+                                                 for name, data in columns.items()):
             return "incomplete"  # an edited row count over intact columns
-        for name, data in columns.items():
-            if isinstance(data, list):
-                if stored[name] != data:
-                    return "different"
-            elif not (isinstance(stored[name], np.ndarray) and stored[name].dtype == data.dtype
-                      and np.array_equal(stored[name], data)):
-                return "different"
-        return "equal"
+        return "equal" if all(same) else "different"
+
+    def _column_equal(self, table: str, name: str, data: np.ndarray | list[str]) -> bool:
+        """Whether the stored column ``name`` holds exactly ``data`` (same dtype, shape and values);
+        a text column's payload is compared a block of rows at a time."""
+        if not isinstance(data, list):
+            return self._array_equal(table_column(table, name), data)
+        offsets = _text_offsets(data)
+        if not self._array_equal(table_column(table, name, TEXT_OFFSETS), offsets):
+            return False
+        path = table_column(table, name, TEXT_PAYLOAD)
+        if self._array(path).shape != (int(offsets[-1]),):
+            return False
+        return all(np.array_equal(self.read_rows(path, start, stop), encoded)
+                   for start, stop, encoded in _text_blocks(data, offsets))
+
+    def _array_equal(self, path: str, array: np.ndarray) -> bool:
+        stored = self.read_rows(path, 0, self._array(path).shape[0])
+        return stored.dtype == array.dtype and np.array_equal(stored, array)
+
+    def _stored_rows(self, table: str, name: str, text: bool) -> int:
+        """Rows of the stored column ``name``, from its array's shape."""
+        if text:
+            return int(self._array(table_column(table, name, TEXT_OFFSETS)).shape[0]) - 1
+        return int(self._array(table_column(table, name)).shape[0])
 
     def _column_metadata_damaged(self, table: str, columns: Mapping[str, np.ndarray | list[str]]) -> bool:
         """Whether a column array's ``zarr.json`` differs from what writing ``columns`` would give in
         anything but the array's identity (a different identity is a different table, not damage)."""
         for name, data in columns.items():
-            for path, array in _stored_columns(table, name, data).items():
+            for path, (shape, dtype) in _stored_layout(table, name, data).items():
                 file = self.root / path / ZARR_ROOT_NAME
                 if not file.is_file():
                     return True
                 current = file.read_bytes()
-                expected = _array_metadata(path, _single_shard_spec(tuple(array.shape), array.dtype))
+                expected = _array_metadata(path, _single_shard_spec(shape, dtype))
                 if current != expected and _identity(current) in (None, _identity(expected)):
                     return True
         return False
@@ -420,11 +442,37 @@ def _stored_columns(table: str, name: str, data: np.ndarray | list[str]) -> dict
     offsets and UTF-8 payload."""
     if not isinstance(data, list):
         return {table_column(table, name): data}
-    encoded = [s.encode("utf-8") for s in data]
-    offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
-    np.cumsum([len(b) for b in encoded], out=offsets[1:])
-    payload = np.frombuffer(b"".join(encoded), dtype=np.uint8)
+    offsets = _text_offsets(data)
+    payload = np.empty(int(offsets[-1]), dtype=np.uint8)
+    for start, stop, encoded in _text_blocks(data, offsets):
+        payload[start:stop] = encoded
     return {table_column(table, name, TEXT_OFFSETS): offsets, table_column(table, name, TEXT_PAYLOAD): payload}
+
+
+def _stored_layout(table: str, name: str, data: np.ndarray | list[str]) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+    """Shape and dtype of each array :func:`_stored_columns` gives, without making the text payload."""
+    if not isinstance(data, list):
+        return {table_column(table, name): (tuple(data.shape), data.dtype)}
+    offsets = _text_offsets(data)
+    return {table_column(table, name, TEXT_OFFSETS): (tuple(offsets.shape), offsets.dtype),
+            table_column(table, name, TEXT_PAYLOAD): ((int(offsets[-1]),), np.dtype(np.uint8))}
+
+
+def _text_offsets(data: list[str]) -> np.ndarray:
+    """Byte offsets of each row in a text column's UTF-8 payload (rows + 1 values)."""
+    lengths = np.fromiter((len(s.encode("utf-8")) for s in data), dtype=np.int64, count=len(data))
+    offsets = np.zeros(len(data) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    return offsets
+
+
+def _text_blocks(data: list[str], offsets: np.ndarray) -> Iterator[tuple[int, int, np.ndarray]]:
+    """The UTF-8 payload of a text column in blocks of rows: (first byte, end byte, bytes). A
+    612k-row column at once (joined text, its bytes, a list of encoded rows) is hundreds of MB."""
+    for first in range(0, len(data), TEXT_BLOCK_ROWS):
+        last = min(first + TEXT_BLOCK_ROWS, len(data))
+        encoded = np.frombuffer("".join(data[first:last]).encode("utf-8"), dtype=np.uint8)
+        yield int(offsets[first]), int(offsets[last]), encoded
 
 
 def _check_required_columns(table: str, columns: Mapping[str, np.ndarray | list[str]]) -> None:
