@@ -314,12 +314,14 @@ class ZarrGroupWriter(ZarrGroup):
             return "incomplete"
         if list(attrs["columns"]) != list(columns):
             return "different"
-        if self._column_metadata_damaged(table, columns):
+        # Each text column's byte offsets, measured once for the metadata check and the comparison.
+        offsets = {name: _text_offsets(data) for name, data in columns.items() if isinstance(data, list)}
+        if self._column_metadata_damaged(table, columns, offsets):
             return "incomplete"
         # Column by column, text in its stored form (offsets and UTF-8 bytes): decoding a 612k-row
         # table into Python strings beside the new one took a gigabyte in the process writing it.
         try:
-            same = [self._column_equal(table, name, data) for name, data in columns.items()]
+            same = [self._column_equal(table, name, data, offsets.get(name)) for name, data in columns.items()]
         except DamagedData:
             return "incomplete"
         n_rows = next((len(c) if isinstance(c, list) else c.shape[0] for c in columns.values()), 0)
@@ -328,12 +330,12 @@ class ZarrGroupWriter(ZarrGroup):
             return "incomplete"  # an edited row count over intact columns
         return "equal" if all(same) else "different"
 
-    def _column_equal(self, table: str, name: str, data: np.ndarray | list[str]) -> bool:
+    def _column_equal(self, table: str, name: str, data: np.ndarray | list[str], offsets: np.ndarray | None) -> bool:
         """Whether the stored column ``name`` holds exactly ``data`` (same dtype, shape and values);
-        a text column's payload is compared a block of rows at a time."""
+        a text column (``offsets``: its :func:`_text_offsets`) is compared a block of rows at a time."""
         if not isinstance(data, list):
             return self._array_equal(table_column(table, name), data)
-        offsets = _text_offsets(data)
+        assert offsets is not None
         if not self._array_equal(table_column(table, name, TEXT_OFFSETS), offsets):
             return False
         path = table_column(table, name, TEXT_PAYLOAD)
@@ -352,11 +354,13 @@ class ZarrGroupWriter(ZarrGroup):
             return int(self._array(table_column(table, name, TEXT_OFFSETS)).shape[0]) - 1
         return int(self._array(table_column(table, name)).shape[0])
 
-    def _column_metadata_damaged(self, table: str, columns: Mapping[str, np.ndarray | list[str]]) -> bool:
-        """Whether a column array's ``zarr.json`` differs from what writing ``columns`` would give in
-        anything but the array's identity (a different identity is a different table, not damage)."""
+    def _column_metadata_damaged(self, table: str, columns: Mapping[str, np.ndarray | list[str]],
+                                 offsets: Mapping[str, np.ndarray]) -> bool:
+        """Whether a column array's ``zarr.json`` differs from what writing ``columns`` (text columns'
+        ``offsets``) would give in anything but the array's identity (a different identity is a
+        different table, not damage)."""
         for name, data in columns.items():
-            for path, (shape, dtype) in _stored_layout(table, name, data).items():
+            for path, (shape, dtype) in _stored_layout(table, name, data, offsets.get(name)).items():
                 file = self.root / path / ZARR_ROOT_NAME
                 if not file.is_file():
                     return True
@@ -449,11 +453,13 @@ def _stored_columns(table: str, name: str, data: np.ndarray | list[str]) -> dict
     return {table_column(table, name, TEXT_OFFSETS): offsets, table_column(table, name, TEXT_PAYLOAD): payload}
 
 
-def _stored_layout(table: str, name: str, data: np.ndarray | list[str]) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
-    """Shape and dtype of each array :func:`_stored_columns` gives, without making the text payload."""
+def _stored_layout(table: str, name: str, data: np.ndarray | list[str],
+                   offsets: np.ndarray | None) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+    """Shape and dtype of each array :func:`_stored_columns` gives (a text column's from its
+    ``offsets``), without making the text payload."""
     if not isinstance(data, list):
         return {table_column(table, name): (tuple(data.shape), data.dtype)}
-    offsets = _text_offsets(data)
+    assert offsets is not None
     return {table_column(table, name, TEXT_OFFSETS): (tuple(offsets.shape), offsets.dtype),
             table_column(table, name, TEXT_PAYLOAD): ((int(offsets[-1]),), np.dtype(np.uint8))}
 
