@@ -119,7 +119,7 @@ def plan_validation(settings: TrainSettings, dataset: Dataset[TrainItem],
         raise ValidationError(f"train.val_episodes / val_episodes_fraction: {err}") from None
     rows = capped_rows(holdout.val_rows, settings.val_max_samples, settings.seed)
     return Subset(dataset, list(holdout.train_rows)), ValidationSet(
-        dataset, rows, f"{len(rows)} samples of {count} held-out episodes")
+        dataset, rows, f"{len(rows)} samples of {count} held-out episode{'s' if count != 1 else ''}")
 
 
 @dataclass(frozen=True)

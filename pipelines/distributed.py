@@ -58,6 +58,11 @@ LAUNCHER_GRACE_S = 30.0
 end it once rank 0 has said why and exited."""
 
 
+def usable_cores() -> int:
+    """Cores this process may run on (its CPU affinity, as torch's DataLoader counts them)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 def fail_alike(ranks: Ranks, message: str, code: int = 1) -> NoReturn:
     """End this rank over a failure every rank meets alike (a bad setting, a refused cache): rank 0
     prints the one ``error:`` line and exits with ``code``; the others wait for the launcher to end

@@ -16,7 +16,6 @@ job's index-wide steps work on whole columns (no rank holds the index as Python 
 
 from __future__ import annotations
 
-import os
 import resource
 import sys
 import time
@@ -38,7 +37,7 @@ from janus_cache.resolution import Resolution
 from janus_cache.store.commit import CHECKSUM_MODES, is_committed
 from janus_cache.store.layout import CacheLayout
 from janus_cache.store.split import shards_for
-from pipelines.distributed import CommitTally, Control, Progress, RankFailed, Ranks, fail_alike, lock_on_main
+from pipelines.distributed import CommitTally, Control, Progress, RankFailed, Ranks, fail_alike, lock_on_main, usable_cores
 from pipelines.index_worker import store_index_in_worker
 from pipelines.launcher import spawn_pool
 
@@ -78,8 +77,7 @@ def _device(profile: Profile, ranks: Ranks) -> str:
 
 def default_workers(local_processes: int) -> int:
     """Decode workers per process: the machine's cores shared by the processes on it."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, cores // max(1, local_processes))
+    return max(1, usable_cores() // max(1, local_processes))
 
 
 def _prepare(job: PrecomputeJob, opts: Options, resolution: Resolution, processes: int, workers: int) -> Prepared:

@@ -53,7 +53,7 @@ from janus_train.nonfinite import NonFiniteStep
 from janus_train.reference_checkpoint import ReferenceCheckpointError, check_reference_checkpoint, run_model_config
 from janus_train.trainer import CHECKPOINTS, EXPORT_DIR, TooFewSamples, Trainer, init_distributed
 from janus_train.validation import ValidationError
-from pipelines.distributed import Control, RankFailed, Ranks, fail_alike, lock_on_main
+from pipelines.distributed import Control, RankFailed, Ranks, fail_alike, lock_on_main, usable_cores
 
 
 def quiet_library_warnings() -> None:
@@ -62,9 +62,19 @@ def quiet_library_warnings() -> None:
     # torch warns at every call (dozens of lines per step). The fix is DeepSpeed's, not the user's.
     warnings.filterwarnings("ignore", category=FutureWarning,
                             message=r"`torch\.distributed\.(all_gather_into_tensor|reduce_scatter_tensor)` is deprecated")
-    # torch checks the loader's worker count twice per DataLoader (and every rank builds one): the
-    # advice is worth reading once per process, not four times.
-    warnings.filterwarnings("once", category=UserWarning, message=r"This DataLoader will create \d+ worker processes")
+    # torch checks the loader's worker count at every DataLoader (each epoch and evaluation, on
+    # every rank), and "once" does not hold: any library that changes the warning filters clears
+    # Python's once-registry. The trainer says it in one line instead (loader_note).
+    warnings.filterwarnings("ignore", category=UserWarning, message=r"This DataLoader will create \d+ worker processes")
+
+
+def loader_note(num_workers: int, local_processes: int) -> str | None:
+    """One line when a process's loader workers outnumber its cores (torch's check, said once)."""
+    cores = usable_cores()
+    if num_workers <= cores:
+        return None
+    return (f"note: train.num_workers is {num_workers} loader workers per process ({num_workers * local_processes} on "
+            f"this node) for {cores} cores; if the step line's wait % is high, lower train.num_workers")
 
 
 def quiet_export(checkpoints: Path, out: Path, prof: Profile, settings: TrainSettings) -> Path:
@@ -208,6 +218,9 @@ def command(
                          f"of the epoch)" if resumed else "")
                       + (f"; validating on {trainer.validation.description}" if trainer.validation else ""),
                       flush=True)
+                note = loader_note(settings.num_workers, ranks.local_world)
+                if note:
+                    print(note, flush=True)
             try:
                 trainer.train()
             except (NonFiniteStep, DamagedSample) as err:

@@ -49,6 +49,7 @@ from janus_train.trainer import (
     open_training_cache,
     prompt_builder,
 )
+from pipelines.distributed import usable_cores
 from pipelines.train import cache_refusal
 
 EPISODES, STEPS = 2, 4  # 8 samples
@@ -323,6 +324,25 @@ def test_live_two_process_run_with_micro_batch_2_starts_with_the_cached_runs_los
         assert live[name] == pytest.approx(cached[name], rel=1e-5), name
     assert live["grad_norm"] == pytest.approx(cached["grad_norm"], rel=1e-4)
     assert live["images_per_sample"] == cached["images_per_sample"]
+
+
+def test_the_h800_profiles_16_loader_workers_per_rank_train_alike_with_one_note_and_no_torch_warning(
+        setup: Setup, reference_run: Run, tmp_path: Path) -> None:
+    """16 DataLoader worker processes per rank (the h800 profile's value) on this machine's cores:
+    step 1 has the in-process reference run's loss, and the advice to check the loader is one janus
+    line, not torch's warning repeated at every DataLoader of every rank."""
+    workers = max(16, usable_cores() + 1)  # more workers than cores, as on this machine
+    profile = write_train_profile(tmp_path / "workers.yaml", cache={"feature_dtype": "float32"},
+                                  train={"num_workers": workers})
+    out = tmp_path / "workers-run"
+    result = torchrun_train("--out", out, "--cache", setup.fp32_cache, "--profile", profile, "--max-steps", 1,
+                            "--no-export")
+    assert_succeeded(result)
+    assert read_metrics(out)[0]["loss"] == pytest.approx(reference_run.records[0]["loss"], rel=1e-6)
+    notes = [line for line in result.stdout.splitlines() if line.startswith("note: train.num_workers")]
+    assert notes == [f"note: train.num_workers is {workers} loader workers per process ({workers * N_PROC} on this "
+                     f"node) for {usable_cores()} cores; if the step line's wait % is high, lower train.num_workers"]
+    assert "This DataLoader will create" not in result.stdout + result.stderr
 
 
 # ----------------------------------------------------------------------------------------------
