@@ -16,6 +16,9 @@ Per micro-batch (B samples, each with S images of H x W pixels and one VGGT feat
    (:class:`janus_train.loss.LossParts`); :func:`janus_train.loss.micro_batch_loss` turns them into
    the loss with the accumulated batch's denominators.
 
+Where Qwen's ViT would use ``sdpa`` it runs one varlen FlashAttention call per layer on CUDA
+(:mod:`janus_train.vision_attention`) instead of one SDPA call per attention window.
+
 The frozen VGGT encoder is held outside the module tree: it is not in ``state_dict()``,
 ``parameters()`` or an optimizer, and an engine that shards the model never sees it.
 """
@@ -50,6 +53,7 @@ from janus_train.loss import (
     action_cross_entropy,
     token_cross_entropy,
 )
+from janus_train.vision_attention import use_varlen_vision_attention
 
 PARTS: tuple[str, ...] = ("language_model", "projector", "vision_tower", "vggt_merger", "action_head")
 """Named parameter sets. ``language_model``: Qwen's LLM (embeddings, decoder, final norm) and
@@ -252,6 +256,7 @@ class JanusVLNModel(nn.Module):
         super().__init__()
         self.config = config if config is not None else JanusModelConfig()
         self.qwen = qwen
+        use_varlen_vision_attention(qwen)
         hidden = qwen.config.text_config.hidden_size
         if encoder is not None:
             encoder_dim = 2 * encoder.model.config.embed_dim

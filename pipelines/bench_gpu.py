@@ -38,6 +38,7 @@ from janus_cache.vggt import window_flops
 from janus_train.activation_checkpointing import ActivationCheckpointing
 from janus_train.flops import FlopTable, build_model, build_vggt, count_flops, load_vggt_config
 from janus_train.model import attention_implementation
+from janus_train.vision_attention import describe_attention
 from janus_train.workload import VGGT_LAYER, SampleShape, StepRunner, make_batch, stream_window_features
 from pipelines.bench import Stat
 from pipelines.bench_projection import (
@@ -297,7 +298,7 @@ def _run(settings: GpuBenchSettings, device: Device, started: float) -> dict[str
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "device": device.name(),
         "torch": torch.__version__,
-        "attention": attention_implementation(device.device),
+        "attention": describe_attention(attention_implementation(device.device), device.device, settings.dtype),
         "dtype": str(settings.dtype).removeprefix("torch."),
         "models": {"qwen": settings.qwen_dir.name, "vggt": settings.vggt_config.name},
         "flops": flops.to_dict(),

@@ -1,0 +1,100 @@
+"""Qwen2.5-VL's windowed ViT attention as one variable-length kernel call per layer.
+
+The ViT attends inside windows (and, in four layers, inside whole images). transformers runs that
+as one flash-attn varlen call when flash-attn is installed, and otherwise as one SDPA call per
+window: for 9 images of 644² that is ~900 small kernel launches per layer, and the ViT alone took
+1.85 s of a 7B training step on an H100 (0.16 s as one varlen call). PyTorch ships the same
+FlashAttention varlen kernel (``torch.nn.attention.varlen.varlen_attn``), so janus registers it
+with transformers' :class:`~transformers.AttentionInterface` under :data:`VARLEN_ATTENTION` and
+points the vision config at it whenever the model would otherwise use ``sdpa``. Where the kernel
+cannot run (the CPU, float32, the meta device) the function does exactly what transformers' sdpa
+path does, window by window, so CPU results and FLOP counts do not change.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers import AttentionInterface, PreTrainedModel
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+VARLEN_ATTENTION = "flash_varlen_torch"
+"""The registered name. It contains "flash" because that is how Qwen's vision attention decides to
+pass the window boundaries (``cu_seqlens``) in one call instead of splitting the windows itself."""
+
+_KERNEL_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def varlen_kernel_applies(device: torch.device | str, dtype: torch.dtype) -> bool:
+    """Whether PyTorch's varlen FlashAttention kernel runs for tensors on ``device`` in ``dtype``."""
+    if torch.device(device).type != "cuda" or dtype not in _KERNEL_DTYPES:
+        return False
+    try:
+        from torch.nn.attention.varlen import varlen_attn  # noqa: F401  (PyTorch >= 2.10)
+    except ImportError:
+        return False
+    return True
+
+
+def varlen_attention_forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    cu_seq_lens_q: torch.Tensor | None = None,
+    cu_seq_lens_k: torch.Tensor | None = None,
+    max_length_q: int | None = None,
+    max_length_k: int | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """Non-causal attention inside each ``cu_seq_lens`` segment of one packed sequence.
+
+    ``query``/``key``/``value`` [1, heads, T, head_dim] -> ([1, T, heads, head_dim], None), the
+    shape transformers' attention functions return."""
+    if query.shape[0] != 1 or cu_seq_lens_q is None:
+        raise ValueError(f"{VARLEN_ATTENTION} takes one packed sequence with cu_seq_lens_q "
+                         f"(got batch {query.shape[0]}, cu_seq_lens_q {'set' if cu_seq_lens_q is not None else 'None'})")
+    if dropout:
+        raise ValueError(f"{VARLEN_ATTENTION} has no attention dropout (got {dropout})")
+    cu_k = cu_seq_lens_q if cu_seq_lens_k is None else cu_seq_lens_k
+    if varlen_kernel_applies(query.device, query.dtype):
+        from torch.nn.attention.varlen import varlen_attn
+
+        lengths = cu_seq_lens_q[1:] - cu_seq_lens_q[:-1]
+        max_q = max_length_q if max_length_q is not None else int(lengths.max())
+        max_k = max_length_k if max_length_k is not None else max_q
+        q, k, v = (t[0].transpose(0, 1).contiguous() for t in (query, key, value))  # [T, heads, head_dim]
+        out = varlen_attn(q, k, v, cu_seq_lens_q.to(torch.int32), cu_k.to(torch.int32), max_q, max_k, scale=scaling)
+        return out.unsqueeze(0), None
+    # transformers' own sdpa path for Qwen's vision attention: one call per segment.
+    lengths = (cu_seq_lens_q[1:] - cu_seq_lens_q[:-1]).tolist()
+    pieces = zip(*(torch.split(t, lengths, dim=2) for t in (query, key, value)))
+    outputs = [
+        sdpa_attention_forward(module, q, k, v, attention_mask=None, scaling=scaling, dropout=0.0, is_causal=False)[0]
+        for q, k, v in pieces
+    ]
+    return torch.cat(outputs, dim=1), None
+
+
+AttentionInterface.register(VARLEN_ATTENTION, varlen_attention_forward)
+
+
+def use_varlen_vision_attention(model: PreTrainedModel) -> bool:
+    """Point a Qwen2.5-VL model's ViT at :data:`VARLEN_ATTENTION` if it uses ``sdpa``; True if it
+    does now. Other choices (flash_attention_2, eager) stay. The name is a runtime setting of the
+    config: ``save_pretrained`` does not write it, so saved checkpoints load anywhere."""
+    vision = model.config.vision_config
+    if vision._attn_implementation == "sdpa":
+        vision._attn_implementation = VARLEN_ATTENTION
+    return vision._attn_implementation == VARLEN_ATTENTION
+
+
+def describe_attention(implementation: str, device: torch.device | str, dtype: torch.dtype) -> str:
+    """The attention a model of ``implementation`` runs on ``device`` in ``dtype``, in words."""
+    if implementation == "sdpa" and varlen_kernel_applies(device, dtype):
+        return "sdpa (ViT: torch varlen FlashAttention)"
+    return implementation
