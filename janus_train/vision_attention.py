@@ -24,17 +24,20 @@ VARLEN_ATTENTION = "flash_varlen_torch"
 pass the window boundaries (``cu_seqlens``) in one call instead of splitting the windows itself."""
 
 _KERNEL_DTYPES = (torch.float16, torch.bfloat16)
+_KERNEL_MIN_CAPABILITY = (8, 0)
 
 
 def varlen_kernel_applies(device: torch.device | str, dtype: torch.dtype) -> bool:
     """Whether PyTorch's varlen FlashAttention kernel runs for tensors on ``device`` in ``dtype``."""
-    if torch.device(device).type != "cuda" or dtype not in _KERNEL_DTYPES:
+    device = torch.device(device)
+    if device.type != "cuda" or dtype not in _KERNEL_DTYPES:
         return False
     try:
         from torch.nn.attention.varlen import varlen_attn  # noqa: F401  (PyTorch >= 2.10)
     except ImportError:
         return False
-    return True
+    # FlashAttention kernels need Ampere or newer (A100, H100/H800); older GPUs keep per-window SDPA.
+    return torch.cuda.get_device_capability(device) >= _KERNEL_MIN_CAPABILITY
 
 
 def varlen_attention_forward(
