@@ -13,11 +13,17 @@ path does, window by window, so CPU results and FLOP counts do not change.
 
 from __future__ import annotations
 
+from functools import cache
 from typing import Any
 
 import torch
 from transformers import AttentionInterface, PreTrainedModel
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+try:
+    from torch.nn.attention.varlen import varlen_attn  # PyTorch >= 2.10
+except ImportError:
+    varlen_attn = None
 
 VARLEN_ATTENTION = "flash_varlen_torch"
 """The registered name. It contains "flash" because that is how Qwen's vision attention decides to
@@ -28,16 +34,18 @@ _KERNEL_MIN_CAPABILITY = (8, 0)
 
 
 def varlen_kernel_applies(device: torch.device | str, dtype: torch.dtype) -> bool:
-    """Whether PyTorch's varlen FlashAttention kernel runs for tensors on ``device`` in ``dtype``."""
+    """Whether PyTorch's varlen FlashAttention kernel runs for tensors on ``device`` in ``dtype``
+    (asked in every ViT layer: only a dict lookup after the first call per device)."""
     device = torch.device(device)
-    if device.type != "cuda" or dtype not in _KERNEL_DTYPES:
+    if device.type != "cuda" or dtype not in _KERNEL_DTYPES or varlen_attn is None:
         return False
-    try:
-        from torch.nn.attention.varlen import varlen_attn  # noqa: F401  (PyTorch >= 2.10)
-    except ImportError:
-        return False
+    return _kernel_runs_on(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@cache
+def _kernel_runs_on(gpu: int) -> bool:
     # FlashAttention kernels need Ampere or newer (A100, H100/H800); older GPUs keep per-window SDPA.
-    return torch.cuda.get_device_capability(device) >= _KERNEL_MIN_CAPABILITY
+    return torch.cuda.get_device_capability(gpu) >= _KERNEL_MIN_CAPABILITY
 
 
 def varlen_attention_forward(
@@ -65,10 +73,8 @@ def varlen_attention_forward(
         raise ValueError(f"{VARLEN_ATTENTION} has no attention dropout (got {dropout})")
     cu_k = cu_seq_lens_q if cu_seq_lens_k is None else cu_seq_lens_k
     if varlen_kernel_applies(query.device, query.dtype):
-        from torch.nn.attention.varlen import varlen_attn
-
-        lengths = cu_seq_lens_q[1:] - cu_seq_lens_q[:-1]
-        max_q = max_length_q if max_length_q is not None else int(lengths.max())
+        # Qwen passes the longest segment as a Python int; computing it here would sync the GPU.
+        max_q = max_length_q if max_length_q is not None else int((cu_seq_lens_q[1:] - cu_seq_lens_q[:-1]).max())
         max_k = max_length_k if max_length_k is not None else max_q
         q, k, v = (t[0].transpose(0, 1).contiguous() for t in (query, key, value))  # [T, heads, head_dim]
         out = varlen_attn(q, k, v, cu_seq_lens_q.to(torch.int32), cu_k.to(torch.int32), max_q, max_k, scale=scaling)
@@ -86,18 +92,23 @@ def varlen_attention_forward(
 AttentionInterface.register(VARLEN_ATTENTION, varlen_attention_forward)
 
 
+def vision_attention(implementation: str | None) -> str | None:
+    """The ViT attention janus runs for a model built with ``implementation``: ``sdpa`` becomes
+    :data:`VARLEN_ATTENTION`, other choices (flash_attention_2, eager) stay."""
+    return VARLEN_ATTENTION if implementation == "sdpa" else implementation
+
+
 def use_varlen_vision_attention(model: PreTrainedModel) -> bool:
-    """Point a Qwen2.5-VL model's ViT at :data:`VARLEN_ATTENTION` if it uses ``sdpa``; True if it
-    does now. Other choices (flash_attention_2, eager) stay. The name is a runtime setting of the
-    config: ``save_pretrained`` does not write it, so saved checkpoints load anywhere."""
+    """Point a Qwen2.5-VL model's ViT at :func:`vision_attention` of its own choice; True if that
+    is :data:`VARLEN_ATTENTION`. The name is a runtime setting of the config: ``save_pretrained``
+    does not write it, so saved checkpoints load anywhere."""
     vision = model.config.vision_config
-    if vision._attn_implementation == "sdpa":
-        vision._attn_implementation = VARLEN_ATTENTION
+    vision._attn_implementation = vision_attention(vision._attn_implementation)
     return vision._attn_implementation == VARLEN_ATTENTION
 
 
 def describe_attention(implementation: str, device: torch.device | str, dtype: torch.dtype) -> str:
     """The attention a model of ``implementation`` runs on ``device`` in ``dtype``, in words."""
-    if implementation == "sdpa" and varlen_kernel_applies(device, dtype):
-        return "sdpa (ViT: torch varlen FlashAttention)"
+    if vision_attention(implementation) == VARLEN_ATTENTION and varlen_kernel_applies(device, dtype):
+        return f"{implementation} (ViT: torch varlen FlashAttention)"
     return implementation
