@@ -66,6 +66,8 @@ def test_a_two_resolution_cache_trains_on_the_profiles_resolution(two_resolution
     assert result.returncode == 0, f"training failed:\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}"
     records = [json.loads(line) for line in (out / METRICS_FILE).read_text().splitlines()]
     assert [r["step"] for r in records] == list(range(1, STEPS + 1))
+    # The start line says which of the cache's resolutions trains.
+    assert ", frames at pad224, metrics in " in result.stdout
     # 9 images per sample, each with the visual tokens of pad224 (pad112 would have a quarter).
     assert records[0]["visual_tokens_per_sample"] == 9 * visual_tokens(Resolution.parse("pad224"))
 
