@@ -21,9 +21,10 @@ Order of work (per resolution):
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from itertools import compress
 from multiprocessing.pool import Pool
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,7 @@ from janus_cache.store import (
     Layout,
     Manifest,
     ResolutionEntry,
+    TextColumn,
     WindowVariant,
 )
 from janus_cache.store.commit import atomic_write_bytes
@@ -85,17 +87,19 @@ def frame_shape(index: DatasetIndex, resolution: Resolution) -> tuple[int, int]:
 
 
 def frame_table(index: DatasetIndex) -> dict[str, Any]:
-    # Built from the index's columns: a stored index answers without making 612k frame objects.
-    episodes = index.text_column("frames", "episode_id")
+    """The frames table of ``index``. Built from the index's columns, text straight into its stored
+    form (repeated texts as codes): a stored index answers without making 612k frame objects or
+    lists of strings."""
     numbers = index.int_column("frames", "index")
     return {
-        "key": [f"{episode}/{number}" for episode, number in zip(episodes, numbers.tolist(), strict=True)],
-        "episode_id": episodes,
+        "key": TextColumn.encode(f"{episode}/{number}" for episode, number
+                                 in zip(index.iter_text("frames", "episode_id"), numbers.tolist(), strict=True)),
+        "episode_id": TextColumn.encode_repeated(index.iter_text("frames", "episode_id")),
         "frame_index": numbers.astype(np.int32),
-        "source": index.text_column("frames", "relpath"),
+        "source": TextColumn.encode(index.iter_text("frames", "relpath")),
         "source_width": index.int_column("frames", "width").astype(np.int32),
         "source_height": index.int_column("frames", "height").astype(np.int32),
-        "source_sha256": [sha or "" for sha in index.text_column("frames", "sha256")],
+        "source_sha256": TextColumn.encode(sha or "" for sha in index.iter_text("frames", "sha256")),
     }
 
 
@@ -106,21 +110,27 @@ def window_matrix(index: DatasetIndex) -> np.ndarray:
 
 
 def sample_table(index: DatasetIndex, rows: np.ndarray | None = None) -> dict[str, Any]:
-    """The samples table of ``index``'s samples at ``rows`` (default: all), in row order."""
+    """The samples table of ``index``'s samples at ``rows`` (default: all; increasing), in row
+    order; text straight into its stored form, as in :func:`frame_table`."""
+    keep = None
+    if rows is not None:
+        keep = np.zeros(len(index.samples), dtype=bool)
+        keep[rows] = True
 
-    def pick(values: list[Any]) -> list[Any]:
-        return values if rows is None else [values[r] for r in rows.tolist()]
+    def pick(name: str) -> Iterator[Any]:
+        values = index.iter_text("samples", name)
+        return values if keep is None else compress(values, keep.tolist())
 
     window_rows = window_matrix(index)
     return {
-        KEY_COLUMN: pick(index.text_column("samples", "key")),
-        EPISODE_COLUMN: pick(index.text_column("samples", "episode_id")),
-        SOURCE_COLUMN: pick(index.text_column("samples", "source")),
+        KEY_COLUMN: TextColumn.encode(pick("key")),
+        EPISODE_COLUMN: TextColumn.encode_repeated(pick("episode_id")),
+        SOURCE_COLUMN: TextColumn.encode_repeated(pick("source")),
         "step": index.int_column("samples", "step")[rows if rows is not None else slice(None)].astype(np.int32),
         WINDOW_ROWS_COLUMN: (window_rows if rows is None else window_rows[rows]).astype(np.int32),
-        ACTION_COLUMN: np.array([ACTION_IDS[a] for a in pick(index.text_column("samples", "action"))], dtype=np.int8),
+        ACTION_COLUMN: np.fromiter((ACTION_IDS[a] for a in pick("action")), dtype=np.int8),
         # The sample record's text columns are the index's Sample fields of the same names.
-        **{name: pick(index.text_column("samples", name)) for name in TEXT_COLUMNS},
+        **{name: TextColumn.encode_repeated(pick(name)) for name in TEXT_COLUMNS},
     }
 
 

@@ -4,8 +4,8 @@
 ``frames`` and ``samples`` are :class:`LazyRows`: a row object is made when it is asked for, its
 values decoded from the stored columns (memory-mapped), so a process holds only the pages it
 touched. Whole columns come as numpy arrays or lists without making a row
-(:meth:`LazyIndex.int_column`, :meth:`LazyIndex.text_column`: what the job's tables and window
-checks use); the key lookups (``sample(key)``, ``frame(...)``) are built on first use.
+(:meth:`LazyIndex.int_column`, :meth:`LazyIndex.text_column`, or a value at a time:
+:meth:`LazyIndex.iter_text`: what the job's tables and window checks use); the key lookups (``sample(key)``, ``frame(...)``) are built on first use.
 """
 
 from __future__ import annotations
@@ -44,6 +44,11 @@ class LazyRows(Sequence[Any]):
     def kind(self, name: str) -> str:
         """The stored kind of field ``name`` (:func:`~janus_cache.index.columns.encode_column`)."""
         return self._kinds[name]
+
+    def values(self, name: str) -> Iterator[Any]:
+        """Field ``name`` of every row, each decoded as it is asked for."""
+        decode = self._column(name)
+        return (decode(row) for row in range(self._n))
 
     def arrays(self, name: str) -> dict[str, np.ndarray]:
         """The stored arrays of field ``name`` (memory-mapped)."""
@@ -169,6 +174,9 @@ class LazyIndex(DatasetIndex):
         if kind != "text":
             return DatasetIndex.text_column(self, table, name)
         return decode_column(kind, arrays, Path())
+
+    def iter_text(self, table: str, name: str) -> Iterator[Any]:
+        return self._table(table).values(name)
 
     def _table(self, table: str) -> LazyRows:
         rows = getattr(self, table)

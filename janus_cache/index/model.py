@@ -8,6 +8,7 @@ the input formats (``episode_folders``, ``annotations``) produce this model.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -226,7 +227,12 @@ class DatasetIndex:
 
     def text_column(self, table: str, name: str) -> list[Any]:
         """Field ``name`` of every row of ``table`` as a list (texts, ``None`` where absent)."""
-        return [getattr(r, name) for r in getattr(self, table)]
+        return list(self.iter_text(table, name))
+
+    def iter_text(self, table: str, name: str) -> Iterator[Any]:
+        """:meth:`text_column` a row at a time: a stored index decodes each value when it is asked
+        for, so a column of 612k distinct texts (keys, paths, hashes) is never a list at once."""
+        return (getattr(r, name) for r in getattr(self, table))
 
     def source_identity(self) -> tuple[tuple[str, int, int, int], ...]:
         """Per frame, in row order: (relative path, width, height, file size in bytes)."""

@@ -6,7 +6,7 @@ Writing a cache (either format) goes through one interface, :class:`CacheWriter`
 
     writer = open_writer("zarr", cache_dir, variant.name)      # or "wds"
     # single process (rank 0), before any shard is written:
-    writer.write_table("frames", {"key": [...], ...})
+    writer.write_table("frames", {"key": TextColumn.encode(keys), ...})   # or a list of str
     writer.write_table("samples", {"key": [...], "window_rows": int32 [n, history + 1], "action": [...],
                                    "instruction": [...], ...})   # columns of records.SampleMeta
     writer.prepare_frames(resolution, (H, W), frames_per_shard)
@@ -74,6 +74,7 @@ from janus_cache.store.manifest import (
 from janus_cache.store.layout import CacheLayout
 from janus_cache.store.open import CacheOpenError, CacheReader, OpenedCache, load_manifest, open_cache
 from janus_cache.store.records import CacheSample, SampleMeta
+from janus_cache.store.text_column import TextColumn
 from janus_cache.store.wds_store import WdsCacheReader, WdsCacheWriter
 from janus_cache.store.zarr_store import ColumnData, ZarrCacheReader, ZarrCacheWriter, ZarrGroup
 
@@ -168,6 +169,7 @@ __all__ = [
     "ShardCheck",
     "ShardEntry",
     "StoreError",
+    "TextColumn",
     "WdsCacheReader",
     "WdsCacheWriter",
     "WindowVariant",

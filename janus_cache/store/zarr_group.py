@@ -39,8 +39,10 @@ from janus_cache.store.layout import (
     table_group,
 )
 from janus_cache.store.manifest import ShardEntry
+from janus_cache.store.text_column import TextColumn
 
-ColumnData = np.ndarray | Sequence[str]
+ColumnData = np.ndarray | TextColumn | Sequence[str]
+"""A table column to write: numeric rows, or text (stored form, or any sequence of str)."""
 
 
 def _check_name(kind: str, name: str) -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import math
 import shutil
-from collections import Counter
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,12 +46,11 @@ from janus_cache.store.layout import (
     table_column,
     table_group,
 )
+from janus_cache.store.text_column import NotText, TextColumn
 from janus_cache.store.zarr_group import ColumnData, ZarrGroup, _check_name
 
 TABLE_CHUNK_ROWS = 65536
 """Rows per chunk of a table column (UTF-8 payloads: bytes per chunk)."""
-TEXT_BLOCK_ROWS = 65536
-"""Rows of a text column encoded (or compared) at a time: its payload is never built in pieces per row."""
 
 
 @dataclass(frozen=True)
@@ -250,7 +248,8 @@ class ZarrGroupWriter(ZarrGroup):
     # -- tables ---------------------------------------------------------------------------------
 
     def write_table(self, table: str, columns: Mapping[str, ColumnData], append: bool = False) -> None:
-        """(Re)write a whole table: numeric columns as arrays, text columns as lists of str.
+        """(Re)write a whole table: numeric columns as arrays, text columns as :class:`TextColumn`
+        (or any sequence of str, encoded here).
 
         Every column must have the same number of rows. The ``frames`` and ``samples`` tables
         need a text ``key`` column; ``samples`` also an integer ``window_rows`` column
@@ -261,7 +260,7 @@ class ZarrGroupWriter(ZarrGroup):
         """
         _check_name("table", table)
         prepared = {name: _column(table, name, data) for name, data in columns.items()}
-        lengths = {name: (len(c) if isinstance(c, list) else c.shape[0]) for name, c in prepared.items()}
+        lengths = {name: _rows(c) for name, c in prepared.items()}
         if len(set(lengths.values())) > 1:
             raise StoreError(f"columns of table {table!r} differ in length: {lengths}")
         n_rows = next(iter(lengths.values()), 0)
@@ -288,15 +287,15 @@ class ZarrGroupWriter(ZarrGroup):
         self._tables.pop(table, None)
         kinds: dict[str, str] = {}
         for name, data in prepared.items():
-            for path, array in _stored_columns(table, name, data).items():
+            for path, array in _stored_columns(table, name, data):
                 self._write_whole(path, array)
-            kinds[name] = "utf8" if isinstance(data, list) else data.dtype.name
+            kinds[name] = "utf8" if isinstance(data, TextColumn) else data.dtype.name
         group = zarr.open_group(self._store(), path=group_path, mode="a", zarr_format=3)
         group.attrs.update({"n_rows": n_rows, "columns": kinds})
         fsync_path(self.root / group_path / ZARR_ROOT_NAME)
         self._tables.pop(table, None)
 
-    def _table_state(self, table: str, columns: Mapping[str, np.ndarray | list[str]]) -> str:
+    def _table_state(self, table: str, columns: Mapping[str, np.ndarray | TextColumn]) -> str:
         """"absent", "incomplete" (an interrupted write), or whether the committed table is "equal"
         to ``columns`` or "different"."""
         if not self.has_table(table):
@@ -314,35 +313,32 @@ class ZarrGroupWriter(ZarrGroup):
             return "incomplete"
         if list(attrs["columns"]) != list(columns):
             return "different"
-        # Each text column's byte offsets, measured once for the metadata check and the comparison.
-        offsets = {name: _text_offsets(data) for name, data in columns.items() if isinstance(data, list)}
-        if self._column_metadata_damaged(table, columns, offsets):
+        if self._column_metadata_damaged(table, columns):
             return "incomplete"
         # Column by column, text in its stored form (offsets and UTF-8 bytes): decoding a 612k-row
         # table into Python strings beside the new one took a gigabyte in the process writing it.
         try:
-            same = [self._column_equal(table, name, data, offsets.get(name)) for name, data in columns.items()]
+            same = [self._column_equal(table, name, data) for name, data in columns.items()]
         except DamagedData:
             return "incomplete"
-        n_rows = next((len(c) if isinstance(c, list) else c.shape[0] for c in columns.values()), 0)
-        if attrs.get("n_rows") != n_rows and all(self._stored_rows(table, name, isinstance(data, list)) == n_rows
+        n_rows = next((_rows(c) for c in columns.values()), 0)
+        if attrs.get("n_rows") != n_rows and all(self._stored_rows(table, name, isinstance(data, TextColumn)) == n_rows
                                                  for name, data in columns.items()):
             return "incomplete"  # an edited row count over intact columns
         return "equal" if all(same) else "different"
 
-    def _column_equal(self, table: str, name: str, data: np.ndarray | list[str], offsets: np.ndarray | None) -> bool:
+    def _column_equal(self, table: str, name: str, data: np.ndarray | TextColumn) -> bool:
         """Whether the stored column ``name`` holds exactly ``data`` (same dtype, shape and values);
-        a text column (``offsets``: its :func:`_text_offsets`) is compared a block of rows at a time."""
-        if not isinstance(data, list):
+        a text column's payload is compared a block of rows at a time."""
+        if not isinstance(data, TextColumn):
             return self._array_equal(table_column(table, name), data)
-        assert offsets is not None
-        if not self._array_equal(table_column(table, name, TEXT_OFFSETS), offsets):
+        if not self._array_equal(table_column(table, name, TEXT_OFFSETS), data.offsets):
             return False
         path = table_column(table, name, TEXT_PAYLOAD)
-        if self._array(path).shape != (int(offsets[-1]),):
+        if self._array(path).shape != (data.nbytes,):
             return False
         return all(np.array_equal(self.read_rows(path, start, stop), encoded)
-                   for start, stop, encoded in _text_blocks(data, offsets))
+                   for start, stop, encoded in data.blocks())
 
     def _array_equal(self, path: str, array: np.ndarray) -> bool:
         stored = self.read_rows(path, 0, self._array(path).shape[0])
@@ -354,13 +350,12 @@ class ZarrGroupWriter(ZarrGroup):
             return int(self._array(table_column(table, name, TEXT_OFFSETS)).shape[0]) - 1
         return int(self._array(table_column(table, name)).shape[0])
 
-    def _column_metadata_damaged(self, table: str, columns: Mapping[str, np.ndarray | list[str]],
-                                 offsets: Mapping[str, np.ndarray]) -> bool:
-        """Whether a column array's ``zarr.json`` differs from what writing ``columns`` (text columns'
-        ``offsets``) would give in anything but the array's identity (a different identity is a
-        different table, not damage)."""
+    def _column_metadata_damaged(self, table: str, columns: Mapping[str, np.ndarray | TextColumn]) -> bool:
+        """Whether a column array's ``zarr.json`` differs from what writing ``columns`` would give
+        in anything but the array's identity (a different identity is a different table, not
+        damage)."""
         for name, data in columns.items():
-            for path, (shape, dtype) in _stored_layout(table, name, data, offsets.get(name)).items():
+            for path, (shape, dtype) in _stored_shapes(table, name, data).items():
                 file = self.root / path / ZARR_ROOT_NAME
                 if not file.is_file():
                     return True
@@ -370,18 +365,24 @@ class ZarrGroupWriter(ZarrGroup):
                     return True
         return False
 
-    def _table_is_prefix(self, table: str, columns: Mapping[str, np.ndarray | list[str]]) -> bool:
-        """Whether the stored ``table`` has ``columns``' names and is their first rows."""
-        if list(self.table_columns(table)) != list(columns):
+    def _table_is_prefix(self, table: str, columns: Mapping[str, np.ndarray | TextColumn]) -> bool:
+        """Whether the stored ``table`` has ``columns``' names and is their first rows (text compared
+        in its stored form)."""
+        kinds = self.table_columns(table)
+        if list(kinds) != list(columns):
             return False
-        stored = self.read_table(table)
         for name, data in columns.items():
-            old = stored[name]
-            if isinstance(data, list):
-                if not isinstance(old, list) or data[: len(old)] != old:
+            if isinstance(data, TextColumn):
+                if kinds[name] != "utf8":
                     return False
-            elif not (isinstance(old, np.ndarray) and old.dtype == data.dtype and old.shape[0] <= data.shape[0]
-                      and np.array_equal(old, data[: old.shape[0]])):
+                offsets = self._column_array(table, name, TEXT_OFFSETS)
+                payload = self._column_array(table, name, TEXT_PAYLOAD)
+                if not data.startswith(TextColumn(offsets, payload)):
+                    return False
+                continue
+            old = self._column_array(table, name)
+            if not (kinds[name] != "utf8" and old.dtype == data.dtype and old.shape[0] <= data.shape[0]
+                    and old.shape[1:] == data.shape[1:] and np.array_equal(old, data[: old.shape[0]])):
                 return False
         return True
 
@@ -427,67 +428,49 @@ class ZarrGroupWriter(ZarrGroup):
         return n_samples
 
 
-def _column(table: str, name: str, data: ColumnData) -> np.ndarray | list[str]:
-    """A column as a numeric array or a list of str; anything else is an error naming it."""
+def _column(table: str, name: str, data: ColumnData) -> np.ndarray | TextColumn:
+    """A column as a numeric array or a :class:`TextColumn`; anything else is an error naming it."""
     _check_name(f"column of table {table!r}", name)
+    if isinstance(data, TextColumn):
+        return data
     if isinstance(data, np.ndarray) and data.dtype.kind not in "UO":
         if data.dtype.kind not in "biuf" or data.ndim < 1:
             raise StoreError(f"column {table}.{name} must be numeric or text with one row per entry, got {data.dtype} {data.shape}")
         return data
-    values = list(data)
-    for i, value in enumerate(values):
-        if not isinstance(value, str):
-            raise StoreError(f"text column {table}.{name} row {i} is {type(value).__name__} {value!r}, not str")
-    return values
+    try:
+        return TextColumn.encode(data)
+    except NotText as err:
+        raise StoreError(f"text column {table}.{name} {err}") from None
 
 
-def _stored_columns(table: str, name: str, data: np.ndarray | list[str]) -> dict[str, np.ndarray]:
+def _rows(data: np.ndarray | TextColumn) -> int:
+    return len(data) if isinstance(data, TextColumn) else data.shape[0]
+
+
+def _stored_columns(table: str, name: str, data: np.ndarray | TextColumn) -> Iterator[tuple[str, np.ndarray]]:
     """The array(s) column ``name`` is stored as: a numeric column as itself, a text column as its
-    offsets and UTF-8 payload."""
-    if not isinstance(data, list):
-        return {table_column(table, name): data}
-    offsets = _text_offsets(data)
-    payload = np.empty(int(offsets[-1]), dtype=np.uint8)
-    for start, stop, encoded in _text_blocks(data, offsets):
-        payload[start:stop] = encoded
-    return {table_column(table, name, TEXT_OFFSETS): offsets, table_column(table, name, TEXT_PAYLOAD): payload}
+    offsets and UTF-8 payload (made when it is reached: one column's payload at a time)."""
+    if not isinstance(data, TextColumn):
+        yield table_column(table, name), data
+        return
+    yield table_column(table, name, TEXT_OFFSETS), data.offsets
+    yield table_column(table, name, TEXT_PAYLOAD), data.payload
 
 
-def _stored_layout(table: str, name: str, data: np.ndarray | list[str],
-                   offsets: np.ndarray | None) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
-    """Shape and dtype of each array :func:`_stored_columns` gives (a text column's from its
-    ``offsets``), without making the text payload."""
-    if not isinstance(data, list):
+def _stored_shapes(table: str, name: str, data: np.ndarray | TextColumn) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+    """Shape and dtype of each array of :func:`_stored_columns`, without making a text payload."""
+    if not isinstance(data, TextColumn):
         return {table_column(table, name): (tuple(data.shape), data.dtype)}
-    assert offsets is not None
-    return {table_column(table, name, TEXT_OFFSETS): (tuple(offsets.shape), offsets.dtype),
-            table_column(table, name, TEXT_PAYLOAD): ((int(offsets[-1]),), np.dtype(np.uint8))}
+    return {table_column(table, name, TEXT_OFFSETS): (tuple(data.offsets.shape), data.offsets.dtype),
+            table_column(table, name, TEXT_PAYLOAD): ((data.nbytes,), np.dtype(np.uint8))}
 
 
-def _text_offsets(data: list[str]) -> np.ndarray:
-    """Byte offsets of each row in a text column's UTF-8 payload (rows + 1 values)."""
-    lengths = np.fromiter((len(s.encode("utf-8")) for s in data), dtype=np.int64, count=len(data))
-    offsets = np.zeros(len(data) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    return offsets
-
-
-def _text_blocks(data: list[str], offsets: np.ndarray) -> Iterator[tuple[int, int, np.ndarray]]:
-    """The UTF-8 payload of a text column in blocks of rows: (first byte, end byte, bytes). A
-    612k-row column at once (joined text, its bytes, a list of encoded rows) is hundreds of MB."""
-    for first in range(0, len(data), TEXT_BLOCK_ROWS):
-        last = min(first + TEXT_BLOCK_ROWS, len(data))
-        encoded = np.frombuffer("".join(data[first:last]).encode("utf-8"), dtype=np.uint8)
-        yield int(offsets[first]), int(offsets[last]), encoded
-
-
-def _check_required_columns(table: str, columns: Mapping[str, np.ndarray | list[str]]) -> None:
+def _check_required_columns(table: str, columns: Mapping[str, np.ndarray | TextColumn]) -> None:
     if table in (FRAMES_TABLE, SAMPLES_TABLE):
         keys = columns.get(KEY_COLUMN)
-        if not isinstance(keys, list):
+        if not isinstance(keys, TextColumn):
             raise StoreError(f"table {table!r} needs a text column {KEY_COLUMN!r}")
-        if len(set(keys)) != len(keys):
-            duplicate = next(k for k, n in Counter(keys).items() if n > 1)
+        if (duplicate := keys.first_duplicate()) is not None:
             raise StoreError(f"table {table!r} has the key {duplicate!r} more than once; keys must be unique")
     if table == SAMPLES_TABLE:
         rows = columns.get(WINDOW_ROWS_COLUMN)

@@ -1,0 +1,178 @@
+"""A text column in the form a cache stores it: the rows' UTF-8 bytes end to end, and row offsets.
+
+Tables are written from this form, not from lists of ``str``: at 612k rows a column of keys,
+paths or hashes is 50-70 MB of Python strings, and a table of several of them beside their
+encoded copies took the process writing it past a gigabyte. Two ways to make one, both taking
+any iterable of strings (a generator decoding a stored index row by row makes no list at all):
+
+- :meth:`TextColumn.encode` for texts that differ row to row (keys, paths, hashes): the payload
+  is encoded a block of rows at a time and held;
+- :meth:`TextColumn.encode_repeated` for texts that many rows share (instructions, descriptions,
+  episode ids): the distinct texts and a code per row are held, and the payload (hundreds of MB
+  at 612k rows) is made only when asked for, a block at a time or whole for the one column being
+  written.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from itertools import islice
+
+import numpy as np
+
+TEXT_BLOCK_ROWS = 65536
+"""Rows of a text column encoded (or compared) at a time."""
+
+
+class NotText(ValueError):
+    """A row of a would-be text column is not a ``str`` (``row``: its number, ``value``: it)."""
+
+    def __init__(self, row: int, value: object) -> None:
+        super().__init__(f"row {row} is {type(value).__name__} {value!r}, not str")
+        self.row, self.value = row, value
+
+
+def _encoded(strings: Iterable[str]) -> Iterator[bytes]:
+    for row, value in enumerate(strings):
+        if not isinstance(value, str):
+            raise NotText(row, value)
+        yield value.encode("utf-8")
+
+
+def _offsets(lengths: np.ndarray) -> np.ndarray:
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    return offsets
+
+
+class TextColumn:
+    """Rows of text in their stored form: ``offsets`` (int64 ``[rows + 1]``) and ``payload`` (uint8,
+    every row's UTF-8 bytes in row order; row ``i`` is ``payload[offsets[i]:offsets[i + 1]]``)."""
+
+    def __init__(self, offsets: np.ndarray | None = None, payload: np.ndarray | None = None, *,
+                 codes: np.ndarray | None = None, distinct: tuple[bytes, ...] = ()) -> None:
+        if (offsets is None or payload is None) == (codes is None):
+            raise ValueError("a text column is either its offsets and payload, or codes into distinct texts")
+        self._offsets = offsets
+        self._payload = payload
+        self._codes = codes
+        self._distinct = distinct
+        self._lengths = np.fromiter(map(len, distinct), dtype=np.int64, count=len(distinct))
+
+    @classmethod
+    def encode(cls, strings: Iterable[str]) -> TextColumn:
+        """The column of ``strings`` (:class:`NotText` names a row that is not a ``str``), its
+        payload encoded a block of :data:`TEXT_BLOCK_ROWS` rows at a time and held."""
+        values = _encoded(strings)
+        lengths: list[np.ndarray] = []
+        blocks: list[bytes] = []
+        while block := list(islice(values, TEXT_BLOCK_ROWS)):
+            lengths.append(np.fromiter(map(len, block), dtype=np.int64, count=len(block)))
+            blocks.append(b"".join(block))
+        offsets = _offsets(np.concatenate(lengths) if lengths else np.zeros(0, dtype=np.int64))
+        return cls(offsets, np.frombuffer(b"".join(blocks), dtype=np.uint8))
+
+    @classmethod
+    def encode_repeated(cls, strings: Iterable[str]) -> TextColumn:
+        """The column of ``strings`` held as its distinct texts and a code per row: for texts many
+        rows share, whose payload is made only when asked for."""
+        table: dict[bytes, int] = {}
+        codes = np.fromiter((table.setdefault(value, len(table)) for value in _encoded(strings)), dtype=np.int64)
+        return cls(codes=codes.astype(np.int32) if len(table) < 2**31 else codes, distinct=tuple(table))
+
+    # ------------------------------------------------------------------------------------ rows
+
+    def __len__(self) -> int:
+        return len(self._codes) if self._codes is not None else len(self._offsets) - 1
+
+    @property
+    def offsets(self) -> np.ndarray:
+        """int64 ``[rows + 1]``: row ``i`` is ``payload[offsets[i]:offsets[i + 1]]`` (made now for a
+        column of repeated texts: a few ms, 8 bytes a row not held)."""
+        if self._offsets is not None:
+            return self._offsets
+        return _offsets(self._lengths[self._codes])
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the payload."""
+        if self._offsets is not None:
+            return int(self._offsets[-1])
+        return int(self._lengths[self._codes].sum())
+
+    @property
+    def payload(self) -> np.ndarray:
+        """The whole payload (made now for a column of repeated texts: keep it only while needed)."""
+        if self._payload is not None:
+            return self._payload
+        payload = np.empty(self.nbytes, dtype=np.uint8)
+        for start, stop, block in self.blocks():
+            payload[start:stop] = block
+        return payload
+
+    def blocks(self, rows: int | None = None) -> Iterator[tuple[int, int, np.ndarray]]:
+        """The payload of the first ``rows`` rows (default: all) a block of :data:`TEXT_BLOCK_ROWS`
+        rows at a time: (first byte, end byte, bytes)."""
+        offsets, rows = self.offsets, len(self) if rows is None else rows
+        for first in range(0, rows, TEXT_BLOCK_ROWS):
+            last = min(first + TEXT_BLOCK_ROWS, rows)
+            start, stop = int(offsets[first]), int(offsets[last])
+            if self._payload is not None:
+                yield start, stop, self._payload[start:stop]
+            else:
+                assert self._codes is not None
+                joined = b"".join(map(self._distinct.__getitem__, self._codes[first:last].tolist()))
+                yield start, stop, np.frombuffer(joined, dtype=np.uint8)
+
+    def __iter__(self) -> Iterator[str]:
+        if self._codes is not None:
+            texts = [value.decode("utf-8") for value in self._distinct]
+            yield from map(texts.__getitem__, self._codes.tolist())
+            return
+        offsets, payload = self.offsets, self.payload
+        for first in range(0, len(self), TEXT_BLOCK_ROWS):
+            bounds = offsets[first:min(first + TEXT_BLOCK_ROWS, len(self)) + 1].tolist()
+            data, start = payload[bounds[0]:bounds[-1]].tobytes(), bounds[0]
+            yield from (data[a - start:b - start].decode("utf-8") for a, b in zip(bounds, bounds[1:]))
+
+    def __getitem__(self, row: int) -> str:
+        if self._codes is not None:
+            return self._distinct[int(self._codes[row])].decode("utf-8")
+        offsets = self.offsets
+        return self.payload[offsets[row]:offsets[row + 1]].tobytes().decode("utf-8")
+
+    # ----------------------------------------------------------------------------- comparisons
+
+    def first_duplicate(self) -> str | None:
+        """A row value that occurs more than once, or None when every row differs."""
+        if self._codes is not None:
+            counts = np.bincount(self._codes, minlength=len(self._distinct))
+            repeated = np.flatnonzero(counts > 1)
+            return self._distinct[int(repeated[0])].decode("utf-8") if len(repeated) else None
+        seen: set[bytes] = set()
+        data, bounds = self.payload.tobytes(), self.offsets.tolist()
+        for a, b in zip(bounds, bounds[1:]):
+            value = data[a:b]
+            if value in seen:
+                return value.decode("utf-8")
+            seen.add(value)
+        return None
+
+    def startswith(self, prefix: TextColumn) -> bool:
+        """Whether ``prefix``'s rows are this column's first rows."""
+        n = len(prefix)
+        if n > len(self) or not np.array_equal(prefix.offsets, self.offsets[:n + 1]):
+            return False
+        if self._codes is not None and prefix._codes is not None:
+            mine, theirs = self._codes[:n], prefix._codes
+            return all(self._distinct[a] == prefix._distinct[b]
+                       for a, b in set(zip(mine.tolist(), theirs.tolist())))
+        return all(np.array_equal(mine, theirs) for (_, _, mine), (_, _, theirs)
+                   in zip(self.blocks(n), prefix.blocks()))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, TextColumn):
+            return NotImplemented
+        return len(self) == len(other) and self.startswith(other)
+
+    __hash__ = None  # type: ignore[assignment]
