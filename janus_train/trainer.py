@@ -34,7 +34,7 @@ from torch.utils.data import DataLoader, Dataset
 from janus_cache.precompute import window_variant
 from janus_cache.profile import Profile
 from janus_cache.device import process_device
-from janus_cache.resolution import Resolution, visual_tokens
+from janus_cache.resolution import visual_tokens
 from janus_cache.store import OpenedCache, open_cache
 from janus_cache.store.split import merge_rank_shares, rank_share_from
 from janus_train.best_checkpoint import BestCheckpoint
@@ -109,14 +109,14 @@ def prompt_builder(profile: Profile, settings: TrainSettings | None = None) -> P
     """The prompt builder of a profile: its tokenizer, its resolution's visual tokens per image, the
     train section's segment weights and prompt template (``settings``: the validated train section)."""
     settings = settings if settings is not None else load_train_settings(profile)
-    return PromptBuilder(load_tokenizer(profile), visual_tokens(Resolution.parse(profile.cache.resolution)),
+    return PromptBuilder(load_tokenizer(profile), visual_tokens(profile.cache.resolution),
                          segment_weights=settings.segment_weights, template=settings.template())
 
 
 def open_training_cache(profile: Profile, cache: Path) -> OpenedCache:
     """The cache opened for the profile's resolution and window variant (a cache holding several
     resolutions trains on the profile's one; one lacking it is a one-line error)."""
-    return open_cache(cache, resolution=Resolution.parse(profile.cache.resolution).name,
+    return open_cache(cache, resolution=profile.cache.resolution.name,
                       variant=window_variant(profile.cache).name)
 
 
@@ -129,7 +129,7 @@ def make_dataset(profile: Profile, builder: PromptBuilder, cache: Path | Sequenc
 
         index = build_index(live_data, history=profile.cache.history,
                             subinstruction_rule=profile.cache.subinstruction_rule)
-        return LiveSamples(index, builder, Resolution.parse(profile.cache.resolution))
+        return LiveSamples(index, builder, profile.cache.resolution)
     assert cache is not None
     opened = [(source.name, open_training_cache(profile, source.path)) for source in as_sources(cache)]
     if len(opened) > 1:

@@ -238,7 +238,7 @@ def precompute_phases(work: Path, repeats: int) -> dict[str, Any]:
     data = work / "data224"
     write_sample_data(data, episodes=3, steps=16, seed=2)
     profile = load_profile("tiny")
-    res = Resolution.parse(profile.cache.resolution)
+    res = profile.cache.resolution
     index = build_index(data, history=profile.cache.history, subinstruction_rule=profile.cache.subinstruction_rule)
     encoder = WindowEncoder.from_settings(profile.vggt, profile.cache)
     shape = frame_shape(index, res)

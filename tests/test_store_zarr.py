@@ -35,7 +35,7 @@ from janus_cache.store import (
 )
 from janus_cache.store.commit import read_record
 from janus_cache.store.layout import features_array, frames_array, table_column
-from janus_cache.store.text_column import TEXT_BLOCK_ROWS
+from janus_cache.store.text_column import TEXT_BLOCK_ROWS, NotText, TextColumn
 
 FRAMES = frames_array(RESOLUTION)
 FEATURES = features_array(VARIANT.name, RESOLUTION)
@@ -302,6 +302,48 @@ def test_a_text_column_longer_than_one_encoding_block_is_kept_exactly_and_compar
     same_length[last] = "南" + notes[last][1:]  # the same byte count, other bytes
     with pytest.raises(StoreError, match="already holds a different 'frames' table"):
         writer.write_table("frames", {"key": columns["key"], "note": same_length})
+
+
+def test_text_given_as_strings_as_its_stored_form_or_as_repeated_codes_is_the_same_table(tmp_path: Path) -> None:
+    """``write_table`` takes text as any sequence of str, as a :class:`TextColumn` (what precompute
+    passes: no list of 612k strings), or as codes into the distinct texts (instructions shared by
+    many rows, their payload made only when written): the same files, the same rows, across
+    encoding blocks; a duplicate key or a row that is not text is refused in either form."""
+    rows = TEXT_BLOCK_ROWS + 500
+    keys = [f"f{i}" for i in range(rows)]
+    shared = ["go to the 北 kitchen", "", "stop"]
+    notes = [shared[i % 3] for i in range(rows)]
+    tables = {
+        "strings": {"key": keys, "note": notes},
+        "stored": {"key": TextColumn.encode(keys), "note": TextColumn.encode(notes)},
+        "repeated": {"key": TextColumn.encode(iter(keys)), "note": TextColumn.encode_repeated(iter(notes))},
+    }
+    files = {}
+    for name, columns in tables.items():
+        open_writer("zarr", tmp_path / name, VARIANT.name).write_table("frames", columns)
+        files[name] = {p.relative_to(tmp_path / name): p.read_bytes()
+                       for p in (tmp_path / name / "tables").rglob("*") if p.is_file()}
+        table = ZarrGroup(tmp_path / name, read_only=True).read_table("frames")
+        assert table["key"] == keys and table["note"] == notes
+    assert files["strings"] == files["stored"] == files["repeated"]
+    assert list(tables["repeated"]["note"]) == notes and tables["repeated"]["note"] == tables["stored"]["note"]
+    assert tables["repeated"]["note"].payload.tobytes() == "".join(notes).encode()
+
+    # rewriting the same table from either form changes nothing; one edited row is a different table
+    writer = open_writer("zarr", tmp_path / "strings", VARIANT.name)
+    writer.write_table("frames", tables["repeated"])
+    edited = [*notes[:-1], "stop" if notes[-1] != "stop" else ""]
+    with pytest.raises(StoreError, match="already holds a different 'frames' table"):
+        writer.write_table("frames", {"key": keys, "note": TextColumn.encode_repeated(edited)})
+
+    with pytest.raises(StoreError, match="key 'b' more than once"):
+        writer.write_table("samples", {"key": TextColumn.encode_repeated(["a", "b", "b"]),
+                                       "window_rows": np.zeros((3, 2), dtype=np.int32)})
+    with pytest.raises(StoreError, match=r"text column frames.note row 2 is int 7, not str"):
+        writer.write_table("frames", {"key": ["a", "b", "c"], "note": ["x", "y", 7]})
+    for encode in (TextColumn.encode, TextColumn.encode_repeated):
+        with pytest.raises(NotText, match=r"row 2 is int 7, not str"):
+            encode(["x", "y", 7])
 
 
 # -- layout over time ----------------------------------------------------------------------------
