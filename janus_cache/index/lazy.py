@@ -4,8 +4,9 @@
 ``frames`` and ``samples`` are :class:`LazyRows`: a row object is made when it is asked for, its
 values decoded from the stored columns (memory-mapped), so a process holds only the pages it
 touched. Whole columns come as numpy arrays or lists without making a row
-(:meth:`LazyIndex.int_column`, :meth:`LazyIndex.text_column`, or a value at a time:
-:meth:`LazyIndex.iter_text`: what the job's tables and window checks use); the key lookups (``sample(key)``, ``frame(...)``) are built on first use.
+(:meth:`LazyIndex.int_column`, :meth:`LazyIndex.text_column`), or a value at a time
+(:meth:`LazyIndex.iter_text`): what the job's tables and window checks use; the key lookups
+(``sample(key)``, ``frame(...)``) are built on first use.
 """
 
 from __future__ import annotations

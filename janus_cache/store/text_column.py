@@ -135,12 +135,6 @@ class TextColumn:
             data, start = payload[bounds[0]:bounds[-1]].tobytes(), bounds[0]
             yield from (data[a - start:b - start].decode("utf-8") for a, b in zip(bounds, bounds[1:]))
 
-    def __getitem__(self, row: int) -> str:
-        if self._codes is not None:
-            return self._distinct[int(self._codes[row])].decode("utf-8")
-        offsets = self.offsets
-        return self.payload[offsets[row]:offsets[row + 1]].tobytes().decode("utf-8")
-
     # ----------------------------------------------------------------------------- comparisons
 
     def first_duplicate(self) -> str | None:
@@ -158,21 +152,11 @@ class TextColumn:
             seen.add(value)
         return None
 
-    def startswith(self, prefix: TextColumn) -> bool:
-        """Whether ``prefix``'s rows are this column's first rows."""
-        n = len(prefix)
-        if n > len(self) or not np.array_equal(prefix.offsets, self.offsets[:n + 1]):
-            return False
-        if self._codes is not None and prefix._codes is not None:
-            mine, theirs = self._codes[:n], prefix._codes
-            return all(self._distinct[a] == prefix._distinct[b]
-                       for a, b in set(zip(mine.tolist(), theirs.tolist())))
-        return all(np.array_equal(mine, theirs) for (_, _, mine), (_, _, theirs)
-                   in zip(self.blocks(n), prefix.blocks()))
-
     def __eq__(self, other: object) -> bool:
+        """The same rows (whichever form each column is held in)."""
         if not isinstance(other, TextColumn):
             return NotImplemented
-        return len(self) == len(other) and self.startswith(other)
+        return np.array_equal(self.offsets, other.offsets) and all(
+            np.array_equal(mine, theirs) for (_, _, mine), (_, _, theirs) in zip(self.blocks(), other.blocks()))
 
     __hash__ = None  # type: ignore[assignment]

@@ -327,18 +327,20 @@ class ZarrGroupWriter(ZarrGroup):
             return "incomplete"  # an edited row count over intact columns
         return "equal" if all(same) else "different"
 
-    def _column_equal(self, table: str, name: str, data: np.ndarray | TextColumn) -> bool:
-        """Whether the stored column ``name`` holds exactly ``data`` (same dtype, shape and values);
-        a text column's payload is compared a block of rows at a time."""
+    def _column_equal(self, table: str, name: str, data: np.ndarray | TextColumn, rows: int | None = None) -> bool:
+        """Whether the stored column ``name`` holds exactly the first ``rows`` rows of ``data``
+        (default: all; same dtype, shape and values); a text column's payload is compared a block
+        of rows at a time, read from the store without keeping it."""
         if not isinstance(data, TextColumn):
-            return self._array_equal(table_column(table, name), data)
-        if not self._array_equal(table_column(table, name, TEXT_OFFSETS), data.offsets):
+            return self._array_equal(table_column(table, name), data[:rows])
+        offsets = data.offsets if rows is None else data.offsets[:rows + 1]
+        if not self._array_equal(table_column(table, name, TEXT_OFFSETS), offsets):
             return False
         path = table_column(table, name, TEXT_PAYLOAD)
-        if self._array(path).shape != (data.nbytes,):
+        if self._array(path).shape != (int(offsets[-1]),):
             return False
         return all(np.array_equal(self.read_rows(path, start, stop), encoded)
-                   for start, stop, encoded in data.blocks())
+                   for start, stop, encoded in data.blocks(rows))
 
     def _array_equal(self, path: str, array: np.ndarray) -> bool:
         stored = self.read_rows(path, 0, self._array(path).shape[0])
@@ -372,17 +374,11 @@ class ZarrGroupWriter(ZarrGroup):
         if list(kinds) != list(columns):
             return False
         for name, data in columns.items():
-            if isinstance(data, TextColumn):
-                if kinds[name] != "utf8":
-                    return False
-                offsets = self._column_array(table, name, TEXT_OFFSETS)
-                payload = self._column_array(table, name, TEXT_PAYLOAD)
-                if not data.startswith(TextColumn(offsets, payload)):
-                    return False
-                continue
-            old = self._column_array(table, name)
-            if not (kinds[name] != "utf8" and old.dtype == data.dtype and old.shape[0] <= data.shape[0]
-                    and old.shape[1:] == data.shape[1:] and np.array_equal(old, data[: old.shape[0]])):
+            text = isinstance(data, TextColumn)
+            if (kinds[name] == "utf8") != text:
+                return False
+            stored = self._stored_rows(table, name, text)
+            if stored > _rows(data) or not self._column_equal(table, name, data, stored):
                 return False
         return True
 
