@@ -8,7 +8,8 @@ and the frozen encoder as ``vggt.aggregator.*``, plus the tokenizer and preproce
 
 Keys map one to one onto :class:`~janus_train.model.JanusVLNModel`'s (:func:`reference_key`).
 Reading is strict: a missing or unexpected key, or a shape mismatch, is a one-line
-:class:`ReferenceCheckpointError` naming it.
+:class:`ReferenceCheckpointError` naming it; only the VGGT depth and point heads the reference
+keeps unused (:data:`UNUSED_VGGT_HEADS`) are ignored (:func:`unused_heads_note`).
 """
 
 from __future__ import annotations
@@ -58,6 +59,10 @@ MODEL_TYPE = "qwen2_5_vl"
 # The transformers release the reference code targets; written into the config it reads.
 REFERENCE_TRANSFORMERS_VERSION = "4.50.0"
 ENCODER_PREFIX = "vggt.aggregator."
+# The reference model deletes only VGGT's camera and track heads: its depth and point heads stay in
+# every checkpoint it saves (62 tensors each at VGGT-1B), unused by its forward. A reader ignores
+# exactly these; any other unexpected key is still an error.
+UNUSED_VGGT_HEADS: tuple[str, ...] = ("vggt.depth_head.", "vggt.point_head.")
 JANUSVLN_FIELDS: tuple[str, ...] = (
     "lam", "reference_frame", "vggt_merger_hidden_dim",
     "distill_loss_weight", "distill_loss_weight_end", "distill_loss_weight_warmup_steps",
@@ -211,6 +216,23 @@ def _weights(directory: Path) -> tuple[Path, dict[str, Path]]:
         raise ReferenceCheckpointError(str(exc)) from exc
 
 
+def _used(keys: Mapping[str, Any]) -> dict[str, Any]:
+    """``keys`` without the reference's unused VGGT heads."""
+    return {key: value for key, value in keys.items() if not key.startswith(UNUSED_VGGT_HEADS)}
+
+
+def unused_heads_note(directory: Path) -> str | None:
+    """The one note line for a directory that holds the reference's unused VGGT depth/point heads
+    (None when it holds none); they are ignored on reading."""
+    _, shards = _weights(Path(directory))
+    ignored = [key for key in shards if key.startswith(UNUSED_VGGT_HEADS)]
+    if not ignored:
+        return None
+    return (f"note: {directory} holds VGGT's depth and point heads ({len(ignored)} tensors "
+            f"{', '.join(p + '*' for p in UNUSED_VGGT_HEADS)}), which the reference model keeps but never uses; "
+            f"ignored")
+
+
 def _expected_keys(model: nn.Module, tied: bool) -> dict[str, torch.Tensor]:
     """Reference key -> the model's tensor; a tied lm_head is stored once, as the embedding."""
     expected = {reference_key(name): tensor for name, tensor in model.state_dict().items()}
@@ -242,7 +264,8 @@ def check_reference_checkpoint(directory: Path, profile: Profile) -> ReferenceCo
     """Check that a reference checkpoint directory fits a profile without reading any weight: its
     config, its ``reference_frame`` (the profile's ``cache.reference_frame``, the features it was
     trained on), and every key and shape of its state dict (the model's, and the encoder's
-    ``vggt.aggregator.*``). Raises a one-line :class:`ReferenceCheckpointError` naming the problem."""
+    ``vggt.aggregator.*``; the unused ``vggt.depth_head.*`` / ``vggt.point_head.*`` are ignored).
+    Raises a one-line :class:`ReferenceCheckpointError` naming the problem."""
     directory = Path(directory)
     reference = read_reference_config(directory)
     if reference.reference_frame != profile.cache.reference_frame:
@@ -252,7 +275,7 @@ def check_reference_checkpoint(directory: Path, profile: Profile) -> ReferenceCo
         )
     weights_file, shards = _weights(directory)
     try:
-        stored = _meta_tensors(safetensors_shapes(shards))
+        stored = _meta_tensors(safetensors_shapes(_used(shards)))
     except CheckpointError as exc:
         raise ReferenceCheckpointError(str(exc)) from exc
     with torch.device("meta"):
@@ -280,7 +303,7 @@ def load_reference_model(directory: Path, profile: Profile, config: JanusModelCo
     encoder = WindowEncoder.from_settings(profile.vggt, profile.cache, device) if live else None
     model = _build(reference, profile, config, encoder, device)
     dtype = TORCH_DTYPES[profile.compute_dtype]
-    found = read_safetensors(shards, [key for key in shards if not key.startswith(ENCODER_PREFIX)])
+    found = read_safetensors(shards, [key for key in _used(shards) if not key.startswith(ENCODER_PREFIX)])
     missing, unexpected = model.load_state_dict({str(janus_key(k)): t.to(dtype) for k, t in found.items()}, strict=False)
     # Only a tied lm_head may be absent: it is the embedding matrix itself (checked above).
     assert not unexpected and all(reference_key(name) == _TIED_KEY for name in missing), (missing, unexpected)

@@ -42,6 +42,7 @@ import typer
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from janus_cache.profile import Profile, ProfileError, load_profile
+from janus_cache.store import DamagedData
 from janus_train.checkpoints import NoIntactCheckpoint
 from janus_train.config import TrainSettings, load_train_settings
 from janus_train.damaged import DamagedSample
@@ -50,7 +51,12 @@ from janus_train.elastic import ResumeError
 from janus_train.logs import WandbMissing, check_wandb
 from janus_train.mixture import CacheSource, MixtureError, parse_cache_sources
 from janus_train.nonfinite import NonFiniteStep
-from janus_train.reference_checkpoint import ReferenceCheckpointError, check_reference_checkpoint, run_model_config
+from janus_train.reference_checkpoint import (
+    ReferenceCheckpointError,
+    check_reference_checkpoint,
+    run_model_config,
+    unused_heads_note,
+)
 from janus_train.trainer import CHECKPOINTS, EXPORT_DIR, TooFewSamples, Trainer, init_distributed
 from janus_train.validation import ValidationError
 from pipelines.distributed import Control, RankFailed, Ranks, fail_alike, lock_on_main, usable_cores
@@ -169,6 +175,9 @@ def command(
         settings = load_train_settings(prof)
         if settings.init_from is not None:
             check_reference_checkpoint(settings.init_from, prof)
+            init_note = unused_heads_note(settings.init_from)
+            if init_note and ranks.rank == 0:
+                print(init_note, file=sys.stderr, flush=True)
         check_wandb(settings.wandb_project, prof.source)
     except (ProfileError, ReferenceCheckpointError, WandbMissing, MixtureError) as err:
         fail_alike(ranks, str(err))
@@ -199,6 +208,8 @@ def command(
         try:
             trainer = Trainer(prof, settings, out, cache=sources, live_data=live_data)
         except (TooFewSamples, ResumeError, MixtureError, NoIntactCheckpoint) as err:
+            fail_alike(ranks, str(err))
+        except DamagedData as err:  # a table every rank reads whole at start (the same on every rank)
             fail_alike(ranks, str(err))
         except ValidationError as err:  # the same on every rank
             fail_alike(ranks, f"{prof.source}: {err}")

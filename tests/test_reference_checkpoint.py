@@ -37,6 +37,7 @@ from janus_train.reference_checkpoint import (
     read_reference_config,
     reference_config_dict,
     reference_live_check,
+    unused_heads_note,
     write_reference_checkpoint,
 )
 
@@ -94,6 +95,43 @@ def reference_shapes() -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+def dpt_head_shapes(prefix: str, output_dim: int) -> dict[str, tuple[int, ...]]:
+    """The state dict of VGGT's ``DPTHead`` (facebookresearch/vggt, vggt/heads/dpt_head.py) at toy
+    widths: its names exactly, 62 tensors (VGGT-1B: dim_in 2048, features 256, out_channels
+    256/512/1024/1024; here the tiny feature width 128, features 8, out_channels 4/8/16/16)."""
+    dim_in, features, out_channels, head_features_2 = FEATURE_DIM, 8, (4, 8, 16, 16), 32
+    shapes: dict[str, tuple[int, ...]] = {"norm.weight": (dim_in,), "norm.bias": (dim_in,)}
+    for i, channels in enumerate(out_channels):  # 1x1 convolutions from the tokens
+        shapes |= {f"projects.{i}.weight": (channels, dim_in, 1, 1), f"projects.{i}.bias": (channels,)}
+    # ConvTranspose2d x4, ConvTranspose2d x2, Identity (no tensors), Conv2d stride 2
+    for i, kernel in ((0, 4), (1, 2), (3, 3)):
+        channels = out_channels[i]
+        shapes |= {f"resize_layers.{i}.weight": (channels, channels, kernel, kernel),
+                   f"resize_layers.{i}.bias": (channels,)}
+    for i, channels in enumerate(out_channels, start=1):  # bias=False
+        shapes[f"scratch.layer{i}_rn.weight"] = (features, channels, 3, 3)
+    for i in range(1, 5):  # FeatureFusionBlock; refinenet4 has no residual unit 1
+        block = f"scratch.refinenet{i}."
+        shapes |= {block + "out_conv.weight": (features, features, 1, 1), block + "out_conv.bias": (features,)}
+        for unit in ("resConfUnit1", "resConfUnit2") if i < 4 else ("resConfUnit2",):
+            for conv in ("conv1", "conv2"):
+                shapes |= {f"{block}{unit}.{conv}.weight": (features, features, 3, 3),
+                           f"{block}{unit}.{conv}.bias": (features,)}
+    shapes |= {
+        "scratch.output_conv1.weight": (features // 2, features, 3, 3), "scratch.output_conv1.bias": (features // 2,),
+        "scratch.output_conv2.0.weight": (head_features_2, features // 2, 3, 3),
+        "scratch.output_conv2.0.bias": (head_features_2,),
+        "scratch.output_conv2.2.weight": (output_dim, head_features_2, 1, 1),
+        "scratch.output_conv2.2.bias": (output_dim,),
+    }
+    return {prefix + name: shape for name, shape in shapes.items()}
+
+
+def vggt_head_shapes() -> dict[str, tuple[int, ...]]:
+    """The VGGT depth (2 outputs) and point (4 outputs) heads every reference checkpoint keeps."""
+    return dpt_head_shapes("vggt.depth_head.", 2) | dpt_head_shapes("vggt.point_head.", 4)
+
+
 def reference_config(reference_frame: str = "last") -> dict[str, Any]:
     """The tiny Qwen config flattened as transformers 4.50 writes it, plus the JanusVLN fields."""
     tiny = json.loads((QWEN_DIR / "config.json").read_text())
@@ -130,6 +168,15 @@ def write_reference_dir(path: Path, state: dict[str, torch.Tensor] | None = None
 @pytest.fixture(scope="module")
 def reference_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_reference_dir(tmp_path_factory.mktemp("reference") / "janusvln")
+
+
+@pytest.fixture(scope="module")
+def reference_dir_with_heads(reference_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``reference_dir`` plus VGGT's depth and point heads, as the reference trainer saves it."""
+    generator = torch.Generator().manual_seed(2)
+    heads = {key: 0.05 * torch.randn(shape, generator=generator) for key, shape in vggt_head_shapes().items()}
+    return write_reference_dir(tmp_path_factory.mktemp("reference") / "janusvln-heads",
+                               load_file(reference_dir / "model.safetensors") | heads)
 
 
 @pytest.fixture(scope="module")
@@ -235,6 +282,48 @@ def test_an_unexpected_key_is_a_one_line_error_naming_it(reference_dir: Path, pr
     with pytest.raises(ReferenceCheckpointError) as err:
         load_reference_model(damaged(reference_dir, tmp_path, add=add), profile, JanusModelConfig())
     assert add in str(err.value) and "unexpected" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_vggts_depth_and_point_heads_are_ignored_with_one_note(reference_dir: Path, reference_dir_with_heads: Path,
+                                                              profile: Profile) -> None:
+    """Every reference checkpoint keeps VGGT's depth and point heads (62 tensors each), unused by
+    its forward: import, the encoder (``vggt.path`` / ``--vggt``) and verify's parts read past them
+    and say so in one note line; the model is the one of the same directory without them."""
+    heads = vggt_head_shapes()
+    assert len(heads) == 124 and sum(key.startswith("vggt.depth_head.") for key in heads) == 62
+    stored = load_file(reference_dir_with_heads / "model.safetensors")
+    assert set(heads) <= set(stored)
+
+    check_reference_checkpoint(reference_dir_with_heads, profile)
+    with_heads = as_reference(load_reference_model(reference_dir_with_heads, profile, JanusModelConfig()))
+    without = as_reference(load_reference_model(reference_dir, profile, JanusModelConfig()))
+    assert set(with_heads) == set(without)
+    for key, tensor in without.items():
+        assert torch.equal(with_heads[key], tensor), key
+
+    note = unused_heads_note(reference_dir_with_heads)
+    assert note is not None and note.startswith("note: ") and "\n" not in note
+    assert "124 tensors" in note and "vggt.depth_head.*" in note and "vggt.point_head.*" in note and "ignored" in note
+    assert unused_heads_note(reference_dir) is None
+
+    tiny_vggt = AggregatorConfig.from_dict(json.loads(VGGT_CONFIG.read_text()))
+    encoder = VGGTAggregator.from_pretrained(reference_dir_with_heads, config=tiny_vggt)
+    for key, tensor in encoder.state_dict().items():
+        assert torch.equal(tensor, stored[f"vggt.aggregator.{key}"]), key
+    cache = CacheSettings(resolution=Resolution.parse(RESOLUTION), reference_frame="last")
+    window_encoder, fusion = reference_live_check(reference_dir_with_heads, cache, aggregator=tiny_vggt)
+    assert fusion.lam == LAM and window_encoder.reference_frame == "last"
+
+
+@pytest.mark.parametrize("add", ["vggt.track_head.trunk.0.weight", "vggt.camera_head.trunk.0.weight",
+                                 "vggt.depth_head_v2.norm.weight", "depth_head.norm.weight"])
+def test_beside_the_heads_any_other_unexpected_key_is_still_an_error(reference_dir_with_heads: Path,
+                                                                     profile: Profile, tmp_path: Path,
+                                                                     add: str) -> None:
+    with pytest.raises(ReferenceCheckpointError) as err:
+        check_reference_checkpoint(damaged(reference_dir_with_heads, tmp_path, add=add), profile)
+    message = str(err.value)
+    assert f"1 unexpected key(s): {add}" in message and "\n" not in message, message
 
 
 def test_train_refuses_a_damaged_init_from_in_one_line_before_starting(reference_dir: Path, tmp_path: Path) -> None:
@@ -365,11 +454,14 @@ def test_live_check_parts_of_a_reference_directory(reference_dir: Path, profile:
 # ------------------------------------------------------------- training from it, under torchrun
 
 
-def test_two_process_zero3_run_starts_from_the_directory_and_exports_it_back(reference_dir: Path,
+def test_two_process_zero3_run_starts_from_the_directory_and_exports_it_back(reference_dir_with_heads: Path,
                                                                             tmp_path: Path) -> None:
     """``train.init_from`` through the real trainer (torchrun, 2 processes, ZeRO-3 over gloo), at
     learning rate 0 so the weights stay the initial ones; ``janus-train export --format janusvln``
-    of its checkpoint then gives back the directory's state dict, tensor for tensor."""
+    of its checkpoint then gives back the directory's state dict, tensor for tensor. The directory
+    holds VGGT's unused depth and point heads, as every reference checkpoint does: the run says
+    once that it ignores them, and the export leaves them out (the reference class only warns)."""
+    reference_dir = reference_dir_with_heads
     from test_train import assert_succeeded, precompute, torchrun_train, write_train_profile
     from typer.testing import CliRunner
 
@@ -382,13 +474,17 @@ def test_two_process_zero3_run_starts_from_the_directory_and_exports_it_back(ref
     data = write_sample_data(tmp_path / "data", episodes=2, steps=4, seed=0)
     cache = precompute(data, tmp_path / "cache", profile_path)
     run = tmp_path / "run"
-    assert_succeeded(torchrun_train("--out", run, "--cache", cache, "--profile", profile_path, "--no-export"))
+    result = torchrun_train("--out", run, "--cache", cache, "--profile", profile_path, "--no-export")
+    assert_succeeded(result)
+    notes = [line for line in result.stderr.splitlines() if "depth and point heads" in line]
+    assert notes == [unused_heads_note(reference_dir)] and "124 tensors" in notes[0], result.stderr[-3000:]
 
     out = tmp_path / "janusvln"
     result = CliRunner().invoke(app, ["export", str(run), "--out", str(out), "--profile", str(profile_path),
                                       "--format", "janusvln", "--vggt", str(reference_dir)])
     assert result.exit_code == 0, result.output
     exported, original = load_file(out / "model.safetensors"), load_file(reference_dir / "model.safetensors")
+    original = {key: tensor for key, tensor in original.items() if key not in vggt_head_shapes()}
     assert set(exported) == set(original)
     for key, tensor in original.items():
         assert torch.equal(exported[key], tensor), key

@@ -24,7 +24,13 @@ import torch
 from conftest import REPO_ROOT, write_test_profile
 from model_cases import VGGT_CONFIG
 from safetensors.torch import load_file
-from test_reference_checkpoint import RESOLUTION, reference_config, reference_shapes, write_reference_dir
+from test_reference_checkpoint import (
+    RESOLUTION,
+    reference_config,
+    reference_shapes,
+    vggt_head_shapes,
+    write_reference_dir,
+)
 
 from janus_cache.encoder import EncoderIdentity, load_aggregator
 from janus_cache.profile import load_profile
@@ -38,9 +44,11 @@ JANUS_CACHE = Path(sys.executable).parent / "janus-cache"
 
 def tiny_reference_dir(path: Path, seed: int) -> Path:
     """A reference checkpoint directory with random weights drawn from ``seed``; its config names
-    the tiny aggregator architecture."""
+    the tiny aggregator architecture. Like every reference checkpoint it keeps VGGT's (unused)
+    depth and point heads."""
     generator = torch.Generator().manual_seed(seed)
-    state = {key: 0.05 * torch.randn(shape, generator=generator) for key, shape in reference_shapes().items()}
+    shapes = reference_shapes() | vggt_head_shapes()
+    state = {key: 0.05 * torch.randn(shape, generator=generator) for key, shape in shapes.items()}
     config = {**reference_config(), "aggregator": json.loads(VGGT_CONFIG.read_text())}
     return write_reference_dir(path, state, config)
 
