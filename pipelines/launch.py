@@ -23,6 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from pipelines.launcher import LAUNCHER_PID_VARIABLE
+
 LOG_OPTION = "--launcher-log"
 LOGGER = "torch.distributed"
 """Every torchrun logger (the elastic agent, its process handling, the rendezvous) is under it."""
@@ -82,6 +84,9 @@ def main(argv: list[str] | None = None) -> int:
     handler = log_to_file(log)
 
     args = parse_args(torchrun_args)
+    # The ranks are this process's children: told its pid, a rank notices a launcher that was
+    # killed before the rank could arm its parent-death signal (``pipelines.launcher``).
+    os.environ[LAUNCHER_PID_VARIABLE] = str(os.getpid())
     try:
         run(args)
     except ChildFailedError as err:

@@ -6,7 +6,10 @@ torchrun starts every rank in a session of its own, so a signal to the launcher'
 would go on writing shards or checkpoints as orphans while a rerun writes the same ones, or wait
 minutes for a dead rendezvous. ``pipelines/__init__.py`` therefore arms the kernel's parent-death
 signal before any other import of the launch layer runs (torch, DeepSpeed and transformers take
-seconds to import, during which a kill must already work).
+seconds to import, during which a kill must already work). A launcher killed even earlier, while
+its ranks start their interpreters, is noticed too under ``pipelines.launch``: it tells its ranks
+its pid (:data:`LAUNCHER_PID_VARIABLE`), and a rank whose parent is no longer that pid once the
+signal is armed ends at once.
 """
 
 from __future__ import annotations
@@ -20,6 +23,11 @@ LAUNCHER_VARIABLE = "LOCAL_RANK"
 """Set by every launcher (torchrun, the DeepSpeed launcher) in the environment of the ranks it
 starts, and by no shell: a process with it was started by a launcher, as its child."""
 
+LAUNCHER_PID_VARIABLE = "JANUS_LAUNCHER_PID"
+"""Set by ``pipelines.launch`` to its own pid for the ranks it starts (its direct children), which
+consume it on import: without it a rank can only take whoever is its parent when it arms the
+signal for its launcher, and a launcher killed before then would go unnoticed."""
+
 if TYPE_CHECKING:
     from multiprocessing.pool import Pool
 
@@ -32,10 +40,11 @@ def die_with_launcher() -> None:
     """Under a launcher (torchrun), die with it; a plain process (a user's own ``janus-cache``,
     an interactive session) is left alone. A worker of :func:`spawn_pool` dies with its parent."""
     parent = os.environ.pop(PARENT_VARIABLE, None)
+    launcher = os.environ.pop(LAUNCHER_PID_VARIABLE, None)  # a rank's own children must not inherit it
     if parent is not None:
         die_with_parent(int(parent))
     elif LAUNCHER_VARIABLE in os.environ:
-        die_with_parent()
+        die_with_parent(int(launcher) if launcher else None)
 
 
 def spawn_pool(processes: int) -> "Pool":

@@ -87,14 +87,17 @@ def maps_torch(pid: int) -> bool:
 
 
 class Launch:
-    """A real ``torchrun --nproc_per_node 2 -m MODULE ARGS`` in a session of its own."""
+    """A real ``torchrun --nproc_per_node 2 -m MODULE ARGS`` in a session of its own (or the same
+    through ``launcher``, e.g. janus's ``pipelines.launch``; ``env``: extra variables)."""
 
-    def __init__(self, module: str, *args: str | Path, log: Path) -> None:
-        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+    def __init__(self, module: str, *args: str | Path, log: Path, launcher: str = "torch.distributed.run",
+                 env: dict[str, str] | None = None) -> None:
+        command = [sys.executable, "-m", launcher, "--standalone", "--nproc_per_node", "2",
                    "-m", module, *map(str, args)]
         self.log = log
         with open(log, "w") as out:
-            self.process = subprocess.Popen(command, cwd=REPO_ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"},
+            self.process = subprocess.Popen(command, cwd=REPO_ROOT,
+                                            env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})},
                                             stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         self.started: set[int] = set()
 
@@ -241,6 +244,48 @@ def test_ranks_killed_while_importing_die_with_the_launcher(
                       "both ranks import torch")
     assert launch.kill_launcher() == [], "ranks outlived the launcher killed during their imports"
     assert not (tmp_path / "cache" / REPORT_NAME).exists(), "the ranks went on to write the cache"
+
+
+STARTUP_HOLD = """
+# Test hook (sitecustomize: the interpreter runs it before the rank's module and any janus import):
+# a rank, once started, waits here until the test lets it go.
+import os, pathlib, time
+if "LOCAL_RANK" in os.environ:
+    hold = pathlib.Path(os.environ["JANUS_TEST_HOLD"])
+    (hold / f"{os.getpid()}.held").touch()
+    while not (hold / "go").exists():
+        time.sleep(0.01)
+"""
+
+
+def test_ranks_whose_launcher_died_before_they_armed_the_signal_end_at_once(
+    sample_dataset: Path, profile: Path, tmp_path: Path, launches: list[Launch],
+) -> None:
+    """Issue 28 item 6: the launcher (``pipelines.launch``, as every make target starts torchrun)
+    is killed in its ranks' first milliseconds, before they could arm the parent-death signal: a
+    start-up hook holds both ranks until the launcher is dead. Let go, each rank arms the signal,
+    sees that its parent is no longer the launcher that started it and ends at once, writing
+    nothing (taking whoever is its parent now, it would run on as an orphan)."""
+    hook, hold = tmp_path / "hook", tmp_path / "hold"
+    hook.mkdir()
+    hold.mkdir()
+    (hook / "sitecustomize.py").write_text(STARTUP_HOLD)
+    python_path = os.pathsep.join(filter(None, [str(hook), os.environ.get("PYTHONPATH")]))
+    launch = Launch("pipelines.precompute", sample_dataset, "--out", tmp_path / "cache", "--profile", profile,
+                    "--workers", "1", log=tmp_path / "launch.log", launcher="pipelines.launch",
+                    env={"PYTHONPATH": python_path, "JANUS_TEST_HOLD": str(hold)})
+    launches.append(launch)
+    launch.wait_until(lambda: len(list(hold.glob("*.held"))) == 2, "both ranks are held at start-up")
+    assert sorted(int(p.stem) for p in hold.glob("*.held")) == sorted(launch.ranks())
+
+    os.kill(launch.process.pid, signal.SIGKILL)
+    launch.process.wait()
+    (hold / "go").touch()
+    deadline = time.monotonic() + GRACE_S
+    while (survivors := [pid for pid in sorted(launch.started) if alive(pid)]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert [describe(pid) for pid in survivors] == [], "ranks outlived a launcher killed before they armed the signal"
+    assert not (tmp_path / "cache").exists(), "the orphaned ranks went on to write the cache"
 
 
 def test_a_killed_precompute_leaves_no_process_and_its_lock_is_taken_over(
