@@ -15,7 +15,6 @@ keeps unused (:data:`UNUSED_VGGT_HEADS`) are ignored (:func:`unused_heads_note`)
 from __future__ import annotations
 
 import json
-import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -42,6 +41,7 @@ from janus_cache.vggt.checkpoint import (
 from janus_cache.dtypes import TORCH_DTYPES
 from janus_train.config import TrainSettings
 from janus_train.loss import LossConfig
+from janus_train.reference_tokenizer import write_reference_tokenizer
 from janus_train.model import (
     JanusModelConfig,
     JanusVLNModel,
@@ -75,11 +75,6 @@ TEXT_FIELDS: tuple[str, ...] = (
     "sliding_window", "max_window_layers", "use_cache",
 )
 TOKEN_ID_FIELDS: tuple[str, ...] = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
-# Files of the base model directory the reference evaluation reads next to the weights.
-TOKENIZER_FILES: tuple[str, ...] = (
-    "tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "chat_template.json", "special_tokens_map.json",
-    "preprocessor_config.json", "vocab.json", "merges.txt", "generation_config.json",
-)
 # JanusVLNModel parameter-name prefix -> reference key prefix (the reference's VGGT merger names its
 # RMSNorm ``ln_q`` as Qwen's patch merger does; its action head is a bare Sequential).
 _RENAMES: tuple[tuple[str, str], ...] = (
@@ -330,7 +325,8 @@ def write_reference_checkpoint(out: Path, state: Mapping[str, torch.Tensor], enc
                                config: dict[str, Any], tokenizer_dir: Path, dtype: torch.dtype) -> Path:
     """Write a reference checkpoint directory: ``config`` (see :func:`reference_config_dict`), the
     :class:`JanusVLNModel` state dict ``state`` and the bare aggregator state ``encoder_state`` as
-    one ``model.safetensors`` in ``dtype``, and the tokenizer and preprocessor files of ``tokenizer_dir``."""
+    one ``model.safetensors`` in ``dtype``, and the tokenizer and preprocessor files of ``tokenizer_dir``
+    in the form transformers 4.50 reads (:mod:`janus_train.reference_tokenizer`)."""
     tensors = {reference_key(name): tensor.detach().to("cpu", dtype).contiguous() for name, tensor in state.items()}
     if config["tie_word_embeddings"]:
         tensors.pop(_TIED_KEY, None)
@@ -339,9 +335,7 @@ def write_reference_checkpoint(out: Path, state: Mapping[str, torch.Tensor], enc
     # "format": "pt" is the metadata transformers' loader expects of a safetensors checkpoint.
     save_file(tensors, str(out / WEIGHTS_FILE), metadata={"format": "pt"})
     (out / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
-    for name in TOKENIZER_FILES:
-        if (tokenizer_dir / name).is_file():
-            shutil.copy2(tokenizer_dir / name, out / name)
+    write_reference_tokenizer(tokenizer_dir, out)
     return out
 
 
