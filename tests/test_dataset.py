@@ -648,16 +648,21 @@ def test_annotation_samples_keep_record_order_and_use_the_id_as_key(
     assert index.sample("12345").step == SAMPLE_STEPS - 1
 
 
-def test_annotation_windows_may_be_shorter_than_nine_images(
+def test_annotation_windows_of_other_than_nine_images_are_reported_not_indexed(
     sample_dataset: Path, sample_index: DatasetIndex, tmp_path: Path
 ) -> None:
-    record = annotation_records(sample_index)[3]
-    record["images"] = record["images"][-4:]  # frames 0, 1, 2, 3 of the episode, no padding
-    index = build_index(write_jsonl(tmp_path / "a.jsonl", [record]), image_root=sample_dataset)
-    (sample,) = index.samples
-    assert sample.window == (0, 1, 2, 3)
+    # A cache stores windows of history + 1 images: a record with 4 would fail the whole precompute.
+    short, full = annotation_records(sample_index)[3:5]
+    short["images"] = short["images"][-4:]  # frames 0, 1, 2, 3 of the episode, no padding
+    annotation = write_jsonl(tmp_path / "a.jsonl", [short, full])
+    index = build_index(annotation, image_root=sample_dataset)
+    assert [s.key for s in index.samples] == [full["id"]]
+    (entry,) = index.report.entries
+    assert (entry.reason, entry.sample_key, entry.file, entry.line) == (Reason.WINDOW_LENGTH, short["id"],
+                                                                        str(annotation), 1)
+    assert "4 images; a window is history + 1 = 9" in entry.detail
     summary = index.summary()
-    assert summary.images_per_sample == 4 and summary.window_lengths == {4: 1}
+    assert summary.images_per_sample == 9 and summary.window_lengths == {9: 1}
 
 
 def test_annotation_texts_are_stripped_keep_inner_newlines_and_lists_give_their_first_element(
@@ -697,6 +702,9 @@ def _damage_record(name: str, record: dict[str, Any], root: Path, tmp_path: Path
     if name == "missing_image_path":
         record["images"][-2] = f"{EP}/step_0099_STOP.png"
         return RecordDamage(Reason.MISSING_IMAGE, root / EP / "step_0099_STOP.png")
+    if name in ("short_window", "long_window"):
+        record["images"] = record["images"][1:] if name == "short_window" else [record["images"][0]] + record["images"]
+        return RecordDamage(Reason.WINDOW_LENGTH)
     if name == "unknown_action_code":
         record["action"] = 7
         return RecordDamage(Reason.UNKNOWN_ACTION)
@@ -725,6 +733,8 @@ def _damage_record(name: str, record: dict[str, Any], root: Path, tmp_path: Path
 RECORD_DAMAGES = [
     "no_images_field",
     "empty_images",
+    "short_window",
+    "long_window",
     "missing_image_path",
     "unknown_action_code",
     "unknown_action_name",

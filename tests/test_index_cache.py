@@ -244,7 +244,8 @@ def test_an_annotation_file_index_is_stored_and_follows_its_images(dataset: Path
     records = [{"id": s.key, "instruction": s.instruction, "subinstruction": s.subinstruction,
                 "2D_description": s.description_2d, "3D_description": s.description_3d, "action": s.action,
                 "images": [f.relpath for f in index.window(s)]} for s in index.samples]
-    records.append({**records[0], "id": "needs-a-missing-image", "images": [f"{EP}/missing.png"]})
+    records.append({**records[0], "id": "needs-a-missing-image",
+                    "images": [*records[0]["images"][:-1], f"{EP}/missing.png"]})
     annotation = tmp_path / "train.jsonl"
     annotation.write_text("".join(json.dumps(r) + "\n" for r in records))
     age(annotation)

@@ -5,10 +5,13 @@ current view last). Field aliases are listed in ``ANNOTATION_FIELDS``.
 
 * Sample key: ``str(id)``, which must be unique (a repeated id is reported, the first one kept).
 * Texts are normalised by :func:`janus_cache.index.texts.normalise_text`.
-* The window is the record's image list, in order. A frame is one distinct image path; its
+* The window is the record's image list, in order: ``history + 1`` images (a record with another
+  number is reported and skipped). A frame is one distinct image path; its
   episode is the folder of that path relative to the image root (``"."`` for the root itself),
   and its index is its position among that folder's referenced images, ordered by the step in
   a ``step_<n>_...`` file name, then by name. All images of a record must lie in one episode.
+* When not one named image exists under the image root, the file is refused (``DatasetError``,
+  naming the root and a path): its paths are relative to another folder.
 """
 
 from __future__ import annotations
@@ -79,6 +82,7 @@ class AnnotationBuilder(Builder):
                 step = _name_step(posixpath.basename(rel))
                 position[rel] = (ep, i, step if step is not None else i)
         checked = dict(zip(relpaths, self.inspect_images([self.image_root / rel for rel in relpaths]), strict=True))
+        self._refuse_wrong_image_root(checked)
 
         frames: list[Frame] = []
         frame_rows: dict[str, int] = {}
@@ -176,6 +180,18 @@ class AnnotationBuilder(Builder):
             subinstruction_rule=self.subinstruction_rule,
         )
 
+    def _refuse_wrong_image_root(self, checked: Mapping[str, Any]) -> None:
+        """Not one image the records name exists: the paths are relative to another folder (an
+        annotation file away from its images), which one line says, not a report of every image."""
+        missing = [rel for rel, info in checked.items()
+                   if isinstance(info, Problem) and info.reason is Reason.MISSING_IMAGE]
+        if not missing or len(missing) < len(checked):
+            return
+        raise DatasetError(
+            f"{self.file}: none of the {len(missing)} image paths its records name exists under the image root "
+            f"{self.image_root} (e.g. {missing[0]}: no file {self.image_root / missing[0]}); pass the folder "
+            "those paths are relative to as --image-root (default: the annotation file's folder)")
+
     def _load(self) -> Iterator[tuple[Any, int | None, int]]:
         """(raw record, JSONL line or None, position in the file) for every parseable record."""
         try:
@@ -256,6 +272,11 @@ class AnnotationBuilder(Builder):
         images = raw.get("images")
         if not isinstance(images, list) or not images or not all(_is_path(p) for p in images):
             bad(Reason.NO_IMAGES, key, "images must be a non-empty list of paths")
+            return None
+        if len(images) != self.history + 1:
+            # A cache stores windows of exactly this length: a shorter list would fail precompute.
+            bad(Reason.WINDOW_LENGTH, key, f"{len(images)} images; a window is history + 1 = {self.history + 1} "
+                                           "images (the current view last)")
             return None
         normalised = tuple(posixpath.normpath(p.replace(os.sep, "/")) for p in images)
         return _Record(key, where, line, texts, action, normalised)

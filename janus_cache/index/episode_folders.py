@@ -3,7 +3,8 @@
 ``landmark_description`` (2-D) and ``spatial_description`` (3-D).
 
 * Episodes are the sub-folders of the root in code-point order of their names; hidden folders and
-  plain files at the root are ignored. Frames are ordered by their numeric step.
+  plain files at the root are ignored; a symbolic-link loop (``x -> x``, ``episode -> ..``) is
+  reported and skipped. Frames are ordered by their numeric step.
 * A frame's ``index`` (the id that windows use) is its step number. Steps must run 0..n-1 without
   holes: a missing step, like an unreadable image or two files with the same step, makes that
   frame unusable, and every sample whose window contains it is skipped and reported. (The
@@ -31,6 +32,7 @@ from janus_cache.index.files import (
     Builder,
     ImageInfo,
     Problem,
+    link_loop,
     read_json,
 )
 from janus_cache.index.model import ACTIONS, DatasetIndex, Episode, Frame, Sample
@@ -69,9 +71,7 @@ class EpisodeFolderBuilder(Builder):
         self.root = root
 
     def build(self) -> DatasetIndex:
-        folders = sorted(
-            (entry.name for entry in os.scandir(self.root) if entry.is_dir() and not entry.name.startswith(".")),
-        )
+        folders = self._episode_folders()
         scans = [scan for name in folders if (scan := self._scan_episode(name)) is not None]
         # One flat list of per-frame jobs over all episodes keeps the thread pool busy.
         jobs: list[_FrameFile] = [f for scan in scans for files in scan.by_step.values() for f in files]
@@ -102,11 +102,26 @@ class EpisodeFolderBuilder(Builder):
             subinstruction_rule=self.subinstruction_rule,
         )
 
+    def _episode_folders(self) -> list[str]:
+        """The root's non-hidden folders, by name; a symbolic-link loop among them is reported, not entered."""
+        with os.scandir(self.root) as scan:
+            entries = sorted((e for e in scan if not e.name.startswith(".")), key=lambda e: e.name)
+        folders = []
+        for entry in entries:
+            loop = link_loop(entry.path) if entry.is_symlink() else None
+            if loop is not None:
+                self.report(entry.path, Reason.SYMLINK_LOOP, detail=f"{loop}; skipped")
+            elif entry.is_dir():
+                folders.append(entry.name)
+        return folders
+
     def _scan_episode(self, episode_id: str) -> _EpisodeScan | None:
         folder = self.root / episode_id
         milestones = folder / MILESTONES_FILE
         if not milestones.is_file():
-            self.report(milestones, Reason.MISSING_MILESTONES, detail=f"episode {episode_id} skipped")
+            loop = link_loop(milestones)
+            reason = Reason.MISSING_MILESTONES if loop is None else Reason.SYMLINK_LOOP
+            self.report(milestones, reason, detail=f"{loop + '; ' if loop else ''}episode {episode_id} skipped")
             return None
         data, problem = read_json(milestones)
         if problem is not None:

@@ -7,6 +7,7 @@ File reads, hashing and zlib release the GIL, so the checks run in threads.
 from __future__ import annotations
 
 import abc
+import errno
 import hashlib
 import io
 import json
@@ -63,6 +64,21 @@ class Problem:
     detail: str
 
 
+def link_loop(path: Path | str) -> str | None:
+    """Why ``path`` is a symbolic-link loop, or None: a link that never resolves (``x -> x``) or a
+    link to a folder that holds it (``episode -> ..``), which a scan would walk into forever."""
+    try:
+        os.stat(path)
+    except OSError as err:
+        return "a symbolic link loop (it never resolves)" if err.errno == errno.ELOOP else None
+    if not os.path.islink(path):
+        return None
+    target, parent = Path(path).resolve(), Path(path).parent.resolve()
+    if parent.is_relative_to(target):
+        return f"a symbolic link to {os.readlink(path)}, a folder that holds it (a loop)"
+    return None
+
+
 def inspect_image(path: Path, full: bool) -> ImageInfo | Problem:
     """Size, file size and (if ``full``) sha256 of an image, or why it is unusable."""
     try:
@@ -80,6 +96,8 @@ def inspect_image(path: Path, full: bool) -> ImageInfo | Problem:
     except UnidentifiedImageError:
         return Problem(Reason.NOT_AN_IMAGE, "not a readable image format")
     except (OSError, SyntaxError, ValueError) as err:
+        if isinstance(err, OSError) and err.errno == errno.ELOOP:
+            return Problem(Reason.SYMLINK_LOOP, "a symbolic link loop (it never resolves)")
         return Problem(Reason.UNREADABLE_IMAGE, f"{type(err).__name__}: {err}")
     try:
         with opened as image:

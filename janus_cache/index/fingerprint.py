@@ -24,12 +24,16 @@ from pathlib import Path
 
 import numpy as np
 
+from janus_cache.index.files import link_loop
+
 MISSING = -1
 """Size and mtime of a file that does not exist (a referenced image that is missing)."""
 FOLDER = -2
 """Size and mtime of a folder entry (episode folders: the folder itself)."""
 RACY = -3
 """mtime recorded for a file modified too recently to trust its mtime (``SourceFiles.without_racy``)."""
+LOOP = -4
+"""Size and mtime of a symbolic-link loop at the root (``x -> x``, ``episode -> ..``)."""
 
 
 @dataclass(frozen=True)
@@ -76,7 +80,7 @@ class SourceFiles:
 def _stat(path: str) -> tuple[int, int]:
     try:
         st = os.stat(path)
-    except (FileNotFoundError, NotADirectoryError):
+    except OSError:  # gone, or unreadable (a symbolic-link loop): the builder reports which
         return MISSING, MISSING
     return st.st_size, st.st_mtime_ns
 
@@ -101,14 +105,22 @@ def _folder_entries(root: Path, name: str) -> list[tuple[str, int, int]]:
 
 def scan_episode_folders(root: Path, threads: int) -> SourceFiles:
     """The fingerprint of an episode-folder root (folders listed in threads: ``stat`` releases the GIL)."""
+    names, loops = [], []
     with os.scandir(root) as entries:
-        names = sorted(e.name for e in entries if not e.name.startswith(".") and e.is_dir())
+        for e in entries:
+            if e.name.startswith("."):
+                continue
+            if e.is_symlink() and link_loop(e.path) is not None:
+                loops.append((e.name, LOOP, LOOP))  # reported by the builder, never entered
+            elif e.is_dir():
+                names.append(e.name)
+    names.sort()
     if threads <= 1 or len(names) < 2:
         parts = [_folder_entries(root, name) for name in names]
     else:
         with ThreadPoolExecutor(max_workers=threads) as pool:
             parts = list(pool.map(lambda name: _folder_entries(root, name), names, chunksize=64))
-    return SourceFiles.of(row for part in parts for row in part)
+    return SourceFiles.of([*loops, *(row for part in parts for row in part)])
 
 
 def annotation_entry(file: Path) -> tuple[str, int, int]:

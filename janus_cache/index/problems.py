@@ -38,6 +38,8 @@ class Reason(enum.StrEnum):
     MIXED_EPISODE_WINDOW = "mixed_episode_window"
     INVALID_RECORD = "invalid_record"
     DUPLICATE_ID = "duplicate_id"
+    SYMLINK_LOOP = "symlink_loop"
+    WINDOW_LENGTH = "window_length"
 
 
 @dataclass(frozen=True, slots=True)
