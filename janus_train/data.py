@@ -24,6 +24,7 @@ under ``"damaged"`` and the trainer stops or skips them (``train.damaged_samples
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Any
 
@@ -98,18 +99,25 @@ class CachedSamples(Dataset[TrainItem]):
 
 class StreamedSamples(IterableDataset[TrainItem]):
     """Samples of a webdataset cache for rank ``rank`` of ``world``; the reader's pipeline splits
-    the shards over ranks and loader workers (once, in :mod:`janus_cache.store.split`)."""
+    the shards over ranks and loader workers (once, in :mod:`janus_cache.store.split`). ``rows``:
+    only these sample rows (e.g. the episodes not held out for validation); None: all of them."""
 
-    def __init__(self, reader: WdsCacheReader, builder: PromptBuilder, rank: int = 0, world: int = 1) -> None:
+    def __init__(self, reader: WdsCacheReader, builder: PromptBuilder, rank: int = 0, world: int = 1,
+                 rows: AbstractSet[int] | None = None) -> None:
         self.reader = reader
         self.builder = builder
         self.rank, self.world = rank, world
+        self.rows = None if rows is None else frozenset(rows)
 
     def __len__(self) -> int:
-        return len(self.reader)
+        return len(self.reader) if self.rows is None else len(self.rows)
+
+    def rank_rows(self, rank: int) -> list[int]:
+        """The rows rank ``rank`` (of this stream's world) reads, without reading them."""
+        return self.reader.rank_rows(rank, self.world, self.rows)
 
     def __iter__(self) -> Iterator[TrainItem | DamagedItem]:
-        for sample in self.reader.dataset(self.rank, self.world, damaged="yield"):
+        for sample in self.reader.dataset(self.rank, self.world, damaged="yield", rows=self.rows):
             yield DamagedItem(sample) if isinstance(sample, DamagedData) else cached_item(self.builder, sample)
 
 

@@ -2,9 +2,13 @@
 
 A run validates on one source (``train`` settings): another cache (``val_cache``) or episodes of the
 training data held out whole (``val_episodes`` / ``val_episodes_fraction``, :mod:`janus_train.holdout`;
-the training sampler then sees only the other episodes' rows). Every ``eval_every`` optimizer steps
-and at the end, every rank runs its share of the validation rows (:func:`janus_cache.store.split.share`)
-in eval mode; the sums are all-reduced and then divided, so each metric is the exact average over
+the training sampler then sees only the other episodes' rows). The hold-out works on every kind of
+training data: a zarr cache or live data (the rows split), a webdataset cache (the training stream
+passes the held-out rows over unread, the validation stream reads only them, both split over ranks
+and workers by the stream's one split) and a mixture (each cache holds out its own episodes by the
+same seeded rule). Every ``eval_every`` optimizer steps and at the end, every rank runs its share of
+the validation rows (:func:`janus_cache.store.split.share`; a stream: the rows of its shards) in
+eval mode; the sums are all-reduced and then divided, so each metric is the exact average over
 all validation samples:
 
 * ``val_loss``: ``val_token_loss + d * val_action_loss``, the training loss's formula (``d``: the
@@ -38,7 +42,8 @@ from janus_cache.store.layout import SAMPLES_TABLE
 from janus_cache.store.records import EPISODE_COLUMN
 from janus_cache.store.split import epoch_order, share
 from janus_train.data import CachedSamples, LiveSamples, StreamedSamples, TrainItem, collate
-from janus_train.holdout import HoldoutError, heldout_count, split_by_episode
+from janus_train.holdout import Holdout, HoldoutError, heldout_count, split_by_episode
+from janus_train.mixture import MixedSamples
 from janus_train.prompt import ANSWER_LABELS, N_SEGMENTS, SEGMENT_NAMES, PromptBuilder
 
 if TYPE_CHECKING:
@@ -70,7 +75,8 @@ def better(metric: str, new: float, old: float | None) -> bool:
 
 @dataclass(frozen=True)
 class ValidationSet:
-    """The rows of a map-style dataset to validate on (all ranks' together) and what they are."""
+    """The rows of a dataset to validate on (all ranks' together) and what they are; a stream
+    (:class:`StreamedSamples`) yields exactly ``rows``, split over ranks by its shards."""
 
     dataset: Dataset[TrainItem]
     rows: tuple[int, ...]
@@ -78,13 +84,28 @@ class ValidationSet:
 
 
 def episode_ids(dataset: Dataset[TrainItem]) -> list[str]:
-    """The episode id of each row of a map-style training dataset."""
-    if isinstance(dataset, CachedSamples):
+    """The episode id of each sample row of one training source (a cache of either format, or live data)."""
+    if isinstance(dataset, (CachedSamples, StreamedSamples)):
         return [str(e) for e in dataset.reader.read_column(SAMPLES_TABLE, EPISODE_COLUMN)]
     if isinstance(dataset, LiveSamples):
         return [sample.episode_id for sample in dataset.index.samples]
-    raise ValidationError("holding out episodes for validation needs one zarr (random access) training cache or "
-                          "live data; for a webdataset cache or several caches set train.val_cache instead")
+    raise ValidationError(f"cannot hold out episodes of a {type(dataset).__name__}: set train.val_cache instead")
+
+
+def held_out(settings: TrainSettings, dataset: Dataset[TrainItem], source: str = "") -> Holdout:
+    """``dataset``'s rows split by the run's hold-out settings (the seeded rule of :mod:`janus_train.holdout`);
+    ``source``: the cache's name in a mixture, for the message."""
+    episodes = episode_ids(dataset)
+    try:
+        count = heldout_count(len(set(episodes)), settings.val_episodes, settings.val_episodes_fraction)
+        return split_by_episode(episodes, count, settings.seed)
+    except HoldoutError as err:
+        where = f"cache {source!r}: " if source else ""
+        raise ValidationError(f"train.val_episodes / val_episodes_fraction: {where}{err}") from None
+
+
+def _episodes(count: int) -> str:
+    return f"{count} held-out episode{'s' if count != 1 else ''}"
 
 
 def capped_rows(rows: Sequence[int], max_samples: int, seed: int) -> tuple[int, ...]:
@@ -111,15 +132,24 @@ def plan_validation(settings: TrainSettings, dataset: Dataset[TrainItem],
         return dataset, ValidationSet(val_dataset, rows, f"{len(rows)} samples of {settings.val_cache}")
     if not (settings.val_episodes or settings.val_episodes_fraction):
         return dataset, None
-    episodes = episode_ids(dataset)
-    try:
-        count = heldout_count(len(set(episodes)), settings.val_episodes, settings.val_episodes_fraction)
-        holdout = split_by_episode(episodes, count, settings.seed)
-    except HoldoutError as err:
-        raise ValidationError(f"train.val_episodes / val_episodes_fraction: {err}") from None
+    if isinstance(dataset, MixedSamples):  # each cache holds out its own episodes
+        holdouts = [held_out(settings, part, name) for name, part in zip(dataset.names, dataset.datasets)]
+        train = MixedSamples(dataset.names, [Subset(part, list(h.train_rows))
+                                             for part, h in zip(dataset.datasets, holdouts)])
+        flat = [int(dataset.offsets[i]) + row for i, h in enumerate(holdouts) for row in h.val_rows]
+        rows = capped_rows(flat, settings.val_max_samples, settings.seed)
+        per_cache = ", ".join(f"{name} {len(h.val_episodes)}" for name, h in zip(dataset.names, holdouts))
+        return train, ValidationSet(dataset, rows, f"{len(rows)} samples of "
+                                    f"{_episodes(sum(len(h.val_episodes) for h in holdouts))} ({per_cache})")
+    holdout = held_out(settings, dataset)
     rows = capped_rows(holdout.val_rows, settings.val_max_samples, settings.seed)
-    return Subset(dataset, list(holdout.train_rows)), ValidationSet(
-        dataset, rows, f"{len(rows)} samples of {count} held-out episode{'s' if count != 1 else ''}")
+    description = f"{len(rows)} samples of {_episodes(len(holdout.val_episodes))}"
+    if isinstance(dataset, StreamedSamples):  # two streams of the one cache, each passing the other's rows over
+        def stream(keep: Sequence[int]) -> StreamedSamples:
+            return StreamedSamples(dataset.reader, dataset.builder, dataset.rank, dataset.world, rows=keep)
+
+        return stream(holdout.train_rows), ValidationSet(stream(rows), rows, description)
+    return Subset(dataset, list(holdout.train_rows)), ValidationSet(dataset, rows, description)
 
 
 @dataclass(frozen=True)
@@ -170,24 +200,54 @@ class Evaluator:
             raise ValidationError(f"the validation set ({validation.description}) is empty")
         self.validation, self.micro_batch, self.num_workers = validation, micro_batch, num_workers
         self.device, self.pad_token_id = device, builder.pad_token_id
-        self.rows = share(validation.rows, rank, world)
-        per_rank = math.ceil(len(validation.rows) / world)
+        dataset = validation.dataset
+        self.stream = dataset if isinstance(dataset, StreamedSamples) else None
+        if self.stream is not None:  # each rank reads the validation rows of its shards
+            per_rank = max(len(self.stream.rank_rows(r)) for r in range(world))
+            self.rows = self.stream.rank_rows(rank)
+        else:
+            per_rank = math.ceil(len(validation.rows) / world)
+            self.rows = share(validation.rows, rank, world)
         self.n_batches = math.ceil(per_rank / micro_batch)  # the same on every rank
         self.span = ActionSpan.of(builder)
 
+    def _loaded(self) -> Iterator[dict[str, Any]]:
+        """This rank's validation micro-batches."""
+        collate_fn = partial(collate, pad_token_id=self.pad_token_id)
+        if self.stream is None:
+            yield from DataLoader(Subset(self.validation.dataset, list(self.rows)), batch_size=self.micro_batch,
+                                  collate_fn=collate_fn, num_workers=self.num_workers,
+                                  generator=torch.Generator())  # keeps the run's RNG
+            return
+        # A stream's workers each read whole shards: batched here, so a rank's micro-batches are
+        # ceil(rows / micro_batch) whatever the number of workers (n_batches counts on it).
+        items: list[Any] = []
+        for item in DataLoader(self.stream, batch_size=None, num_workers=self.num_workers):
+            items.append(item)
+            if len(items) == self.micro_batch:
+                yield collate_fn(items)
+                items = []
+        if items:
+            yield collate_fn(items)
+
+    def _filler(self) -> dict[str, Any]:
+        """An uncounted micro-batch of one validation sample (for a rank with fewer batches)."""
+        if self.stream is None:
+            item = self.validation.dataset[self.validation.rows[0]]
+        else:  # the first validation sample of the whole stream (one rank, no workers)
+            whole = StreamedSamples(self.stream.reader, self.stream.builder, 0, 1, rows=self.stream.rows)
+            item = next(iter(whole))
+        return collate([item], pad_token_id=self.pad_token_id)
+
     def _batches(self) -> Iterator[tuple[dict[str, Any], bool]]:
         """This rank's micro-batches, then uncounted fillers up to ``n_batches``: (batch, counted)."""
-        rows = self.rows or [self.validation.rows[0]]
-        loader = DataLoader(Subset(self.validation.dataset, list(rows)), batch_size=self.micro_batch,
-                            collate_fn=partial(collate, pad_token_id=self.pad_token_id),
-                            num_workers=self.num_workers, generator=torch.Generator())  # keeps the run's RNG
         done = 0
-        for batch in loader:
+        for batch in self._loaded():
             done += 1
-            yield batch, bool(self.rows)
+            yield batch, True
         filler = None
         while done < self.n_batches:
-            filler = filler or collate([self.validation.dataset[rows[0]]], pad_token_id=self.pad_token_id)
+            filler = filler or self._filler()
             done += 1
             yield filler, False
 

@@ -54,15 +54,20 @@ def current_worker() -> tuple[int, int]:
     return (0, 1) if info is None else (info.id, info.num_workers)
 
 
+def rank_and_worker_share(shards: Sequence[T], rank: int, world: int, worker: int = 0, workers: int = 1) -> list[T]:
+    """The shards (of the list ``shards``) read by loader worker ``worker`` (of ``workers``) of rank
+    ``rank`` (of ``world``): the rank's round-robin share, then the worker's share of that."""
+    return share(share(shards, rank, world, "rank"), worker, workers, "worker")
+
+
 def shards_for(n_shards: int, rank: int, world: int, worker: int = 0, workers: int = 1) -> list[int]:
     """Shard indices read by loader worker ``worker`` (of ``workers``) of rank ``rank`` (of ``world``)."""
-    return share(share(range(n_shards), rank, world, "rank"), worker, workers, "worker")
+    return rank_and_worker_share(range(n_shards), rank, world, worker, workers)
 
 
 def rank_and_worker_splitter(src: Iterable[T], rank: int, world: int) -> Iterator[T]:
     """webdataset shard-list stage: this rank's share of the shards, then this worker's share of it."""
-    worker, workers = current_worker()
-    yield from share(share(list(src), rank, world, "rank"), worker, workers, "worker")
+    yield from rank_and_worker_share(list(src), rank, world, *current_worker())
 
 
 def epoch_order(n_samples: int, seed: int, epoch: int, stream: int = 0) -> list[int]:

@@ -47,6 +47,7 @@ import json
 import os
 import uuid
 from collections.abc import Iterable, Iterator
+from collections.abc import Set as AbstractSet
 import dataclasses
 from dataclasses import asdict, dataclass
 from functools import partial
@@ -91,7 +92,7 @@ from janus_cache.store.layout import (
     wds_variant,
 )
 from janus_cache.store.records import CacheSample, SampleMeta
-from janus_cache.store.zarr_group import PlannedShard, _check_name
+from janus_cache.store.zarr_group import PlannedShard, ZarrGroup, _check_name
 from janus_cache.store.zarr_group_writer import VariantWriter
 
 FRAMES_MEMBER = "frames.blosc"
@@ -360,11 +361,18 @@ def decode_sample(raw: dict[str, Any], row: int | None = None) -> CacheSample:
     )
 
 
-def read_shard(path: str, rows: range) -> Iterator[CacheSample | DamagedData]:
+def read_shard(path: str, rows: range, keep: AbstractSet[int] | None = None) -> Iterator[CacheSample | DamagedData]:
     """The samples of one tar shard holding rows ``rows``, checked; damage is yielded, not raised:
     a damaged sample as one :class:`DamagedData`, and where the tar itself cannot be read on (or
-    ends early) one more standing for every sample not read."""
+    ends early) one more standing for every sample not read.
+
+    ``keep``: only these rows are decoded and yielded (e.g. a training stream without the held-out
+    episodes); the others are passed over unread, and damage counts only the kept samples it costs."""
     read = 0
+
+    def unread() -> int:  # kept samples the stream still owes after ``read``
+        return sum(1 for row in rows[read:] if keep is None or row in keep)
+
     try:
         with open(path, "rb") as stream:
             members = ({**m, "__url__": path} for m in tariterators.tar_file_iterator(stream))
@@ -372,28 +380,33 @@ def read_shard(path: str, rows: range) -> Iterator[CacheSample | DamagedData]:
                 if read >= len(rows):
                     yield DamagedData(path, f"holds more than its {len(rows)} samples")
                     return
+                row = rows.start + read
+                read += 1
+                if keep is not None and row not in keep:
+                    continue
                 try:
-                    sample: CacheSample | DamagedData = decode_sample(raw, rows.start + read)
+                    sample: CacheSample | DamagedData = decode_sample(raw, row)
                 except DamagedData as err:
                     sample = err
-                read += 1
                 yield sample
     except Exception as err:  # noqa: BLE001 - an unreadable tar (missing, damaged header...)
-        yield DamagedData(path, f"tar cannot be read after {read} of its {len(rows)} samples ({describe(err)})",
-                          samples=len(rows) - read)
+        if unread():
+            yield DamagedData(path, f"tar cannot be read after {read} of its {len(rows)} samples ({describe(err)})",
+                              samples=unread())
         return
-    if read < len(rows):
+    if read < len(rows) and unread():
         yield DamagedData(path, f"holds {read} of its {len(rows)} samples (a tar header is damaged)",
-                          samples=len(rows) - read)
+                          samples=unread())
 
 
 def read_shards(urls: Iterable[dict[str, Any]], plan: dict[str, range], damaged: str = "raise",
-                ) -> Iterator[CacheSample | DamagedData]:
-    """webdataset pipeline stage: the checked samples of each shard URL (``plan``: URL -> rows).
-    ``damaged="raise"`` raises the first :class:`DamagedData`, ``"yield"`` yields it in the stream
-    (for a caller that skips and counts damaged samples)."""
+                keep: AbstractSet[int] | None = None) -> Iterator[CacheSample | DamagedData]:
+    """webdataset pipeline stage: the checked samples of each shard URL (``plan``: URL -> rows;
+    ``keep``: only these rows, see :func:`read_shard`). ``damaged="raise"`` raises the first
+    :class:`DamagedData`, ``"yield"`` yields it in the stream (for a caller that skips and counts
+    damaged samples)."""
     for url in urls:
-        for item in read_shard(url["url"], plan[url["url"]]):
+        for item in read_shard(url["url"], plan[url["url"]], keep):
             if isinstance(item, DamagedData) and damaged == "raise":
                 raise item
             yield item
@@ -446,23 +459,42 @@ class WdsCacheReader:
             members = ({**m, "__url__": str(path)} for m in tariterators.tar_file_iterator(stream))
             yield from tariterators.group_by_keys(members)
 
-    def dataset(self, rank: int = 0, world: int = 1, damaged: str = "raise") -> webdataset.DataPipeline:
+    def read_column(self, table: str, column: str) -> np.ndarray | list[str]:
+        """One whole column of a table of the cache's zarr group (e.g. every sample's episode id)."""
+        return ZarrGroup(self.root, read_only=True).read_column(table, column)
+
+    def _shards_holding(self, rows: AbstractSet[int] | None) -> list[int]:
+        """The tar shards holding at least one of ``rows`` (None: every shard), in order."""
+        return [i for i, shard in enumerate(self.layout.plan()) if rows is None or any(r in rows for r in shard)]
+
+    def rank_rows(self, rank: int, world: int, rows: AbstractSet[int] | None = None) -> list[int]:
+        """The sample rows rank ``rank`` (of ``world``) streams from :meth:`dataset` given the same
+        ``rows``, all its loader workers together (the stream's own split, without reading a shard)."""
+        plan = self.layout.plan()
+        mine = split.rank_and_worker_share(self._shards_holding(rows), rank, world)
+        return [row for shard in mine for row in plan[shard] if rows is None or row in rows]
+
+    def dataset(self, rank: int = 0, world: int = 1, damaged: str = "raise",
+                rows: AbstractSet[int] | None = None) -> webdataset.DataPipeline:
         """The samples of rank ``rank`` (of ``world``) as a webdataset pipeline of CacheSamples,
         each checked (:func:`read_shard`).
 
         Shards are split once, by :func:`janus_cache.store.split.rank_and_worker_splitter`: this
         rank's share, then each DataLoader worker's share of it. Over all ranks and workers every
         sample is read exactly once. ``damaged``: ``"raise"`` the first :class:`DamagedData`, or
-        ``"yield"`` it in the stream in place of the samples it stands for.
+        ``"yield"`` it in the stream in place of the samples it stands for. ``rows``: only these
+        sample rows (shards holding none of them are left out before the split; a shard's other
+        rows are passed over unread); None: every row.
         """
         if damaged not in ("raise", "yield"):
             raise ValueError(f"damaged must be 'raise' or 'yield', got {damaged!r}")
         paths = [str(p) for p in self.shard_paths()]
         plan = dict(zip(paths, self.layout.plan()))
+        keep = None if rows is None else frozenset(rows)
         return webdataset.DataPipeline(
-            webdataset.SimpleShardList(paths),
+            webdataset.SimpleShardList([paths[i] for i in self._shards_holding(keep)]),
             partial(split.rank_and_worker_splitter, rank=rank, world=world),
-            partial(read_shards, plan=plan, damaged=damaged),
+            partial(read_shards, plan=plan, damaged=damaged, keep=keep),
         )
 
     def shard(self, shard: int) -> Iterator[CacheSample]:
