@@ -8,6 +8,7 @@ PYTHON_SYS ?= python3.11
 VENV ?= .venv
 PY := $(VENV)/bin/python
 JANUS_CACHE := $(VENV)/bin/janus-cache
+JANUS_TRAIN := $(VENV)/bin/janus-train
 EXTRAS ?= train,test
 # CPU machines pin torch to the CPU wheel (no CUDA downloads); a machine with nvidia-smi keeps
 # whatever torch its environment has. Override with TORCH_CONSTRAINTS= or a file of your own.
@@ -70,7 +71,8 @@ demo: $(STAMP)
 	$(JANUS_CACHE) info $(DEMO_DIR)/cache
 	$(MAKE) --no-print-directory verify CACHE=$(DEMO_DIR)/cache DATA=$(DEMO_DIR)/data PROFILE=$(PROFILE) NPROC=2
 	$(MAKE) --no-print-directory train CACHE=$(DEMO_DIR)/cache DATA=$(DEMO_DIR)/data RUN=$(DEMO_DIR)/run PROFILE=$(PROFILE) NPROC=2
-	@echo "demo done: data $(DEMO_DIR)/data, cache $(DEMO_DIR)/cache, run $(DEMO_DIR)/run (metrics.jsonl, export/)"
+	$(JANUS_TRAIN) export $(DEMO_DIR)/run --out $(DEMO_DIR)/janusvln --profile $(PROFILE) --format janusvln
+	@echo "demo done: data $(DEMO_DIR)/data, cache $(DEMO_DIR)/cache, run $(DEMO_DIR)/run (metrics.jsonl, export/), reference JanusVLN checkpoint $(DEMO_DIR)/janusvln"
 
 precompute: $(STAMP)
 	@test -n "$(DATA)" || { echo "make precompute: set DATA=<dataset folder or annotation file>" >&2; exit 2; }

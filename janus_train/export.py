@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from janus_cache.encoder import load_aggregator
 from janus_cache.profile import Profile
 from janus_cache.vggt import CheckpointError, VGGTAggregator
 from janus_train.config import TrainSettings
@@ -69,16 +70,19 @@ def export(checkpoint_dir: Path, out: Path, profile: Profile, config: JanusModel
     return out
 
 
-def export_janusvln(checkpoint_dir: Path, out: Path, profile: Profile, settings: TrainSettings, vggt: Path,
+def export_janusvln(checkpoint_dir: Path, out: Path, profile: Profile, settings: TrainSettings, vggt: Path | None,
                     tag: str | None = None, dtype: str | None = None) -> Path:
     """Write ``out`` as a reference JanusVLN checkpoint directory from the run's checkpoint (latest
     tag unless ``tag``) in ``dtype`` (default: the profile's), with the VGGT encoder read from
-    ``vggt`` (a VGGT checkpoint or a reference directory; the profile's encoder architecture)."""
+    ``vggt`` (a VGGT checkpoint or a reference directory; the profile's encoder architecture), or,
+    when None, the profile's own encoder (its seeded random weights when it names no checkpoint:
+    the encoder its caches were made with)."""
     from transformers import Qwen2_5_VLConfig
 
     torch_dtype = TORCH_DTYPES[dtype or profile.compute_dtype]
     try:
-        encoder = VGGTAggregator.from_pretrained(vggt, config=aggregator_config(profile.vggt))
+        encoder = (load_aggregator(profile.vggt, profile.cache.attention) if vggt is None
+                   else VGGTAggregator.from_pretrained(vggt, config=aggregator_config(profile.vggt)))
     except CheckpointError as exc:
         raise ValueError(f"--vggt: {exc}") from exc
     if settings.init_from is not None:

@@ -100,6 +100,9 @@ def cache_refusal(cache: Path, profile: Profile) -> str | None:
     """Why ``cache`` must not be trained on with ``profile`` (None when it may)."""
     from janus_cache.verify import CacheVerificationError, check_cache_for_training
 
+    if not Path(cache).exists():  # the usual first mistake: training before any precompute
+        return (f"no cache exists at {cache}: make one with `make precompute DATA=<dataset> OUT={cache}` "
+                f"(janus-cache precompute <dataset> --out {cache}), or name another with CACHE=<dir>")
     try:
         check_cache_for_training(cache, profile)
     except CacheVerificationError as err:

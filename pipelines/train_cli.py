@@ -28,7 +28,8 @@ def export_cmd(
         "--format", help="janus: transformers-5 weights + janus heads; janusvln: a reference JanusVLN checkpoint "
         "directory (transformers 4.50, VGGT included).")] = "janus",
     vggt: Annotated[Optional[Path], typer.Option(
-        help="--format janusvln: the VGGT checkpoint to include (default: the profile's vggt.path).")] = None,
+        help="--format janusvln: the VGGT checkpoint to include (default: the profile's vggt.path, or its "
+             "seeded random VGGT when it names none).")] = None,
 ) -> None:
     """Consolidate a ZeRO-3 checkpoint into 16-bit (or fp32) weights: HF weights plus the janus
     heads, or a reference JanusVLN checkpoint directory."""
@@ -48,16 +49,21 @@ def export_cmd(
     if fmt not in FORMATS:
         typer.echo(f"error: --format must be one of {', '.join(FORMATS)}, got {fmt!r}", err=True)
         raise typer.Exit(2)
-    vggt = vggt if vggt is not None else prof.vggt.path
-    if fmt == "janusvln" and vggt is None:
-        typer.echo(f"error: --format janusvln needs --vggt PATH (profile {prof.name} names no vggt.path)", err=True)
+    if fmt == "janusvln" and vggt is not None and vggt.suffix == ".json":
+        typer.echo(f"error: --vggt {vggt} is an aggregator config, not a VGGT checkpoint (model.safetensors or "
+                   f"model.pt); leave --vggt out to include the profile's own VGGT", err=True)
         raise typer.Exit(2)
+    vggt = vggt if vggt is not None else prof.vggt.path
     if not (run / CHECKPOINTS / LATEST_FILE).is_file() and tag is None:
         typer.echo(f"error: {run / CHECKPOINTS} holds no checkpoint", err=True)
         raise typer.Exit(1)
+    if fmt == "janusvln" and vggt is None:
+        # A profile without a VGGT checkpoint (tiny) trains on features of its seeded random VGGT.
+        typer.echo(f"note: profile {prof.name} names no vggt.path: the export holds its own VGGT, seeded random "
+                   f"weights from {prof.vggt.config} (seed {prof.vggt.seed}), the encoder its caches were made with; "
+                   f"--vggt PATH includes a checkpoint instead", err=True)
     try:
         if fmt == "janusvln":
-            assert vggt is not None
             path = export_janusvln(run / CHECKPOINTS, out, prof, settings, vggt, tag=tag, dtype=dtype)
         else:
             path = export(run / CHECKPOINTS, out, prof, run_model_config(settings), tag=tag, dtype=dtype)

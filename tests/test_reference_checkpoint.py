@@ -416,13 +416,15 @@ def test_exported_directory_has_exactly_the_documented_keys_and_config_fields(tm
     assert read_reference_config(out).merger_hidden == MERGER_HIDDEN
 
 
-def test_export_command_names_a_missing_vggt_or_an_unknown_format(tmp_path: Path) -> None:
+def test_export_command_names_a_vggt_config_or_an_unknown_format(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
     from pipelines.train_cli import app
 
     profile_path = write_test_profile(tmp_path / "p.yaml")  # the tiny profile: random VGGT, no vggt.path
-    for args, words in ((["--format", "janusvln"], "needs --vggt PATH"), (["--format", "hf"], "--format must be one of")):
+    for args, words in ((["--format", "janusvln", "--vggt", str(VGGT_CONFIG)], "is an aggregator config, not a VGGT "
+                         "checkpoint (model.safetensors or model.pt); leave --vggt out to include the profile's own"),
+                        (["--format", "hf"], "--format must be one of")):
         result = CliRunner().invoke(app, ["export", str(tmp_path), "--out", str(tmp_path / "x"),
                                           "--profile", str(profile_path), *args])
         assert result.exit_code == 2 and words in result.output, result.output
