@@ -40,7 +40,7 @@ from janus_cache.store.split import merge_rank_shares, rank_share_from
 from janus_train.best_checkpoint import BestCheckpoint
 from janus_train.checkpoints import Checkpoints, tag_name
 from janus_train.config import TrainSettings, deepspeed_config, load_train_settings
-from janus_train.damaged import DamagedSample, damaged_message
+from janus_train.damaged import DamagedSample, draw_step
 from janus_train.data import CachedSamples, LiveSamples, StreamedSamples, collate
 from janus_train.elastic import (
     DataLayout,
@@ -148,6 +148,23 @@ def lr_lambda(total_steps: int, warmup_steps: int, step: int) -> float:
     return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
 
 
+class _ProcessGroup:
+    """The ranks of the run's process group, as :func:`janus_train.damaged.draw_step` agrees through them."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+
+    def sum(self, values: list[float]) -> list[float]:
+        summed = torch.tensor(values, dtype=torch.float64, device=self.device)
+        dist.all_reduce(summed)
+        return summed.tolist()
+
+    def gather(self, value: Any) -> list[Any]:
+        gathered: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, value)
+        return gathered
+
+
 class TooFewSamples(ValueError):
     """The data holds fewer samples than one optimizer step takes."""
 
@@ -223,7 +240,6 @@ class Trainer:
         self.nonfinite_skips = 0
         self.resume_note: str | None = None  # why the resume did not start where ``latest`` pointed
         self.damaged_skips = 0  # samples left out for damaged cache data (train.damaged_samples: skip)
-        self._damage_seen: list[Any] = []  # DamagedData met by this rank's loader since the last step
         self.metrics_file = self.out_dir / METRICS_FILE
         self.evaluator = self.best = None
         if self.validation is not None:
@@ -330,11 +346,8 @@ class Trainer:
                 if position >= end:
                     break
                 position += micro_global
-                self._damage_seen.extend(batch.pop("damaged", []))
-                if "keys" not in batch:
-                    # Every sample of it damaged (train.damaged_samples: skip): the step takes this
-                    # rank's next micro-batch.
-                    continue
+                # Damaged samples travel under "damaged" (a micro-batch of damaged samples only has
+                # no "keys"): draw_step makes the ranks agree on them.
                 yield batch, epoch, position
             if fresh and position == 0:  # else the next epoch would read nothing again, forever
                 raise ValueError(f"rank {self.rank} reads no sample of an epoch (a webdataset cache with fewer "
@@ -351,10 +364,12 @@ class Trainer:
         while self.step < self.total_steps:
             times = StepTimes()
             start = time.perf_counter()
-            fetched = [next(batches) for _ in range(self.settings.grad_accum)]
+            drawn = draw_step(batches, self.settings.grad_accum, self.steps_per_epoch * self.settings.grad_accum,
+                              self.settings.damaged_samples, _ProcessGroup(self.device), self.step + 1)
+            self.damaged_skips += drawn.skipped
+            fetched = drawn.micro
             micro = [batch for batch, _, _ in fetched]
             times.data_wait = time.perf_counter() - start
-            self._check_damage()
             local = LossDenominators.from_batches(micro).as_tensor(self.device)
             dist.all_reduce(local)
             denominators = LossDenominators.from_tensor(local)
@@ -425,23 +440,6 @@ class Trainer:
                            lr=lr, grad_norm=float(self.engine.get_global_grad_norm() or 0.0),
                            distill=self.loss_config.distill_weight_at(self.step - 1), world=self.world,
                            device=self.device, llm_params=self.llm_params)
-
-    def _check_damage(self) -> None:
-        """Before a step's compute, on every rank: the damaged samples the ranks' loaders met (left
-        out of the micro-batches). ``train.damaged_samples: skip`` counts them; ``stop`` raises
-        :class:`DamagedSample` on every rank with the first one's line (its file and sample)."""
-        seen, self._damage_seen = self._damage_seen, []
-        count = torch.tensor([float(sum(err.samples for err in seen))], device=self.device)
-        dist.all_reduce(count)
-        total = int(count.item())
-        if total == 0:
-            return
-        if self.settings.damaged_samples == "skip":
-            self.damaged_skips += total
-            return
-        per_rank: list[Any] = [None] * self.world
-        dist.all_gather_object(per_rank, [str(err) for err in seen])
-        raise DamagedSample(damaged_message(self.step + 1, per_rank, total))
 
     def _guard_nonfinite(self, record: dict[str, Any], micro: list[dict[str, Any]], losses: list[torch.Tensor],
                          applied: bool) -> None:

@@ -13,20 +13,30 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from conftest import write_test_profile
+from torch.utils.data import DataLoader
+from conftest import REPO_ROOT, write_test_profile
 from test_train import assert_succeeded, torchrun_train
 
 from janus_cache.profile import load_profile
 from janus_cache.sample_data import write_sample_data
-from janus_cache.store.layout import wds_shard_name
+from janus_cache.store import DamagedData
+from janus_cache.store.layout import SAMPLES_TABLE, TEXT_OFFSETS, TEXT_PAYLOAD, table_group, wds_shard_name
 from janus_cache.store.wds_store import encode_key
-from janus_train.data import EpochSampler
+from janus_train.damaged import DamagedSample, draw_step
+from janus_train.data import CachedSamples, EpochSampler, collate
 from janus_train.trainer import CHECKPOINTS, METRICS_FILE, open_training_cache
 from pipelines.precompute import Options, run
 
@@ -66,11 +76,20 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 
 @pytest.fixture(scope="module")
-def damaged_zarr(workdir: tuple[Path, Path]) -> Damaged:
+def clean_zarr(workdir: tuple[Path, Path]) -> tuple[Path, Path]:
+    """(profile, cache): an intact zarr cache, read-only; tests damage copies of it."""
     root, data = workdir
     profile = write_profile(root / "stop.yaml")
-    cache = root / "zarr"
+    cache = root / "clean"
     assert run(Options(data, cache, str(profile), workers=1)) == 0
+    return profile, cache
+
+
+@pytest.fixture(scope="module")
+def damaged_zarr(workdir: tuple[Path, Path], clean_zarr: tuple[Path, Path]) -> Damaged:
+    root, _ = workdir
+    profile, clean = clean_zarr
+    cache = Path(shutil.copytree(clean, root / "zarr"))
     reader = open_training_cache(load_profile(profile), cache).reader
     assert len(reader) == N_SAMPLES
     row = EpochSampler(N_SAMPLES, DAMAGED_RANK, N_PROC, seed=0, epoch=0).rows()[PER_RANK_STEP]
@@ -95,8 +114,6 @@ def test_the_damage_passes_the_start_up_check_and_is_found_on_read(damaged_zarr:
 
 
 def test_a_deleted_shard_is_refused_by_the_start_up_check_naming_it(damaged_zarr: Damaged, tmp_path: Path) -> None:
-    import shutil
-
     from pipelines.train import cache_refusal
 
     cache = Path(shutil.copytree(damaged_zarr.cache, tmp_path / "cache"))
@@ -110,8 +127,6 @@ def test_an_edited_endian_is_refused_by_the_start_up_check_naming_the_zarr_json(
     damaged_zarr: Damaged, tmp_path: Path,
 ) -> None:
     """Before: 20 steps of ``loss nan`` and exit 0 (every bf16 feature read byte-swapped)."""
-    import shutil
-
     from pipelines.train import cache_refusal
 
     cache = Path(shutil.copytree(damaged_zarr.cache, tmp_path / "cache"))
@@ -193,3 +208,150 @@ def test_a_flipped_action_digit_in_a_tar_stops_naming_the_tar_and_the_sample(
     assert len(reports) == 1 and f"{tar}: member {encode_key(key)}.json fails its crc32c" in reports[0], reports
     assert f"(read for sample {key})" in reports[0]
     assert not (out / CHECKPOINTS / "latest").exists()
+
+
+# -- Damage anywhere a sample is read ends the run on every rank --------------------------------
+#
+# Before: a damaged chunk read by every sample (a table column, a frame shard) left every
+# micro-batch of the training rows empty; the loader drew on, epoch after epoch, on every rank,
+# and the run printed its start line and never ended.
+
+TEXT_COLUMNS = ("key", "source", "instruction", "subinstruction", "description_2d", "description_3d", "episode_id")
+NUMERIC_COLUMNS = ("action", "step", "window_rows")
+SAMPLE_TABLE_ARRAYS = (*(f"{c}/{part}" for c in TEXT_COLUMNS for part in (TEXT_PAYLOAD, TEXT_OFFSETS)),
+                       *NUMERIC_COLUMNS)
+DAMAGE_TARGETS = (*SAMPLE_TABLE_ARRAYS, "frames", "features")
+H800_PROFILE = REPO_ROOT / "configs" / "profiles" / "h800.yaml"
+H800_WORKERS = int(yaml.safe_load(H800_PROFILE.read_text())["train"]["num_workers"])
+RUN_TIMEOUT_S = 300  # start-up on a loaded 2-core machine; a hang fails the test at this point
+
+
+def damaged_copy(clean_zarr: tuple[Path, Path], target: str, dest: Path) -> tuple[Path, Path]:
+    """(cache, file): a copy of the clean cache with one byte flipped in the first shard of ``target``
+    (a samples-table array ``column[/part]``, ``frames`` or ``features``)."""
+    profile, clean = clean_zarr
+    cache = Path(shutil.copytree(clean, dest))
+    reader = open_training_cache(load_profile(profile), cache).reader
+    array = {"frames": reader.frames_array, "features": reader.features_array}.get(
+        target, f"{table_group(SAMPLES_TABLE)}/{target}")
+    file = reader.shard_file(array, 0)
+    flip_byte(file, 0)
+    return cache, file
+
+
+def test_the_damage_targets_are_every_array_of_the_samples_table(clean_zarr: tuple[Path, Path]) -> None:
+    profile, cache = clean_zarr
+    reader = open_training_cache(load_profile(profile), cache).reader
+    stored = {path.removeprefix(table_group(SAMPLES_TABLE) + "/") for path in reader.array_paths()
+              if path.startswith(table_group(SAMPLES_TABLE) + "/")}
+    assert stored == set(SAMPLE_TABLE_ARRAYS)
+
+
+class OneProcess:
+    """The collective of a single process (what draw_step agrees through, without a process group)."""
+
+    def sum(self, values: list[float]) -> list[float]:
+        return list(values)
+
+    def gather(self, value: Any) -> list[Any]:
+        return [value]
+
+
+@pytest.fixture(scope="module")
+def builder(clean_zarr: tuple[Path, Path]) -> Any:
+    from janus_train.trainer import prompt_builder
+
+    return prompt_builder(load_profile(clean_zarr[0]))
+
+
+def micro_batches(profile: Path, cache: Path, builder: Any) -> Iterator[tuple[dict[str, Any], int, int]]:
+    """(micro-batch of 1, epoch, position) over the cache's rows in order, epoch after epoch, as the
+    trainer's loader yields them (a micro-batch of a damaged sample included)."""
+    dataset = CachedSamples(open_training_cache(load_profile(profile), cache).reader, builder)
+    for epoch in itertools.count():
+        loader = DataLoader(dataset, batch_size=1, collate_fn=partial(collate, pad_token_id=builder.pad_token_id))
+        for position, batch in enumerate(loader, start=1):
+            yield batch, epoch, position
+
+
+@pytest.mark.parametrize("target", DAMAGE_TARGETS)
+def test_a_step_that_reads_damaged_data_stops_naming_the_file(
+    clean_zarr: tuple[Path, Path], builder: Any, tmp_path: Path, target: str,
+) -> None:
+    cache, file = damaged_copy(clean_zarr, target, tmp_path / "cache")
+    batches = micro_batches(clean_zarr[0], cache, builder)
+    with pytest.raises(DamagedSample) as raised:  # a step of every sample of the epoch
+        draw_step(batches, N_SAMPLES, N_SAMPLES, "stop", OneProcess(), step=1)
+    assert str(raised.value).startswith(f"step 1, rank 0: damaged cache data: {file}: checksum mismatch (crc32c)")
+
+
+@pytest.mark.parametrize("target", DAMAGE_TARGETS)
+def test_with_skip_a_step_leaves_damaged_samples_out_or_stops_when_none_is_readable(
+    clean_zarr: tuple[Path, Path], builder: Any, tmp_path: Path, target: str,
+) -> None:
+    cache, file = damaged_copy(clean_zarr, target, tmp_path / "cache")
+    reader = open_training_cache(load_profile(clean_zarr[0]), cache).reader
+    damaged = []
+    for row in range(N_SAMPLES):
+        try:
+            reader.sample(row)
+        except DamagedData as err:
+            assert err.file == str(file)
+            damaged.append(row)
+    assert damaged, "the flipped byte damaged no sample"
+    batches = micro_batches(clean_zarr[0], cache, builder)
+    if len(damaged) == N_SAMPLES:  # a table column: no sample is readable, skipping would draw forever
+        with pytest.raises(DamagedSample) as raised:
+            draw_step(batches, 2, N_SAMPLES, "skip", OneProcess(), step=1)
+        assert str(raised.value).startswith(f"step 1, rank 0: damaged cache data: {file}: ")
+        assert str(raised.value).endswith("train.damaged_samples: skip has nothing left to train on)")
+        return
+    good = N_SAMPLES - len(damaged)
+    drawn = draw_step(batches, good, N_SAMPLES, "skip", OneProcess(), step=1)
+    assert [batch["keys"][0] for batch, _, _ in drawn.micro] == [
+        reader.sample(row).key for row in range(N_SAMPLES) if row not in damaged]
+    assert drawn.skipped == len(damaged)
+
+
+def launch_train(*args: str | Path, timeout: float = RUN_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
+    """``python -m pipelines.launch`` (what ``make train`` runs) on 2 processes; still running after
+    ``timeout`` seconds fails the test (the launcher and its ranks are stopped first)."""
+    command = [sys.executable, "-m", "pipelines.launch", "--standalone", f"--nproc_per_node={N_PROC}",
+               "-m", "pipelines.train", *map(str, args)]
+    process = subprocess.Popen(command, cwd=REPO_ROOT, env=dict(os.environ), stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.send_signal(signal.SIGTERM)  # the launcher stops its ranks
+        try:
+            stdout, stderr = process.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            stdout, stderr = process.communicate()
+        pytest.fail(f"the run did not end within {timeout} s:\n{stdout[-2000:]}\n{stderr[-3000:]}")
+    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
+
+
+@pytest.mark.parametrize(("target", "workers", "policy"), [
+    ("description_2d/utf8", 0, "stop"),  # the reported run: a text column, the tiny profile's loader
+    ("window_rows", H800_WORKERS, "skip"),  # every sample damaged: skip has nothing to train on
+    ("frames", H800_WORKERS, "stop"),
+    ("features", H800_WORKERS, "stop"),
+])
+def test_a_run_reading_damaged_data_ends_on_every_rank_with_one_line(
+    workdir: tuple[Path, Path], clean_zarr: tuple[Path, Path], tmp_path: Path,
+    target: str, workers: int, policy: str,
+) -> None:
+    cache, file = damaged_copy(clean_zarr, target, tmp_path / "cache")
+    profile = write_profile(tmp_path / "profile.yaml", num_workers=workers, damaged_samples=policy)
+    out = tmp_path / "run"
+    result = launch_train("--out", out, "--cache", cache, "--profile", profile, "--no-export")
+    assert result.returncode == 1, result.stdout + result.stderr
+    reports = error_lines(result)
+    assert len(reports) == 1, result.stdout + result.stderr
+    assert reports[0].startswith("error: step ") and f": damaged cache data: {file}: checksum mismatch" in reports[0]
+    if policy == "skip":
+        assert reports[0].endswith("train.damaged_samples: skip has nothing left to train on)")
+    assert "Traceback" not in result.stdout + result.stderr
+
