@@ -13,6 +13,9 @@ moment of a save and a disk can damage a file later, so:
   truncated or unrecorded one, the newest intact tag is used and one line says why.
 * rotation (``save_total_limit``) never deletes the tag ``latest`` names, which is intact: it was
   recorded before ``latest`` moved, or verified by the resume that repointed ``latest``.
+* a save that runs out of room (any rank, any of its files) ends every rank alike with one line
+  (:class:`~janus_train.disk_space.NoRoom`): the partial tag is removed, ``latest`` keeps naming
+  the previous checkpoint, and the same command resumes from it once there is room.
 
 Every rank must call :meth:`Checkpoints.save` and :meth:`Checkpoints.resumable` (collectives);
 with one process they need no process group.
@@ -30,6 +33,9 @@ from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
+
+from janus_cache.plan import format_bytes
+from janus_train.disk_space import NoRoom, bytes_under, free_bytes, no_room_reason
 
 LATEST_FILE = "latest"
 CHECKSUMS_FILE = "checksums.json"
@@ -114,6 +120,24 @@ def read_record(tag_dir: Path) -> dict[str, dict[str, Any]] | str:
     except (OSError, ValueError, KeyError, TypeError):
         return f"file {CHECKSUMS_FILE}: unreadable"
     return files
+
+
+def record_directory(tag_dir: Path) -> None:
+    """One process: hash every file of ``tag_dir`` and write its ``checksums.json`` (e.g. a universal
+    checkpoint, which rank 0 alone converts)."""
+    files = {name: {"sha256": sha256_file(tag_dir / name), "bytes": (tag_dir / name).stat().st_size}
+             for name in tag_files(tag_dir)}
+    write_atomically(tag_dir / CHECKSUMS_FILE, json.dumps({"files": files}, indent=1) + "\n")
+
+
+def directory_problem(tag_dir: Path) -> str | None:
+    """One process: why ``tag_dir`` does not match its ``checksums.json`` (the first problem, files
+    in name order), None when every recorded file does."""
+    record = read_record(tag_dir)
+    if isinstance(record, str):
+        return record
+    return next((problem for name in sorted(record)
+                 if (problem := file_problem(tag_dir, name, record[name])) is not None), None)
 
 
 @dataclass(frozen=True)
@@ -229,32 +253,94 @@ class Checkpoints:
 
     def save(self, engine: Any, tag: str, client_state: dict[str, Any], keep: int) -> None:
         """Save ``engine``'s checkpoint as ``tag``, record its checksums, then point ``latest`` at
-        it and delete the oldest tags beyond ``keep`` (never the one ``latest`` names)."""
+        it and delete the oldest tags beyond ``keep`` (never the one ``latest`` names).
+
+        A save that runs out of room (on any rank, at any of these writes) raises :class:`NoRoom`
+        on every rank alike, with one line: the partial tag is removed and ``latest`` still names
+        the previous checkpoint, from which the same command resumes once there is room."""
         tag_dir = self.directory / tag
-        if self.rank == 0 and tag_dir.exists():
+        # Rank 0 makes the tag's folder itself: DeepSpeed's own mkdir only logs a failure.
+        reason = self._from_main(self._main_writes(lambda: self._fresh_folder(tag_dir)) if self.rank == 0 else None)
+        if reason is None:
+            reason = self._save_files(engine, tag, client_state)
+        if reason is None:
+            reason = self.record(tag)
+        if reason is None:
+            reason = self._from_main(self._main_writes(lambda: self._commit(tag, keep)) if self.rank == 0 else None)
+        if reason is not None:
+            raise NoRoom(self._from_main(self._give_up(tag, reason) if self.rank == 0 else None))
+
+    @staticmethod
+    def _fresh_folder(tag_dir: Path) -> None:
+        if tag_dir.exists():
             # Left by a killed save or a run abandoned at an earlier resume: never mixed with new files.
             shutil.rmtree(tag_dir)
-        self._barrier()
-        # DeepSpeed would write ``latest`` before any checksum exists; it ends with a barrier, so
-        # every rank's files are complete when the hashing starts.
-        engine.save_checkpoint(str(self.directory), tag=tag, client_state=client_state, save_latest=False)
-        self.record(tag)
-        if self.rank == 0:
-            write_atomically(self.directory / LATEST_FILE, tag)
-            self.rotate(keep)
-        self._barrier()
+        tag_dir.mkdir(parents=True)
 
-    def record(self, tag: str) -> None:
-        """Hash the tag's files (each rank a share) and have rank 0 write ``checksums.json``."""
+    def _save_files(self, engine: Any, tag: str, client_state: dict[str, Any]) -> str | None:
+        """DeepSpeed's save of every rank's files; why there was no room on any rank (None: saved)."""
+        try:
+            # DeepSpeed would write ``latest`` before any checksum exists; it ends with a barrier, so
+            # every rank's files are complete when the hashing starts.
+            engine.save_checkpoint(str(self.directory), tag=tag, client_state=client_state, save_latest=False)
+            mine = None
+        except Exception as err:
+            mine = no_room_reason(err, self.directory / tag)
+            if mine is None:
+                raise
+            # DeepSpeed's collectives all come before its writes, and the save ends with a barrier
+            # that the other ranks wait in: meet them there, so every rank reaches the exchange.
+            self._barrier()
+        return next((reason for reason in self._gather(mine) if reason is not None), None)
+
+    def _main_writes(self, write: Any) -> str | None:
+        """Rank 0's ``write()``; why there was no room (None: written). Other errors propagate."""
+        try:
+            write()
+        except OSError as err:
+            reason = no_room_reason(err, self.directory)
+            if reason is None:
+                raise
+            return reason
+        return None
+
+    def _commit(self, tag: str, keep: int) -> None:
+        write_atomically(self.directory / LATEST_FILE, tag)
+        self.rotate(keep)
+
+    def _give_up(self, tag: str, reason: str) -> str:
+        """Rank 0, after a save ran out of room: remove the partial tag (its room is the user's
+        again) and say in one line what a checkpoint takes, what is free and how the run goes on."""
+        tag_dir = self.directory / tag
+        written = bytes_under(tag_dir)
+        shutil.rmtree(tag_dir, ignore_errors=True)
+        (self.directory / f".{LATEST_FILE}.tmp").unlink(missing_ok=True)
+        latest = self.latest()
+        record = read_record(self.directory / latest) if latest else "none"
+        if isinstance(record, dict):
+            takes = f"a checkpoint of this run takes {format_bytes(sum(e['bytes'] for e in record.values()))}"
+            then = f"{LATEST_FILE} still names {latest}: free space and run the same command again to resume from it"
+        else:
+            takes = f"this checkpoint needs more than the {format_bytes(written)} written before the disk filled"
+            then = "no checkpoint is kept yet: free space and run the same command again"
+        return (f"{tag_dir}: no room left saving checkpoint {tag} ({reason}): the disk has "
+                f"{format_bytes(free_bytes(self.directory))} free and {takes}; the partial checkpoint was removed, "
+                f"{then}")
+
+    def record(self, tag: str) -> str | None:
+        """Hash the tag's files (each rank a share) and have rank 0 write ``checksums.json``; why
+        there was no room for it (every rank alike; None: written)."""
         tag_dir = self.directory / tag
         names = self._from_main(tag_files(tag_dir) if self.rank == 0 else None)
         mine = {name: {"sha256": sha256_file(tag_dir / name), "bytes": (tag_dir / name).stat().st_size}
                 for name in names[self.rank :: self.world]}
         shares = self._gather(mine)
+        reason = None
         if self.rank == 0:
             files = {name: entry for share in shares for name, entry in share.items()}
-            write_atomically(tag_dir / CHECKSUMS_FILE,
-                             json.dumps({"files": dict(sorted(files.items()))}, indent=1) + "\n")
+            reason = self._main_writes(lambda: write_atomically(
+                tag_dir / CHECKSUMS_FILE, json.dumps({"files": dict(sorted(files.items()))}, indent=1) + "\n"))
+        return self._from_main(reason)
 
     def rotate(self, keep: int) -> list[str]:
         """Keep the tag ``latest`` names and the ``keep`` - 1 tags before it; delete the rest (rank 0,

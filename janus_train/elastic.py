@@ -21,6 +21,7 @@ import io
 import os
 import random
 import shutil
+import sys
 from argparse import Namespace
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -29,7 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from janus_train.checkpoints import UNIVERSAL_SUFFIX
+from janus_train.checkpoints import UNIVERSAL_SUFFIX, directory_problem, record_directory
 
 
 class ResumeError(ValueError):
@@ -160,10 +161,19 @@ def read_client_state(checkpoints: Path, tag: str) -> dict[str, Any]:
 
 def universal_checkpoint(checkpoints: Path, tag: str, rank: int, saved_world: int, world: int) -> str:
     """The tag of ``tag`` converted to a universal checkpoint (``<tag>_universal``): rank 0
-    converts it once (into a temporary directory, renamed when complete, so a crash leaves no
-    half-converted tag) and prints one line; other ranks must wait (a barrier) before loading."""
+    converts it once (into a temporary directory, checksummed like every checkpoint and renamed
+    when complete, so a crash leaves no half-converted tag) and prints one line; other ranks must
+    wait (a barrier) before loading.
+
+    A conversion left by an earlier resume is verified against its ``checksums.json`` first: a
+    damaged, truncated or unrecorded one is converted again from ``tag`` (which the resume
+    verified intact), with one warning line, instead of loading shifted weights or crashing."""
     universal = tag + UNIVERSAL_SUFFIX
     target = checkpoints / universal
+    if rank == 0 and target.is_dir() and (problem := directory_problem(target)) is not None:
+        print(f"warning: {target} is damaged ({problem}); converting checkpoint {tag} again", file=sys.stderr,
+              flush=True)
+        shutil.rmtree(target)
     if rank == 0 and not target.is_dir():
         from deepspeed.checkpoint import ds_to_universal
 
@@ -182,6 +192,7 @@ def universal_checkpoint(checkpoints: Path, tag: str, rank: int, saved_world: in
             raise
         # It names its output in ``latest_universal``; janus loads by explicit tag instead.
         (checkpoints / "latest_universal").unlink(missing_ok=True)
+        record_directory(partial)
         partial.rename(target)
         print(f"converted checkpoint {tag} (saved on {saved_world} processes) for {world} with DeepSpeed's "
               f"ds_to_universal into {target}", flush=True)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -54,12 +55,58 @@ def usable_log(path: Path) -> Path:
     return path if path.parent.is_dir() and not path.is_dir() else default_log()
 
 
-def log_to_file(path: Path) -> logging.Handler:
+class ReportFile(logging.FileHandler):
+    """torchrun's log file (opened on the first record). A write that fails (a full disk) is
+    remembered for the closing line instead of logging's "--- Logging error ---" traceback."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path, delay=True)
+        self.path = path
+        self.failure: OSError | None = None
+        self.attempted = 0  # bytes of every record and report meant for the file
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.attempted += len(self.format(record).encode()) + 1
+        super().emit(record)
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        error = sys.exc_info()[1]
+        if self.failure is None and isinstance(error, OSError):
+            self.failure = error
+
+    def append(self, text: str) -> None:
+        """Add ``text`` (e.g. torchrun's failure report) after the records."""
+        self.attempted += len(text.encode())
+        try:
+            with open(self.path, "a") as f:
+                f.write(text)
+        except OSError as err:
+            self.failure = self.failure or err
+
+    def close(self) -> None:
+        try:
+            super().close()
+        except OSError as err:  # its last flush, on a full disk
+            self.failure = self.failure or err
+
+    def where(self, what: str = "torchrun's report") -> str:
+        """Where ``what`` is, or the one-line reason it could not be written (bytes and the fix)."""
+        if self.failure is None:
+            return f"{what}: {self.path}"
+        from janus_cache.plan import format_bytes
+
+        free = shutil.disk_usage(self.path.parent).free if self.path.parent.is_dir() else 0
+        return (f"{what} could not be written to {self.path} ({self.failure.strerror or self.failure}): the disk has "
+                f"{format_bytes(free)} free and the report needs {format_bytes(self.attempted)}; free space there "
+                f"or pass {LOG_OPTION} FILE on another disk")
+
+
+def log_to_file(path: Path) -> ReportFile:
     """Route torchrun's loggers to ``path`` (opened on the first record) instead of stderr.
 
     Call after importing torch: its import gives ``torch.distributed`` a console handler of its own.
     """
-    handler = logging.FileHandler(path, delay=True)
+    handler = ReportFile(path)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logger = logging.getLogger(LOGGER)
     for console in list(logger.handlers):
@@ -91,19 +138,18 @@ def main(argv: list[str] | None = None) -> int:
         run(args)
     except ChildFailedError as err:
         rank, failure = err.get_first_failure()
-        with open(log, "a") as f:
-            f.write(err.format_msg() + "\n")
+        handler.append(err.format_msg() + "\n")
         how = (f"was killed by signal {-failure.exitcode}" if failure.exitcode < 0
                else f"exited with code {failure.exitcode}")
-        print(f"launcher: rank {rank} {how}; torchrun's report: {log}", file=sys.stderr, flush=True)
+        print(f"launcher: rank {rank} {how}; {handler.where()}", file=sys.stderr, flush=True)
         return exit_code(failure.exitcode)
     except SignalException as err:
         logging.getLogger(LOGGER).error("stopped by %s", err.sigval.name)
-        print(f"launcher: stopped by {err.sigval.name}; torchrun's report: {log}", file=sys.stderr, flush=True)
+        print(f"launcher: stopped by {err.sigval.name}; {handler.where()}", file=sys.stderr, flush=True)
         return 128 + int(err.sigval)
     except Exception as err:  # noqa: BLE001 - the launcher's own failure (e.g. a rendezvous): one line
         logging.getLogger(LOGGER).exception("torchrun failed")
-        print(f"launcher: {type(err).__name__}: {err}; details: {log}", file=sys.stderr, flush=True)
+        print(f"launcher: {type(err).__name__}: {err}; {handler.where('details')}", file=sys.stderr, flush=True)
         return 1
     finally:
         handler.close()

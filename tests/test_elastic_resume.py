@@ -202,3 +202,36 @@ def test_a_webdataset_run_resumed_on_another_world_is_refused_in_one_line(tmp_pa
     assert "saved on 2 processes and a webdataset (streaming) cache deals its shards to ranks" in errors[0]
     assert "resume on 2 processes, or train from a zarr cache" in errors[0]
     assert not list((out / "checkpoints").glob("*_universal"))
+
+
+@pytest.mark.parametrize("damage", ["flipped byte", "truncated"])
+def test_a_damaged_universal_checkpoint_is_converted_again_with_one_warning(
+        setup: Setup, tmp_path: Path, damage: str) -> None:
+    """Issue 28 item 1: a resume on 1 process converts A's step-4 checkpoint (and checksums the
+    conversion); the largest converted file is then damaged. The next resume on 1 process verifies
+    the conversion, says in one line what is wrong with it, converts the intact ZeRO checkpoint
+    again and continues with the uninterrupted run's losses (the damaged weights would shift them;
+    a truncated file would crash the loader)."""
+    from janus_train.checkpoints import directory_problem
+
+    out = continue_from(setup.run_two, tmp_path / "run")
+    succeeded(torchrun(out, setup.cache, setup.one, nproc=1, extra=["--max-steps", str(SAVE_AT)]))
+    universal = out / "checkpoints" / f"step{SAVE_AT:08d}_universal"
+    assert directory_problem(universal) is None  # recorded, and intact
+    victim = max(universal.rglob("fp32.pt"), key=lambda p: p.stat().st_size)
+    name = victim.relative_to(universal).as_posix()
+    raw = victim.read_bytes()
+    if damage == "truncated":
+        victim.write_bytes(raw[: len(raw) // 2])
+        problem = f"file {name}: truncated ({len(raw) // 2} of {len(raw)} bytes)"
+    else:
+        victim.write_bytes(raw[: len(raw) // 2] + bytes([raw[len(raw) // 2] ^ 0x01]) + raw[len(raw) // 2 + 1:])
+        problem = f"file {name}: checksum"
+
+    result = succeeded(torchrun(out, setup.cache, setup.one, nproc=1))
+    warnings = [line for line in result.stderr.splitlines() if line.startswith("warning:")]
+    assert warnings == [f"warning: {universal} is damaged ({problem}); converting checkpoint step{SAVE_AT:08d} "
+                        "again"], result.stderr[-3000:]
+    assert f"converted checkpoint step{SAVE_AT:08d} (saved on 2 processes) for 1" in result.stdout
+    assert directory_problem(universal) is None
+    same_run(metrics(out)[SAVE_AT:], metrics(setup.run_two)[SAVE_AT:])
