@@ -13,6 +13,7 @@ reference evaluation loads and ``init_from`` reads back (:mod:`janus_train.refer
 from __future__ import annotations
 
 import shutil
+from collections.abc import Iterable
 from pathlib import Path
 
 import torch
@@ -22,6 +23,7 @@ from janus_cache.encoder import load_aggregator
 from janus_cache.profile import Profile
 from janus_cache.vggt import CheckpointError, VGGTAggregator
 from janus_train.config import TrainSettings
+from janus_train.disk_space import export_room
 from janus_cache.dtypes import TORCH_DTYPES
 from janus_train.model import JanusModelConfig, JanusVLNModel, aggregator_config, vggt_feature_dim
 from janus_train.reference_checkpoint import (
@@ -40,6 +42,13 @@ TOKENIZER_FILES: tuple[str, ...] = (
     "preprocessor_config.json", "vocab.json", "merges.txt", "generation_config.json",
 )
 QWEN_PREFIX = "qwen."
+
+
+def tensor_bytes(tensors: Iterable[torch.Tensor], dtype: torch.dtype) -> int:
+    """Bytes of ``tensors`` stored as ``dtype`` (what an export writes, less small metadata); a
+    tensor shared by tied weights counts once."""
+    unique = {(t.data_ptr(), t.numel()): t.numel() for t in tensors}
+    return sum(unique.values()) * dtype.itemsize
 
 
 def consolidated_state_dict(checkpoint_dir: Path, tag: str | None = None) -> dict[str, torch.Tensor]:
@@ -61,12 +70,13 @@ def export(checkpoint_dir: Path, out: Path, profile: Profile, config: JanusModel
     expected_heads = {k for k in model.state_dict() if not k.startswith(QWEN_PREFIX)}
     if set(heads) != expected_heads:
         raise ValueError(f"{checkpoint_dir}: head keys {sorted(set(heads) ^ expected_heads)} do not match the model")
-    out.mkdir(parents=True, exist_ok=True)
-    model.qwen.to(torch_dtype).save_pretrained(str(out), state_dict=qwen_state, safe_serialization=True)
-    for name in TOKENIZER_FILES:
-        if (profile.qwen.path / name).is_file():
-            shutil.copy2(profile.qwen.path / name, out / name)
-    save_file(heads, str(out / HEADS_FILE), metadata={"lam": str(config.lam)})
+    with export_room(out, tensor_bytes(state.values(), torch_dtype), checkpoint_dir.parent):
+        out.mkdir(parents=True, exist_ok=True)
+        model.qwen.to(torch_dtype).save_pretrained(str(out), state_dict=qwen_state, safe_serialization=True)
+        for name in TOKENIZER_FILES:
+            if (profile.qwen.path / name).is_file():
+                shutil.copy2(profile.qwen.path / name, out / name)
+        save_file(heads, str(out / HEADS_FILE), metadata={"lam": str(config.lam)})
     return out
 
 
@@ -92,7 +102,9 @@ def export_janusvln(checkpoint_dir: Path, out: Path, profile: Profile, settings:
     state = consolidated_state_dict(checkpoint_dir, tag)
     config = reference_config_dict(qwen_config, run_model_config(settings), profile.cache.reference_frame,
                                    settings.loss_config(), dtype or profile.compute_dtype)
-    return write_reference_checkpoint(out, state, encoder.state_dict(), config, profile.qwen.path, torch_dtype)
+    encoder_state = encoder.state_dict()
+    with export_room(out, tensor_bytes([*state.values(), *encoder_state.values()], torch_dtype), checkpoint_dir.parent):
+        return write_reference_checkpoint(out, state, encoder_state, config, profile.qwen.path, torch_dtype)
 
 
 def load_exported(out: Path, profile: Profile, config: JanusModelConfig, device: str = "cpu") -> JanusVLNModel:

@@ -46,6 +46,7 @@ from janus_cache.store import DamagedData
 from janus_train.checkpoints import NoIntactCheckpoint
 from janus_train.config import TrainSettings, load_train_settings
 from janus_train.damaged import DamagedSample
+from janus_train.disk_space import NoRoom
 from janus_train.export import export
 from janus_train.elastic import ResumeError
 from janus_train.logs import WandbMissing, check_wandb
@@ -91,6 +92,8 @@ def quiet_export(checkpoints: Path, out: Path, prof: Profile, settings: TrainSet
     try:
         with contextlib.redirect_stdout(chatter), contextlib.redirect_stderr(chatter):
             return export(checkpoints, out, prof, run_model_config(settings))
+    except NoRoom:  # its one line says it all
+        raise
     except BaseException:
         sys.stderr.write(chatter.getvalue())
         raise
@@ -238,14 +241,23 @@ def command(
                     print(note, flush=True)
             try:
                 trainer.train()
-            except (NonFiniteStep, DamagedSample) as err:
+                trainer.save()
+            except (NonFiniteStep, DamagedSample, NoRoom) as err:
                 fail_alike(ranks, str(err))
-            trainer.save()
             if record_outputs_to is not None:
                 record_outputs(trainer, record_outputs_to, record_samples)
-            if export_at_end and trainer.rank == 0:
-                path = quiet_export(out / CHECKPOINTS, out / EXPORT_DIR, prof, settings)
-                print(f"exported consolidated weights to {path}", flush=True)
+            if export_at_end:
+                # Rank 0 exports; a full disk is every rank's one line (the others would wait in vain).
+                no_room: list[str | None] = [None]
+                if trainer.rank == 0:
+                    try:
+                        path = quiet_export(out / CHECKPOINTS, out / EXPORT_DIR, prof, settings)
+                        print(f"exported consolidated weights to {path}", flush=True)
+                    except NoRoom as err:
+                        no_room[0] = str(err)
+                dist.broadcast_object_list(no_room, src=0)
+                if no_room[0] is not None:
+                    fail_alike(ranks, no_room[0])
             dist.barrier()
         finally:
             trainer.close()
