@@ -18,6 +18,7 @@ from janus_train.validation import BEST_METRICS, VAL_LOSS
 DEEPSPEED_DIR = CONFIGS_DIR / "deepspeed"
 NONFINITE_POLICIES = ("stop", "skip")
 DAMAGED_SAMPLE_POLICIES = ("stop", "skip")
+RESUME_GRAD_ACCUM_POLICIES = ("adapt", "keep")
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,10 @@ class TrainSettings:
         "stop", "A sample whose cached data fails its checksum (or whose shard file is missing): stop (every rank "
         "exits 1, rank 0 naming the file and the sample; nothing of that step is trained) or skip (left out of its "
         "micro-batch, counted as damaged_skips).", choices=DAMAGED_SAMPLE_POLICIES)
+    resume_grad_accum: str = setting(
+        "adapt", "Resuming a checkpoint of another global batch (another number of processes, or micro_batch): "
+        "adapt (grad_accum is changed to keep the checkpoint's global batch where that is possible, said in one "
+        "line) or keep (the profile's grad_accum; such a resume is refused).", choices=RESUME_GRAD_ACCUM_POLICIES)
     empty_cache_every: int = setting(0, "Optimizer steps between CUDA cache flushes (0: never).", min=0)
     live_check_every: int = setting(0, "Optimizer steps between live-feature checks (0: never).", min=0)
     deepspeed: str = setting("zero3.json", "DeepSpeed config file (relative: under configs/deepspeed/).")

@@ -88,8 +88,8 @@ def check_resumable(tag_dir: Path, state: dict[str, Any], now: DataLayout) -> No
                           f"now {describe(now.sources)})")
     saved_step = saved["micro_batch"] * saved["grad_accum"] * saved["world"]
     if saved_step != now.samples_per_step:
-        per_accum = now.micro_batch * now.world
-        fix = (f"grad_accum {saved_step // per_accum} keeps it" if saved_step % per_accum == 0 else
+        keeping = grad_accum_keeping(saved, now.micro_batch, now.world)
+        fix = (f"grad_accum {keeping} keeps it (train.resume_grad_accum: adapt sets it)" if keeping is not None else
                f"no grad_accum keeps it with micro_batch {now.micro_batch} on {now.world} processes")
         raise ResumeError(f"{where}: the global batch differs (checkpoint {_batch(saved)}, now "
                           f"{_batch(asdict(now))}); {fix}")
@@ -97,6 +97,37 @@ def check_resumable(tag_dir: Path, state: dict[str, Any], now: DataLayout) -> No
         raise ResumeError(f"{where}: it was saved on {saved['world']} processes and a webdataset (streaming) cache "
                           f"deals its shards to ranks, so {now.world} processes would repeat or skip samples; "
                           f"resume on {saved['world']} processes, or train from a zarr cache, which resumes on any")
+
+
+def grad_accum_keeping(saved: dict[str, Any], micro_batch: int, world: int) -> int | None:
+    """The grad_accum with which ``micro_batch`` x it x ``world`` processes is the global batch of the
+    checkpoint whose data layout is ``saved`` (None: no whole number does)."""
+    saved_step = saved["micro_batch"] * saved["grad_accum"] * saved["world"]
+    per_accum = micro_batch * world
+    return saved_step // per_accum if saved_step % per_accum == 0 else None
+
+
+@dataclass(frozen=True)
+class GradAccum:
+    """The grad_accum a resumed run takes, and the one line that says so when it is not the profile's."""
+
+    value: int
+    note: str | None = None
+
+    @classmethod
+    def for_resume(cls, checkpoints: Path, tag: str, micro_batch: int, grad_accum: int, world: int) -> GradAccum:
+        """``grad_accum`` changed, where that alone keeps checkpoint ``tag``'s global batch on this run's
+        ``world`` and ``micro_batch`` (``train.resume_grad_accum: adapt``): the steps, the LR schedule and
+        the data position then continue the run. Otherwise the profile's (:func:`check_resumable`
+        refuses a global batch it does not keep)."""
+        saved = read_client_state(checkpoints, tag)["data_layout"]
+        keeping = grad_accum_keeping(saved, micro_batch, world)
+        if keeping is None or keeping == grad_accum:
+            return cls(grad_accum)
+        processes = f"{world} process{'es' if world != 1 else ''}"
+        return cls(keeping, f"note: grad_accum {keeping} instead of the profile's {grad_accum} on {processes} keeps "
+                            f"the global batch of checkpoint {tag} ({_batch(saved)}); "
+                            "train.resume_grad_accum: keep refuses such a resume instead")
 
 
 def rng_states() -> dict[str, Any]:

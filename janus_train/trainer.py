@@ -23,6 +23,7 @@ import math
 import os
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,7 @@ from janus_train.damaged import DamagedSample, draw_step
 from janus_train.data import CachedSamples, LiveSamples, StreamedSamples, collate
 from janus_train.elastic import (
     DataLayout,
+    GradAccum,
     ResumeError,
     ResumePoint,
     repair_universal_load,
@@ -192,6 +194,19 @@ class Trainer:
         sizes = self.dataset.sizes if isinstance(self.dataset, MixedSamples) else (len(self.dataset),)
         # The one global sample sequence of every epoch (one source: its seeded permutation).
         self.order = Mixture(sizes, tuple(s.weight for s in self.sources), settings.seed)
+        # The checkpoint to resume (verified by its checksums, falling back past a damaged one) and
+        # whether the run can continue it: before any model is built (a refusal costs nothing), and a
+        # checkpoint of another world size is loaded as a universal checkpoint, which the engine
+        # must know when it is built.
+        self.checkpoints = Checkpoints(self.out_dir / CHECKPOINTS, self.rank, self.world)
+        self._chosen = self.checkpoints.resumable()
+        # Resumed on another world (or micro_batch), a changed grad_accum may keep the global batch.
+        self.grad_accum_note: str | None = None
+        if self._chosen is not None and settings.resume_grad_accum == "adapt":
+            accum = GradAccum.for_resume(self.checkpoint_dir(), self._chosen.tag, settings.micro_batch,
+                                         settings.grad_accum, self.world)
+            settings = self.settings = replace(settings, grad_accum=accum.value)
+            self.grad_accum_note = accum.note
         self.samples_per_step = settings.micro_batch * settings.grad_accum * self.world
         self.steps_per_epoch = self.order.epoch_length // self.samples_per_step
         if self.steps_per_epoch == 0:  # before the (slow) model build
@@ -201,12 +216,6 @@ class Trainer:
                 f"(micro_batch {settings.micro_batch} x grad_accum {settings.grad_accum} x {self.world} processes "
                 f"= {self.samples_per_step})"
             )
-        # The checkpoint to resume (verified by its checksums, falling back past a damaged one) and
-        # whether the run can continue it: before any model is built (a refusal costs nothing), and a
-        # checkpoint of another world size is loaded as a universal checkpoint, which the engine
-        # must know when it is built.
-        self.checkpoints = Checkpoints(self.out_dir / CHECKPOINTS, self.rank, self.world)
-        self._chosen = self.checkpoints.resumable()
         self._resume = (None if self._chosen is None
                         else ResumePoint.find(self.checkpoint_dir(), self._chosen.tag, self.data_layout()))
 

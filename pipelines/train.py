@@ -226,6 +226,8 @@ def command(
                 fail_alike(ranks, str(err))
             if trainer.rank == 0 and trainer.resume_note:
                 print(f"warning: {trainer.resume_note}", file=sys.stderr, flush=True)
+            if trainer.rank == 0 and resumed and trainer.grad_accum_note:
+                print(trainer.grad_accum_note, flush=True)
             if trainer.rank == 0:
                 mixture = (" from " + ", ".join(f"{s.name} (weight {s.weight:g})" for s in trainer.sources)
                            if len(trainer.sources) > 1 else "")

@@ -28,7 +28,7 @@ import yaml
 from conftest import REPO_ROOT, write_test_profile
 
 from janus_cache.sample_data import write_sample_data
-from janus_train.elastic import DataLayout, ResumeError, check_resumable
+from janus_train.elastic import DataLayout, GradAccum, ResumeError, check_resumable, read_client_state
 
 STEPS, SAVE_AT = 8, 4
 TIMEOUT_S = 600
@@ -144,17 +144,40 @@ def test_one_process_continues_on_two(setup: Setup, tmp_path: Path) -> None:
     assert (out / "checkpoints" / "step00000008").is_dir()
 
 
+def test_the_same_profile_on_one_process_continues_with_the_grad_accum_that_keeps_the_global_batch(
+        setup: Setup, tmp_path: Path) -> None:
+    """Issue 24 item 6: A's profile (grad_accum 2) resumed on 1 process would take steps of 2 samples;
+    grad_accum 4 keeps A's 4, said in one line, and the run is A's (before: refused naming grad_accum 4)."""
+    out = continue_from(setup.run_two, tmp_path / "run")
+    result = succeeded(torchrun(out, setup.cache, setup.two, nproc=1))
+    notes = [line for line in result.stdout.splitlines() if "grad_accum" in line]
+    assert notes == ["note: grad_accum 4 instead of the profile's 2 on 1 process keeps the global batch of checkpoint "
+                     "step00000004 (1 x 2 x 2 processes = 4 samples); train.resume_grad_accum: keep refuses such a "
+                     "resume instead"], result.stdout
+    assert "training 8 steps of 4 samples on 1 processes" in result.stdout
+    assert "resumed at step 4 (epoch 1, sample 4 of the epoch)" in result.stdout
+    same_run(metrics(out)[SAVE_AT:], metrics(setup.run_two)[SAVE_AT:])
+    # The checkpoints it writes hold the grad_accum it ran with.
+    state = read_client_state(out / "checkpoints", "step00000008")
+    assert state["data_layout"]["grad_accum"] == 4 and state["data_layout"]["world"] == 1
+
+
 def test_another_global_batch_is_refused_in_one_line_naming_the_grad_accum_that_keeps_it(
         setup: Setup, tmp_path: Path) -> None:
-    """Issue 13: resuming with another grad_accum is one ``error:`` line, not a traceback; it says
-    checkpoint vs now and the grad_accum that keeps the global batch, before any model is built."""
+    """Issue 13: with ``train.resume_grad_accum: keep``, resuming with another global batch is one
+    ``error:`` line, not a traceback; it says checkpoint vs now and the grad_accum that keeps the
+    global batch, before any model is built."""
+    keep = tmp_path / "keep.yaml"
+    data = yaml.safe_load(setup.two.read_text())
+    data["train"]["resume_grad_accum"] = "keep"
+    keep.write_text(yaml.safe_dump(data, sort_keys=False))
     out = continue_from(setup.run_two, tmp_path / "run")
-    result = torchrun(out, setup.cache, setup.two, nproc=1)  # grad_accum 2 on 1 process: 2 samples per step
+    result = torchrun(out, setup.cache, keep, nproc=1)  # grad_accum 2 on 1 process: 2 samples per step
     assert result.returncode != 0
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1, result.stderr[-3000:]
     assert ("the global batch differs (checkpoint 1 x 2 x 2 processes = 4 samples, now 1 x 2 x 1 processes = "
-            "2 samples); grad_accum 4 keeps it") in errors[0]
+            "2 samples); grad_accum 4 keeps it (train.resume_grad_accum: adapt sets it)") in errors[0]
     # No traceback from the ranks (torchrun's own ChildFailedError summary is the launcher's).
     assert "janus_train/" not in result.stderr and "ResumeError" not in result.stderr
     assert not (out / "checkpoints" / "step00000004_universal").exists()
@@ -180,6 +203,25 @@ def test_the_resume_rule_what_may_change_and_what_may_not(tmp_path: Path) -> Non
         check_resumable(tmp_path, saved_state(2, 1, 2, streaming=False), replace(now, n_samples=13))
     with pytest.raises(ResumeError, match=r"seed \(checkpoint 0, now 1\)"):
         check_resumable(tmp_path, saved_state(2, 1, 2, streaming=False), replace(now, seed=1))
+
+
+def test_the_grad_accum_a_resume_takes_keeps_the_checkpoints_global_batch_where_one_does(setup: Setup) -> None:
+    """A's step-4 checkpoint: 1 x 2 x 2 processes = 4 samples per step."""
+    checkpoints, tag = setup.run_two / "checkpoints", f"step{SAVE_AT:08d}"
+
+    def taken(micro_batch: int, grad_accum: int, world: int) -> tuple[int, bool]:
+        accum = GradAccum.for_resume(checkpoints, tag, micro_batch, grad_accum, world)
+        return accum.value, accum.note is not None
+
+    assert taken(1, 2, 2) == (2, False)  # the same run
+    assert taken(1, 2, 1) == (4, True)
+    assert taken(1, 8, 4) == (1, True)
+    assert taken(2, 2, 1) == (2, False)  # micro-batch 2 x 2: the global batch already
+    assert taken(2, 1, 1) == (2, True)
+    assert taken(1, 2, 3) == (2, False)  # none keeps 4 samples on 3 processes: the refusal stays
+    assert GradAccum.for_resume(checkpoints, tag, 1, 2, 1).note == (
+        "note: grad_accum 4 instead of the profile's 2 on 1 process keeps the global batch of checkpoint step00000004 "
+        "(1 x 2 x 2 processes = 4 samples); train.resume_grad_accum: keep refuses such a resume instead")
 
 
 def test_a_webdataset_run_resumed_on_another_world_is_refused_in_one_line(tmp_path: Path) -> None:
