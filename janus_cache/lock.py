@@ -1,11 +1,12 @@
 """One writer per directory: an advisory OS lock on a file inside it that names its holder.
 
 Precompute holds its cache's lock and training its run directory's for the whole run, so a second
-launch into the same directory fails at once, naming the holder (host, pid, start). The lock is
-``flock(2)`` on ``DIRECTORY/.janus.lock``: the kernel drops it when the holder ends, however it
+launch into the same directory fails at once, naming the holder (host, pid, what it is, start).
+The lock is ``flock(2)`` on ``DIRECTORY/.janus.lock``: the kernel drops it when the holder ends, however it
 ends (SIGKILL included), so a lock file left by a killed run is simply taken over; what is written
-into the file only serves the messages. Readers (verify) take it shared: any number of readers
-at once, but none while a writer holds it, and no writer while a reader does.
+into the file only serves the messages. Readers (verify, and training on each cache it reads) take
+it shared: any number of readers at once, but none while a writer holds it, and no writer while a
+reader does.
 
 A holder that releases the lock normally deletes the file, so a finished cache or run directory
 holds no lock file. Linux and macOS; on NFS, ``flock`` is emulated with POSIX locks by Linux.
@@ -52,17 +53,20 @@ class Holder:
     """Start of the holding, UTC, ISO 8601 to the second."""
     mode: str
     """``writer`` (exclusive) or ``reader`` (shared)."""
+    purpose: str = ""
+    """What holds it, for a refused user (e.g. ``training run /runs/r1``); empty: not said."""
 
     @classmethod
-    def me(cls, exclusive: bool) -> "Holder":
+    def me(cls, exclusive: bool, purpose: str = "") -> "Holder":
         started = datetime.now(timezone.utc).replace(microsecond=0).isoformat()
-        return cls(socket.gethostname(), os.getpid(), started, "writer" if exclusive else "reader")
+        return cls(socket.gethostname(), os.getpid(), started, "writer" if exclusive else "reader", purpose)
 
     @classmethod
     def parse(cls, data: bytes) -> "Holder | None":
         try:
             fields = json.loads(data.decode())
-            return cls(str(fields["host"]), int(fields["pid"]), str(fields["started"]), str(fields["mode"]))
+            return cls(str(fields["host"]), int(fields["pid"]), str(fields["started"]), str(fields["mode"]),
+                       str(fields.get("purpose", "")))
         except (ValueError, KeyError, TypeError, UnicodeDecodeError):
             return None
 
@@ -70,7 +74,8 @@ class Holder:
         return json.dumps(asdict(self)).encode().ljust(RECORD_BYTES - 1) + b"\n"
 
     def describe(self) -> str:
-        return f"{self.mode} pid {self.pid} on host {self.host}, started {self.started}"
+        purpose = f" for {self.purpose}" if self.purpose else ""
+        return f"{self.mode} pid {self.pid} on host {self.host}{purpose}, started {self.started}"
 
 
 def lock_path(directory: Path) -> Path:
@@ -106,8 +111,9 @@ class DirectoryLock:
         self._created = created
 
     @classmethod
-    def acquire(cls, directory: Path, exclusive: bool = True) -> "DirectoryLock":
-        """Take ``directory``'s lock now or raise :class:`DirectoryBusy` naming its holder.
+    def acquire(cls, directory: Path, exclusive: bool = True, purpose: str = "") -> "DirectoryLock":
+        """Take ``directory``'s lock now or raise :class:`DirectoryBusy` naming its holder (and the
+        holder's ``purpose``, which this process records for whoever it refuses).
 
         A writer (``exclusive``) creates ``directory`` if needed. A reader locks nothing where
         the lock file cannot be created (a missing directory, a read-only cache: whoever cannot
@@ -156,7 +162,7 @@ class DirectoryLock:
         else:
             raise LockError(f"cannot lock {directory}: its lock file keeps being deleted")
         previous = _read_record(fd) if exclusive else None
-        os.pwrite(fd, Holder.me(exclusive).encode(), 0)
+        os.pwrite(fd, Holder.me(exclusive, purpose).encode(), 0)
         return cls(directory, fd, exclusive, previous, created)
 
     @staticmethod

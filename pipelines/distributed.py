@@ -139,9 +139,11 @@ class Control:
             dist.destroy_process_group()
 
 
-def lock_on_main(control: Control, directory: Path, exclusive: bool = True) -> DirectoryLock | None:
+def lock_on_main(control: Control, directory: Path, exclusive: bool = True,
+                 purpose: str = "") -> DirectoryLock | None:
     """Rank 0 takes ``directory``'s lock for the run (a writer's, or a reader's when not
-    ``exclusive``) and keeps it until it releases it or ends; other ranks get None.
+    ``exclusive``; ``purpose`` names the run to whoever it refuses) and keeps it until it releases
+    it or ends; other ranks get None.
 
     Held by rank 0 alone, as it is the rank that prepares and finishes: the other ranks end with
     it (every failure ends every rank) and with the launcher. A lock held elsewhere fails every
@@ -150,7 +152,7 @@ def lock_on_main(control: Control, directory: Path, exclusive: bool = True) -> D
     held: list[DirectoryLock] = []
 
     def take() -> None:
-        held.append(DirectoryLock.acquire(directory, exclusive))
+        held.append(DirectoryLock.acquire(directory, exclusive, purpose))
         note = held[0].takeover_note()
         if note:
             print(f"note: {note}", file=sys.stderr, flush=True)

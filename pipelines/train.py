@@ -41,6 +41,7 @@ import torch.distributed as dist
 import typer
 from torch.distributed.elastic.multiprocessing.errors import record
 
+from janus_cache.lock import DirectoryLock
 from janus_cache.profile import Profile, ProfileError, load_profile
 from janus_cache.store import DamagedData
 from janus_train.checkpoints import NoIntactCheckpoint
@@ -195,6 +196,7 @@ def command(
     quiet_library_warnings()
     init_distributed(prof, settings.alloc_conf)
     run_lock = None
+    cache_locks: list[DirectoryLock | None] = []
     try:
         try:  # one writer per run directory, for the whole run
             run_lock = lock_on_main(Control(ranks), out)
@@ -202,6 +204,12 @@ def command(
             fail_alike(ranks, str(err))
         checked_sources = list(sources or []) + (
             [CacheSource("validation", settings.val_cache, 1.0)] if settings.val_cache is not None else [])
+        try:  # a reader's lock on every cache read, for the whole run: no precompute writes into one meanwhile
+            for source in checked_sources:
+                cache_locks.append(lock_on_main(Control(ranks), source.path, exclusive=False,
+                                                purpose=f"training run {out}"))
+        except RankFailed as err:
+            fail_alike(ranks, str(err))
         if checked_sources:
             try:
                 refusal = Control(ranks).on_main(lambda: sources_refusal(checked_sources, prof))
@@ -264,6 +272,9 @@ def command(
         finally:
             trainer.close()
     finally:
+        for lock in cache_locks:
+            if lock is not None:
+                lock.release()
         if run_lock is not None:
             run_lock.release()
         if dist.is_initialized():

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from conftest import REPO_ROOT, file_digests, write_test_profile
 from janus_cache.lock import LOCK_NAME, DirectoryBusy, DirectoryLock, LockError, lock_path
@@ -219,3 +220,47 @@ def test_concurrent_precomputes_into_one_cache_run_exactly_one(
     assert error_lines(overwrite.stderr) == [overwrite.stderr.strip()], overwrite.stderr
     assert holder_pattern(writer.pid).search(overwrite.stderr), overwrite.stderr
     assert {k: v for k, v in file_digests(out).items() if k != LOCK_NAME} == before, "--overwrite deleted files"
+
+
+def test_a_precompute_into_a_cache_a_training_run_reads_is_refused_naming_the_run(tmp_path: Path) -> None:
+    """Issue 24 item 5: training holds a reader's lock on the cache it reads for the whole run, so an
+    ``--overwrite`` (which would delete the cache under it) or an append into that cache is refused
+    in one line naming the training run, and the cache is left as it was (before: both ran)."""
+    from janus_cache.sample_data import write_sample_data
+    from pipelines.precompute import Options, run
+
+    data = write_sample_data(tmp_path / "data", episodes=2, steps=4, seed=0)
+    profile = write_test_profile(tmp_path / "profile.yaml")
+    settings = yaml.safe_load(profile.read_text())
+    settings["train"].update(epochs=100000, max_steps=0)  # trains until stopped
+    profile.write_text(yaml.safe_dump(settings, sort_keys=False))
+    cache, out = tmp_path / "cache", tmp_path / "run"
+    assert run(Options(data, cache, str(profile), workers=1)) == 0
+    before = file_digests(cache)
+    more = write_sample_data(tmp_path / "more", episodes=3, steps=4, seed=0)  # an append: one more episode
+
+    with open(tmp_path / "train.log", "w") as log:
+        training = subprocess.Popen(
+            [sys.executable, "-m", "pipelines.launch", "--standalone", "--nproc_per_node", "1", "-m", "pipelines.train",
+             "--out", str(out), "--cache", str(cache), "--profile", str(profile), "--no-export"], cwd=REPO_ROOT, env=run_env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            reader = wait_for_holder(cache, training, mode="reader")
+            refusals = [subprocess.run(precompute_command(source, cache, profile, *args, nproc=None), cwd=REPO_ROOT,
+                                       env=run_env(), capture_output=True, text=True, timeout=RUN_TIMEOUT)
+                        for source, args in ((data, ("--overwrite",)), (more, ()))]
+            assert training.poll() is None, "the training run ended before the precomputes:\n" + (
+                tmp_path / "train.log").read_text()[-3000:]
+        finally:
+            if training.poll() is None:
+                training.send_signal(signal.SIGTERM)  # the launcher stops its ranks
+                try:
+                    training.wait(timeout=60)
+                except subprocess.TimeoutExpired:
+                    os.killpg(training.pid, signal.SIGKILL)
+                    training.wait()
+    for refused in refusals:
+        assert refused.returncode == 1, refused.stdout + refused.stderr
+        assert error_lines(refused.stderr) == [refused.stderr.strip()], refused.stderr
+        assert str(cache) in refused.stderr and f"for training run {out}, started" in refused.stderr, refused.stderr
+        assert holder_pattern(reader).search(refused.stderr.replace(f" for training run {out}", "")), refused.stderr
+    assert {k: v for k, v in file_digests(cache).items() if k != LOCK_NAME} == before, "the precompute wrote"
