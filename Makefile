@@ -19,10 +19,14 @@ export TORCH_EXTENSIONS_DIR ?= $(abspath $(VENV))/torch_extensions
 PROFILE ?= tiny
 DEMO_DIR ?= demo_out
 DATA ?=
+# DATA reaches the commands through the environment, never pasted into a shell line, so any path a
+# user can type (spaces, quotes, '$', non-ASCII) arrives as typed.
+export JANUS_DATA := $(value DATA)
 OUT ?= cache
 FORMAT ?= zarr
 # DATA: the dataset; several sources, in cache order, as DATA="r2r=data/r2r rxr=data/rxr" (a bare
-# path keeps its own keys; NAME=PATH prefixes them with NAME/). make train DATA=... checks the cache
+# path keeps its own keys; NAME=PATH prefixes them with NAME/; one existing path may hold spaces, quote
+# such a path among several: DATA='r2r="my data/r2r" rxr=data/rxr'). make train DATA=... checks the cache
 # against it before training.
 # Processes per node; default: the profile's nproc_per_node. Multi-node: pass torchrun's own
 # settings, e.g. TORCHRUN_ARGS="--nnodes 2 --node-rank 0 --master-addr node0 --master-port 29500".
@@ -75,8 +79,8 @@ demo: $(STAMP)
 	@echo "demo done: data $(DEMO_DIR)/data, cache $(DEMO_DIR)/cache, run $(DEMO_DIR)/run (metrics.jsonl, export/), reference JanusVLN checkpoint $(DEMO_DIR)/janusvln"
 
 precompute: $(STAMP)
-	@test -n "$(DATA)" || { echo "make precompute: set DATA=<dataset folder or annotation file>" >&2; exit 2; }
-	$(LAUNCH_ENV) $(LAUNCH) $(TORCHRUN_ARGS) --nproc_per_node $(NPROC) -m pipelines.precompute $(DATA) \
+	@test -n "$$JANUS_DATA" || { echo "make precompute: set DATA=<dataset folder or annotation file>" >&2; exit 2; }
+	$(LAUNCH_ENV) $(LAUNCH) $(TORCHRUN_ARGS) --nproc_per_node $(NPROC) -m pipelines.precompute "$$JANUS_DATA" \
 		--out $(OUT) --profile $(PROFILE) --format $(FORMAT) $(PRECOMPUTE_ARGS)
 
 CACHE ?= $(OUT)
@@ -89,12 +93,12 @@ TRAIN_ARGS ?=
 train: $(STAMP)
 	$(LAUNCH_ENV) $(LAUNCH) --launcher-log $(RUN)/launcher.log $(TORCHRUN_ARGS) --nproc_per_node $(NPROC) -m pipelines.train \
 		$(if $(MIXTURE),$(foreach c,$(MIXTURE),--cache $(c)),--cache $(CACHE)) --out $(RUN) --profile $(PROFILE) \
-		$(if $(DATA),--data "$(DATA)") $(TRAIN_ARGS)
+		$(if $(value DATA),--data "$$JANUS_DATA") $(TRAIN_ARGS)
 
 verify: $(STAMP)
 	@test -n "$(CACHE)" || { echo "make verify: set CACHE=<cache directory> (and DATA=<dataset> for the dataset and live checks)" >&2; exit 2; }
 	$(LAUNCH_ENV) $(LAUNCH) $(TORCHRUN_ARGS) --nproc_per_node $(NPROC) -m pipelines.verify $(CACHE) \
-		--profile $(PROFILE) $(if $(DATA),--data "$(DATA)") $(VERIFY_ARGS)
+		--profile $(PROFILE) $(if $(value DATA),--data "$$JANUS_DATA") $(VERIFY_ARGS)
 
 bench: $(STAMP)
 	$(PY) -m pipelines.bench --out bench $(BENCH_ARGS)

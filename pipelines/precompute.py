@@ -35,6 +35,7 @@ from janus_cache.profile import Profile, load_profile
 from janus_cache.device import process_device
 from janus_cache.resolution import Resolution
 from janus_cache.store.commit import CHECKSUM_MODES, is_committed
+from janus_cache.store.manifest import read_manifest
 from janus_cache.store.layout import CacheLayout
 from janus_cache.store.split import shards_for
 from pipelines.distributed import CommitTally, Control, Progress, RankFailed, Ranks, fail_alike, lock_on_main, usable_cores
@@ -95,6 +96,16 @@ def _prepare(job: PrecomputeJob, opts: Options, resolution: Resolution, processe
     return prepared
 
 
+def recorded_source_names(out: Path) -> tuple[str, ...]:
+    """The source names in the manifest of the cache at ``out``; none for a new cache, or one whose
+    manifest cannot be read (the job's prepare step reports that)."""
+    try:
+        manifest = read_manifest(out)
+    except Exception:  # noqa: BLE001 - a damaged manifest is prepare()'s to report or repair
+        return ()
+    return manifest.dataset.sources if manifest is not None else ()
+
+
 def index_on_every_rank(opts: Options, profile: Profile, control: Control) -> DatasetIndex:
     """The dataset index of every source, on every rank, read lazily from the cache's index store:
     rank 0's index worker (:mod:`pipelines.index_worker`) brings the stored index up to date (reused
@@ -103,9 +114,12 @@ def index_on_every_rank(opts: Options, profile: Profile, control: Control) -> Da
 
     def on_main() -> StoredSources:
         refuse_foreign_directory(opts.out)  # nothing is written there, not even the index
+        # A bare path takes the name the cache gave it: a moved dataset resumes (or appends) as itself.
+        recorded = () if opts.overwrite else recorded_source_names(opts.out)
         return store_index_in_worker(
             opts.data, CacheLayout(opts.out).index_store, history=profile.cache.history, image_root=opts.image_root,
-            strict=opts.strict, subinstruction_rule=profile.cache.subinstruction_rule, processes=default_workers(1))
+            strict=opts.strict, subinstruction_rule=profile.cache.subinstruction_rule, processes=default_workers(1),
+            recorded_names=recorded)
 
     stored = control.on_main(on_main)
     mine: list[DatasetIndex] = []  # each rank's own reading (a failure on one fails all alike)

@@ -130,9 +130,10 @@ def dataset_refusal(cache: Path, data: str, profile: Profile) -> str | None:
     from janus_cache.store.layout import CacheLayout
     from janus_cache.verify import CheckedCache, check_completeness, dataset_indexes, failure_message
 
-    history = CheckedCache(cache).manifest.window.history
+    manifest = CheckedCache(cache).manifest
+    history = manifest.window.history
     index, _ = dataset_indexes(data, history, history, profile.cache.subinstruction_rule,
-                               cache_dir=CacheLayout(cache).index_store)
+                               cache_dir=CacheLayout(cache).index_store, recorded_names=manifest.dataset.sources)
     return failure_message(cache, [check_completeness(cache, index)]) or None
 
 

@@ -230,7 +230,8 @@ def run_checks(opts: Options, ranks: Ranks, control: Control, progress: Progress
 
         def build() -> tuple[DatasetIndex, DatasetIndex] | None:
             built.append(dataset_indexes(opts.data, history, profile.cache.history,
-                                         profile.cache.subinstruction_rule, CacheLayout(opts.cache).index_store))
+                                         profile.cache.subinstruction_rule, CacheLayout(opts.cache).index_store,
+                                         CheckedCache(opts.cache).manifest.dataset.sources))
             return built[0] if live_wanted else None
 
         indexes = control.on_main(build) or (built[0] if built else (None, None))

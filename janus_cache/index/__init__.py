@@ -58,6 +58,7 @@ from janus_cache.index.subinstructions import (
 )
 from janus_cache.index.sources import (
     DataSource,
+    adopt_names,
     combine,
     describe,
     named_after_image_root,
@@ -74,6 +75,7 @@ __all__ = [
     "ANNOTATION_FIELDS",
     "CachedRows",
     "DataSource",
+    "adopt_names",
     "DatasetChanges",
     "EpisodeChange",
     "EpisodeIdentity",
@@ -226,16 +228,19 @@ def build_sources_index(
     cache_dir: Path | str | None = None,
     processes: int = 1,
     on_stored: Callable[[StoredIndex], None] | None = None,
+    recorded_names: Sequence[str] = (),
 ) -> DatasetIndex:
     """One index of several dataset sources (``NAME=PATH`` or bare paths, in order; a string may
     hold several separated by spaces), keyed as :mod:`janus_cache.index.sources` says.
+    ``recorded_names``: the source names of the cache the index is compared with (its manifest's):
+    bare paths take them (:func:`~janus_cache.index.sources.adopt_names`), so a moved dataset is the same.
 
     The keyword arguments are :func:`build_index`'s; ``image_root`` applies to a single annotation
     source; with ``cache_dir`` each source's index is stored there (an entry per dataset and settings)
     and ``on_stored`` sees each source's :class:`StoredIndex` (reused or rebuilt, and what it read).
     Raises ``DatasetError`` for unusable sources or names, or (``strict``) any problem.
     """
-    parsed = _parsed_sources(sources, image_root)
+    parsed = _parsed_sources(sources, image_root, recorded_names)
     if cache_dir is None:
         indexes = [build_index(source.path, history=history, image_root=image_root, check_images=check_images,
                                workers=workers, progress=progress, subinstruction_rule=subinstruction_rule)
@@ -263,6 +268,7 @@ def store_sources_index(
     processes: int = 1,
     on_stored: Callable[[StoredIndex], None] | None = None,
     prefill_min_files: int = PREFILL_MIN_FILES,
+    recorded_names: Sequence[str] = (),
 ) -> StoredSources:
     """:func:`build_sources_index` kept in the store ``cache_dir`` as one combined entry, and where.
 
@@ -270,8 +276,9 @@ def store_sources_index(
     read the result with :meth:`StoredSources.load`, lazily, each making only the rows it uses.
     While the sources are unchanged nothing is combined and no row is made (the entry is reused).
     ``prefill_min_files``: new or changed images from which the ``processes`` check them.
+    ``recorded_names``: as for :func:`build_sources_index`.
     """
-    parsed = _parsed_sources(sources, image_root)
+    parsed = _parsed_sources(sources, image_root, recorded_names)
     parts = _stored_sources(parsed, cache_dir, history=history, image_root=image_root, check_images=check_images,
                             workers=workers, progress=progress, subinstruction_rule=subinstruction_rule,
                             processes=processes, on_stored=on_stored, lazy=True, prefill_min_files=prefill_min_files)
@@ -283,9 +290,10 @@ def store_sources_index(
 
 
 def _parsed_sources(sources: Sequence[str | Path | DataSource] | str | Path,
-                    image_root: Path | str | None) -> tuple[DataSource, ...]:
+                    image_root: Path | str | None, recorded_names: Sequence[str] = ()) -> tuple[DataSource, ...]:
     parsed = named_after_image_root(parse_sources([sources] if isinstance(sources, (str, Path)) else sources),
                                     image_root)
+    parsed = adopt_names(parsed, tuple(recorded_names))
     if image_root is not None and len(parsed) > 1:
         raise DatasetError(f"an image root applies to one annotation source, not to the {len(parsed)} sources "
                            f"{describe(parsed)}")

@@ -3,7 +3,11 @@
 A source is an episode-folder root or an annotation file with a *name*: ``NAME=PATH``, or a bare
 ``PATH``, which is named after its folder (an annotation file: the folder of its images, i.e. its
 image root, by default the file's own folder), so that an annotation file and the episode folders
-it describes make the same cache. The combined index is
+it describes make the same cache; characters a name cannot hold (a space) become ``_``. Compared
+with a cache (``verify --data``, ``train --data``, a precompute that resumes or appends), a bare
+path takes the name the cache recorded for it (:func:`adopt_names`): a dataset that was copied,
+moved or renamed is the same dataset, its identity follows its content (episode ids, texts, frame
+hashes), not its folder's name. The combined index is
 the sources' indexes one after the other, **in the order given**, each in its own canonical order
 (episode folders sorted by name; see the input formats). That order is the cache's row order, so a
 cache grows by appending (DAgger rounds): list the new round as a new source after the old ones
@@ -29,8 +33,11 @@ from pathlib import Path
 from janus_cache.index.model import DatasetIndex, Episode, Frame, Sample
 from janus_cache.index.problems import DatasetError, DatasetReport, ReportEntry
 
-SOURCE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-"""A source name: a path-safe word (it becomes the first part of every key)."""
+SOURCE_NAME = re.compile(r"^[^\W_][\w.-]*$")
+"""A source name: a path-safe word of letters (any script), digits, '_', '.' and '-' (it becomes the
+first part of every key)."""
+NOT_IN_NAME = re.compile(r"[^\w.-]+")
+"""Characters of a folder name that a source name cannot hold (each run becomes one '_')."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,17 +68,30 @@ def parse_source(text: str) -> DataSource:
     return DataSource(name, source)
 
 
+def _one_source(text: str) -> bool:
+    """Whether a command-line value is one source although it may hold spaces: an existing path, or
+    ``NAME=`` and an existing path."""
+    name, sep, path = text.partition("=")
+    return Path(text).exists() or bool(sep and SOURCE_NAME.match(name) and path and Path(path).exists())
+
+
 def parse_sources(values: Iterable[str | Path | DataSource]) -> tuple[DataSource, ...]:
     """The sources of command-line values, each one source or several separated by spaces (as in
-    ``make precompute DATA="r2r=data/r2r rxr=data/rxr"``). Names must be unique."""
+    ``make precompute DATA="r2r=data/r2r rxr=data/rxr"``; quote a path with spaces among several,
+    ``DATA='r2r="my data/r2r" rxr=data/rxr'``). A value that is an existing path (or ``NAME=`` and
+    one) is one source, spaces and all. Names must be unique."""
     sources: list[DataSource] = []
     for value in values:
         if isinstance(value, DataSource):
             sources.append(value)
-        elif isinstance(value, Path):
+        elif isinstance(value, Path) or _one_source(value):
             sources.append(parse_source(str(value)))
         else:
-            sources.extend(parse_source(part) for part in shlex.split(value))
+            try:
+                parts = shlex.split(value)
+            except ValueError as err:  # an unclosed quote
+                raise DatasetError(f"dataset sources {value!r}: {err}; quote each path with spaces once") from None
+            sources.extend(parse_source(part) for part in parts)
     if not sources:
         raise DatasetError("no dataset source given")
     seen: dict[str, DataSource] = {}
@@ -88,7 +108,24 @@ def _is_annotation(path: Path) -> bool:
 
 
 def _folder_name(path: Path) -> str:
-    return path.resolve().name
+    """A source name after a folder: its name, each run of characters a name cannot hold as '_'."""
+    return NOT_IN_NAME.sub("_", path.resolve().name).strip("_.-")
+
+
+def adopt_names(sources: tuple[DataSource, ...], recorded: Sequence[str]) -> tuple[DataSource, ...]:
+    """The sources, each bare one named as the cache that ``recorded`` these source names (in order)
+    named it: a bare path named after one of them keeps that name; any other takes the recorded
+    name at its own position (a dataset copied, moved or renamed), unless another source has it.
+    Sources beyond the recorded ones (an append) and named ones keep their names."""
+    taken = {s.name for s in sources if s.named or s.name in recorded}
+    adopted = []
+    for position, source in enumerate(sources):
+        if (not source.named and source.name not in recorded and position < len(recorded)
+                and recorded[position] not in taken):
+            taken.add(recorded[position])
+            source = DataSource(recorded[position], source.path)
+        adopted.append(source)
+    return tuple(adopted)
 
 
 def named_after_image_root(sources: tuple[DataSource, ...], image_root: Path | str | None) -> tuple[DataSource, ...]:

@@ -270,18 +270,20 @@ def _source_change(was: tuple[str, int, int, str], now: tuple[str, int, int, str
 
 def dataset_indexes(data: Path | str, cache_history: int, live_history: int,
                     subinstruction_rule: str = DEFAULT_SUBINSTRUCTION_RULE,
-                    cache_dir: Path | str | None = None) -> tuple[DatasetIndex, DatasetIndex]:
+                    cache_dir: Path | str | None = None, recorded_names: Sequence[str] = ()
+                    ) -> tuple[DatasetIndex, DatasetIndex]:
     """The index completeness compares against (the cache's window history) and the one the live
     path reads windows from (the profile's); one index when the two agree.
 
     ``data`` names the dataset as precompute was given it: one path, or sources ``NAME=PATH ...``
     separated by spaces (``janus_cache.index.sources``), so that the keys are the cache's.
     ``cache_dir``: the index store to reuse them from while the dataset is unchanged (see
-    ``build_index``)."""
+    ``build_index``). ``recorded_names``: the cache's source names (its manifest's), which bare
+    paths take, so that a copied, moved or renamed dataset compares as itself."""
     sources = source_values(data)
     index = build_sources_index(sources, history=cache_history, subinstruction_rule=subinstruction_rule,
-                                cache_dir=cache_dir)
+                                cache_dir=cache_dir, recorded_names=recorded_names)
     if live_history == cache_history:
         return index, index
     return index, build_sources_index(sources, history=live_history, subinstruction_rule=subinstruction_rule,
-                                      cache_dir=cache_dir)
+                                      cache_dir=cache_dir, recorded_names=recorded_names)
