@@ -19,9 +19,9 @@ export TORCH_EXTENSIONS_DIR ?= $(abspath $(VENV))/torch_extensions
 PROFILE ?= tiny
 DEMO_DIR ?= demo_out
 DATA ?=
-# DATA reaches the commands through the environment, never pasted into a shell line, so any path a
-# user can type (spaces, quotes, '$', non-ASCII) arrives as typed.
-export JANUS_DATA := $(value DATA)
+# DATA as one single-quoted shell word (its own ' written '\''): any path a user can type (spaces,
+# quotes, '$', non-ASCII) arrives as typed, and `make -n` shows it.
+DATA_ARG = '$(subst ','\'',$(value DATA))'
 OUT ?= cache
 FORMAT ?= zarr
 # DATA: the dataset; several sources, in cache order, as DATA="r2r=data/r2r rxr=data/rxr" (a bare
@@ -79,8 +79,8 @@ demo: $(STAMP)
 	@echo "demo done: data $(DEMO_DIR)/data, cache $(DEMO_DIR)/cache, run $(DEMO_DIR)/run (metrics.jsonl, export/), reference JanusVLN checkpoint $(DEMO_DIR)/janusvln"
 
 precompute: $(STAMP)
-	@test -n "$$JANUS_DATA" || { echo "make precompute: set DATA=<dataset folder or annotation file>" >&2; exit 2; }
-	$(LAUNCH_ENV) $(LAUNCH) $(TORCHRUN_ARGS) --nproc_per_node $(NPROC) -m pipelines.precompute "$$JANUS_DATA" \
+	@test -n $(DATA_ARG) || { echo "make precompute: set DATA=<dataset folder or annotation file>" >&2; exit 2; }
+	$(LAUNCH_ENV) $(LAUNCH) $(TORCHRUN_ARGS) --nproc_per_node $(NPROC) -m pipelines.precompute $(DATA_ARG) \
 		--out $(OUT) --profile $(PROFILE) --format $(FORMAT) $(PRECOMPUTE_ARGS)
 
 CACHE ?= $(OUT)
@@ -93,12 +93,12 @@ TRAIN_ARGS ?=
 train: $(STAMP)
 	$(LAUNCH_ENV) $(LAUNCH) --launcher-log $(RUN)/launcher.log $(TORCHRUN_ARGS) --nproc_per_node $(NPROC) -m pipelines.train \
 		$(if $(MIXTURE),$(foreach c,$(MIXTURE),--cache $(c)),--cache $(CACHE)) --out $(RUN) --profile $(PROFILE) \
-		$(if $(value DATA),--data "$$JANUS_DATA") $(TRAIN_ARGS)
+		$(if $(value DATA),--data $(DATA_ARG)) $(TRAIN_ARGS)
 
 verify: $(STAMP)
 	@test -n "$(CACHE)" || { echo "make verify: set CACHE=<cache directory> (and DATA=<dataset> for the dataset and live checks)" >&2; exit 2; }
 	$(LAUNCH_ENV) $(LAUNCH) $(TORCHRUN_ARGS) --nproc_per_node $(NPROC) -m pipelines.verify $(CACHE) \
-		--profile $(PROFILE) $(if $(value DATA),--data "$$JANUS_DATA") $(VERIFY_ARGS)
+		--profile $(PROFILE) $(if $(value DATA),--data $(DATA_ARG)) $(VERIFY_ARGS)
 
 bench: $(STAMP)
 	$(PY) -m pipelines.bench --out bench $(BENCH_ARGS)

@@ -205,7 +205,7 @@ def test_precompute_runs_the_makefile_command_on_both_nodes(cluster: Cluster, tm
                          FORMAT="wds")
     expected = [str(data), "--out", str(out), "--profile", "h800", "--format", "wds", "--workers", "12"]
     check_launch(submission, "pipelines.precompute", expected)
-    make = makefile_command("precompute", DATA=shlex.quote(str(data)), OUT=shlex.quote(str(out)), PROFILE="h800",
+    make = makefile_command("precompute", DATA=str(data), OUT=shlex.quote(str(out)), PROFILE="h800",
                             FORMAT="wds", PRECOMPUTE_ARGS="--workers 12")
     assert make == ["pipelines.precompute", *expected]
 
