@@ -12,6 +12,7 @@ from itertools import chain
 from typing import Any
 
 import numpy as np
+import torch
 
 from janus_cache.index import DatasetIndex
 from janus_cache.encoder import WindowEncoder
@@ -21,6 +22,7 @@ from janus_cache.qwen_vision import PATCH_DIM
 from janus_cache.resolution import Resolution, grid_shape
 from janus_cache.store.compression import FEATURES_COMPRESSION, FRAMES_COMPRESSION
 from janus_cache.store.features import to_stored
+from janus_cache.vit_encoder import ViTEncoder
 
 TAR_BYTES_PER_MEMBER = 1024
 """A tar member's header block plus, on average, half a block of padding."""
@@ -51,11 +53,21 @@ class Plan:
     text_bytes_per_sample: float
     decode_seconds_per_frame: float
     encode_seconds_per_window: float
+    vit_shape: tuple[int, int] | None = None
+    """Per-frame shape of the cached ViT output (``cache.vit_features``), None without it."""
+    vit_bytes_raw: int = 0
+    vit_bytes: float = 0.0
+    vit_seconds_per_frame: float = 0.0
+
+    @property
+    def vit_total_bytes(self) -> float:
+        """The ViT features of every frame (stored once per frame in both formats)."""
+        return self.frames * self.vit_bytes
 
     @property
     def zarr_bytes(self) -> float:
         tables = self.samples * (self.text_bytes_per_sample + 4 * self.frames_per_sample + 16) + self.frames * 96
-        return self.frames * self.frame_bytes + self.samples * self.feature_bytes + tables
+        return self.frames * self.frame_bytes + self.samples * self.feature_bytes + tables + self.vit_total_bytes
 
     @property
     def wds_bytes(self) -> float:
@@ -66,7 +78,7 @@ class Plan:
             + self.text_bytes_per_sample
             + 3 * TAR_BYTES_PER_MEMBER
         )
-        return self.samples * per_sample + self.frames * self.frame_bytes
+        return self.samples * per_sample + self.frames * self.frame_bytes + self.vit_total_bytes
 
     @property
     def naive_bytes(self) -> float:
@@ -81,13 +93,14 @@ class Plan:
     def seconds(self, processes: int, decode_workers: int) -> float:
         decode = self.frames * self.decode_seconds_per_frame / max(1, processes * decode_workers)
         encode = self.samples * self.encode_seconds_per_window / max(1, processes)
-        return decode + encode
+        return decode + encode + self.frames * self.vit_seconds_per_frame / max(1, processes)
 
     def to_dict(self, processes: int = 1, decode_workers: int = 1) -> dict[str, Any]:
         data = asdict(self)
         data.update(
             zarr_bytes=round(self.zarr_bytes),
             wds_bytes=round(self.wds_bytes),
+            vit_total_bytes=round(self.vit_total_bytes),
             naive_bytes=round(self.naive_bytes),
             estimated_seconds=round(self.seconds(processes, decode_workers), 1),
             processes=processes,
@@ -105,8 +118,12 @@ class Plan:
             f"{size(self.frame_bytes)} compressed ({self.frame_bytes_raw / self.frame_bytes:.1f}x)",
             f"  feature {self.feature_shape[0]}x{self.feature_shape[1]}: {size(self.feature_bytes_raw)} raw, "
             f"{size(self.feature_bytes)} compressed ({self.feature_bytes_raw / self.feature_bytes:.2f}x)",
+            *([f"  ViT features {self.vit_shape[0]}x{self.vit_shape[1]} per frame: {size(self.vit_bytes_raw)} raw, "
+               f"{size(self.vit_bytes)} compressed; {size(self.vit_total_bytes)} for all frames, once per frame in "
+               f"both formats ({self.vit_seconds_per_frame * 1e3:.1f} ms/frame)"] if self.vit_shape else []),
             f"  zarr cache   {size(self.zarr_bytes)} (frames {size(self.frames * self.frame_bytes)}, "
-            f"features {size(self.samples * self.feature_bytes)})",
+            f"features {size(self.samples * self.feature_bytes)}"
+            + (f", ViT features {size(self.vit_total_bytes)})" if self.vit_shape else ")"),
             f"  wds cache    {size(self.wds_bytes)} (frames repeated per sample)",
             f"  naive layout {size(self.naive_bytes)} (float pixel_values + fp32 feature per sample)",
             f"  time         ~{seconds:.0f} s with {processes} process(es) x {decode_workers} decode worker(s) "
@@ -160,9 +177,11 @@ def _decodable_probe(
 
 
 def make_plan(
-    index: DatasetIndex, encoder: WindowEncoder, resolution: Resolution, batch: int, probe: int = 4
+    index: DatasetIndex, encoder: WindowEncoder, resolution: Resolution, batch: int, probe: int = 4,
+    vit: ViTEncoder | None = None,
 ) -> Plan:
-    """Measure ``probe`` samples of ``index`` and extrapolate to the whole dataset."""
+    """Measure ``probe`` samples of ``index`` and extrapolate to the whole dataset; with ``vit`` (the
+    profile sets ``cache.vit_features``) the frozen ViT's per-frame output too."""
     shape = frame_shape(index, resolution)
     feature_shape = encoder.feature_shape(*shape)
     if not index.samples:
@@ -178,6 +197,18 @@ def make_plan(
     encode_seconds = (time.perf_counter() - start) / len(windows)
     stored = [to_stored(f, encoder.feature_dtype_name) for f in features]
     feature_bytes = float(np.mean([len(FEATURES_COMPRESSION.encode(s)) for s in stored]))
+
+    vit_measured: dict[str, Any] = {}
+    if vit is not None:
+        probe_frames = torch.from_numpy(windows[0])  # one window: the ViT's batch shape
+        vit.encode(probe_frames[:1])  # warm-up
+        start = time.perf_counter()
+        vit_out = vit.encode(probe_frames)
+        vit_stored = [to_stored(f, vit.stored_dtype) for f in vit_out]
+        vit_measured = dict(
+            vit_shape=vit.feature_shape(*shape), vit_bytes_raw=vit_stored[0].nbytes,
+            vit_seconds_per_frame=(time.perf_counter() - start) / len(probe_frames),
+            vit_bytes=float(np.mean([len(FEATURES_COMPRESSION.encode(v)) for v in vit_stored])))
 
     texts = [index.samples[r] for r in rows]
     text_bytes = float(
@@ -203,4 +234,5 @@ def make_plan(
         text_bytes_per_sample=text_bytes,
         decode_seconds_per_frame=decode_seconds,
         encode_seconds_per_window=encode_seconds,
+        **vit_measured,
     )

@@ -11,6 +11,8 @@ Order of work (per resolution):
 1. tables: the frames table (every indexed frame) is written first;
 2. frames phase: each frame shard decodes its source images (worker processes) and is written
    and committed; frames that fail to decode are recorded next to the shard before its commit;
+   with ``cache.vit_features``, each frame shard's frozen-ViT output is then computed from the
+   stored frames and committed as the same rows of ``vit/<resolution>`` (once per frame);
 3. the samples table: every indexed sample whose window frames all decoded;
 4. features phase: each sample shard reads its windows back from the frames just written (so the
    stored pixels and the stored features come from the same bytes), runs the frozen encoder in
@@ -50,7 +52,8 @@ from janus_cache.store.commit import atomic_write_bytes
 from janus_cache.store.layout import KEY_COLUMN, WINDOW_ROWS_COLUMN, CacheLayout
 from janus_cache.store.records import ACTION_COLUMN, EPISODE_COLUMN, SOURCE_COLUMN, TEXT_COLUMNS
 from janus_cache.store.compression import FEATURES_COMPRESSION, FRAMES_COMPRESSION
-from janus_cache.store.manifest import library_versions
+from janus_cache.store.manifest import ViTFeaturesEntry, library_versions
+from janus_cache.vit_encoder import ViTEncoder
 
 SAMPLING_RULE = "linspace"
 """Name of the window rule of janus_cache.windows (front padding with frame 0, then linspace)."""
@@ -167,10 +170,13 @@ def wanted_manifest(
     cache_format: str,
     encoder: WindowEncoder,
     episodes: Sequence[EpisodeIdentity] | None = None,
+    vit: ViTEncoder | None = None,
 ) -> Manifest:
     """The manifest a cache built from ``index`` with these settings must have (no shards yet);
-    ``episodes``: the index's episode identities, when already computed."""
+    ``episodes``: the index's episode identities, when already computed; ``vit``: the frozen ViT
+    whose output the cache holds per frame (``cache.vit_features``)."""
     height, width = frame_shape(index, resolution)
+    vit_features = {} if vit is None else {resolution.name: vit_entry(vit, resolution.name, (height, width))}
     entry = ResolutionEntry(
         name=resolution.name,
         preprocessing=preprocessing(resolution),
@@ -188,7 +194,14 @@ def wanted_manifest(
         counts={"episodes": len(index.episodes), "frames": len(index.frames), "samples": len(index.samples)},
         compression={"frames": FRAMES_COMPRESSION.to_dict(), "features": FEATURES_COMPRESSION.to_dict()},
         versions=library_versions(),
+        vit_features=vit_features,
     )
+
+
+def vit_entry(vit: ViTEncoder, resolution: str, shape: tuple[int, int]) -> ViTFeaturesEntry:
+    """The manifest's keyed entry of ``vit``'s features of frames of ``shape`` (H, W) at ``resolution``."""
+    return ViTFeaturesEntry(name=resolution, fingerprint=vit.fingerprint, base_model=vit.base_model,
+                            dtype=vit.stored_dtype, feature_shape=vit.feature_shape(*shape))
 
 
 # ------------------------------------------------------------------------------ frames phase
@@ -269,6 +282,18 @@ def usable_samples(index: DatasetIndex, failed_frames: Iterable[int]) -> tuple[n
         first = int(windows[row][bad[row]][0])
         dropped[index.samples[row].key] = f"window frame {index.frames[first].relpath} could not be decoded"
     return np.flatnonzero(~bad.any(axis=1)), dropped
+
+
+# ------------------------------------------------------------------------------ ViT phase
+
+
+def write_vit_shard(writer: CacheWriter, vit: ViTEncoder, resolution: str, shard: int) -> None:
+    """Compute and commit one ViT-features shard from the frames stored for its rows (so cached ViT
+    features and stored frames come from the same bytes). A frame that failed to decode is a zero
+    frame no sample refers to; its row is computed like the others."""
+    rows = writer.vit_shard_plan(resolution)[shard]
+    frames = writer.frames(resolution, rows)
+    writer.write_vit_shard(resolution, shard, vit.encode(torch.from_numpy(frames)))
 
 
 # ---------------------------------------------------------------------------- features phase

@@ -7,6 +7,8 @@ A :class:`PrecomputeJob` is plain single-process code with five steps, run in th
    delete what a killed run left half-written, write the frames table, create the frames
    array and write the manifest (no shard table yet) and the per-episode identities;
 2. ``frame_shard(i)`` for every frame shard (any process, each shard written by exactly one);
+   with ``cache.vit_features``, then ``vit_shard(i)`` for every frame shard (the frozen ViT's
+   output of the shard's stored frames, ``vit/<resolution>``);
 3. ``prepare_features()`` (one process, after every frame shard): the samples table (samples
    whose window frames all decoded) and the feature storage;
 4. ``feature_shards(shards)`` for every sample shard (any process, each shard by exactly one);
@@ -65,6 +67,7 @@ from janus_cache.precompute import (
     window_variant,
     write_feature_shards,
     write_frame_shard,
+    write_vit_shard,
 )
 from janus_cache.profile import CacheSettings
 from janus_cache.resolution import Resolution
@@ -73,7 +76,8 @@ from janus_cache.store import (CacheWriter, DatasetIdentity, Manifest, ManifestE
 from janus_cache.store.checksums import changed_metadata, recorded_manifest_keyed
 from janus_cache.store.commit import atomic_write_bytes, hashed, read_record, verify_shard
 from janus_cache.store.layout import (EPISODES_NAME, INDEX_STORE_DIR, MANIFEST_NAME, REPORT_NAME, ZARR_ROOT_NAME,
-                                      CacheLayout, frames_array)
+                                      CacheLayout, frames_array, vit_array)
+from janus_cache.vit_encoder import ViTEncoder
 from janus_cache.store.manifest import (SchemaVersionError, check_compatible, keyed_digest, merge_manifests,
                                         read_episodes, write_episodes)
 
@@ -239,8 +243,11 @@ class PrecomputeJob:
     """
 
     def __init__(self, index: DatasetIndex, out: Path, cache_format: str, settings: CacheSettings,
-                 resolution: Resolution, encoder: WindowEncoder) -> None:
+                 resolution: Resolution, encoder: WindowEncoder, vit: ViTEncoder | None = None) -> None:
+        if settings.vit_features and vit is None:
+            raise ValueError("cache.vit_features is set: the job needs the frozen ViT (vit=ViTEncoder...)")
         self.index = index
+        self.vit = vit if settings.vit_features else None
         self.out = Path(out)
         self.cache_format = cache_format
         self.settings = settings
@@ -264,6 +271,15 @@ class PrecomputeJob:
     @property
     def frames_array(self) -> str:
         return frames_array(self.resolution.name)
+
+    @property
+    def vit_array(self) -> str:
+        return vit_array(self.resolution.name)
+
+    @property
+    def n_vit_shards(self) -> int:
+        """ViT-features shards of the cache (after ``prepare()``; 0 without ``cache.vit_features``)."""
+        return len(self.writer.vit_shard_plan(self.resolution.name)) if self.vit is not None else 0
 
     @property
     def samples_array(self) -> str:
@@ -296,6 +312,10 @@ class PrecomputeJob:
     def pending_frame_shards(self, shards: Iterable[int], checksums: str = "none") -> list[int]:
         """Those of ``shards`` that are not committed, see :meth:`_pending`."""
         return self._pending(self.frames_array, shards, self.n_frame_shards, checksums)
+
+    def pending_vit_shards(self, shards: Iterable[int], checksums: str = "none") -> list[int]:
+        """Those of ``shards`` that are not committed, see :meth:`_pending`."""
+        return self._pending(self.vit_array, shards, self.n_vit_shards, checksums)
 
     def pending_feature_shards(self, shards: Iterable[int], checksums: str = "none") -> list[int]:
         """Those of ``shards`` that are not committed, see :meth:`_pending`."""
@@ -346,7 +366,7 @@ class PrecomputeJob:
         check_windows(self.index)
         episodes = episode_identities(self.index)
         wanted = wanted_manifest(self.index, self.settings, self.resolution, self.cache_format, self.encoder,
-                                 episodes)
+                                 episodes, self.vit)
         self._started, self._wanted, self._episodes = time.time(), wanted, episodes
         out = self.out
         # Checked before --overwrite: it deletes the directory, which must be an earlier cache.
@@ -368,7 +388,7 @@ class PrecomputeJob:
             check_compatible(existing, wanted, source=str(out))
         self._before = existing
 
-        plan = make_plan(self.index, self.encoder, self.resolution, self.settings.vggt_batch)
+        plan = make_plan(self.index, self.encoder, self.resolution, self.settings.vggt_batch, vit=self.vit)
         self.planned_bytes = plan.needed_bytes(self.cache_format)
         on_plan(plan)
         out.mkdir(parents=True, exist_ok=True)
@@ -380,6 +400,10 @@ class PrecomputeJob:
         self.writer.write_table("frames", frame_table(self.index), append=True)
         self.writer.prepare_frames(self.resolution.name, frame_shape(self.index, self.resolution),
                                    self.settings.frames_per_shard, grow=True)
+        if self.vit is not None:
+            entry = wanted.vit_features[self.resolution.name]
+            self.writer.prepare_vit(self.resolution.name, entry.feature_shape, entry.dtype,
+                                    self.settings.frames_per_shard, grow=True)
         # A new cache gets its manifest and episode table now (they mark the directory as this
         # cache); an existing one keeps its own until finish() writes the complete ones, so a failed
         # run (or an interrupted append) never leaves a worse manifest behind.
@@ -434,6 +458,9 @@ class PrecomputeJob:
         problem = append_order_problem(stored, index)
         if problem is not None:
             raise PrecomputeError(f"{out} cannot take this dataset: {problem}")
+        if self.resolution.name in existing.vit_features and self.vit is None:
+            raise PrecomputeError(f"{out} holds ViT features at {self.resolution.name}, which appending without them "
+                                  "would leave short; set cache.vit_features: true in the profile to append")
         others = sorted(set(existing.resolutions) - {self.resolution.name})
         if others:
             raise PrecomputeError(f"{out} also holds the resolution(s) {', '.join(others)}; appending updates one "
@@ -484,6 +511,14 @@ class PrecomputeJob:
         ``pool``'s worker processes when given; returns {frame row: reason} of frames that failed."""
         return write_frame_shard(self.writer, self.index, self.resolution, shard, pool)
 
+    @_disk_full_is_one_line("writing ViT-features shard {0}")
+    def vit_shard(self, shard: int) -> None:
+        """Step 2b (any process, after frame shard ``shard`` is committed; ``cache.vit_features``):
+        the frozen ViT's output of that shard's stored frames, written and committed."""
+        if self.vit is None:
+            raise PrecomputeError("vit_shard() needs cache.vit_features")
+        write_vit_shard(self.writer, self.vit, self.resolution.name, shard)
+
     @_disk_full_is_one_line("writing the samples table")
     def prepare_features(self) -> None:
         """Step 3 (one process, after every frame shard): samples table and feature storage."""
@@ -508,7 +543,7 @@ class PrecomputeJob:
             raise PrecomputeError(f"{self.out} has no {MANIFEST_NAME}: finish() runs after prepare()")
         episodes = self._episodes if self._episodes is not None else episode_identities(self.index)
         wanted = self._wanted or wanted_manifest(self.index, self.settings, self.resolution, self.cache_format,
-                                                 self.encoder, episodes)
+                                                 self.encoder, episodes, self.vit)
         if current.dataset != wanted.dataset:  # an append, checked by prepare(): the cache grew
             current = replace(current, dataset=wanted.dataset)
         index, dropped = self.index, self.dropped

@@ -47,6 +47,9 @@ class CacheSettings:
     frames_per_shard: int = setting(64, "Frames per frame-store shard.", min=1)
     samples_per_shard: int = setting(16, "Samples per feature shard.", min=1)
     vggt_batch: int = setting(1, "Windows per VGGT forward pass.", min=1)
+    vit_features: bool = setting(
+        False, "Also cache the frozen Qwen ViT's output per frame (the patch merger's input; bf16 when compute_dtype "
+        "is bfloat16, else compute_dtype) so training runs only the merger on it (janus_cache.vit_encoder).")
     subinstruction_rule: str = setting(
         DEFAULT_SUBINSTRUCTION_RULE, "Which subinstruction a frame gets: reference (the reference trainer's rule) or "
         "janus (see janus_cache.index.subinstructions); it changes stored texts, so it is keyed.",

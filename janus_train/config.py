@@ -135,6 +135,9 @@ def load_train_settings(profile: Profile) -> TrainSettings:
     if not deepspeed_config_path(settings).is_file():
         raise ProfileError(f"{profile.source}: setting 'train.deepspeed' names {deepspeed_config_path(settings)}, "
                            "which does not exist")
+    if settings.train_vision and profile.cache.vit_features:
+        raise ProfileError(f"{profile.source}: 'train.train_vision' trains the vision tower, but 'cache.vit_features' "
+                           "trains from its cached output (the blocks would never run); set one of them to false")
     return settings
 
 

@@ -49,6 +49,8 @@ class TrainItem:
     prompt: EncodedPrompt
     frames: torch.Tensor
     features: torch.Tensor | None
+    vit_features: torch.Tensor | None = None
+    """The frames' cached ViT output ``[S, T, D]`` (``cache.vit_features``); None: the model runs the ViT."""
 
 
 @dataclass(frozen=True)
@@ -76,7 +78,8 @@ def cached_item(builder: PromptBuilder, sample: CacheSample) -> TrainItem:
         n_images=frames.shape[0],
         key=sample.key,
     )
-    return TrainItem(key=sample.key, prompt=prompt, frames=frames, features=sample.feature)
+    return TrainItem(key=sample.key, prompt=prompt, frames=frames, features=sample.feature,
+                     vit_features=sample.vit_features)
 
 
 class CachedSamples(Dataset[TrainItem]):
@@ -138,7 +141,8 @@ class LiveSamples(Dataset[TrainItem]):
 
 
 def collate(items: Sequence[TrainItem | DamagedItem], pad_token_id: int) -> dict[str, Any]:
-    """A micro-batch: padded prompt tensors, frames [B, S, H, W, 3] uint8, features [B, N, 2C] or None.
+    """A micro-batch: padded prompt tensors, frames [B, S, H, W, 3] uint8, features [B, N, 2C] or None,
+    vit_features [B, S, T, D] or None.
 
     Damaged items are left out; their errors are listed under ``"damaged"`` (only when there are
     any: a micro-batch of damaged items only is ``{"damaged": [...]}``)."""
@@ -153,6 +157,8 @@ def collate(items: Sequence[TrainItem | DamagedItem], pad_token_id: int) -> dict
     batch["frames"] = torch.stack([item.frames for item in items])
     features = [item.features for item in items]
     batch["features"] = None if any(f is None for f in features) else torch.stack(features)
+    vit = [item.vit_features for item in items]
+    batch["vit_features"] = None if any(v is None for v in vit) else torch.stack(vit)
     if damaged:
         batch["damaged"] = damaged
     return batch

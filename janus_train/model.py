@@ -4,7 +4,8 @@ Per micro-batch (B samples, each with S images of H x W pixels and one VGGT feat
 
 1. ``pixel_values`` are built from the uint8 frames on the model's device (lookup-table path,
    :func:`janus_cache.imaging.qwen_pixel_values`) and run through Qwen's ViT: ``T = N/4`` image
-   embeddings per image.
+   embeddings per image. A batch with the frames' cached ViT output (``vit_features``,
+   ``cache.vit_features``) skips both: only the ViT's trainable merger runs on it.
 2. The VGGT feature comes from the batch (cached) or, for a model built with a frozen encoder and a
    batch without features, from the encoder run on the same frames (live). The merger maps it to
    ``T`` embeddings, which are added, times ``lam``, to the image embeddings of every image of
@@ -39,13 +40,14 @@ from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VLRMSNorm
 
 from janus_cache.index import ACTIONS
 from janus_cache.encoder import WindowEncoder
-from janus_cache.imaging import qwen_pixel_values
 from janus_cache.profile import EncoderSettings, LanguageModelSettings, Profile
 from janus_cache.dtypes import TORCH_DTYPES
 from janus_cache.qwen_vision import MERGE_SIZE
 from janus_cache.resolution import grid_shape, visual_tokens_for_shape
 from janus_cache.vggt import AggregatorConfig
 from janus_cache.vggt.checkpoint import resolve_config, resolve_weights_file
+from janus_cache.vit_encoder import MERGER_PREFIX as VIT_MERGER_PREFIX
+from janus_cache.vit_encoder import merge_cached, run_vit
 from janus_train.activation_checkpointing import ActivationCheckpointing
 from janus_train.loss import (
     DEFAULT_LOGIT_CHUNK_ROWS,
@@ -370,7 +372,7 @@ class JanusVLNModel(nn.Module):
             features = self.encode_features(frames)
         self._check_features(features, b, grid)
 
-        image_embeds = self.image_embeddings(frames, features)
+        image_embeds = self.image_embeddings(frames, features, batch.get("vit_features"))
         per_image = image_embeds.shape[2]
         inputs_embeds = self._embed_tokens(input_ids, image_embeds.view(b * s * per_image, -1))
 
@@ -402,10 +404,11 @@ class JanusVLNModel(nn.Module):
         )
         return JanusOutput(parts, action_logits, features, hidden if return_hidden else None)
 
-    def image_embeddings(self, frames: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+    def image_embeddings(self, frames: torch.Tensor, features: torch.Tensor,
+                         vit_features: torch.Tensor | None = None) -> torch.Tensor:
         """The fused image embeddings the LLM sees, [B, S, T, hidden] (see :func:`fuse_image_embeddings`)."""
         return fuse_image_embeddings(self.qwen.model.visual, self.vggt_merger, self.config.lam,
-                                     frames.to(self.device, non_blocking=True), features)
+                                     frames.to(self.device, non_blocking=True), features, vit_features)
 
     def _check_features(self, features: torch.Tensor, batch: int, grid: tuple[int, int]) -> None:
         expected = (batch, grid[0] * grid[1], self.feature_dim)
@@ -434,16 +437,21 @@ class JanusVLNModel(nn.Module):
 
 
 def fuse_image_embeddings(visual: nn.Module, merger: VGGTMerger, lam: float, frames: torch.Tensor,
-                          features: torch.Tensor) -> torch.Tensor:
+                          features: torch.Tensor, vit_features: torch.Tensor | None = None) -> torch.Tensor:
     """Qwen's ViT embeddings of each uint8 frame [B, S, H, W, 3] (pixel values built on the frames'
     device) plus ``lam * merger(feature)`` of that frame's own sample (features [B, N, 2C]):
     [B, S, T, hidden]. ``visual`` is Qwen2.5-VL's vision tower; the model and the reference
-    checkpoint check (:mod:`janus_train.reference_checkpoint`) both fuse through here."""
+    checkpoint check (:mod:`janus_train.reference_checkpoint`) both fuse through here.
+
+    With ``vit_features`` (the frames' cached ViT output [B, S, grid tokens, D],
+    ``cache.vit_features``) only the tower's trainable merger runs: no pixel values, no ViT blocks
+    (:mod:`janus_cache.vit_encoder` computes both paths)."""
     b, s, height, width, _ = frames.shape
     grid = grid_shape(height, width)
-    pixel_values, image_grid_thw = qwen_pixel_values(frames.reshape(b * s, height, width, 3))
-    # As Qwen's get_image_features: pixel values in the tower's dtype, all images in one pass.
-    image_embeds = visual(pixel_values.type(visual.dtype), grid_thw=image_grid_thw).pooler_output
+    if vit_features is not None:
+        image_embeds = _merge_cached_vit(visual, vit_features, (b, s, grid[0] * grid[1]), frames.device)
+    else:
+        image_embeds = run_vit(visual, frames.reshape(b * s, height, width, 3))[0].pooler_output
     per_image = image_embeds.shape[0] // (b * s)
     merger_dtype = merger.norm.weight.dtype
     vggt_embeds = merger(features.to(frames.device, merger_dtype, non_blocking=True), grid)
@@ -451,6 +459,20 @@ def fuse_image_embeddings(visual: nn.Module, merger: VGGTMerger, lam: float, fra
         raise ModelInputError(f"the VGGT merger gives {vggt_embeds.shape[1]} tokens per sample, Qwen's ViT {per_image} per image")
     # Per sample: sample i's 3-D embedding goes to the S images of sample i only.
     return image_embeds.view(b, s, per_image, -1) + lam * vggt_embeds.unsqueeze(1).to(image_embeds.dtype)
+
+
+def _merge_cached_vit(visual: nn.Module, vit_features: torch.Tensor, frames: tuple[int, int, int],
+                      device: torch.device) -> torch.Tensor:
+    """The merger's embeddings [B*S*T, hidden] of cached ViT features [B, S, grid tokens, D]."""
+    b, s, tokens = frames
+    expected = (b, s, tokens, int(visual.config.hidden_size))
+    if tuple(vit_features.shape) != expected:
+        raise ModelInputError(f"vit_features have shape {tuple(vit_features.shape)}, expected {list(expected)} "
+                              "(batch, frames, patches per frame, ViT hidden size)")
+    if any(p.requires_grad for name, p in visual.named_parameters() if not name.startswith(VIT_MERGER_PREFIX)):
+        raise ModelInputError("the batch has cached vit_features but the vision tower trains (its blocks would "
+                              "get no gradient); set cache.vit_features: false or freeze the vision tower")
+    return merge_cached(visual, vit_features.to(device, non_blocking=True).reshape(b * s, tokens, expected[3]))
 
 
 def _required(batch: Mapping[str, torch.Tensor | None], name: str) -> torch.Tensor:

@@ -117,9 +117,10 @@ def prompt_builder(profile: Profile, settings: TrainSettings | None = None) -> P
 
 def open_training_cache(profile: Profile, cache: Path) -> OpenedCache:
     """The cache opened for the profile's resolution and window variant (a cache holding several
-    resolutions trains on the profile's one; one lacking it is a one-line error)."""
+    resolutions trains on the profile's one; one lacking it is a one-line error) and, with
+    ``cache.vit_features``, every sample's cached ViT output (the model then runs only the merger)."""
     return open_cache(cache, resolution=profile.cache.resolution.name,
-                      variant=window_variant(profile.cache).name)
+                      variant=window_variant(profile.cache).name, vit_features=profile.cache.vit_features)
 
 
 def make_dataset(profile: Profile, builder: PromptBuilder, cache: Path | Sequence[CacheSource] | None,

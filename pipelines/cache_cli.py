@@ -92,6 +92,7 @@ def profile_cmd(
     typer.echo(
         f"  cache: resolution {c.resolution.name}, history {c.history}, reference frame {c.reference_frame}, "
         f"layer {c.layer}, attention {c.attention}, features {c.feature_dtype}"
+        + (", ViT features cached" if c.vit_features else "")
     )
     vggt = prof.vggt.path or f"{prof.vggt.config} (random weights, seed {prof.vggt.seed})"
     typer.echo(f"  vggt: {vggt}")
@@ -126,6 +127,7 @@ def plan_cmd(
     from janus_cache.plan import make_plan
     from janus_cache.profile import ProfileError, load_profile
     from janus_cache.resolution import Resolution
+    from janus_cache.vit_encoder import ViTEncoder
 
     try:
         prof = load_profile(profile)
@@ -135,7 +137,8 @@ def plan_cmd(
                                   processes=os.cpu_count() or 1)
         device = "cuda" if prof.device == "cuda" else "cpu"
         encoder = WindowEncoder.from_settings(prof.vggt, prof.cache, device)
-        result = make_plan(idx, encoder, res, prof.cache.vggt_batch, probe=probe)
+        vit = ViTEncoder.from_profile(prof, device) if prof.cache.vit_features else None
+        result = make_plan(idx, encoder, res, prof.cache.vggt_batch, probe=probe, vit=vit)
     except (ProfileError, DatasetError, FileNotFoundError, ValueError) as err:
         fail(str(err))
     if as_json:
@@ -152,6 +155,7 @@ def info_cmd(
 ) -> None:
     """Show what a cache holds: format, resolutions, window variant, counts and shard state."""
     from janus_cache.store import StoreError, load_manifest, open_cache
+    from janus_cache.store.layout import vit_array
 
     try:
         manifest = load_manifest(cache)
@@ -174,6 +178,11 @@ def info_cmd(
     for name, entry in manifest.resolutions.items():
         typer.echo(f"  resolution {name}: {len(opened[name].reader)} samples, frames {entry.frame_shape}, "
                    f"features {entry.feature_shape}, {entry.preprocessing}")
+        if name in manifest.vit_features:
+            vit = manifest.vit_features[name]
+            vit_bytes = sum(s.nbytes for s in manifest.shards.get(vit_array(name), ()))
+            typer.echo(f"  ViT features {name}: {vit.feature_shape} per frame, {vit.dtype} (stored as "
+                       f"{vit.stored_dtype}), {vit_bytes / 1e6:.1f} MB, ViT {vit.fingerprint[:16]} of {vit.base_model}")
     groups: dict[str, list[int]] = {}
     for array, shards in manifest.shards.items():
         # Table columns are many small arrays: one line for all of them.

@@ -3,8 +3,8 @@
 Also runs as one plain process (``janus-cache precompute``). The cache's contract is the
 library's :class:`~janus_cache.precompute_job.PrecomputeJob`; this module only decides who runs
 which step: rank 0 indexes the dataset and prepares the cache, every rank writes the shards it
-owns (shard i belongs to rank i mod world), frames first, features second, with barriers in
-between, and rank 0 finishes. Shards committed by an earlier run are skipped, so re-running the
+owns (shard i belongs to rank i mod world), frames first, then (``cache.vit_features``) the
+frozen ViT's output per frame, features last, with barriers in between, and rank 0 finishes. Shards committed by an earlier run are skipped, so re-running the
 same command resumes.
 
 The dataset index is kept in the cache (``CacheLayout.index_store``): rank 0's index worker
@@ -38,6 +38,7 @@ from janus_cache.store.commit import CHECKSUM_MODES, is_committed
 from janus_cache.store.manifest import read_manifest
 from janus_cache.store.layout import CacheLayout
 from janus_cache.store.split import shards_for
+from janus_cache.vit_encoder import ViTEncoder
 from pipelines.distributed import CommitTally, Control, Progress, RankFailed, Ranks, fail_alike, lock_on_main, usable_cores
 from pipelines.index_worker import store_index_in_worker
 from pipelines.launcher import spawn_pool
@@ -74,6 +75,20 @@ class Options:
 
 def _device(profile: Profile, ranks: Ranks) -> str:
     return str(process_device(profile.device, ranks.local_rank))
+
+
+def frozen_vit(profile: Profile, device: str) -> ViTEncoder | None:
+    """The profile's frozen Qwen ViT (``cache.vit_features``) with the attention kernels the model's
+    live path runs (:mod:`janus_train.vision_attention`), or None when the profile caches no ViT output."""
+    if not profile.cache.vit_features:
+        return None
+    from janus_train.model import attention_implementation  # transformers: only for profiles that need it
+    from janus_train.vision_attention import vision_attention
+
+    vit = ViTEncoder.from_profile(profile, device, attention_implementation(device))
+    config = vit.visual.config
+    config._attn_implementation = vision_attention(config._attn_implementation)
+    return vit
 
 
 def default_workers(local_processes: int) -> int:
@@ -165,7 +180,8 @@ def run(opts: Options) -> int:
         workers = opts.workers or default_workers(ranks.local_world)
         index = index_on_every_rank(opts, profile, control)
         encoder = WindowEncoder.from_settings(profile.vggt, profile.cache, _device(profile, ranks))
-        job = PrecomputeJob(index, opts.out, opts.cache_format, profile.cache, resolution, encoder)
+        job = PrecomputeJob(index, opts.out, opts.cache_format, profile.cache, resolution, encoder,
+                            frozen_vit(profile, _device(profile, ranks)))
         prepared = control.on_main(lambda: _prepare(job, opts, resolution, ranks.world, workers))
         job.planned_bytes = prepared.plan.needed_bytes(opts.cache_format)
         # Every rank's shard work ends in an exchange instead of a barrier: a rank that fails (a
@@ -187,6 +203,23 @@ def run(opts: Options) -> int:
 
         control.gather(frames, user_errors)
         progress.poll(tally, force=True)
+
+        # ViT phase (cache.vit_features): the frozen ViT's output of every stored frame, once per frame.
+        if job.vit is not None:
+            pending = control.gather(lambda: job.pending_vit_shards(
+                shards_for(job.n_vit_shards, ranks.rank, ranks.world), opts.checksums), user_errors)
+            mine = pending[ranks.rank]
+            tally = CommitTally(lambda shard: is_committed(opts.out, job.vit_array, shard), job.frame_shard_rows,
+                                pending)
+            progress.phase("ViT features", job.n_frames, "frames", tally.done)
+
+            def vit_shards() -> None:
+                for shard in mine:
+                    job.vit_shard(shard)
+                    progress.poll(tally)
+
+            control.gather(vit_shards, user_errors)
+            progress.poll(tally, force=True)
 
         # Features phase: windows read back from the stored frames, encoded in batches.
         control.on_main(job.prepare_features)

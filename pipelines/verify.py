@@ -65,6 +65,7 @@ from janus_cache.verify import (
     skipped,
 )
 from pipelines.distributed import Control, Progress, RankFailed, Ranks, lock_on_main
+from pipelines.precompute import frozen_vit
 
 T = TypeVar("T")
 
@@ -173,7 +174,9 @@ def _live(opts: Options, ranks: Ranks, control: Control, progress: Progress, pro
             embed, note = models.embed, ""
         else:
             embed, note = load_image_embeddings(profile, device) if mine else (None, "")
-        checker = LiveChecker(opts.cache, profile, index, device, models.encoder, embed, note)
+        # The frozen ViT (cache.vit_features) with the model's attention kernels, as precompute ran it.
+        vit = frozen_vit(profile, str(device)) if mine else None
+        checker = LiveChecker(opts.cache, profile, index, device, models.encoder, embed, note, vit)
         unavailable = checker.unavailable()
         return ([] if unavailable else checker.measure(mine, progress.update)), note, unavailable
 

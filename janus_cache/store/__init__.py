@@ -105,6 +105,16 @@ class CacheWriter(Protocol):
                         samples_per_shard: int, grow: bool = False) -> None:
         """Create (or keep, when equal) the per-sample storage of ``resolution``; ``grow`` as above."""
 
+    def prepare_vit(self, resolution: str, feature_shape: tuple[int, int], dtype: str, frames_per_shard: int,
+                    grow: bool = False) -> None:
+        """Create (or keep, or ``grow``) ``vit/<resolution>``, the frozen ViT's output per frame row."""
+
+    def vit_shard_plan(self, resolution: str) -> list[range]:
+        """Frame rows of each ViT-features shard (those of the frame shards)."""
+
+    def write_vit_shard(self, resolution: str, shard: int, features: torch.Tensor | np.ndarray) -> CommitRecord:
+        """Write and commit ViT-features shard ``shard``: ``[len(rows), grid tokens, D]``."""
+
     def frame_shard_plan(self, resolution: str) -> list[range]:
         """Frame rows of each frame shard."""
 

@@ -8,6 +8,7 @@ A cache directory holds (``<variant>`` is ``WindowVariant.name``, ``<resolution>
     episodes.json                           each episode's identity (janus_cache.index.identity)
     zarr.json                               the root of the zarr v3 group (both formats)
     frames/<resolution>/                    uint8 frames, one row per frame
+    vit/<resolution>/                       optional: the frozen Qwen ViT's output, one row per frame
     vggt/<variant>/<resolution>/            features, one row per sample (zarr format)
     tables/<table>/<column>[/utf8|/offsets] the frame and sample tables
     wds/<variant>/<resolution>/layout.json  what the tar shards hold (webdataset format)
@@ -38,6 +39,8 @@ ZARR_ROOT_NAME = "zarr.json"
 
 FRAMES_GROUP = "frames"
 FEATURES_GROUP = "vggt"
+VIT_GROUP = "vit"
+"""Per-frame output of Qwen's frozen ViT blocks (``cache.vit_features``), in both formats."""
 TABLES_GROUP = "tables"
 WDS_DIR = "wds"
 COMMITS_DIR = "commits"
@@ -58,6 +61,11 @@ INDEX_STORE_DIR = "index"
 def frames_array(resolution: str) -> str:
     """Array name of the frames of ``resolution``."""
     return f"{FRAMES_GROUP}/{resolution}"
+
+
+def vit_array(resolution: str) -> str:
+    """Array name of the cached ViT features of the frames of ``resolution`` (row-aligned with them)."""
+    return f"{VIT_GROUP}/{resolution}"
 
 
 def features_array(variant: str, resolution: str) -> str:
@@ -158,6 +166,9 @@ class CacheLayout:
 
     def frames(self, resolution: str) -> Path:
         return self.path(frames_array(resolution))
+
+    def vit(self, resolution: str) -> Path:
+        return self.path(vit_array(resolution))
 
     def features(self, variant: str, resolution: str) -> Path:
         return self.path(features_array(variant, resolution))

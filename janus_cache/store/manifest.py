@@ -4,8 +4,9 @@ A manifest is ``<cache>/manifest.json`` (:mod:`janus_cache.store.layout`): stabl
 fields are of two kinds:
 
 * **keyed** (:data:`KEYED_FIELDS`): the schema version, format, window variant, encoder
-  fingerprint, feature dtypes, dataset identity, shard layout and the definition of every
-  resolution. A cache is only reused (resumed, extended, trained from) when these equal the
+  fingerprint, feature dtypes, dataset identity, shard layout, the definition of every
+  resolution and, per resolution, the cached frozen-ViT output (``vit_features``: the ViT weights'
+  fingerprint, the base model, dtype and shape; optional, compared like resolutions). A cache is only reused (resumed, extended, trained from) when these equal the
   caller's; :func:`keyed_differences` names each one that differs. Resolutions are compared by
   name: a resolution the cache lacks is an *addition* (the cache can hold several), not a
   difference, and resolutions the caller does not ask for are left alone.
@@ -59,8 +60,12 @@ KEYED_FIELDS: tuple[str, ...] = (
     "dataset",
     "layout",
     "resolutions",
+    "vit_features",
 )
 """Fields that must be equal for a cache to be reused; every other field is only recorded."""
+
+_BY_RESOLUTION = ("resolutions", "vit_features")
+"""Keyed fields holding one entry per resolution: only resolutions both manifests hold are compared."""
 
 _SAMPLING_RE = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 _RESOLUTION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
@@ -196,6 +201,32 @@ class ResolutionEntry:
 
 
 @dataclass(frozen=True)
+class ViTFeaturesEntry:
+    """The cached output of Qwen's frozen ViT blocks for the frames of one resolution (``vit/<name>``):
+    which tower made it (the weights' fingerprint, the base model's directory name) and the stored
+    per-frame shape ``(grid tokens, D)`` and logical dtype (bf16 is stored as its uint16 bits)."""
+
+    name: str
+    fingerprint: str
+    base_model: str
+    dtype: str
+    feature_shape: tuple[int, int]
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not _RESOLUTION_RE.match(self.name):
+            raise ValueError(f"resolution name must be a path-safe word like 'pad644', got {self.name!r}")
+        object.__setattr__(self, "feature_shape", tuple(int(x) for x in self.feature_shape))
+        if self.dtype not in STORED_DTYPES:
+            raise ValueError(f"ViT feature dtype must be one of {sorted(STORED_DTYPES)}, got {self.dtype!r}")
+        if len(self.feature_shape) != 2:
+            raise ValueError(f"ViT feature_shape of {self.name} must be (tokens, D), got {self.feature_shape}")
+
+    @property
+    def stored_dtype(self) -> str:
+        return STORED_DTYPES[self.dtype]
+
+
+@dataclass(frozen=True)
 class Layout:
     """Rows per shard of the frame arrays and of the per-sample arrays."""
 
@@ -236,6 +267,8 @@ class Manifest:
     shards: Mapping[str, tuple[ShardEntry, ...]] = field(default_factory=dict)
     compression: Mapping[str, Any] = field(default_factory=dict)
     versions: Mapping[str, str] = field(default_factory=dict)
+    vit_features: Mapping[str, ViTFeaturesEntry] = field(default_factory=dict)
+    """Resolution -> its cached ViT features (``cache.vit_features``); none for most caches."""
     schema_version: int = SCHEMA_VERSION
 
     def __post_init__(self) -> None:
@@ -248,6 +281,10 @@ class Manifest:
                 raise ValueError(f"resolution entry {entry.name!r} is filed under {key!r}")
         # Normalised containers: sorted by name, so equal manifests compare (and serialise) equal.
         object.__setattr__(self, "resolutions", dict(sorted(self.resolutions.items())))
+        for key, vit in self.vit_features.items():
+            if key != vit.name:
+                raise ValueError(f"ViT features entry {vit.name!r} is filed under {key!r}")
+        object.__setattr__(self, "vit_features", dict(sorted(self.vit_features.items())))
         object.__setattr__(
             self, "shards", {k: tuple(sorted(v, key=lambda e: e.shard)) for k, v in sorted(self.shards.items())}
         )
@@ -298,6 +335,8 @@ class Manifest:
                 },
                 compression=dict(data["compression"]),
                 versions=dict(data["versions"]),
+                vit_features={name: ViTFeaturesEntry(**entry)
+                              for name, entry in data.get("vit_features", {}).items()},
             )
             stored = data["stored_dtype"]
         except KeyError as exc:
@@ -345,7 +384,7 @@ def keyed_differences(existing: Manifest, wanted: Manifest) -> list[FieldDiff]:
     diffs: list[FieldDiff] = []
     for name in KEYED_FIELDS:
         old, new = getattr(existing, name), getattr(wanted, name)
-        if name == "resolutions":
+        if name in _BY_RESOLUTION:
             shared = sorted(set(old) & set(new))
             old, new = {k: old[k] for k in shared}, {k: new[k] for k in shared}
         flat_old, flat_new = _flatten(old, name), _flatten(new, name)
@@ -358,7 +397,9 @@ def keyed_differences(existing: Manifest, wanted: Manifest) -> list[FieldDiff]:
 def keyed_digest(manifest: Manifest) -> str:
     """sha256 of the manifest's keyed fields (recorded in ``checksums.json``): equal digests, equal
     keyed settings, so a damaged manifest can be rebuilt from settings that have its digest."""
-    flat = {k: v for name in KEYED_FIELDS for k, v in _flatten(getattr(manifest, name), name).items()}
+    # A cache without ViT features digests as it did before the field existed.
+    flat = {k: v for name in KEYED_FIELDS if name != "vit_features" or manifest.vit_features
+            for k, v in _flatten(getattr(manifest, name), name).items()}
     return hashlib.sha256(json.dumps(flat, sort_keys=True, default=str).encode()).hexdigest()
 
 
@@ -390,6 +431,7 @@ def merge_manifests(existing: Manifest, wanted: Manifest, source: str = "the cac
     return replace(
         wanted,
         resolutions={**existing.resolutions, **wanted.resolutions},
+        vit_features={**existing.vit_features, **wanted.vit_features},
         shards={**existing.shards, **wanted.shards},
     )
 

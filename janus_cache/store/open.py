@@ -59,9 +59,10 @@ def load_manifest(path: Path | str) -> Manifest:
     return manifest
 
 
-def open_cache(path: Path | str, *, resolution: str, variant: str) -> OpenedCache:
+def open_cache(path: Path | str, *, resolution: str, variant: str, vit_features: bool = False) -> OpenedCache:
     """Open the cache at ``path`` to read ``resolution`` (e.g. ``"pad644"``) of the window variant
-    named ``variant`` (``WindowVariant.name``).
+    named ``variant`` (``WindowVariant.name``); with ``vit_features`` every sample also carries its
+    frames' cached ViT output (a cache without it for ``resolution`` is an error).
 
     Reads the manifest once and checks every metadata file against ``checksums.json``. A cache
     that lacks the resolution or variant, or whose metadata was edited or damaged, is a
@@ -73,11 +74,12 @@ def open_cache(path: Path | str, *, resolution: str, variant: str) -> OpenedCach
     if problems:
         more = f" (and {len(problems) - 1} more metadata file(s))" if len(problems) > 1 else ""
         raise CacheOpenError(problems[0] + more)
-    reader = reader_of(manifest, layout, resolution=resolution, variant=variant)
+    reader = reader_of(manifest, layout, resolution=resolution, variant=variant, vit_features=vit_features)
     return OpenedCache(manifest=manifest, layout=layout, reader=reader, resolution=resolution, variant=variant)
 
 
-def reader_of(manifest: Manifest, layout: CacheLayout, *, resolution: str, variant: str) -> CacheReader:
+def reader_of(manifest: Manifest, layout: CacheLayout, *, resolution: str, variant: str,
+              vit_features: bool = False) -> CacheReader:
     """The reader of an already loaded ``manifest``'s format for ``resolution`` and ``variant``
     (for callers that read several resolutions of one cache, e.g. verify)."""
     if variant != manifest.window.name:
@@ -90,7 +92,13 @@ def reader_of(manifest: Manifest, layout: CacheLayout, *, resolution: str, varia
             f"{layout.manifest}: the cache holds resolution(s) {held}, not {resolution} "
             f"(precompute with --resolution {resolution} adds it)"
         )
+    if vit_features and resolution not in manifest.vit_features:
+        raise CacheOpenError(
+            f"{layout.manifest}: the cache holds no ViT features at {resolution} (the profile sets "
+            "cache.vit_features: true); run precompute with this profile to add them, or set it to false"
+        )
     try:
-        return _READERS[manifest.format](layout.root, resolution=resolution, variant=variant)
+        return _READERS[manifest.format](layout.root, resolution=resolution, variant=variant,
+                                         vit_features=vit_features)
     except StoreError as err:
         raise CacheOpenError(f"{layout.manifest} lists {resolution}, but {err}") from None

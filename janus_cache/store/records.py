@@ -71,10 +71,12 @@ class SampleMeta:
 @dataclass(frozen=True)
 class CacheSample:
     """One cached sample: its key and sample row, the window's uint8 frames ``[S, H, W, 3]``
-    (S = history + 1), the stored feature ``[N, 2C]`` in its logical dtype, and its meta."""
+    (S = history + 1), the stored feature ``[N, 2C]`` in its logical dtype, its meta and, from a
+    cache opened with ``vit_features=True``, the window frames' cached ViT output ``[S, T, D]``."""
 
     key: str
     row: int
     frames: np.ndarray
     feature: torch.Tensor
     meta: SampleMeta
+    vit_features: torch.Tensor | None = None

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 import zarr
 from zarr.storage import LocalStore
 
@@ -37,7 +38,9 @@ from janus_cache.store.layout import (
     frames_array,
     table_column,
     table_group,
+    vit_array,
 )
+from janus_cache.store.features import from_stored
 from janus_cache.store.manifest import ShardEntry
 from janus_cache.store.text_column import TextColumn
 
@@ -240,6 +243,20 @@ class ZarrGroup:
         runs = np.split(unique, np.flatnonzero(np.diff(unique) != 1) + 1)
         frames = np.concatenate([self.read_rows(path, int(run[0]), int(run[-1]) + 1) for run in runs])
         return frames[inverse]
+
+    def vit_features(self, resolution: str, rows: Sequence[int] | np.ndarray) -> torch.Tensor:
+        """Cached ViT features ``[len(rows), grid tokens, D]`` of frame rows ``rows`` of ``resolution``
+        in their logical dtype (``cache.vit_features``; chunks checked like the frames')."""
+        path = vit_array(resolution)
+        array = self._array(path)
+        index = np.asarray(rows, dtype=np.int64).reshape(-1)
+        if index.size and (index.min() < 0 or index.max() >= array.shape[0]):
+            raise IndexError(f"frame rows {index.tolist()} out of range for {array.shape[0]} ViT rows of {resolution}")
+        unique, inverse = np.unique(index, return_inverse=True)
+        runs = np.split(unique, np.flatnonzero(np.diff(unique) != 1) + 1) if unique.size else []
+        stored = (np.concatenate([self.read_rows(path, int(run[0]), int(run[-1]) + 1) for run in runs])
+                  if runs else np.empty((0, *array.shape[1:]), dtype=array.dtype))
+        return from_stored(stored[inverse], str(array.attrs["logical_dtype"]))
 
     # -- tables ---------------------------------------------------------------------------------
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 import zarr
 from zarr.storage import MemoryStore
 
@@ -31,7 +32,8 @@ from janus_cache.store.commit import (
     uncommit_array,
 )
 from janus_cache.store.damage import DamagedData
-from janus_cache.store.compression import FRAMES_COMPRESSION, TABLES_COMPRESSION, Compression
+from janus_cache.store.compression import FEATURES_COMPRESSION, FRAMES_COMPRESSION, TABLES_COMPRESSION, Compression
+from janus_cache.store.features import stored_dtype, to_stored
 from janus_cache.store.layout import (
     FRAMES_TABLE,
     KEY_COLUMN,
@@ -45,6 +47,7 @@ from janus_cache.store.layout import (
     frames_array,
     table_column,
     table_group,
+    vit_array,
 )
 from janus_cache.store.text_column import NotText, TextColumn
 from janus_cache.store.zarr_group import ColumnData, ZarrGroup, _check_name
@@ -407,6 +410,28 @@ class ZarrGroupWriter(ZarrGroup):
     def write_frame_shard(self, resolution: str, shard: int, frames: np.ndarray) -> CommitRecord:
         """Write frame shard ``shard`` of ``resolution``: uint8 ``[rows in shard, H, W, 3]``."""
         return self._write_shard(frames_array(resolution), shard, np.ascontiguousarray(frames))
+
+    # -- ViT features (cache.vit_features) ---------------------------------------------------------
+
+    def prepare_vit(self, resolution: str, feature_shape: tuple[int, int], dtype: str, frames_per_shard: int,
+                    grow: bool = False) -> None:
+        """Create ``vit/<resolution>``: the frozen ViT's output ``[n_frames, grid tokens, D]``, row-aligned
+        with ``frames/<resolution>`` and sharded like it (one chunk per frame); bf16 stored as its
+        uint16 bits, attribute ``logical_dtype`` says which. Kept, grown or refused as ``prepare_frames``."""
+        _check_name("resolution", resolution)
+        n_frames = self.table_rows(FRAMES_TABLE)
+        spec = _row_spec((n_frames, *(int(x) for x in feature_shape)), stored_dtype(dtype), 1, frames_per_shard,
+                         FEATURES_COMPRESSION, {"logical_dtype": dtype, "resolution": resolution})
+        self._prepare_array(vit_array(resolution), spec, grow)
+
+    def vit_shard_plan(self, resolution: str) -> list[range]:
+        """Frame rows of each ViT-features shard (the frame shards' rows)."""
+        return self.array_shard_plan(vit_array(resolution))
+
+    def write_vit_shard(self, resolution: str, shard: int, features: torch.Tensor | np.ndarray) -> CommitRecord:
+        """Write and commit ViT-features shard ``shard``: ``[rows in shard, grid tokens, D]`` of its logical dtype."""
+        path = vit_array(resolution)
+        return self._write_shard(path, shard, to_stored(features, str(self._array(path).attrs["logical_dtype"])))
 
     # -- shared by the sample writers -------------------------------------------------------------
 

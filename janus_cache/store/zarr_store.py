@@ -9,6 +9,9 @@ path is named in :mod:`janus_cache.store.layout`):
     ``[n_samples, N, 2C]`` features; one chunk per sample, ``samples_per_shard`` per shard.
     bf16 is stored as its uint16 bits; attribute ``logical_dtype`` says which (see
     :mod:`janus_cache.store.features`).
+``vit/<resolution>`` (optional, ``cache.vit_features``)
+    ``[n_frames, grid tokens, D]``: the frozen Qwen ViT's output per frame, sharded like the frames
+    (both formats keep it here, once per frame; see :mod:`janus_cache.vit_encoder`).
 ``tables/frames/<column>``, ``tables/samples/<column>``
     The frame and sample tables, row-aligned with the arrays above. Required columns: ``key``
     (str) in both, ``window_rows`` (int ``[n_samples, history + 1]``, rows of ``frames/*``) in
@@ -32,7 +35,7 @@ from janus_cache.store.commit import CommitRecord, ShardCheck, StoreError
 from janus_cache.store.compression import FEATURES_COMPRESSION
 from janus_cache.store.damage import DamagedData
 from janus_cache.store.features import from_stored, stored_dtype, to_stored
-from janus_cache.store.layout import SAMPLES_TABLE, ZARR_ROOT_NAME, features_array, frames_array
+from janus_cache.store.layout import SAMPLES_TABLE, ZARR_ROOT_NAME, features_array, frames_array, vit_array
 from janus_cache.store.records import CacheSample, SampleMeta
 from janus_cache.store.zarr_group import ColumnData, PlannedShard, ZarrGroup, _check_name
 from janus_cache.store.zarr_group_writer import VariantWriter, ZarrGroupWriter, _row_spec
@@ -92,7 +95,7 @@ class ZarrCacheReader(ZarrGroup):
 
     format = "zarr"
 
-    def __init__(self, root: Path | str, resolution: str, variant: str) -> None:
+    def __init__(self, root: Path | str, resolution: str, variant: str, vit_features: bool = False) -> None:
         super().__init__(root, read_only=True)
         if not (self.root / ZARR_ROOT_NAME).is_file():
             raise StoreError(f"{self.root} is not a zarr cache (no {ZARR_ROOT_NAME})")
@@ -101,7 +104,8 @@ class ZarrCacheReader(ZarrGroup):
         self.resolution, self.variant = resolution, variant
         self.frames_array = frames_array(resolution)
         self.features_array = features_array(variant, resolution)
-        for array in (self.frames_array, self.features_array):
+        self.vit_array = vit_array(resolution) if vit_features else None
+        for array in (self.frames_array, self.features_array, *([self.vit_array] if self.vit_array else [])):
             if not self.has_array(array):
                 raise StoreError(f"cache {self.root} has no array {array!r}")
 
@@ -118,7 +122,8 @@ class ZarrCacheReader(ZarrGroup):
 
     def check(self, verify: bool = True) -> list[ShardCheck]:
         """One check per planned shard of this resolution's frames and this variant's features."""
-        return self.check_array(self.frames_array, verify) + self.check_array(self.features_array, verify)
+        vit = self.check_array(self.vit_array, verify) if self.vit_array else []
+        return self.check_array(self.frames_array, verify) + vit + self.check_array(self.features_array, verify)
 
     def __len__(self) -> int:
         return self.table_rows(SAMPLES_TABLE)
@@ -138,6 +143,7 @@ class ZarrCacheReader(ZarrGroup):
                 frames=self.frames(self.resolution, meta.window_rows),
                 feature=self.feature(row),
                 meta=meta,
+                vit_features=self.vit_features(self.resolution, meta.window_rows) if self.vit_array else None,
             )
         except DamagedData as err:
             raise err.for_sample(key) from None

@@ -53,6 +53,19 @@ EMBEDDING_TOLERANCES: Mapping[tuple[str, str], Tolerance] = {
 are identical, so the difference comes from the feature's difference through the merger."""
 
 
+VIT_TOLERANCES: Mapping[tuple[str, str], Tolerance] = {
+    # The same frames in the same batch shape (one window) through the same kernels: float32 on the
+    # CPU gives the same bits; the bound leaves room for thread-count-dependent blocking.
+    ("cpu", "float32"): Tolerance(rtol=1e-4, min_cosine=0.9999),
+    ("cpu", "bfloat16"): Tolerance(rtol=5e-2, min_cosine=0.999),
+    ("cuda", "float32"): Tolerance(rtol=1e-3, min_cosine=0.9999),
+    # bf16 through 32 blocks: another kernel choice (a window of other frames, another GPU) moves
+    # values by a few bf16 ulps per block.
+    ("cuda", "bfloat16"): Tolerance(rtol=5e-2, min_cosine=0.999),
+}
+"""Live vs cached frozen-ViT output (``cache.vit_features``), by (device type, ViT compute dtype)."""
+
+
 def feature_tolerance(device: torch.device | str) -> Tolerance:
     return FEATURE_TOLERANCES[torch.device(device).type]
 

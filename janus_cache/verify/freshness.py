@@ -1,5 +1,6 @@
 """The freshness check: the cache's keyed fingerprints (encoder weights, resolution and
-preprocessing, window variant, feature dtype) equal those a profile makes; every differing field
+preprocessing, window variant, feature dtype and, with ``cache.vit_features``, the frozen Qwen
+ViT's weights, base model and dtype) equal those a profile makes; every differing field
 is named with both values. Library versions that differ are noted, never a failure."""
 
 from __future__ import annotations
@@ -8,18 +9,20 @@ from dataclasses import replace
 from pathlib import Path
 
 from janus_cache.encoder import EncoderIdentity, encoder_identity
-from janus_cache.precompute import preprocessing, window_variant
+from janus_cache.precompute import preprocessing, vit_entry, window_variant
 from janus_cache.profile import Profile, load_profile
 from janus_cache.resolution import Resolution
 from janus_cache.store.manifest import (
     FieldDiff,
     ResolutionEntry,
+    ViTFeaturesEntry,
     keyed_differences,
     library_versions,
     version_differences,
 )
 from janus_cache.store.layout import FRAMES_TABLE
 from janus_cache.verify.cache import CheckedCache, open_checked
+from janus_cache.vit_encoder import ViTEncoder
 from janus_cache.verify.results import FRESHNESS, CheckResult, guarded, result, short, timer
 
 
@@ -34,12 +37,20 @@ def profile_encoder(profile: Profile) -> EncoderIdentity:
     return encoder_identity(profile.vggt, profile.cache.attention)
 
 
-def profile_differences(cache: CheckedCache, profile: Profile, encoder: EncoderIdentity) -> list[FieldDiff]:
-    """Keyed fields in which the cache differs from what ``profile`` (with its ``encoder``) makes."""
+def profile_vit(profile: Profile) -> ViTEncoder | None:
+    """The profile's frozen Qwen ViT when it caches its output (``cache.vit_features``), on the CPU."""
+    return ViTEncoder.from_profile(profile, "cpu") if profile.cache.vit_features else None
+
+
+def profile_differences(cache: CheckedCache, profile: Profile, encoder: EncoderIdentity,
+                        vit: ViTEncoder | None = None) -> list[FieldDiff]:
+    """Keyed fields in which the cache differs from what ``profile`` (with its ``encoder`` and, for
+    ``cache.vit_features``, its frozen ``vit``) makes."""
     m = cache.manifest
     resolution = profile.cache.resolution
     differences: list[FieldDiff] = []
     wanted_resolutions: dict[str, ResolutionEntry] = {}
+    wanted_vit: dict[str, ViTFeaturesEntry] = {}
     if resolution.name not in m.resolutions:
         differences.append(FieldDiff("resolution", sorted(m.resolutions), resolution.name))
     else:
@@ -48,12 +59,18 @@ def profile_differences(cache: CheckedCache, profile: Profile, encoder: EncoderI
             name=resolution.name, preprocessing=preprocessing(resolution), frame_shape=(height, width, 3),
             feature_shape=encoder.feature_shape(height, width),
         )
+        if vit is not None:
+            wanted_vit[resolution.name] = vit_entry(vit, resolution.name, (height, width))
+            if resolution.name not in m.vit_features:
+                differences.append(FieldDiff(f"vit_features.{resolution.name}", None,
+                                             "ViT features (cache.vit_features: true)"))
     wanted = replace(
         m,
         window=window_variant(profile.cache),
         encoder_fingerprint=encoder.fingerprint,
         feature_dtype=profile.cache.feature_dtype,
         resolutions=wanted_resolutions,
+        vit_features=wanted_vit,
     )
     # Dataset, layout and format are the same by construction: the dataset is completeness's job,
     # and shard sizes change no stored value.
@@ -71,19 +88,21 @@ def _frame_shape(cache: CheckedCache, resolution: Resolution) -> tuple[int, int]
 def check_freshness(root: Path | str, profile: Profile | str | Path,
                     encoder: EncoderIdentity | None = None) -> CheckResult:
     """The cache's keyed fingerprints against ``profile``'s; the encoder's identity is computed
-    from the profile (:func:`profile_encoder`) unless given."""
+    from the profile (:func:`profile_encoder`) unless given, the frozen ViT's (``cache.vit_features``)
+    from the profile's Qwen weights."""
     with timer() as elapsed:
         cache = open_checked(root, FRESHNESS)
         if isinstance(cache, CheckResult):
             return cache
         profile = as_profile(profile)
-        differences = profile_differences(cache, profile, encoder or profile_encoder(profile))
+        differences = profile_differences(cache, profile, encoder or profile_encoder(profile), profile_vit(profile))
         problems = [f"{d.name}: cache has {d.existing!r}, profile {profile.name} has {d.wanted!r}" for d in differences]
         current = replace(cache.manifest, versions=library_versions())
         versions = version_differences(cache.manifest, current)
         m = cache.manifest
         detail = (f"profile {profile.name}: encoder {short(m.encoder_fingerprint)}, {', '.join(m.resolutions)}, "
-                  f"{m.window.name}, {m.feature_dtype}")
+                  f"{m.window.name}, {m.feature_dtype}"
+                  + "".join(f", ViT {short(v.fingerprint)} {v.dtype} at {v.name}" for v in m.vit_features.values()))
         if problems:
             detail = f"{len(problems)} keyed field(s) differ from profile {profile.name}"
         if versions:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from janus_cache.store import StoreError
 from janus_cache.store.commit import CHECKSUM_MODES, SAMPLE_STRIDE, check_record, hashed, read_record
-from janus_cache.store.layout import FRAMES_GROUP, FRAMES_TABLE, SAMPLES_TABLE, TABLES_GROUP, WDS_DIR
+from janus_cache.store.layout import FRAMES_GROUP, FRAMES_TABLE, SAMPLES_TABLE, TABLES_GROUP, VIT_GROUP, WDS_DIR
 from janus_cache.store.wds_store import planned_tar_shards
 from janus_cache.store.zarr_group import PlannedShard
 from janus_cache.verify.cache import CheckedCache, open_checked
@@ -191,7 +191,8 @@ class Contents:
         The key column is read once (by the cache) and only when a shard needs naming."""
         if array.startswith(TABLES_GROUP + "/"):
             return "table", []
-        table = FRAMES_TABLE if array.startswith(FRAMES_GROUP + "/") else SAMPLES_TABLE
+        # ViT features are one row per frame too (cache.vit_features).
+        table = FRAMES_TABLE if array.startswith((FRAMES_GROUP + "/", VIT_GROUP + "/")) else SAMPLES_TABLE
         keys = self.cache.readable_keys(table)
         return table, [] if keys is None else keys[rows.start:rows.stop]
 

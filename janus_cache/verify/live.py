@@ -1,6 +1,7 @@
 """The live check: for chosen samples, recompute from the source images with a profile's live
 path and compare with the cache: uint8 frames and Qwen ``pixel_values`` bit-identical, VGGT
-features and fused image embeddings within the tolerances of :mod:`janus_cache.verify.comparison`.
+features, fused image embeddings and (a cache with ``vit_features``) the frozen ViT's output of the
+window's frames within the tolerances of :mod:`janus_cache.verify.comparison`.
 
 The fused embeddings come from a model this package does not know: the caller passes the
 embedding function (``pipelines/verify.py`` builds the JanusVLN model), or none, and the
@@ -33,12 +34,14 @@ from janus_cache.verify.cache import CheckedCache
 from janus_cache.verify.comparison import (
     EMBEDDING_TOLERANCES,
     STORAGE_ULP,
+    VIT_TOLERANCES,
     Comparison,
     compare,
     encoder_compute_dtype,
     feature_tolerance,
 )
 from janus_cache.verify.freshness import as_profile
+from janus_cache.vit_encoder import ViTEncoder
 from janus_cache.verify.results import DEFAULT_SEED, LIVE, CheckResult, guarded, listed, result, skipped, timer
 
 DEFAULT_LIVE_SAMPLES = 4
@@ -64,6 +67,8 @@ class LiveSample:
     pixel_values_identical: bool = False
     feature: Comparison | None = None
     embeddings: Comparison | None = None
+    vit: Comparison | None = None
+    """Cached vs live frozen-ViT output of the window's frames (caches with ViT features)."""
 
 
 def choose_live_rows(root: Path | str, n: int, seed: int = DEFAULT_SEED) -> list[int]:
@@ -137,7 +142,7 @@ class LiveChecker:
 
     def __init__(self, root: Path | str, profile: Profile, index: DatasetIndex, device: torch.device | str,
                  encoder: WindowEncoder | None = None, embed: ImageEmbeddings | None = None,
-                 embed_note: str = "") -> None:
+                 embed_note: str = "", vit: ViTEncoder | None = None) -> None:
         self.cache = CheckedCache(root)
         self.profile = profile
         self.index = index
@@ -148,6 +153,12 @@ class LiveChecker:
         self.embed, self.embed_note = embed, embed_note
         self.feature_tolerance = feature_tolerance(self.device)
         self.embedding_tolerance = EMBEDDING_TOLERANCES[(self.device.type, profile.compute_dtype)]
+        # A cache holding the frozen ViT's output at this resolution is compared with the live ViT.
+        self.vit_entry = self.cache.manifest.vit_features.get(self.resolution.name)
+        self.vit = None
+        if self.vit_entry is not None:
+            self.vit = vit or ViTEncoder.from_profile(profile, self.device)
+            self.vit_tolerance = VIT_TOLERANCES[(self.device.type, profile.compute_dtype)]
 
     def unavailable(self) -> str | None:
         """Why the profile's samples cannot be read from this cache at all (None if they can)."""
@@ -225,6 +236,14 @@ class LiveChecker:
             return LiveSample(key, row, problem=f"sample {key}: live feature {tuple(live_feature.shape)}, "
                                                 f"cached {tuple(cached_feature.shape)}")
         feature = compare(live_feature, cached_feature, self.feature_tolerance, self.profile.cache.feature_dtype)
+        vit = None
+        if self.vit is not None:
+            live_vit = self.vit.encode(torch.as_tensor(live_frames))
+            cached_vit = self.cache.group.vit_features(self.resolution.name, cached.meta.window_rows)
+            if tuple(cached_vit.shape) != tuple(live_vit.shape):
+                return LiveSample(key, row, problem=f"sample {key}: live ViT features {tuple(live_vit.shape)}, "
+                                                    f"cached {tuple(cached_vit.shape)}")
+            vit = compare(live_vit, cached_vit, self.vit_tolerance, self.vit_entry.dtype)
         embeddings = None
         if self.embed is not None:
             with torch.no_grad():
@@ -239,6 +258,7 @@ class LiveChecker:
             pixel_values_identical=pixels_identical,
             feature=feature,
             embeddings=embeddings,
+            vit=vit,
         )
 
 
@@ -261,13 +281,14 @@ def live_result(samples: Sequence[LiveSample], profile: Profile, device: torch.d
                             f"{s.differing_frame_bytes} bytes (source files {listed(list(s.differing_sources))})")
         if not s.pixel_values_identical:
             problems.append(f"sample {s.key}: cached pixel_values differ from the live ones")
-        for what, c in (("VGGT feature", s.feature), ("fused embeddings", s.embeddings)):
+        for what, c in (("VGGT feature", s.feature), ("fused embeddings", s.embeddings), ("ViT features", s.vit)):
             if c is not None and not c.ok:
                 problems.append(f"sample {s.key}: {what} max abs error {c.max_abs:.3g} (bound {c.bound:.3g}), "
                                 f"cosine {c.cosine:.6f} (min {c.min_cosine})")
     compared = [s for s in samples if s.problem is None]
     feature = _summary([s.feature for s in compared if s.feature is not None])
     embeddings = _summary([s.embeddings for s in compared if s.embeddings is not None])
+    vit = _summary([s.vit for s in compared if s.vit is not None])
     detail = f"{len(compared)}/{len(samples)} samples (seed {seed}) compared"
     if compared:
         same = all(s.frames_identical and s.pixel_values_identical for s in compared)
@@ -277,6 +298,8 @@ def live_result(samples: Sequence[LiveSample], profile: Profile, device: torch.d
                        f"{feature['mean_abs']:.3g}, min cosine {feature['min_cosine']:.6f}")
         if embeddings:
             detail += f"; embeddings max abs {embeddings['max_abs']:.3g} (bound {embeddings['min_bound']:.3g})"
+        if vit:
+            detail += f"; ViT features max abs {vit['max_abs']:.3g} (bound {vit['min_bound']:.3g})"
     if embed_note:
         detail += f"; embeddings not checked: {embed_note}"
     if not samples:
@@ -284,10 +307,11 @@ def live_result(samples: Sequence[LiveSample], profile: Profile, device: torch.d
     return result(
         LIVE, problems, detail, seconds, seed=seed, compute=compute,
         tolerances={"feature": asdict(feature_tol), "embeddings": asdict(embed_tol),
+                    "vit": asdict(VIT_TOLERANCES[(device.type, profile.compute_dtype)]),
                     "storage_ulp": STORAGE_ULP[profile.cache.feature_dtype]},
         frames_identical=all(s.frames_identical for s in compared) if compared else None,
         pixel_values_identical=all(s.pixel_values_identical for s in compared) if compared else None,
-        feature=feature, embeddings=embeddings, embeddings_note=embed_note,
+        feature=feature, embeddings=embeddings, embeddings_note=embed_note, vit_features=vit,
         samples=[_sample_dict(s) for s in samples],
     )
 
@@ -311,14 +335,14 @@ def _sample_dict(s: LiveSample) -> dict[str, Any]:
 
     return {"key": s.key, "row": s.row, "problem": s.problem, "frames_identical": s.frames_identical,
             "pixel_values_identical": s.pixel_values_identical, "differing_sources": list(s.differing_sources),
-            "feature": comparison(s.feature), "embeddings": comparison(s.embeddings)}
+            "feature": comparison(s.feature), "embeddings": comparison(s.embeddings), "vit": comparison(s.vit)}
 
 
 @guarded(LIVE)
 def check_live(root: Path | str, profile: Profile | str | Path, index: DatasetIndex | None, rows: Sequence[int],
                seed: int = DEFAULT_SEED, device: torch.device | str | None = None,
                encoder: WindowEncoder | None = None, embed: ImageEmbeddings | None = None,
-               embed_note: str | None = None) -> CheckResult:
+               embed_note: str | None = None, vit: ViTEncoder | None = None) -> CheckResult:
     """The live check of sample ``rows`` (e.g. :func:`choose_live_rows` with ``seed``) in this
     process, against the sources of ``index`` (built with the profile's window history).
 
@@ -330,7 +354,7 @@ def check_live(root: Path | str, profile: Profile | str | Path, index: DatasetIn
         profile = as_profile(profile)
         device = torch.device(device) if device is not None else process_device(profile.device)
         note = embed_note if embed_note is not None else ("" if embed is not None else NOT_ASKED)
-        checker = LiveChecker(root, profile, index, device, encoder, embed, note)
+        checker = LiveChecker(root, profile, index, device, encoder, embed, note, vit)
         unavailable = checker.unavailable()
         samples = [] if unavailable else checker.measure(rows)
         return live_result(samples, profile, device, seed, elapsed(), note, unavailable)

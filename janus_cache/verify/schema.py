@@ -10,7 +10,7 @@ import numpy as np
 
 from janus_cache.store import StoreError
 from janus_cache.store.checksums import metadata_problems
-from janus_cache.store.manifest import ResolutionEntry
+from janus_cache.store.manifest import ResolutionEntry, ViTFeaturesEntry
 from janus_cache.store.layout import (
     REPORT_NAME,
     WDS_LAYOUT_NAME,
@@ -21,6 +21,7 @@ from janus_cache.store.layout import (
     TABLES_GROUP,
     WINDOW_ROWS_COLUMN,
     frames_array,
+    vit_array,
 )
 from janus_cache.verify.cache import CheckedCache, open_checked
 from janus_cache.verify.results import SCHEMA, CheckResult, guarded, result, timer
@@ -39,6 +40,8 @@ def check_schema(root: Path | str) -> CheckResult:
         n_frames, n_samples = _tables(cache, problems)
         for name, entry in m.resolutions.items():
             _frames(cache, name, entry, n_frames, problems)
+            if name in m.vit_features:
+                _vit(cache, m.vit_features[name], n_frames, problems)
             if cache.format == "wds":
                 _wds(cache, name, entry, n_samples, problems)
             else:
@@ -120,6 +123,22 @@ def _frames(cache: CheckedCache, name: str, entry: ResolutionEntry, n_frames: in
     want = (n_frames, *entry.frame_shape)
     if tuple(array.shape) != want or np.dtype(array.dtype) != np.uint8:
         problems.append(f"{path} is {array.dtype} {tuple(array.shape)}, the manifest says uint8 {want}")
+
+
+def _vit(cache: CheckedCache, entry: ViTFeaturesEntry, n_frames: int, problems: list[str]) -> None:
+    """The cached ViT output of a resolution: one row per frame, of the manifest's shape and dtype."""
+    path = vit_array(entry.name)
+    try:
+        array = cache.group.array(path)
+    except (StoreError, OSError, ValueError) as err:
+        problems.append(f"{path}: {err}")
+        return
+    want = (n_frames, *entry.feature_shape)
+    if tuple(array.shape) != want or np.dtype(array.dtype) != np.dtype(entry.stored_dtype):
+        problems.append(f"{path} is {array.dtype} {tuple(array.shape)}, the manifest says {entry.stored_dtype} {want}")
+    if array.attrs.get("logical_dtype") != entry.dtype:
+        problems.append(f"{path} has logical_dtype {array.attrs.get('logical_dtype')!r}, the manifest says "
+                        f"{entry.dtype!r}")
 
 
 def _features(cache: CheckedCache, name: str, entry: ResolutionEntry, n_samples: int, problems: list[str]) -> None:

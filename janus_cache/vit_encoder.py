@@ -1,0 +1,223 @@
+"""The frozen Qwen2.5-VL ViT, run once per frame: the input of its trainable patch merger.
+
+Qwen2.5-VL's vision tower is ``patch_embed -> 32 frozen blocks -> merger``; only the merger (the
+projector) trains in JanusVLN. The blocks' output for a frame depends on nothing but the frame and
+the frozen weights, and a frame is shared by ~9 windows, so the cache can hold it per frame
+(``cache.vit_features``) and training runs only the merger on it.
+
+One function runs the tower for both the live path (the model's forward) and the precompute:
+:func:`run_vit` (pixel values built from uint8 frames on their device, all frames in one call, as
+Qwen's ``get_image_features``). :func:`merger_input` turns its output into what is cached: the last
+block's hidden states ``[frames, grid tokens, D]`` (D = the ViT hidden size, 1280 for the 7B) in
+the pixel values' patch order (Qwen's 2x2-merge-block order). The tower permutes tokens into
+attention windows before its blocks and un-permutes after the merger; the merger acts on each
+block of 4 tokens on its own, so un-permuting its input instead gives the same embeddings
+(:func:`merge_cached`).
+
+The tower's weights come from the profile's Qwen directory (:func:`load_vision_tower`): the
+``visual.*`` tensors of its checkpoint, or, with ``qwen.random_init``, the whole model drawn from
+the seed exactly as the trainer draws it (the vision tower's weights depend on every module drawn
+before them). :func:`vit_fingerprint` hashes the weights of the blocks the cache stands for.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from janus_cache.dtypes import TORCH_DTYPES, dtype_name
+from janus_cache.imaging import qwen_pixel_values
+from janus_cache.profile import LanguageModelSettings, Profile
+from janus_cache.resolution import grid_shape
+from janus_cache.vggt import weights_fingerprint
+
+MERGER_PREFIX = "merger."
+"""Parameter-name prefix of the trainable patch merger inside the vision tower (not fingerprinted:
+the cache holds its input)."""
+CHECKPOINT_PREFIXES = ("model.visual.", "visual.")
+"""Where a Qwen2.5-VL checkpoint keeps the vision tower's tensors (transformers 5, older)."""
+
+
+class ViTLoadError(ValueError):
+    """The profile's Qwen directory does not hold a loadable vision tower; the message names it."""
+
+
+def vit_stored_dtype(compute_dtype: str) -> str:
+    """The dtype ViT features are cached in for a profile computing in ``compute_dtype``: bf16 where
+    the model computes in bf16 (what the live ViT gives the merger), else the compute dtype itself
+    (float32 on the tiny CPU profile, so a cached step equals the live one bit for bit)."""
+    return "bfloat16" if compute_dtype == "bfloat16" else compute_dtype
+
+
+def vit_hidden_size(settings: LanguageModelSettings) -> int:
+    """The ViT hidden size D (1280 for Qwen2.5-VL-7B), from the directory's config.json."""
+    return int(_vision_config_dict(settings)["hidden_size"])
+
+
+def base_model_name(settings: LanguageModelSettings) -> str:
+    """The Qwen directory's name (what the manifest records as the base model: e.g. Qwen2.5-VL-7B-Instruct)."""
+    return Path(settings.path).name
+
+
+def _vision_config_dict(settings: LanguageModelSettings) -> dict[str, Any]:
+    path = Path(settings.path) / "config.json"
+    try:
+        return dict(json.loads(path.read_text())["vision_config"])
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise ViTLoadError(f"{path}: no vision_config to build Qwen's ViT from ({err})") from None
+
+
+def load_vision_tower(settings: LanguageModelSettings, dtype: torch.dtype = torch.float32,
+                      device: str | torch.device = "cpu", attn_implementation: str = "sdpa") -> nn.Module:
+    """Qwen2.5-VL's vision tower (frozen, eval mode) as the trainer's model holds it.
+
+    ``random_init``: the whole model is drawn on the CPU from the seed, as
+    ``janus_train.model.load_qwen`` draws it, and its tower kept. Otherwise only the checkpoint's
+    vision tensors are read (never the 7B language model)."""
+    from transformers import AutoConfig, Qwen2_5_VLForConditionalGeneration
+    from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTransformerPretrainedModel
+
+    path = Path(settings.path)
+    config = AutoConfig.from_pretrained(path, local_files_only=True)
+    if settings.random_init:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(settings.seed)
+            model = Qwen2_5_VLForConditionalGeneration._from_config(
+                config, dtype=dtype, attn_implementation=attn_implementation)
+        visual = model.model.visual
+        del model
+    else:
+        visual = Qwen2_5_VisionTransformerPretrainedModel._from_config(
+            config.vision_config, dtype=dtype, attn_implementation=attn_implementation)
+        state = _checkpoint_vision_state(path)
+        missing, unexpected = visual.load_state_dict(state, strict=False)
+        if missing or unexpected:
+            raise ViTLoadError(f"{path}: the checkpoint's vision tower does not fit its config "
+                               f"(missing {sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]})")
+        visual.to(dtype)
+    visual.requires_grad_(False)
+    return visual.eval().to(device)
+
+
+def _checkpoint_vision_state(path: Path) -> dict[str, torch.Tensor]:
+    """The vision tower's tensors of the safetensors checkpoint in ``path``, keys relative to the tower."""
+    from safetensors import safe_open
+
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise ViTLoadError(f"{path} has no *.safetensors weights; set 'qwen.random_init: true' for a config-only "
+                           "directory")
+    state: dict[str, torch.Tensor] = {}
+    for file in files:
+        with safe_open(str(file), framework="pt") as handle:
+            for key in handle.keys():
+                prefix = next((p for p in CHECKPOINT_PREFIXES if key.startswith(p)), None)
+                if prefix is not None:
+                    state[key[len(prefix):]] = handle.get_tensor(key)
+    if not state:
+        raise ViTLoadError(f"{path}: no vision tower tensors ({' or '.join(CHECKPOINT_PREFIXES)}*) in its checkpoint")
+    return state
+
+
+def vit_fingerprint(visual: nn.Module) -> str:
+    """sha256 over the frozen tower's weights (everything but the merger) and its architecture."""
+    state = {k: v for k, v in visual.state_dict().items() if not k.startswith(MERGER_PREFIX)}
+    digest = hashlib.sha256(weights_fingerprint(state).encode())
+    config = visual.config.to_dict()
+    architecture = {k: config[k] for k in sorted(config) if k in _ARCHITECTURE_KEYS}
+    digest.update(json.dumps(architecture, sort_keys=True).encode())
+    return digest.hexdigest()
+
+
+_ARCHITECTURE_KEYS = frozenset({"depth", "hidden_size", "hidden_act", "intermediate_size", "num_heads", "in_channels",
+                                "patch_size", "spatial_merge_size", "temporal_patch_size", "window_size",
+                                "fullatt_block_indexes"})
+"""Vision config entries that change the blocks' numbers without changing a weight's shape."""
+
+
+def run_vit(visual: nn.Module, frames: torch.Tensor) -> tuple[Any, torch.Tensor]:
+    """Qwen's vision tower on uint8 frames ``[n, H, W, 3]``: (its output, image_grid_thw [n, 3]).
+    Pixel values are built on the frames' device and cast to the tower's dtype, all frames in one
+    call, as Qwen's ``get_image_features`` does. ``.pooler_output`` holds the merged embeddings
+    ``[n * T, out]``; :func:`merger_input` the cached form of the blocks' output."""
+    pixel_values, grid_thw = qwen_pixel_values(frames)
+    return visual(pixel_values.type(visual.dtype), grid_thw=grid_thw), grid_thw
+
+
+def merger_input(visual: nn.Module, output: Any, grid_thw: torch.Tensor) -> torch.Tensor:
+    """The last block's hidden states of :func:`run_vit`'s ``output`` as ``[n, grid tokens, D]`` in
+    the pixel values' patch order (undoing the tower's window permutation)."""
+    from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import get_vision_window_index
+
+    hidden = output.last_hidden_state
+    window_index, _ = get_vision_window_index(grid_thw, spatial_merge_size=visual.spatial_merge_size,
+                                              window_size=visual.window_size, patch_size=visual.patch_size)
+    unit = visual.spatial_merge_unit
+    natural = hidden.view(-1, unit, hidden.shape[-1])[torch.argsort(window_index.to(hidden.device))]
+    n = int(grid_thw.shape[0])
+    return natural.reshape(n, -1, hidden.shape[-1])
+
+
+def merge_cached(visual: nn.Module, vit_features: torch.Tensor) -> torch.Tensor:
+    """The merged image embeddings ``[n * T, out]`` of cached ViT features ``[n, grid tokens, D]``:
+    only the trainable merger runs (in its dtype), on blocks of 4 tokens in patch order."""
+    merger = visual.merger
+    dtype = next(merger.parameters()).dtype
+    return merger(vit_features.reshape(-1, vit_features.shape[-1]).to(dtype))
+
+
+@dataclass
+class ViTEncoder:
+    """The frozen tower of a profile, turning uint8 frames ``[n, H, W, 3]`` into cached ViT features
+    ``[n, grid tokens, D]`` in ``stored_dtype``, ``frames_per_call`` frames per tower call.
+
+    ``frames_per_call`` is the frames of one sample's window (``history + 1``): the batch shape the
+    live path runs at micro batch 1, so precompute and training run the same kernels."""
+
+    visual: nn.Module
+    stored_dtype: str
+    frames_per_call: int
+    fingerprint: str
+    base_model: str
+
+    @classmethod
+    def from_profile(cls, profile: Profile, device: str | torch.device = "cpu",
+                     attn_implementation: str = "sdpa") -> ViTEncoder:
+        visual = load_vision_tower(profile.qwen, TORCH_DTYPES[profile.compute_dtype], device, attn_implementation)
+        return cls(visual, vit_stored_dtype(profile.compute_dtype), profile.cache.history + 1,
+                   vit_fingerprint(visual), base_model_name(profile.qwen))
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.visual.config.hidden_size)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.visual.parameters()).device
+
+    @property
+    def compute_dtype(self) -> str:
+        return dtype_name(self.visual.dtype)
+
+    def feature_shape(self, height: int, width: int) -> tuple[int, int]:
+        """``(grid tokens, D)`` of one ``height`` x ``width`` frame."""
+        gh, gw = grid_shape(height, width)
+        return (gh * gw, self.hidden_size)
+
+    @torch.no_grad()
+    def encode(self, frames: torch.Tensor) -> torch.Tensor:
+        """ViT features of uint8 frames ``[n, H, W, 3]`` in the stored dtype, on the tower's device."""
+        if frames.dim() != 4 or frames.dtype != torch.uint8:
+            raise ValueError(f"expected uint8 frames [n, H, W, 3], got {frames.dtype} {tuple(frames.shape)}")
+        frames = frames.to(self.device, non_blocking=True)
+        parts = []
+        for start in range(0, frames.shape[0], self.frames_per_call):
+            output, grid_thw = run_vit(self.visual, frames[start:start + self.frames_per_call])
+            parts.append(merger_input(self.visual, output, grid_thw))
+        return torch.cat(parts).to(TORCH_DTYPES[self.stored_dtype])
