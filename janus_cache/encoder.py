@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -20,6 +20,8 @@ from janus_cache.imaging import vggt_input
 from janus_cache.profile import CacheSettings, EncoderSettings
 from janus_cache.vggt import AggregatorConfig, VGGTAggregator, weights_fingerprint
 from janus_cache.vggt.checkpoint import load_aggregator_state_dict, resolve_config, resolve_weights_file
+from janus_cache.vggt.attention import SDPA
+from janus_cache.windows import DEFAULT_HISTORY, window_frames
 
 
 def load_aggregator(settings: EncoderSettings, attention: str, device: str | torch.device = "cpu") -> VGGTAggregator:
@@ -37,7 +39,10 @@ def load_aggregator(settings: EncoderSettings, attention: str, device: str | tor
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(settings.seed)
             model = VGGTAggregator.from_config(replace(config, attention=attention))
-    return model.to(device)
+    model = model.to(device)
+    if settings.compile:
+        model.fuse()
+    return model
 
 
 def encoder_fingerprint(model: VGGTAggregator) -> str:
@@ -118,14 +123,48 @@ def encoder_identity(settings: EncoderSettings, attention: str) -> EncoderIdenti
     return EncoderIdentity.of(load_aggregator(settings, attention, "cpu"))
 
 
+# A frame's key for finding repeated frames: every PROBE_STRIDE-th byte. Only a cheap first sort;
+# frames with equal keys are compared whole, so deduplication is exact whatever the key.
+PROBE_STRIDE = 4099
+
+
+def distinct_frames(windows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The distinct frames [U, H, W, 3] of uint8 windows [B, S, H, W, 3] (first appearance order)
+    and the index [B, S] of each window frame among them.
+
+    Overlapping windows of an episode share most frames (and early windows repeat frame 0), so a
+    batch of windows holds far fewer distinct frames than B * S.
+    """
+    b, s = windows.shape[:2]
+    flat = windows.reshape(b * s, -1)
+    keys = flat[:, ::PROBE_STRIDE].cpu().numpy()
+    firsts: list[int] = []  # row in flat of each distinct frame
+    groups: dict[bytes, list[int]] = {}  # key -> distinct frames having it
+    index: list[int] = []
+    for row in range(b * s):
+        same_key = groups.setdefault(keys[row].tobytes(), [])
+        match = next((u for u in same_key if torch.equal(flat[firsts[u]], flat[row])), None)
+        if match is None:
+            match = len(firsts)
+            same_key.append(match)
+            firsts.append(row)
+        index.append(match)
+    return windows.reshape(b * s, *windows.shape[2:])[firsts], torch.tensor(index).view(b, s)
+
+
 @dataclass
 class WindowEncoder:
-    """Turns uint8 windows [B, S, H, W, 3] into reference-frame features [B, N, 2C]."""
+    """Turns uint8 windows [B, S, H, W, 3] into reference-frame features [B, N, 2C].
+
+    With ``dedup`` (the default; off only to measure it) each distinct frame of a call is
+    converted, moved to the device and patch-embedded once; the features are bit-identical.
+    """
 
     model: VGGTAggregator
     reference_frame: str
     layer: int
     feature_dtype: torch.dtype
+    dedup: bool = True
 
     @classmethod
     def from_settings(
@@ -150,8 +189,70 @@ class WindowEncoder:
         if windows.dim() != 5 or windows.dtype != torch.uint8:
             raise ValueError(f"expected uint8 windows [B, S, H, W, 3], got {windows.dtype} {tuple(windows.shape)}")
         b, s, h, w, _ = windows.shape
-        images = vggt_input(windows.to(self.device, non_blocking=True).reshape(b * s, h, w, 3))
+        if not self.dedup:
+            images = vggt_input(windows.to(self.device, non_blocking=True).reshape(b * s, h, w, 3))
+            features = self.model.window_features(
+                images.view(b, s, 3, h, w), reference_frame=self.reference_frame, layer=self.layer
+            )
+            return features.to(self.feature_dtype)
+        frames, index = distinct_frames(windows)
+        images = vggt_input(frames.to(self.device, non_blocking=True))
         features = self.model.window_features(
-            images.view(b, s, 3, h, w), reference_frame=self.reference_frame, layer=self.layer
+            images, reference_frame=self.reference_frame, layer=self.layer, frame_index=index.to(self.device)
         )
         return features.to(self.feature_dtype)
+
+
+# ---------------------------------------------------------------------- levers (for the benches)
+
+
+@dataclass(frozen=True)
+class EncoderLevers:
+    """How the window runs: each speed lever on or off on its own (the benches measure each).
+
+    ``kernel``: an attention kernel name (:mod:`janus_cache.vggt.attention`), ``"sdpa"`` for
+    PyTorch's default dispatch, None for the automatic choice.
+    """
+
+    dedup: bool = True
+    kernel: str | None = None
+    compile: bool = False
+
+    def apply(self, encoder: WindowEncoder) -> WindowEncoder:
+        encoder.model.use_attention_kernel(self.kernel)
+        encoder.model.fuse(self.compile)
+        return replace(encoder, dedup=self.dedup)
+
+
+def lever_settings(kernels: Sequence[str]) -> dict[str, EncoderLevers]:
+    """Today's path (no dedup, PyTorch's SDPA dispatch, eager), each lever alone, then all of them."""
+    baseline = EncoderLevers(dedup=False, kernel=SDPA, compile=False)
+    return {
+        "baseline": baseline,
+        "dedup": replace(baseline, dedup=True),
+        **{f"kernel={name}": replace(baseline, kernel=name) for name in kernels if name != SDPA},
+        "compile": replace(baseline, compile=True),
+        "all": EncoderLevers(dedup=True, kernel=None, compile=True),
+    }
+
+
+def episode_windows(steps: Sequence[int], side: int, frames: int, history: int = DEFAULT_HISTORY,
+                    seed: int = 0) -> torch.Tensor:
+    """uint8 windows [len(steps), history + 1, side, side, 3] of the samples at ``steps`` of one
+    random episode of ``frames`` frames: the frame sharing of real precompute batches."""
+    generator = torch.Generator().manual_seed(seed)
+    episode = torch.randint(0, 256, (frames, side, side, 3), dtype=torch.uint8, generator=generator)
+    return torch.stack([episode[list(window_frames(step, history))] for step in steps])
+
+
+# The benches' lever batches: B = 4 consecutive samples (the h800 profile's vggt_batch) of a
+# 64-frame episode, starting at these steps (padded windows, then linspace ones); about 4.3
+# distinct frames per window, close to a whole episode's average at B = 4.
+LEVER_BATCH = 4
+LEVER_EPISODE_FRAMES = 64
+LEVER_FIRST_STEPS = (0, 16, 32, 48)
+
+
+def lever_batches(side: int) -> list[torch.Tensor]:
+    """The uint8 window batches the benches time each lever on."""
+    return [episode_windows(range(step, step + LEVER_BATCH), side, LEVER_EPISODE_FRAMES) for step in LEVER_FIRST_STEPS]

@@ -63,6 +63,10 @@ class EncoderSettings:
     path: Path | None = setting(None, "A local VGGT-1B checkpoint directory or file (e.g. ${JANUS_VGGT_PATH}).")
     config: Path | None = setting(None, "A tiny aggregator config (JSON) built with seeded random weights.")
     seed: int = setting(0, "Seed of the random weights (with config).")
+    compile: bool = setting(False, "torch.compile the blocks' elementwise work (LayerNorm, q/k norm, RoPE, "
+                            "LayerScale, residual) around the matmuls and attention; features stay within "
+                            "verify's tolerances of the eager path. Off by default: compiling costs minutes "
+                            "at start-up, and its speed-up on a GPU awaits measurement (make bench-gpu).")
 
 
 @dataclass(frozen=True)

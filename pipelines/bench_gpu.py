@@ -34,7 +34,9 @@ from typing import Annotated, Any
 import torch
 import typer
 
-from janus_cache.vggt import window_flops
+from janus_cache.encoder import LEVER_BATCH, WindowEncoder, distinct_frames, lever_batches, lever_settings
+from janus_cache.vggt import VGGTAggregator, window_flops
+from janus_cache.vggt.attention import BENCH_KERNELS
 from janus_train.activation_checkpointing import ActivationCheckpointing
 from janus_train.flops import FlopTable, build_model, build_vggt, count_flops, load_vggt_config
 from janus_train.model import attention_implementation
@@ -171,7 +173,35 @@ def precompute(settings: GpuBenchSettings, device: Device) -> dict[str, Any]:
         "ratio_best": best["windows_per_s"]["median"] / reference,
         "ratio_b1": rows["janus_b1"]["windows_per_s"]["median"] / reference if "windows_per_s" in rows["janus_b1"] else None,
         "target_windows_per_s": TARGET_VGGT_WINDOWS_PER_S,
+        "levers": vggt_levers(vggt, settings, device),
     }
+
+
+def vggt_levers(vggt: VGGTAggregator, settings: GpuBenchSettings, device: Device) -> dict[str, Any]:
+    """Each VGGT speed lever on its own (janus_cache.encoder.lever_settings): the encoder on uint8
+    windows of consecutive samples of one episode, B = 4; compile only on CUDA (minutes on a CPU)."""
+    side, frames = settings.shape.side, settings.shape.images
+    batches = lever_batches(side)
+    flops = window_flops(vggt.config, side, side, frames, last_layer=VGGT_LAYER)
+    encoder = WindowEncoder(vggt, "last", VGGT_LAYER, settings.dtype)
+    rows: dict[str, Any] = {}
+    for name, levers in lever_settings(BENCH_KERNELS[device.device.type]).items():
+        if levers.compile and not device.cuda:
+            continue
+        try:
+            run = levers.apply(encoder)
+            kernel = vggt.attention_kernel(device.device).describe()
+            device.reset_peak()
+            times = timed(device, lambda: [run.encode(w) for w in batches], settings.repeats, settings.warmup)
+        except (RuntimeError, ValueError) as exc:  # a kernel that does not run here, out of memory
+            rows[name] = {"error": (str(exc).strip() or type(exc).__name__).splitlines()[0]}
+            continue
+        finally:
+            vggt.use_attention_kernel(None)
+            vggt.fuse(False)
+        rows[name] = {**_window_row(LEVER_BATCH * len(batches), times, flops, device), "kernel": kernel}
+    distinct = sum(len(distinct_frames(w)[0]) for w in batches) / (LEVER_BATCH * len(batches))
+    return {"rows": rows, "batch": LEVER_BATCH, "distinct_frames_per_window": distinct}
 
 
 def _window_row(batch: int, times: list[float], flops_per_window: float, device: Device) -> dict[str, Any]:

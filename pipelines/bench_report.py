@@ -57,6 +57,21 @@ def flops_markdown(flops: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _lever_lines(levers: dict[str, Any] | None) -> list[str]:
+    """VGGT speed levers, each alone against today's path (B = windows per call, overlapping)."""
+    if not levers:
+        return []
+    lines = [f"| VGGT lever, B={levers['batch']} overlapping windows "
+             f"({levers['distinct_frames_per_window']:.1f} distinct frames/window) | windows/s | TFLOP/s | kernel |",
+             "|---|---|---|---|"]
+    for name, row in levers["rows"].items():
+        if "error" in row:
+            lines.append(f"| {name} | {row['error']} | | |")
+        else:
+            lines.append(f"| {name} | {_st(row['windows_per_s'])} | {row['tflop_per_s']:.1f} | {row['kernel']} |")
+    return [*lines, ""]
+
+
 def gpu_markdown(results: dict[str, Any]) -> str:
     """The GPU bench's table: precompute rows, training rows, ratios, projection (labelled)."""
     pre, train = results["precompute"], results["training"]
@@ -79,6 +94,9 @@ def gpu_markdown(results: dict[str, Any]) -> str:
         f"janus batched (best B={pre['best_batch']}) / reference per-frame loop: **{pre['ratio_best']:.2f}×** "
         f"(B=1: {_fmt(pre['ratio_b1'])}×); target ≥ {pre['target_windows_per_s']:g} windows/s per H100-class GPU.",
         "",
+    ]
+    lines += _lever_lines(pre.get("levers"))
+    lines += [
         "| training step (forward + backward, 1 sample) | s/sample | tokens/s | TFLOP/s | MFU | peak GiB |",
         "|---|---|---|---|---|---|",
     ]

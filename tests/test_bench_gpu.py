@@ -205,6 +205,12 @@ def test_gpu_bench_smoke_mode_runs_every_section_and_writes_table_and_plots(tmp_
     pre, train = results["precompute"], results["training"]
     assert set(pre["rows"]) == {"janus_b1", "janus_b2", "reference_b1"}
     assert all(row["windows_per_s"]["median"] > 0 for row in pre["rows"].values())
+    # Each VGGT lever alone (compile only on CUDA): today's path, dedup, each CPU kernel.
+    levers = pre["levers"]["rows"]
+    assert set(levers) == {"baseline", "dedup", "kernel=sdpa-flash", "kernel=sdpa-math"}
+    assert all(row["windows_per_s"]["median"] > 0 for row in levers.values())
+    assert levers["baseline"]["kernel"] == "sdpa" and levers["kernel=sdpa-math"]["kernel"] == "sdpa-math"
+    assert pre["levers"]["distinct_frames_per_window"] < 9
     rows = train["rows"]
     assert set(rows) == {"janus_full", "janus_none", "janus_every_2", "reference_full"}
     assert all(r["s_per_sample"]["min"] > 0 and r["tokens_per_s"] > 0 for r in rows.values())
@@ -215,6 +221,7 @@ def test_gpu_bench_smoke_mode_runs_every_section_and_writes_table_and_plots(tmp_
     assert results["flops"]["ratio"] > 1
     table = (tmp_path / "gpu_smoke.md").read_text()
     assert "janus_every_2" in table and "reference_full" in table and "Reference / janus FLOPs per step" in table
+    assert "| VGGT lever, B=4 overlapping windows" in table and "| kernel=sdpa-math |" in table
     for plot in ("gpu_smoke_step_breakdown.png", "gpu_smoke_flops.png"):
         with Image.open(tmp_path / plot) as image:
             assert image.size[0] > 500

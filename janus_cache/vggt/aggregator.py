@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from janus_cache.vggt.config import (
@@ -30,8 +29,9 @@ from janus_cache.vggt.config import (
     PatchEmbedConfig,
     ReferenceFrame,
 )
+from janus_cache.vggt.attention import AttentionKernel, KernelChoice, candidate, kernel_for
 from janus_cache.vggt.dino import DinoVisionTransformer
-from janus_cache.vggt.layers import Block, RopeTables
+from janus_cache.vggt.layers import AttendFn, Block, RopeTables
 from janus_cache.vggt.rope import grid_positions, rope_tables
 
 # The GPU encode path runs under autocast in this dtype (LayerNorm and softmax stay float32),
@@ -68,6 +68,7 @@ class _Run:
 
     tokens_per_frame: int
     rope: RopeTables = field(repr=False)
+    attend: AttendFn = field(repr=False)
     cache: KVCache | None = None
     cached_frames: int = 0
 
@@ -139,6 +140,7 @@ class VGGTAggregator(nn.Module):
         self._init_weights()
         self.requires_grad_(False)
         self.eval()
+        self._forced_kernel: AttentionKernel | None = None
 
     # ------------------------------------------------------------------ construction / loading
 
@@ -211,8 +213,38 @@ class VGGTAggregator(nn.Module):
     # ------------------------------------------------------------------------------ public API
 
     def normalize(self, images: Tensor) -> Tensor:
-        """[B, S, 3, H, W] in [0, 1] -> ImageNet-normalised."""
-        return (images - self._resnet_mean) / self._resnet_std
+        """[..., 3, H, W] in [0, 1] -> ImageNet-normalised."""
+        return (images - self._resnet_mean.view(3, 1, 1)) / self._resnet_std.view(3, 1, 1)
+
+    def attention_kernel(self, device: torch.device) -> KernelChoice:
+        """The attention kernel every block runs on ``device``: chosen once per device
+        (:mod:`janus_cache.vggt.attention`) unless :meth:`use_attention_kernel` forced one."""
+        if self._forced_kernel is not None:
+            return KernelChoice(self._forced_kernel)
+        dtype = CUDA_AUTOCAST_DTYPE if device.type == "cuda" else torch.float32
+        head_dims = (self.config.head_dim, self.config.patch_embed.embed_dim // self.config.patch_embed.num_heads)
+        return kernel_for(device, dtype, tuple(sorted(set(head_dims))))
+
+    def use_attention_kernel(self, name: str | None) -> None:
+        """Force the attention kernel ``name`` (see ``attention.CUDA_ORDER``; None: the automatic
+        choice again), e.g. to measure each one."""
+        if name is None:
+            self._forced_kernel = None
+            return
+        kernel = candidate(name)
+        if kernel is None:
+            raise ValueError(f"attention kernel {name!r} is not installed")
+        self._forced_kernel = kernel
+
+    def fuse(self, enabled: bool = True) -> None:
+        """Compile every block's elementwise work around its matmuls and attention (``vggt.compile``);
+        ``enabled=False`` returns to the eager blocks."""
+        for block in (*self.patch_embed.blocks, *self.frame_blocks, *self.global_blocks):
+            block.fuse(enabled)
+
+    @property
+    def fused(self) -> bool:
+        return all(block.fused for block in (*self.patch_embed.blocks, *self.frame_blocks, *self.global_blocks))
 
     def resolve_layer(self, layer: int) -> int:
         """Python-style index into the block pairs (``-2`` = second to last) -> 0-based index."""
@@ -236,6 +268,7 @@ class VGGTAggregator(nn.Module):
         images: Tensor,
         reference_frame: ReferenceFrame = "first",
         layer: int = -2,
+        frame_index: Tensor | None = None,
     ) -> Tensor:
         """Patch-token features [B, N, 2C] of each window's reference frame at block pair ``layer``.
 
@@ -244,14 +277,21 @@ class VGGTAggregator(nn.Module):
         (the oldest one, conditioned on all newer ones). Block pairs after ``layer`` are skipped.
         Runs under ``torch.inference_mode``; the result is an ordinary tensor, usable as input to
         trainable modules.
+
+        With ``frame_index`` [B, S] (integers), ``images`` are distinct frames [U, 3, H, W] and
+        window b is ``images[frame_index[b]]``: each distinct frame goes through the DINOv2 patch
+        embedding once (it sees no other frame, so this is exact), then the windows are gathered.
         """
         if reference_frame not in REFERENCE_FRAMES:
             raise ValueError(f"reference_frame must be one of {REFERENCE_FRAMES}, got {reference_frame!r}")
         layer_index = self.resolve_layer(layer)
         with torch.inference_mode(), self._precision(images.device):
             if reference_frame == "last":
-                images = images.flip(1)
-            (out,) = self._encode(images, layer_index, keep_all=False)
+                if frame_index is None:
+                    images = images.flip(1)
+                else:
+                    frame_index = frame_index.flip(1)
+            (out,) = self._encode(images, layer_index, keep_all=False, frame_index=frame_index)
             features = out[:, -1, self.config.patch_start_idx :]
         # Inference tensors cannot be saved for backward; a clone outside inference mode can.
         return features.clone()
@@ -281,9 +321,14 @@ class VGGTAggregator(nn.Module):
             return torch.autocast("cpu", enabled=False)
         return contextlib.nullcontext()
 
-    def _check_images(self, images: Tensor) -> None:
+    def _check_images(self, images: Tensor, frame_index: Tensor | None = None) -> None:
         p = self.config.patch_size
-        if images.dim() != 5 or images.shape[2] != 3:
+        if frame_index is not None:
+            if images.dim() != 4 or images.shape[1] != 3:
+                raise ValueError(f"expected distinct frames [U, 3, H, W], got shape {tuple(images.shape)}")
+            if frame_index.dim() != 2 or frame_index.dtype not in (torch.int32, torch.int64):
+                raise ValueError(f"expected an integer frame_index [B, S], got {frame_index.dtype} {tuple(frame_index.shape)}")
+        elif images.dim() != 5 or images.shape[2] != 3:
             raise ValueError(f"expected images [B, S, 3, H, W], got shape {tuple(images.shape)}")
         if images.shape[-2] % p or images.shape[-1] % p:
             raise ValueError(f"image size {tuple(images.shape[-2:])} is not a multiple of the patch size {p}")
@@ -300,22 +345,28 @@ class VGGTAggregator(nn.Module):
         positions = grid_positions(rows, cols, self.config.patch_start_idx, device=device)
         return rope_tables(positions, self.config.head_dim, self.config.rope_freq)
 
-    def _encode(self, images: Tensor, last: int, keep_all: bool, cache: KVCache | None = None) -> list[Tensor]:
-        self._check_images(images)
+    def _encode(
+        self, images: Tensor, last: int, keep_all: bool, cache: KVCache | None = None, frame_index: Tensor | None = None
+    ) -> list[Tensor]:
+        self._check_images(images, frame_index)
         cfg = self.config
-        batch, frames, _, height, width = images.shape
+        batch, frames = images.shape[:2] if frame_index is None else frame_index.shape
+        height, width = images.shape[-2:]
         rows, cols = height // cfg.patch_size, width // cfg.patch_size
         tokens_per_frame = cfg.patch_start_idx + rows * cols
         cached_frames = 0 if cache is None else self._check_cache(cache, batch, tokens_per_frame)
-        run = _Run(tokens_per_frame, self._rope(rows, cols, images.device), cache, cached_frames)
+        attend = self.attention_kernel(images.device).kernel.attend
+        run = _Run(tokens_per_frame, self._rope(rows, cols, images.device), attend, cache, cached_frames)
 
-        patches = self.patch_embed(self.normalize(images).reshape(batch * frames, 3, height, width))
+        patches = self.patch_embed(self.normalize(images).reshape(-1, 3, height, width), attend)
+        if frame_index is not None:
+            patches = patches[frame_index.reshape(-1).to(patches.device)]  # [B*S, N, C]
         special = self._special_tokens(batch, frames, starts_sequence=cached_frames == 0)
         tokens = torch.cat((special.to(patches.dtype), patches), dim=1)  # [B*S, P, C]
 
         outputs = []
         for i, (frame_block, global_block) in enumerate(zip(self.frame_blocks[: last + 1], self.global_blocks[: last + 1])):
-            frame_out = frame_block(tokens, run.rope)
+            frame_out = frame_block(tokens, run.rope, run.attend)
             global_out = global_block(
                 frame_out.reshape(batch, frames * tokens_per_frame, cfg.embed_dim),
                 run.rope,
@@ -353,11 +404,13 @@ class VGGTAggregator(nn.Module):
                 k, v = torch.cat((cached_k, k), dim=2), torch.cat((cached_v, v), dim=2)
             cache.keys[index], cache.values[index] = k, v
         if self.config.attention == "full":
-            return F.scaled_dot_product_attention(q, k, v)
-        return _block_causal_attention(q, k, v, run.tokens_per_frame, run.cached_frames)
+            return run.attend(q, k, v)
+        return _block_causal_attention(q, k, v, run.tokens_per_frame, run.cached_frames, run.attend)
 
 
-def _block_causal_attention(q: Tensor, k: Tensor, v: Tensor, tokens_per_frame: int, cached_frames: int) -> Tensor:
+def _block_causal_attention(
+    q: Tensor, k: Tensor, v: Tensor, tokens_per_frame: int, cached_frames: int, attend: AttendFn
+) -> Tensor:
     """Query frame t (after ``cached_frames`` earlier frames) attends to the keys of frames <= t.
 
     One SDPA call per query frame over a key prefix, so no [S*P, S*P] mask is ever built and
@@ -366,7 +419,7 @@ def _block_causal_attention(q: Tensor, k: Tensor, v: Tensor, tokens_per_frame: i
     """
     p = tokens_per_frame
     outputs = [
-        F.scaled_dot_product_attention(
+        attend(
             q[:, :, t * p : (t + 1) * p],
             k[:, :, : (cached_frames + t + 1) * p],
             v[:, :, : (cached_frames + t + 1) * p],

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from janus_cache.vggt.config import PATCH_EMBED_LAYERNORM_EPS, PATCH_EMBED_LAYERSCALE_INIT, PatchEmbedConfig
-from janus_cache.vggt.layers import Block
+from janus_cache.vggt.layers import AttendFn, Block, full_attention
 
 
 class PatchProjection(nn.Module):
@@ -65,8 +65,12 @@ class DinoVisionTransformer(nn.Module):
         grid = grid.permute(0, 2, 3, 1).reshape(1, rows * cols, dim).to(self.pos_embed.dtype)
         return torch.cat((cls_pos, grid), dim=1)
 
-    def forward(self, images: Tensor) -> Tensor:
-        """Normalised images [n, 3, H, W] -> final-norm patch tokens [n, (H/p)*(W/p), C]."""
+    def forward(self, images: Tensor, attend: AttendFn = full_attention) -> Tensor:
+        """Normalised images [n, 3, H, W] -> final-norm patch tokens [n, (H/p)*(W/p), C].
+
+        Each image is embedded on its own (no attention across images), so a frame's tokens do not
+        depend on which other frames share the call.
+        """
         n, _, height, width = images.shape
         rows, cols = height // self.patch_size, width // self.patch_size
         x = self.patch_embed(images)
@@ -77,5 +81,5 @@ class DinoVisionTransformer(nn.Module):
         # Registers go right after cls and get no positional embedding.
         x = torch.cat((x[:, :1], self.register_tokens.expand(n, -1, -1), x[:, 1:]), dim=1)
         for block in self.blocks:
-            x = block(x)
+            x = block(x, attend=attend)
         return self.norm(x)[:, 1 + self.register_tokens.shape[1] :]

@@ -6,6 +6,7 @@ Module and parameter names follow the VGGT checkpoint (``attn.qkv``, ``attn.q_no
 
 from __future__ import annotations
 
+import functools
 from typing import Callable
 
 import torch
@@ -117,9 +118,48 @@ class Block(nn.Module):
 
     def forward(self, x: Tensor, rope: RopeTables | None = None, attend: AttendFn = full_attention) -> Tensor:
         """x [batch, tokens, dim]; ``rope`` tables are per frame and broadcast over the frames in x."""
+        q, k, v = self._attention_inputs(x, rope)
+        return self._residuals(x, attend(q, k, v))
+
+    # The block is two fusable regions around the attention kernel (which stays a separate call:
+    # block-causal prefixes, cached keys, FlashAttention-3). fuse() compiles them.
+
+    def _attention_inputs(self, x: Tensor, rope: RopeTables | None) -> tuple[Tensor, Tensor, Tensor]:
+        """LayerNorm, qkv projection, q/k norm and RoPE: q, k, v in the attention dtype."""
         q, k, v = self.attn.heads(self.norm1(x))
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-        o = attend(*_attention_dtype(q, k, v))
+        return _attention_dtype(q, k, v)
+
+    def _residuals(self, x: Tensor, o: Tensor) -> Tensor:
+        """Output projection, LayerScale and residual, then the MLP branch likewise."""
         x = x + self.ls1(self.attn.merge(o))
         return x + self.ls2(self.mlp(self.norm2(x)))
+
+    def fuse(self, enabled: bool = True) -> None:
+        """Compile both regions with torch.compile: LayerNorm, q/k norm, RoPE, LayerScale and the
+        residual adds become fused kernels around the matmuls. Idempotent; ``enabled=False``
+        returns to the eager regions."""
+        if not enabled:
+            vars(self).pop("_attention_inputs", None)
+            vars(self).pop("_residuals", None)
+            return
+        inputs, residuals = _compiled_regions()
+        self._attention_inputs = functools.partial(inputs, self)  # type: ignore[method-assign]
+        self._residuals = functools.partial(residuals, self)  # type: ignore[method-assign]
+
+    @property
+    def fused(self) -> bool:
+        return "_attention_inputs" in vars(self)
+
+
+@functools.cache
+def _compiled_regions() -> tuple[Callable[..., tuple[Tensor, Tensor, Tensor]], Callable[..., Tensor]]:
+    """The two block regions compiled once for all blocks: the block is an argument and its
+    parameters graph inputs, so one graph serves every block of the same kind. dynamic=None: the
+    first shape compiles static, a second one (another batch size, another count of distinct
+    frames) recompiles once with dynamic sizes rather than once per shape."""
+    return (
+        torch.compile(Block._attention_inputs, dynamic=None),
+        torch.compile(Block._residuals, dynamic=None),
+    )
