@@ -5,14 +5,14 @@ projector) trains in JanusVLN. The blocks' output for a frame depends on nothing
 the frozen weights, and a frame is shared by ~9 windows, so the cache can hold it per frame
 (``cache.vit_features``) and training runs only the merger on it.
 
-One function runs the tower for both the live path (the model's forward) and the precompute:
-:func:`run_vit` (pixel values built from uint8 frames on their device, all frames in one call, as
-Qwen's ``get_image_features``). :func:`merger_input` turns its output into what is cached: the last
-block's hidden states ``[frames, grid tokens, D]`` (D = the ViT hidden size, 1280 for the 7B) in
-the pixel values' patch order (Qwen's 2x2-merge-block order). The tower permutes tokens into
-attention windows before its blocks and un-permutes after the merger; the merger acts on each
-block of 4 tokens on its own, so un-permuting its input instead gives the same embeddings
-(:func:`merge_cached`).
+One function runs the frozen blocks for both the live path (the model's forward) and the
+precompute: :func:`vit_blocks` (on pixel values built from uint8 frames on their device, all frames
+of a call at once, as Qwen's ``get_image_features``). :func:`frame_order` turns its output into
+what is cached: the last block's hidden states ``[frames, grid tokens, D]`` (D = the ViT hidden
+size, 1280 for the 7B) in the pixel values' patch order (Qwen's 2x2-merge-block order). The tower
+permutes tokens into attention windows before its blocks and un-permutes after the merger; the
+merger acts on each block of 4 tokens on its own, so un-permuting its input instead gives the same
+embeddings (:func:`merge_cached`).
 
 The tower's weights come from the profile's Qwen directory (:func:`load_vision_tower`): the
 ``visual.*`` tensors of its checkpoint, or, with ``qwen.random_init``, the whole model drawn from
@@ -141,27 +141,58 @@ _ARCHITECTURE_KEYS = frozenset({"depth", "hidden_size", "hidden_act", "intermedi
 """Vision config entries that change the blocks' numbers without changing a weight's shape."""
 
 
-def run_vit(visual: nn.Module, frames: torch.Tensor) -> tuple[Any, torch.Tensor]:
-    """Qwen's vision tower on uint8 frames ``[n, H, W, 3]``: (its output, image_grid_thw [n, 3]).
-    Pixel values are built on the frames' device and cast to the tower's dtype, all frames in one
-    call, as Qwen's ``get_image_features`` does. ``.pooler_output`` holds the merged embeddings
-    ``[n * T, out]``; :func:`merger_input` the cached form of the blocks' output."""
-    pixel_values, grid_thw = qwen_pixel_values(frames)
-    return visual(pixel_values.type(visual.dtype), grid_thw=grid_thw), grid_thw
+def vit_blocks(visual: nn.Module, pixel_values: torch.Tensor, grid_thw: torch.Tensor,
+               **layout: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """Qwen2.5-VL's ViT up to its patch merger, exactly as its own forward runs it: the hidden
+    states [patches, vision hidden] in the ViT's window order, and that order (``window_index``,
+    per 2x2 merge group). ``layout`` takes precomputed ``position_ids``, ``cu_seqlens``,
+    ``window_index``, ``cu_window_seqlens`` (e.g. on the meta device, whose grids have no values).
+
+    The one function that runs the frozen blocks: the model's live path
+    (``janus_train.model.vit_embeddings``) and the precompute (:class:`ViTEncoder`) both call it."""
+    from transformers.vision_utils import (
+        get_max_seqlen,
+        get_vision_attention_seqlens,
+        get_vision_position_ids,
+        get_vision_window_index,
+    )
+
+    kwargs = dict(layout)
+    position_ids = get_vision_position_ids(grid_thw, visual.spatial_merge_size, kwargs=kwargs)
+    cu_seqlens, max_seqlen = get_vision_attention_seqlens(grid_thw, visual.config, kwargs=kwargs)
+    window_index, cu_window_seqlens = get_vision_window_index(
+        grid_thw, spatial_merge_size=visual.spatial_merge_size, window_size=visual.window_size,
+        patch_size=visual.patch_size, kwargs=kwargs,
+    )
+    max_window_seqlen = get_max_seqlen(cu_window_seqlens, visual.config, kwargs=kwargs, kwarg_name="max_window_seqlen")
+    hidden = visual.patch_embed(pixel_values)
+    rows = hidden.shape[0]
+    hidden = visual.permute_input_for_window_attn(hidden, window_index, seq_len=rows)
+    position_embeddings = tuple(
+        visual.permute_input_for_window_attn(freq, window_index, seq_len=rows)
+        for freq in visual.rotary_pos_emb(hidden, position_ids)
+    )
+    for index, block in enumerate(visual.blocks):
+        full = index in visual.fullatt_block_indexes
+        hidden = block(hidden, cu_seqlens=cu_seqlens if full else cu_window_seqlens,
+                       max_seqlen=max_seqlen if full else max_window_seqlen,
+                       position_embeddings=position_embeddings, **kwargs)
+    return hidden, window_index
 
 
-def merger_input(visual: nn.Module, output: Any, grid_thw: torch.Tensor) -> torch.Tensor:
-    """The last block's hidden states of :func:`run_vit`'s ``output`` as ``[n, grid tokens, D]`` in
-    the pixel values' patch order (undoing the tower's window permutation)."""
-    from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import get_vision_window_index
-
-    hidden = output.last_hidden_state
-    window_index, _ = get_vision_window_index(grid_thw, spatial_merge_size=visual.spatial_merge_size,
-                                              window_size=visual.window_size, patch_size=visual.patch_size)
+def frame_order(visual: nn.Module, hidden: torch.Tensor, window_index: torch.Tensor, frames: int) -> torch.Tensor:
+    """:func:`vit_blocks`' hidden states (window order) as ``[frames, grid tokens, D]`` in the pixel
+    values' patch order: what the cache holds per frame."""
     unit = visual.spatial_merge_unit
     natural = hidden.view(-1, unit, hidden.shape[-1])[torch.argsort(window_index.to(hidden.device))]
-    n = int(grid_thw.shape[0])
-    return natural.reshape(n, -1, hidden.shape[-1])
+    return natural.reshape(frames, -1, hidden.shape[-1])
+
+
+def run_vit(visual: nn.Module, frames: torch.Tensor) -> tuple[Any, torch.Tensor]:
+    """Qwen's whole vision tower (its own forward) on uint8 frames ``[n, H, W, 3]``: (its output,
+    image_grid_thw [n, 3]); ``.pooler_output`` holds the merged embeddings ``[n * T, out]``."""
+    pixel_values, grid_thw = qwen_pixel_values(frames)
+    return visual(pixel_values.type(visual.dtype), grid_thw=grid_thw), grid_thw
 
 
 def merge_cached(visual: nn.Module, vit_features: torch.Tensor) -> torch.Tensor:
@@ -218,6 +249,8 @@ class ViTEncoder:
         frames = frames.to(self.device, non_blocking=True)
         parts = []
         for start in range(0, frames.shape[0], self.frames_per_call):
-            output, grid_thw = run_vit(self.visual, frames[start:start + self.frames_per_call])
-            parts.append(merger_input(self.visual, output, grid_thw))
+            # As the model's live path: pixel values in the tower's dtype, the frames in one call.
+            pixel_values, grid_thw = qwen_pixel_values(frames[start:start + self.frames_per_call])
+            hidden, window_index = vit_blocks(self.visual, pixel_values.type(self.visual.dtype), grid_thw)
+            parts.append(frame_order(self.visual, hidden, window_index, int(grid_thw.shape[0])))
         return torch.cat(parts).to(TORCH_DTYPES[self.stored_dtype])
