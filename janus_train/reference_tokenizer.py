@@ -7,9 +7,8 @@ dict there), it has neither ``vocab.json`` nor ``merges.txt`` (4.50's slow ``Qwe
 them) nor ``added_tokens_decoder``, and its ``preprocessor_config.json`` keeps the pixel bounds in
 ``size`` only (4.50's ``Qwen2VLImageProcessor`` ignores ``size`` and reads ``min_pixels`` /
 ``max_pixels``). So these files are written, not copied: from the folder's ``tokenizer.json`` (the
-tokenizer both versions share), its tokenizer config and chat template, and its image processor as
-janus's own transformers reads it. A folder already in 4.50 form (a released Qwen2.5-VL) comes out
-with the same meaning.
+tokenizer both versions share), its tokenizer config, chat template and image processor config. A
+folder already in 4.50 form (a released Qwen2.5-VL) comes out with the same meaning.
 """
 
 from __future__ import annotations
@@ -117,24 +116,23 @@ def _tokenizer_config(config: dict[str, Any], added_tokens: list[dict[str, Any]]
 
 
 def _image_processor_config(source: Path) -> dict[str, Any]:
-    """The folder's image processor as transformers reads it here, in 4.50's form."""
-    from transformers import AutoImageProcessor
-
-    try:
-        settings = AutoImageProcessor.from_pretrained(str(source), local_files_only=True).to_dict()
-    except (OSError, ValueError, TypeError) as exc:
-        raise TokenizerExportError(f"{source / PREPROCESSOR_CONFIG}: cannot read the image processor: {exc}") from exc
+    """The folder's preprocessor_config.json in 4.50's form. A setting the folder leaves out stays
+    out: 4.50's default for it is transformers 5's."""
+    path = source / PREPROCESSOR_CONFIG
+    if not path.is_file():
+        raise TokenizerExportError(f"{source}: no {PREPROCESSOR_CONFIG}; the reference evaluation reads the image "
+                                   f"processor from it (set qwen.path to the Qwen2.5-VL folder it came with)")
+    settings = _read_json(path)
     size = settings.get("size") or {}
-    min_pixels = settings.get("min_pixels") or size.get("shortest_edge")
-    max_pixels = settings.get("max_pixels") or size.get("longest_edge")
-    if min_pixels is None or max_pixels is None:
-        raise TokenizerExportError(f"{source / PREPROCESSOR_CONFIG}: names no pixel bounds (min_pixels/max_pixels "
-                                   f"or size.shortest_edge/longest_edge)")
     out: dict[str, Any] = {"image_processor_type": IMAGE_PROCESSOR_TYPE, "processor_class": PROCESSOR_CLASS}
     out.update({name: settings[name] for name in IMAGE_SETTINGS if settings.get(name) is not None})
-    # 4.50 ignores a given ``size`` unless min_pixels / max_pixels are set too: write all three.
-    out.update(min_pixels=int(min_pixels), max_pixels=int(max_pixels),
-               size={"shortest_edge": int(min_pixels), "longest_edge": int(max_pixels)})
+    # transformers 5 keeps the pixel bounds in ``size`` only; 4.50 ignores a given ``size`` and
+    # reads min_pixels / max_pixels: write all three.
+    bounds = {"min_pixels": settings.get("min_pixels", size.get("shortest_edge")),
+              "max_pixels": settings.get("max_pixels", size.get("longest_edge"))}
+    if None not in bounds.values():
+        out.update({name: int(value) for name, value in bounds.items()})
+        out["size"] = {"shortest_edge": out["min_pixels"], "longest_edge": out["max_pixels"]}
     return out
 
 

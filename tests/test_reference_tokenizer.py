@@ -185,10 +185,11 @@ def test_a_folder_in_4_50_form_comes_out_with_the_same_files(exported: Path, tmp
         assert path.read_bytes() == (exported / path.name).read_bytes(), path.name
 
 
-def test_a_folder_without_tokenizer_json_is_one_line_naming_it(tmp_path: Path) -> None:
+@pytest.mark.parametrize("missing", ["tokenizer.json", "preprocessor_config.json"])
+def test_a_folder_without_a_needed_file_is_one_line_naming_it(tmp_path: Path, missing: str) -> None:
     source = tmp_path / "qwen"
     shutil.copytree(QWEN_DIR, source)
-    (source / "tokenizer.json").unlink()
+    (source / missing).unlink()
     with pytest.raises(TokenizerExportError) as err:
         write_reference_tokenizer(source, tmp_path)
-    assert str(source) in str(err.value) and "tokenizer.json" in str(err.value) and "\n" not in str(err.value)
+    assert str(source) in str(err.value) and missing in str(err.value) and "\n" not in str(err.value)
