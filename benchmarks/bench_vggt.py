@@ -11,7 +11,7 @@ each attention kernel alone, compile alone, and all levers together. TFLOP/s the
 window's FLOPs (dedup skips some of them). The CPU runs the compile row only with --compile
 (compiling takes minutes there).
 
-    python benchmarks/bench_vggt.py [--cpu-size 224] [--repeats 10] [--compile] [--skip-cuda]
+    python benchmarks/bench_vggt.py [--cpu-size 224] [--repeats 10] [--compile] [--skip-cuda | --skip-cpu]
 
 Prints a table and writes bench/out/vggt.json.
 """
@@ -233,9 +233,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=10, help="timed calls per row (after 2 warm-up calls)")
     parser.add_argument("--compile", action="store_true", help="also the compile row on the CPU (minutes)")
     parser.add_argument("--skip-cuda", action="store_true", help="only run the CPU part")
+    parser.add_argument("--skip-cpu", action="store_true", help="only run the CUDA part (a short GPU session)")
     args = parser.parse_args()
 
-    rows = bench_cpu(args.cpu_size, args.repeats, args.compile)
+    rows = [] if args.skip_cpu else bench_cpu(args.cpu_size, args.repeats, args.compile)
     cuda = torch.cuda.is_available() and not args.skip_cuda
     if cuda:
         rows += bench_cuda(args.repeats)
