@@ -4,14 +4,23 @@
 Full recomputation costs about one extra LLM forward per step and saves the most memory; every
 K-th layer trades part of that memory back for speed, so the measured best can be chosen
 (``make bench-gpu`` measures each).
+
+janus sets the decoder layers' flags itself rather than through transformers'
+``activation_checkpointing_enable``: that one also calls ``enable_input_require_grads()``, which
+hooks the input embedding of every nested pretrained model (for Qwen2.5-VL: the frozen ViT's
+``patch_embed``), so all frozen ViT blocks would record a graph, run in the backward and be
+recomputed; and its ``every_n_layers`` counts ViT blocks together with decoder layers.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 _EVERY = re.compile(r"every_([1-9][0-9]*)")
 
@@ -47,14 +56,25 @@ class ActivationCheckpointing:
     def __str__(self) -> str:
         return {0: "none", 1: "full"}.get(self.every, f"every_{self.every}")
 
-    def apply(self, model: nn.Module) -> None:
-        """Set it on a transformers model (``activation_checkpointing_enable``/``_disable``)."""
-        if self.enabled:
-            model.activation_checkpointing_enable(
-                activation_checkpointing_kwargs={"use_reentrant": False}, every_n_layers=self.every
-            )
-        else:
-            model.activation_checkpointing_disable()
+    def checkpointed(self, layers: int) -> list[bool]:
+        """Which of ``layers`` decoder layers recompute (layer 0, K, 2K, ...)."""
+        return [self.enabled and i % self.every == 0 for i in range(layers)]
+
+    def apply(self, model: nn.Module, layers: Sequence[nn.Module]) -> None:
+        """Set it on the decoder ``layers`` of a transformers ``model``; every other module of the
+        model (the ViT blocks among them) keeps its activations, and any input-grad hook an earlier
+        ``activation_checkpointing_enable`` left on ``model`` is removed."""
+        disable_hooks = getattr(model, "disable_input_require_grads", None)
+        if disable_hooks is not None:
+            disable_hooks()
+        for module in model.modules():
+            if getattr(module, "gradient_checkpointing", False):
+                module.gradient_checkpointing = False
+        # Non-reentrant: inputs need not require grad, so nothing frozen is pulled into autograd.
+        recompute = partial(checkpoint, use_reentrant=False)
+        for layer, on in zip(layers, self.checkpointed(len(layers)), strict=True):
+            layer._gradient_checkpointing_func = recompute
+            layer.gradient_checkpointing = on
 
 
 FULL = ActivationCheckpointing(1)

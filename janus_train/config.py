@@ -10,6 +10,7 @@ from typing import Any
 from janus_cache.profile import CONFIGS_DIR, Profile, ProfileError
 from janus_cache.settings import SettingsError, read_settings, setting
 from janus_train.activation_checkpointing import FULL, ActivationCheckpointing
+from janus_train.kernels import liger_missing
 from janus_train.loss import LossConfig
 from janus_train.model import JanusModelConfig, TrainableParts
 from janus_train.prompt_template import DEFAULT_TEMPLATE, PromptTemplate
@@ -18,6 +19,7 @@ from janus_train.validation import BEST_METRICS, VAL_LOSS
 DEEPSPEED_DIR = CONFIGS_DIR / "deepspeed"
 NONFINITE_POLICIES = ("stop", "skip")
 DAMAGED_SAMPLE_POLICIES = ("stop", "skip")
+ZERO_STAGES = (2, 3)
 RESUME_GRAD_ACCUM_POLICIES = ("adapt", "keep")
 
 
@@ -74,6 +76,15 @@ class TrainSettings:
     empty_cache_every: int = setting(0, "Optimizer steps between CUDA cache flushes (0: never).", min=0)
     live_check_every: int = setting(0, "Optimizer steps between live-feature checks (0: never).", min=0)
     deepspeed: str = setting("zero3.json", "DeepSpeed config file (relative: under configs/deepspeed/).")
+    zero_stage: int = setting(
+        3, "DeepSpeed ZeRO stage: 3 shards weights, gradients and Adam state over the GPUs (the design's default); "
+        "2 keeps the whole bf16 model on every GPU and shards gradients and Adam state: about a third of the traffic "
+        "per sample, ~14 GB more per GPU at 7B (make bench-gpu's projection gives both).", choices=ZERO_STAGES)
+    liger_kernels: bool = setting(
+        False, "Liger-Kernel's fused RMSNorm, SwiGLU and RoPE for Qwen2.5-VL (needs the liger-kernel package).")
+    compile_layers: bool = setting(
+        False, "torch.compile each decoder layer (regional compilation: one layer's compile time; fuses the "
+        "elementwise work between the matmuls).")
     wall_clock_breakdown: bool = setting(False, "DeepSpeed's per-phase timings.")
     alloc_conf: str = setting("", "PYTORCH_CUDA_ALLOC_CONF for the training processes "
                               "(e.g. expandable_segments:True).")
@@ -135,6 +146,9 @@ def load_train_settings(profile: Profile) -> TrainSettings:
     if not deepspeed_config_path(settings).is_file():
         raise ProfileError(f"{profile.source}: setting 'train.deepspeed' names {deepspeed_config_path(settings)}, "
                            "which does not exist")
+    if settings.liger_kernels and (missing := liger_missing()) is not None:
+        raise ProfileError(f"{profile.source}: setting 'train.liger_kernels' asks for Liger's kernels, but {missing}; "
+                           "install it or set train.liger_kernels: false")
     if settings.train_vision and profile.cache.vit_features:
         raise ProfileError(f"{profile.source}: 'train.train_vision' trains the vision tower, but 'cache.vit_features' "
                            "trains from its cached output (the blocks would never run); set one of them to false")
@@ -147,9 +161,15 @@ def deepspeed_config_path(settings: TrainSettings) -> Path:
 
 
 def deepspeed_config(settings: TrainSettings, bf16: bool) -> dict[str, Any]:
-    """The ZeRO-3 file of ``configs/deepspeed`` with the run's batch, clipping and precision filled in."""
+    """The DeepSpeed file of ``configs/deepspeed`` with the run's ZeRO stage, batch, clipping and
+    precision filled in (ZeRO-2 drops the file's stage-3-only settings)."""
     config = json.loads(deepspeed_config_path(settings).read_text())
     config.pop("_comment", None)
+    zero = config.setdefault("zero_optimization", {})
+    zero["stage"] = settings.zero_stage
+    if settings.zero_stage < 3:
+        for key in [key for key in zero if key.startswith("stage3_")]:
+            del zero[key]
     config["train_micro_batch_size_per_gpu"] = settings.micro_batch
     config["gradient_accumulation_steps"] = settings.grad_accum
     config["gradient_clipping"] = settings.gradient_clipping

@@ -34,10 +34,11 @@ from torch.utils.data import Dataset, IterableDataset, Sampler
 
 from janus_cache.index import DatasetIndex
 from janus_cache.imaging import load_frame
-from janus_cache.resolution import Resolution
+from janus_cache.resolution import Resolution, grid_shape
 from janus_cache.store import CacheSample, DamagedData, WdsCacheReader, ZarrCacheReader
 from janus_cache.store.split import epoch_rows
 from janus_train.prompt import EncodedPrompt, PromptBuilder
+from janus_train.rope import RopeIndex
 
 
 @dataclass(frozen=True)
@@ -140,9 +141,10 @@ class LiveSamples(Dataset[TrainItem]):
                          frames=torch.from_numpy(frames), features=None)
 
 
-def collate(items: Sequence[TrainItem | DamagedItem], pad_token_id: int) -> dict[str, Any]:
+def collate(items: Sequence[TrainItem | DamagedItem], pad_token_id: int, rope: RopeIndex | None = None) -> dict[str, Any]:
     """A micro-batch: padded prompt tensors, frames [B, S, H, W, 3] uint8, features [B, N, 2C] or None,
-    vit_features [B, S, T, D] or None.
+    vit_features [B, S, T, D] or None; with ``rope``, the M-RoPE ``position_ids`` [3, B, L] too
+    (built here, in the loader worker, not in the training process's forward).
 
     Damaged items are left out; their errors are listed under ``"damaged"`` (only when there are
     any: a micro-batch of damaged items only is ``{"damaged": [...]}``)."""
@@ -159,6 +161,10 @@ def collate(items: Sequence[TrainItem | DamagedItem], pad_token_id: int) -> dict
     batch["features"] = None if any(f is None for f in features) else torch.stack(features)
     vit = [item.vit_features for item in items]
     batch["vit_features"] = None if any(v is None for v in vit) else torch.stack(vit)
+    if rope is not None:
+        _, images, height, width, _ = batch["frames"].shape
+        batch["position_ids"] = rope(batch["input_ids"], batch["mm_token_type_ids"], batch["attention_mask"],
+                                     grid_shape(height, width), images)
     if damaged:
         batch["damaged"] = damaged
     return batch

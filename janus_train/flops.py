@@ -6,14 +6,20 @@ config files, and one step of each path of :mod:`janus_train.workload` runs unde
 code that runs in training and in the GPU bench, at the real 7B / VGGT-1B shapes, in seconds.
 
 Components: ``vggt`` (the reference runs VGGT in every step; janus ran it once, in precompute),
-``vit`` (Qwen's frozen ViT; the same in both paths), ``merger`` (VGGT merger and embedding
-fusion), ``llm_forward``, ``logits`` (LM head + losses), ``backward`` (without recomputation) and
-``recompute`` (the extra forward that activation checkpointing replays in the backward pass).
+``vit`` (the forward of Qwen's frozen ViT blocks and patch embedding; the same in both paths, none
+with the ViT cache), ``vit_backward`` (what the backward and its recompute run through those
+blocks: zero while the frozen ViT stays outside autograd), ``merger`` (Qwen's trainable ViT patch
+merger, the VGGT merger and the embedding fusion), ``llm_forward``, ``logits`` (LM head +
+losses), ``backward`` (without recomputation) and ``recompute`` (the extra forward that activation
+checkpointing replays in the backward pass).
 
-Two meta-device specifics: Qwen's ViT derives its window layout from ``image_grid_thw`` values,
-which meta tensors do not have, so the ViT blocks are counted once at one image, with the layout
-computed on the CPU, and multiplied by the images of a sample (images never attend to each other,
-so this is exact); inside the step the ViT contributes its merger only. Attention is counted as
+The ViT is counted as the model runs it (:func:`janus_train.model.vit_embeddings`, in training
+mode under the step's checkpointing policy), forward and backward, so a frozen ViT pulled into
+autograd shows as ``vit_backward``. Two meta-device specifics: Qwen's ViT derives its window
+layout from ``image_grid_thw`` values, which meta tensors do not have, so the ViT is counted once
+at one image, with the layout computed on the CPU, and multiplied by the images of a sample
+(images never attend to each other, so this is exact); inside the step the ViT contributes its
+patch merger only, run on the blocks' output as the ViT cache gives it. Attention is counted as
 PyTorch's counter counts it: dense (a causal mask's skipped half is not subtracted).
 """
 
@@ -21,7 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -32,10 +38,13 @@ from transformers.vision_utils import get_vision_cu_seqlens, get_vision_position
 
 from janus_cache.vggt import AggregatorConfig, VGGTAggregator, window_flops
 from janus_train.activation_checkpointing import FULL, NONE, ActivationCheckpointing
-from janus_train.model import JanusModelConfig, JanusVLNModel
+from janus_train.model import JanusModelConfig, JanusVLNModel, TrainableParts, vit_embeddings, vit_merge
 from janus_train.workload import VGGT_LAYER, SampleShape, StepRunner, make_batch, stream_window_features
 
-COMPONENTS: tuple[str, ...] = ("vggt", "vit", "merger", "llm_forward", "logits", "backward", "recompute")
+COMPONENTS: tuple[str, ...] = ("vggt", "vit", "vit_backward", "merger", "llm_forward", "logits", "backward",
+                               "recompute")
+VIT_COMPONENTS = ("vit", "vit_backward")
+"""What the frozen ViT blocks cost; neither runs with the ViT cache."""
 META = torch.device("meta")
 
 
@@ -69,6 +78,13 @@ class FlopTable:
     models: dict[str, str] = field(default_factory=dict)
 
     @property
+    def janus_vit_cache(self) -> StepFlops:
+        """The janus step with the ViT cache (``cache.vit_features``): the ViT blocks do not run,
+        only their patch merger, on the cached output (paid once per frame in precompute)."""
+        return StepFlops("janus_vit_cache", {name: 0.0 if name in VIT_COMPONENTS else value
+                                             for name, value in self.janus.components.items()})
+
+    @property
     def ratio(self) -> float:
         """Reference FLOPs per step over janus FLOPs per step."""
         return self.reference.total / self.janus.total
@@ -79,8 +95,10 @@ class FlopTable:
             "checkpointing": self.checkpointing,
             "models": self.models,
             "janus": self.janus.components,
+            "janus_vit_cache": self.janus_vit_cache.components,
             "reference": self.reference.components,
             "janus_total": self.janus.total,
+            "janus_vit_cache_total": self.janus_vit_cache.total,
             "reference_total": self.reference.total,
             "precompute_vggt_per_sample": self.precompute_vggt,
             "ratio": self.ratio,
@@ -104,6 +122,7 @@ class PhaseCounter:
 def build_model(
     qwen: Path | PretrainedConfig, feature_dim: int, merger_hidden: int = 4096, device: torch.device = META,
     dtype: torch.dtype = torch.bfloat16, attn_implementation: str = "sdpa",
+    trainable: TrainableParts | None = None,
 ) -> JanusVLNModel:
     """A JanusVLN model of the Qwen2.5-VL architecture ``qwen`` (a config, or a directory with its
     ``config.json``), built directly on ``device`` (random weights; none on the meta device)."""
@@ -111,7 +130,8 @@ def build_model(
     with torch.device(device):
         qwen = Qwen2_5_VLForConditionalGeneration._from_config(config, dtype=dtype,
                                                                 attn_implementation=attn_implementation)
-        return JanusVLNModel(qwen, feature_dim, JanusModelConfig(merger_hidden=merger_hidden))
+        model_config = JanusModelConfig(merger_hidden=merger_hidden, trainable=trainable or TrainableParts())
+        return JanusVLNModel(qwen, feature_dim, model_config)
 
 
 def build_vggt(config: AggregatorConfig, device: torch.device = META) -> VGGTAggregator:
@@ -135,8 +155,28 @@ def qwen_config(qwen_dir: Path, layers: int | None = None, vision_full: tuple[bo
     return Qwen2_5_VLConfig.from_dict(values)
 
 
-def vit_block_flops(qwen_dir: Path, shape: SampleShape) -> float:
-    """FLOPs of Qwen's ViT without its merger for the images of one sample.
+@dataclass(frozen=True)
+class VitFlops:
+    """FLOPs of Qwen's ViT without its patch merger: the forward, and what the backward (with its
+    recompute) runs through it."""
+
+    forward: float
+    backward: float
+
+    def __add__(self, other: VitFlops) -> VitFlops:
+        return VitFlops(self.forward + other.forward, self.backward + other.backward)
+
+    def __sub__(self, other: VitFlops) -> VitFlops:
+        return VitFlops(self.forward - other.forward, self.backward - other.backward)
+
+    def __mul__(self, factor: float) -> VitFlops:
+        return VitFlops(self.forward * factor, self.backward * factor)
+
+
+def vit_block_flops(qwen_dir: Path, shape: SampleShape, checkpointing: ActivationCheckpointing = NONE,
+                    trainable: TrainableParts | None = None) -> VitFlops:
+    """FLOPs of Qwen's ViT without its merger for the images of one sample, as a training step of a
+    model with ``trainable`` parts under ``checkpointing`` runs it.
 
     Counted at one image (images never attend to each other) with the window layout computed on
     the CPU, for 1 window + 1 full-attention block, 2 + 1 and 1 + 2, and extrapolated to the real
@@ -145,16 +185,21 @@ def vit_block_flops(qwen_dir: Path, shape: SampleShape) -> float:
     real = qwen_config(qwen_dir).vision_config
     n_full = len(real.fullatt_block_indexes)
 
-    def count(blocks: tuple[bool, ...]) -> float:
-        visual = build_model(qwen_config(qwen_dir, layers=1, vision_full=blocks), 2).qwen.model.visual
-        return _vit_flops_one_image(visual, shape)
+    def count(blocks: tuple[bool, ...]) -> VitFlops:
+        model = build_model(qwen_config(qwen_dir, layers=1, vision_full=blocks), 2, trainable=trainable)
+        model.set_gradient_checkpointing(checkpointing)
+        return vit_flops_one_image(model, shape)
 
     one_each = count((False, True))
     window, full = count((False, False, True)) - one_each, count((False, True, True)) - one_each
-    return (one_each + (real.depth - n_full - 1) * window + (n_full - 1) * full) * shape.images
+    return (one_each + window * (real.depth - n_full - 1) + full * (n_full - 1)) * shape.images
 
 
-def _vit_flops_one_image(visual: torch.nn.Module, shape: SampleShape) -> float:
+def vit_flops_one_image(model: JanusVLNModel, shape: SampleShape) -> VitFlops:
+    """One image through the model's ViT in training mode (:func:`janus_train.model.vit_embeddings`,
+    the trainer's code): forward and backward FLOPs less those of the patch merger alone."""
+    visual = model.qwen.model.visual
+    model.train()
     vc = visual.config
     gh, gw = shape.side // vc.patch_size, shape.side // vc.patch_size
     grid = torch.tensor([[1, gh, gw]])
@@ -169,17 +214,25 @@ def _vit_flops_one_image(visual: torch.nn.Module, shape: SampleShape) -> float:
     }
     patch_dim = vc.in_channels * vc.temporal_patch_size * vc.patch_size**2
     pixel_values = torch.empty(gh * gw, patch_dim, device=visual.device, dtype=visual.dtype)
-    with torch.no_grad():
-        with FlopCounterMode(display=False) as whole:
-            visual(pixel_values, grid, **layout)
-        with FlopCounterMode(display=False) as merger:
-            visual.merger(torch.empty(gh * gw, vc.hidden_size, device=visual.device, dtype=visual.dtype))
-    return float(whole.get_total_flops() - merger.get_total_flops())
+    hidden = torch.empty(gh * gw, vc.hidden_size, device=visual.device, dtype=visual.dtype)
+    whole = _forward_backward_flops(lambda: vit_embeddings(visual, pixel_values, grid, **layout))
+    merger = _forward_backward_flops(lambda: vit_merge(visual, hidden, layout["window_index"]))
+    model.zero_grad(set_to_none=True)
+    return whole - merger
+
+
+def _forward_backward_flops(forward: Callable[[], torch.Tensor]) -> VitFlops:
+    with FlopCounterMode(display=False) as counted_forward:
+        out = forward()
+    with FlopCounterMode(display=False) as counted_backward:
+        if out.requires_grad:
+            out.sum().backward()
+    return VitFlops(float(counted_forward.get_total_flops()), float(counted_backward.get_total_flops()))
 
 
 def merger_only(model: JanusVLNModel, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> torch.Tensor:
-    """Stand-in for the ViT inside a meta-device step: its merger on hidden states of the right shape
-    (the blocks are counted by :func:`vit_block_flops`)."""
+    """The ViT inside a meta-device step as the ViT cache runs it: its patch merger on hidden
+    states of the right shape (the blocks are counted by :func:`vit_block_flops`)."""
     visual = model.qwen.model.visual
     rows = pixel_values.shape[0]
     return visual.merger(torch.empty(rows, visual.config.hidden_size, device=pixel_values.device, dtype=visual.dtype))
@@ -216,7 +269,10 @@ def count_step(runner: StepRunner, path: str, batch: dict[str, torch.Tensor],
         runner.step(path, batch, counter)
         counted[policy.every] = counter.flops
     plain = counted[0]
-    flops = {name: plain.get(name, 0.0) for name in COMPONENTS if name != "recompute"}
+    flops = {name: plain.get(name, 0.0) for name in COMPONENTS if name not in ("recompute", *VIT_COMPONENTS)}
+    # The step's "vit" phase is the patch merger alone (the blocks: vit_block_flops).
+    flops["merger"] += plain.get("vit", 0.0)
+    flops.update(dict.fromkeys(VIT_COMPONENTS, 0.0))
     flops["recompute"] = counted[checkpointing.every]["backward"] - plain["backward"] if checkpointing.enabled else 0.0
     return flops
 
@@ -253,11 +309,11 @@ def count_flops(
         return {path: count_step(runner, path, batch, checkpointing) for path in ("janus", "reference")}
 
     two, three = counted(2), counted(3)
-    vit_blocks = vit_block_flops(qwen_dir, shape)
+    vit_blocks = vit_block_flops(qwen_dir, shape, checkpointing)
     steps = {}
     for path in ("janus", "reference"):
         flops = {name: two[path][name] + (layers - 2) * (three[path][name] - two[path][name]) for name in COMPONENTS}
-        flops["vit"] += vit_blocks
+        flops["vit"], flops["vit_backward"] = vit_blocks.forward, vit_blocks.backward
         if path == "reference":
             flops["vggt"] = vggt_stream_flops(aggregator, shape)
         steps[path] = StepFlops(path, flops)

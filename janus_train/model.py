@@ -10,12 +10,16 @@ Per micro-batch (B samples, each with S images of H x W pixels and one VGGT feat
    batch without features, from the encoder run on the same frames (live). The merger maps it to
    ``T`` embeddings, which are added, times ``lam``, to the image embeddings of every image of
    *that* sample (JanusVLN adds one 3-D embedding to all images of a sample).
-3. Image embeddings replace the ``<|image_pad|>`` token embeddings; M-RoPE positions come from
-   Qwen's own ``get_rope_index``; the language model runs on the embeddings.
+3. Image embeddings replace the ``<|image_pad|>`` token embeddings; M-RoPE positions come with the
+   batch (built by the loader workers, :mod:`janus_train.rope`) or, for a batch without them, from
+   Qwen's own ``get_rope_index`` here; the language model runs on the embeddings.
 4. Token logits are computed only for the supervised answer tokens; the action head reads the
    hidden state just before the answer. The forward returns the loss sums
    (:class:`janus_train.loss.LossParts`); :func:`janus_train.loss.micro_batch_loss` turns them into
    the loss with the accumulated batch's denominators.
+
+A frozen ViT (patch embedding and blocks) runs outside autograd (:func:`vit_embeddings`): no
+graph, nothing of it in the backward; only its trainable patch merger and what follows record one.
 
 Where Qwen's ViT would use ``sdpa`` it runs one varlen FlashAttention call per layer on CUDA
 (:mod:`janus_train.vision_attention`) instead of one SDPA call per attention window.
@@ -40,6 +44,7 @@ from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VLRMSNorm
 
 from janus_cache.index import ACTIONS
 from janus_cache.encoder import WindowEncoder
+from janus_cache.imaging import qwen_pixel_values
 from janus_cache.profile import EncoderSettings, LanguageModelSettings, Profile
 from janus_cache.dtypes import TORCH_DTYPES
 from janus_cache.qwen_vision import MERGE_SIZE
@@ -47,7 +52,9 @@ from janus_cache.resolution import grid_shape, visual_tokens_for_shape
 from janus_cache.vggt import AggregatorConfig
 from janus_cache.vggt.checkpoint import resolve_config, resolve_weights_file
 from janus_cache.vit_encoder import MERGER_PREFIX as VIT_MERGER_PREFIX
-from janus_cache.vit_encoder import merge_cached, run_vit
+# The frozen blocks and the merger's order: one function each for the live and the cached ViT path.
+from janus_cache.vit_encoder import merge as vit_merge
+from janus_cache.vit_encoder import merge_cached, vit_blocks
 from janus_train.activation_checkpointing import ActivationCheckpointing
 from janus_train.loss import (
     DEFAULT_LOGIT_CHUNK_ROWS,
@@ -55,6 +62,7 @@ from janus_train.loss import (
     action_cross_entropy,
     token_cross_entropy,
 )
+from janus_train.rope import RopeIndex
 from janus_train.vision_attention import use_varlen_vision_attention
 
 PARTS: tuple[str, ...] = ("language_model", "projector", "vision_tower", "vggt_merger", "action_head")
@@ -325,9 +333,11 @@ class JanusVLNModel(nn.Module):
         return [group for group in groups.values() if group["params"]]
 
     def set_gradient_checkpointing(self, policy: bool | ActivationCheckpointing) -> None:
-        """Recompute Qwen's decoder (and ViT) layer activations in the backward pass: all layers
-        (``True``), none (``False``) or as an :class:`ActivationCheckpointing` policy says."""
-        (ActivationCheckpointing.parse(policy) if isinstance(policy, bool) else policy).apply(self.qwen)
+        """Recompute Qwen's decoder layer activations in the backward pass: all layers (``True``),
+        none (``False``) or as an :class:`ActivationCheckpointing` policy says (counting decoder
+        layers only). The ViT blocks never recompute: frozen, they run outside autograd."""
+        policy = ActivationCheckpointing.parse(policy) if isinstance(policy, bool) else policy
+        policy.apply(self.qwen, self.qwen.model.language_model.layers)
 
     @property
     def gradient_checkpointing(self) -> bool:
@@ -376,13 +386,11 @@ class JanusVLNModel(nn.Module):
         per_image = image_embeds.shape[2]
         inputs_embeds = self._embed_tokens(input_ids, image_embeds.view(b * s * per_image, -1))
 
-        # M-RoPE positions on the CPU: Qwen's rope index walks the sequence in Python.
-        position_ids, _ = self.qwen.model.get_rope_index(
-            input_ids.cpu(),
-            _required(batch, "mm_token_type_ids").cpu(),
-            image_grid_thw=torch.tensor([[1, *grid]], dtype=torch.int64).expand(b * s, 3),
-            attention_mask=attention_mask.cpu(),
-        )
+        # M-RoPE positions: built by the loader workers (janus_train.data.collate), else here.
+        position_ids = batch.get("position_ids")
+        if position_ids is None:
+            position_ids = RopeIndex(self.qwen.config)(input_ids, _required(batch, "mm_token_type_ids"),
+                                                       attention_mask, grid, s)
         hidden = self.qwen.model.language_model(
             inputs_embeds=inputs_embeds,
             attention_mask=attention_mask.to(device, non_blocking=True),
@@ -449,9 +457,11 @@ def fuse_image_embeddings(visual: nn.Module, merger: VGGTMerger, lam: float, fra
     b, s, height, width, _ = frames.shape
     grid = grid_shape(height, width)
     if vit_features is not None:
-        image_embeds = _merge_cached_vit(visual, vit_features, (b, s, grid[0] * grid[1]), frames.device)
+        image_embeds = _merge_cached_vit(visual, vit_features, (b, s), grid, frames.device)
     else:
-        image_embeds = run_vit(visual, frames.reshape(b * s, height, width, 3))[0].pooler_output
+        pixel_values, image_grid_thw = qwen_pixel_values(frames.reshape(b * s, height, width, 3))
+        # As Qwen's get_image_features: pixel values in the tower's dtype, all images in one pass.
+        image_embeds = vit_embeddings(visual, pixel_values.type(visual.dtype), image_grid_thw)
     per_image = image_embeds.shape[0] // (b * s)
     merger_dtype = merger.norm.weight.dtype
     vggt_embeds = merger(features.to(frames.device, merger_dtype, non_blocking=True), grid)
@@ -461,10 +471,10 @@ def fuse_image_embeddings(visual: nn.Module, merger: VGGTMerger, lam: float, fra
     return image_embeds.view(b, s, per_image, -1) + lam * vggt_embeds.unsqueeze(1).to(image_embeds.dtype)
 
 
-def _merge_cached_vit(visual: nn.Module, vit_features: torch.Tensor, frames: tuple[int, int, int],
+def _merge_cached_vit(visual: nn.Module, vit_features: torch.Tensor, frames: tuple[int, int], grid: tuple[int, int],
                       device: torch.device) -> torch.Tensor:
     """The merger's embeddings [B*S*T, hidden] of cached ViT features [B, S, grid tokens, D]."""
-    b, s, tokens = frames
+    (b, s), tokens = frames, grid[0] * grid[1]
     expected = (b, s, tokens, int(visual.config.hidden_size))
     if tuple(vit_features.shape) != expected:
         raise ModelInputError(f"vit_features have shape {tuple(vit_features.shape)}, expected {list(expected)} "
@@ -472,7 +482,23 @@ def _merge_cached_vit(visual: nn.Module, vit_features: torch.Tensor, frames: tup
     if any(p.requires_grad for name, p in visual.named_parameters() if not name.startswith(VIT_MERGER_PREFIX)):
         raise ModelInputError("the batch has cached vit_features but the vision tower trains (its blocks would "
                               "get no gradient); set cache.vit_features: false or freeze the vision tower")
-    return merge_cached(visual, vit_features.to(device, non_blocking=True).reshape(b * s, tokens, expected[3]))
+    return merge_cached(visual, vit_features.to(device, non_blocking=True).reshape(b * s, tokens, expected[3]), grid)
+
+
+def vision_tower_trains(visual: nn.Module) -> bool:
+    """Whether any parameter of Qwen's ViT outside its patch merger (the projector) trains."""
+    return any(p.requires_grad for name, p in visual.named_parameters() if not name.startswith(VIT_MERGER_PREFIX))
+
+
+def vit_embeddings(visual: nn.Module, pixel_values: torch.Tensor, grid_thw: torch.Tensor, **layout: Any) -> torch.Tensor:
+    """Qwen's image embeddings (its ViT's ``pooler_output``). A frozen vision tower runs outside
+    autograd: no graph, no saved activations, nothing in the backward, whatever hook a library put
+    on its input embedding; only the trainable patch merger records its graph."""
+    if vision_tower_trains(visual):
+        return vit_merge(visual, *vit_blocks(visual, pixel_values, grid_thw, **layout))
+    with torch.no_grad():
+        hidden, window_index = vit_blocks(visual, pixel_values, grid_thw, **layout)
+    return vit_merge(visual, hidden, window_index)
 
 
 def _required(batch: Mapping[str, torch.Tensor | None], name: str) -> torch.Tensor:

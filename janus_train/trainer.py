@@ -43,6 +43,8 @@ from janus_train.checkpoints import Checkpoints, tag_name
 from janus_train.config import TrainSettings, deepspeed_config, load_train_settings
 from janus_train.damaged import DamagedSample, draw_step
 from janus_train.data import CachedSamples, LiveSamples, StreamedSamples, collate
+from janus_train.kernels import apply_liger, compile_decoder_layers
+from janus_train.rope import RopeIndex
 from janus_train.elastic import (
     DataLayout,
     GradAccum,
@@ -224,6 +226,12 @@ class Trainer:
         live = live_data is not None or settings.live_check_every > 0
         model = start_model(profile, settings, live=live, device=self.device)
         model.set_gradient_checkpointing(settings.gradient_checkpointing)
+        # The loader workers build each batch's M-RoPE positions (off the training process's critical path).
+        self.rope = RopeIndex(model.qwen.config)
+        if settings.liger_kernels:  # load_train_settings refused it where liger-kernel is missing
+            apply_liger(model.qwen)
+        if settings.compile_layers:
+            compile_decoder_layers(model.qwen.model.language_model.layers)
         self.loss_config = settings.loss_config()
         planned = self.steps_per_epoch * settings.epochs
         self.total_steps = min(planned, settings.max_steps) if settings.max_steps > 0 else planned
@@ -344,7 +352,7 @@ class Trainer:
                 self.dataset,
                 batch_size=self.settings.micro_batch,
                 sampler=sampler,
-                collate_fn=partial(collate, pad_token_id=self.pad_token_id),
+                collate_fn=partial(collate, pad_token_id=self.pad_token_id, rope=self.rope),
                 num_workers=self.settings.num_workers,
                 drop_last=True,
             )

@@ -1,8 +1,9 @@
 """One training sample at a chosen shape, and the two ways of running a training step on it.
 
 * **janus** (the cached path): the VGGT feature comes with the batch; ``pixel_values`` are built
-  on the model's device from the uint8 frames; token logits only at the supervised rows
-  (:func:`janus_train.loss.token_cross_entropy`).
+  on the model's device from the uint8 frames and run through the frozen ViT outside autograd, or,
+  for a batch with ``vit_features`` (the ViT cache), only the ViT's patch merger runs on those;
+  token logits only at the supervised rows (:func:`janus_train.loss.token_cross_entropy`).
 * **reference** (JanusVLN's way): VGGT runs on the window frame by frame with a key/value cache
   (all block pairs, as the reference forward does); ``pixel_values`` are built on the CPU and
   copied to the device; logits over the full vocabulary for every position, in float32.
@@ -29,7 +30,8 @@ from janus_cache.resolution import grid_shape, visual_tokens_for_shape
 from janus_cache.vggt import VGGTAggregator
 from janus_train.loss import action_cross_entropy, token_cross_entropy
 from janus_train.prompt import IGNORE_INDEX, N_SEGMENTS
-from janus_train.model import JanusVLNModel
+from janus_train.model import JanusVLNModel, vit_embeddings
+from janus_train.rope import RopeIndex
 
 Phase = Callable[[str], contextlib.AbstractContextManager[None]]
 """``phase(name)``: a context manager around one phase of a step (timing, FLOP counting, nothing)."""
@@ -69,10 +71,11 @@ def no_phase(name: str) -> contextlib.AbstractContextManager[None]:
     return contextlib.nullcontext()
 
 
-def make_batch(model: JanusVLNModel, shape: SampleShape, seed: int = 0) -> dict[str, torch.Tensor]:
+def make_batch(model: JanusVLNModel, shape: SampleShape, seed: int = 0, vit_cache: bool = False) -> dict[str, torch.Tensor]:
     """A one-sample micro-batch of the layout :meth:`JanusVLNModel.forward` takes, on the CPU (as a
     loader delivers it): random uint8 frames and VGGT feature, token ids with the model's special
-    tokens, an answer of ``N_SEGMENTS`` equal segments."""
+    tokens, an answer of ``N_SEGMENTS`` equal segments; ``vit_cache``: the frames' ViT output too
+    (``vit_features`` [1, S, grid tokens, ViT hidden], as the ViT cache delivers it)."""
     config = model.qwen.config
     generator = torch.Generator().manual_seed(seed)
     # Ordinary text ids stay below the special tokens, which sit at the top of Qwen's vocabulary.
@@ -94,13 +97,23 @@ def make_batch(model: JanusVLNModel, shape: SampleShape, seed: int = 0) -> dict[
     loss_weights = (labels != IGNORE_INDEX).float()
     grid = grid_shape(shape.side, shape.side)
     features = torch.randn(1, grid[0] * grid[1], model.feature_dim, generator=generator)
+    attention_mask = torch.ones(1, length, dtype=torch.int64)
+    mm_token_type_ids = (ids == config.image_token_id).long()[None]
+    extra = {}
+    if vit_cache:
+        visual = model.qwen.model.visual
+        extra["vit_features"] = torch.randn(1, shape.images, grid[0] * grid[1], visual.config.hidden_size,
+                                            generator=generator).to(visual.dtype)
     return {
+        **extra,
         "input_ids": ids[None],
-        "attention_mask": torch.ones(1, length, dtype=torch.int64),
+        "attention_mask": attention_mask,
         "labels": labels[None],
         "segment_ids": segment_ids[None],
         "loss_weights": loss_weights[None],
-        "mm_token_type_ids": (ids == config.image_token_id).long()[None],
+        "mm_token_type_ids": mm_token_type_ids,
+        # As janus's loader workers build them (janus_train.data.collate).
+        "position_ids": RopeIndex(config)(ids[None], mm_token_type_ids, attention_mask, grid, shape.images),
         "action_positions": torch.tensor([start - 1]),
         "action_ids": torch.tensor([0]),
         "frames": torch.randint(0, 256, (1, shape.images, shape.side, shape.side, 3), dtype=torch.uint8,
@@ -110,8 +123,17 @@ def make_batch(model: JanusVLNModel, shape: SampleShape, seed: int = 0) -> dict[
 
 
 def run_vit(model: JanusVLNModel, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> torch.Tensor:
-    """Qwen's ViT as the model runs it (window attention, 2x2 merger): [n*T, hidden]."""
-    return torch.cat(model.qwen.model.get_image_features(pixel_values, grid_thw).pooler_output)
+    """Qwen's ViT as the model runs it (frozen blocks outside autograd, window attention, 2x2
+    merger): [n*T, hidden]."""
+    visual = model.qwen.model.visual
+    return vit_embeddings(visual, pixel_values.type(visual.dtype), grid_thw)
+
+
+def merge_vit_cache(model: JanusVLNModel, vit_features: torch.Tensor) -> torch.Tensor:
+    """The ViT cache's path: only the patch merger, on cached ViT output [B, S, grid tokens, D]
+    (image order): [B*S*T, hidden]."""
+    visual = model.qwen.model.visual
+    return visual.merger(vit_features.flatten(0, -2).to(model.device, visual.dtype, non_blocking=True))
 
 
 @dataclass
@@ -147,11 +169,16 @@ class StepRunner:
     # ------------------------------------------------------------------------------ the paths
 
     def janus_loss(self, batch: dict[str, torch.Tensor], phase: Phase = no_phase) -> torch.Tensor:
+        features = batch["features"]
+        vit_features = batch.get("vit_features")
+        if vit_features is not None:  # the ViT cache: no pixel values, no ViT blocks
+            return self._language_loss(batch, lambda: merge_vit_cache(self.model, vit_features), features, phase,
+                                       full_vocab=False)
         with phase("pixel_values"):
             frames = batch["frames"].to(self.device, non_blocking=True)
             pixel_values, grid_thw = qwen_pixel_values(frames.flatten(0, 1))
-        features = batch["features"]
-        return self._language_loss(batch, pixel_values, grid_thw, features, phase, full_vocab=False)
+        return self._language_loss(batch, lambda: self.vit(self.model, pixel_values, grid_thw), features, phase,
+                                   full_vocab=False)
 
     def reference_loss(self, batch: dict[str, torch.Tensor], phase: Phase = no_phase) -> torch.Tensor:
         if self.vggt is None and self.reference_vggt is None:
@@ -163,7 +190,8 @@ class StepRunner:
             pixel_values, grid_thw = qwen_pixel_values(batch["frames"].flatten(0, 1).cpu())
             pixel_values = pixel_values.to(self.device, non_blocking=True)
             grid_thw = grid_thw.to(self.device)
-        return self._language_loss(batch, pixel_values, grid_thw, features, phase, full_vocab=True)
+        return self._language_loss(batch, lambda: self.vit(self.model, pixel_values, grid_thw), features, phase,
+                                   full_vocab=True)
 
     def stream_vggt(self, frames: torch.Tensor) -> torch.Tensor:
         if self.reference_vggt is not None:
@@ -174,8 +202,7 @@ class StepRunner:
     def _language_loss(
         self,
         batch: dict[str, torch.Tensor],
-        pixel_values: torch.Tensor,
-        grid_thw: torch.Tensor,
+        vit: Callable[[], torch.Tensor],
         features: torch.Tensor,
         phase: Phase,
         full_vocab: bool,
@@ -184,7 +211,7 @@ class StepRunner:
         b, s, height, width, _ = batch["frames"].shape
         grid = grid_shape(height, width)
         with phase("vit"):
-            image_embeds = self.vit(model, pixel_values, grid_thw)
+            image_embeds = vit()
         with phase("merger"):
             merger_dtype = model.vggt_merger.norm.weight.dtype
             vggt_embeds = model.vggt_merger(features.to(device, merger_dtype, non_blocking=True), grid)
@@ -195,11 +222,11 @@ class StepRunner:
             mask = (ids == model.image_token_id).unsqueeze(-1)
             inputs_embeds = embeds.masked_scatter(mask, fused.reshape(-1, fused.shape[-1]).to(embeds.dtype))
         with phase("llm_forward"):
-            position_ids, _ = model.qwen.model.get_rope_index(
-                batch["input_ids"], batch["mm_token_type_ids"],
-                image_grid_thw=torch.tensor([[1, *grid]], dtype=torch.int64).expand(b * s, 3),
-                attention_mask=batch["attention_mask"],
-            )
+            # janus's loader workers build the M-RoPE positions with the batch; the reference's forward does.
+            position_ids = batch.get("position_ids") if not full_vocab else None
+            if position_ids is None:
+                position_ids = RopeIndex(model.qwen.config)(batch["input_ids"], batch["mm_token_type_ids"],
+                                                            batch["attention_mask"], grid, s)
             # No padding in a one-sample batch: a causal mask without a padding mask.
             hidden = model.qwen.model.language_model(
                 inputs_embeds=inputs_embeds, position_ids=position_ids.to(device), attention_mask=None, use_cache=False

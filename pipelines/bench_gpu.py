@@ -8,8 +8,10 @@ warm-up:
   reference's per-frame loop with a key/value cache (B = 1): windows/s, TFLOP/s, peak memory;
 * **training compute per sample**: forward + backward of :mod:`janus_train.workload`'s janus and
   reference steps (no optimizer state: ZeRO-3 shards it over 8 GPUs, its per-GPU share is given
-  analytically), per activation-checkpointing policy; s/sample, tokens/s, MFU, peak memory;
-  optionally with Liger's fused Qwen2.5-VL kernels when installed;
+  analytically), per activation-checkpointing policy, then each lever on its own and all together
+  on the fastest policy: the ViT cache, regional ``torch.compile`` of the decoder layers, Liger's
+  fused Qwen2.5-VL kernels (:mod:`janus_train.kernels`; a row says why when not installed); every
+  row on a freshly built model; s/sample, tokens/s, MFU, peak memory;
 * FLOPs per component from :mod:`janus_train.flops` (meta device) and the projection to an
   epoch on 8 GPUs (:mod:`pipelines.bench_projection`);
 * the data path at the real shape on the host's cores (``--no-data-path`` skips it).
@@ -20,7 +22,7 @@ warm-up:
 from __future__ import annotations
 
 import contextlib
-import importlib.util
+import gc
 import json
 import shutil
 import statistics
@@ -39,7 +41,8 @@ from janus_cache.vggt import VGGTAggregator, window_flops
 from janus_cache.vggt.attention import BENCH_KERNELS
 from janus_train.activation_checkpointing import ActivationCheckpointing
 from janus_train.flops import FlopTable, build_model, build_vggt, count_flops, load_vggt_config
-from janus_train.model import attention_implementation
+from janus_train.kernels import apply_liger, compile_decoder_layers, liger_missing
+from janus_train.model import JanusVLNModel, attention_implementation
 from janus_train.vision_attention import describe_attention
 from janus_train.workload import VGGT_LAYER, SampleShape, StepRunner, make_batch, stream_window_features
 from pipelines.bench import Stat
@@ -49,6 +52,7 @@ from pipelines.bench_projection import (
     ZeroShare,
     device_spec,
     project,
+    zero_options,
 )
 
 MODELS = Path(__file__).resolve().parent.parent / "configs" / "models"
@@ -70,12 +74,14 @@ class GpuBenchSettings:
     """The reference run used gradient checkpointing on every layer."""
     threads: int = 0
     """CPU threads for torch (0: leave as is); the smoke run uses one, steady on a shared machine."""
+    compile: bool = True
+    """Measure the regional torch.compile rows (minutes of compilation on a CPU: not in the smoke run)."""
 
 
 REAL = GpuBenchSettings(MODELS / "qwen2_5_vl_7b", MODELS / "vggt_1b.json", SampleShape(), "cuda", torch.bfloat16)
 SMOKE = GpuBenchSettings(MODELS / "tiny-qwen2_5_vl", MODELS / "tiny-vggt.json", SampleShape(side=56), "cpu",
                          torch.float32, merger_hidden=96, repeats=1, warmup=1, vggt_batches=(1, 2),
-                         checkpointing=("full", "none", "every_2"), threads=1)
+                         checkpointing=("full", "none", "every_2"), threads=1, compile=False)
 
 
 # ------------------------------------------------------------------------------ measuring
@@ -214,20 +220,65 @@ def _window_row(batch: int, times: list[float], flops_per_window: float, device:
     }
 
 
+@dataclass(frozen=True)
+class Levers:
+    """The training-step levers of one row (each a setting a run can choose)."""
+
+    vit_cache: bool = False
+    """The frames' ViT output comes with the batch (cache.vit_features): only the patch merger runs."""
+    compile: bool = False
+    """Regional torch.compile of the decoder layers (train.compile_layers)."""
+    liger: bool = False
+    """Liger's fused Qwen2.5-VL kernels (train.liger_kernels)."""
+
+    def suffix(self) -> str:
+        return "".join(f"_{name}" for name in ("vit_cache", "compile", "liger") if getattr(self, name))
+
+
+def lever_rows(compile_rows: bool) -> list[Levers]:
+    """Each lever on its own, then all that apply here together (Liger where installed; compile
+    unless ``compile_rows`` is off), measured on the fastest checkpointing policy."""
+    alone = [Levers(vit_cache=True), Levers(compile=True), Levers(liger=True)]
+    together = Levers(vit_cache=True, compile=compile_rows, liger=liger_missing() is None)
+    return [levers for levers in (*alone, together) if compile_rows or not levers.compile]
+
+
 def training(settings: GpuBenchSettings, device: Device, flops: FlopTable) -> dict[str, Any]:
-    """Forward + backward per sample of both paths, per checkpointing policy (no optimizer)."""
+    """Forward + backward per sample of both paths (no optimizer): each checkpointing policy, then
+    each lever on the fastest janus policy, every row on a freshly built model (a setting, a hook or
+    a compiled layer of one row never leaks into the next)."""
     config = load_vggt_config(settings.vggt_config)
-    model = build_model(settings.qwen_dir, 2 * config.embed_dim, settings.merger_hidden, device.device,
-                        settings.dtype, attention_implementation(device.device))
-    runner = StepRunner(model, build_vggt(config, device.device))
-    batch = make_batch(model, settings.shape)
+    vggt = build_vggt(config, device.device)
     spec = device_spec(device.name())
     tokens = settings.shape.sequence_length
     rows: dict[str, Any] = {}
+    sizes: dict[str, int] = {}
 
-    def measure(name: str, path: str, policy: str) -> None:
+    def fresh_model(levers: Levers) -> tuple[JanusVLNModel, str | None]:
+        """A newly built model with ``levers`` applied; the reason when one cannot apply here."""
+        torch.manual_seed(0)
+        model = build_model(settings.qwen_dir, 2 * config.embed_dim, settings.merger_hidden, device.device,
+                            settings.dtype, attention_implementation(device.device))
+        if not sizes:
+            sizes["params"] = sum(p.numel() for p in model.parameters())
+            sizes["trainable"] = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        if levers.liger:
+            if (missing := liger_missing()) is not None:
+                return model, missing
+            apply_liger(model.qwen)
+        if levers.compile:
+            compile_decoder_layers(model.qwen.model.language_model.layers)
+        return model, None
+
+    def measure(name: str, path: str, policy: str, levers: Levers = Levers()) -> None:
+        model, unavailable = fresh_model(levers)
+        if unavailable is not None:
+            rows[name] = {"path": path, "checkpointing": policy, "error": f"not measured: {unavailable}"}
+            return
         model.set_gradient_checkpointing(ActivationCheckpointing.parse(policy))
         model.train()
+        runner = StepRunner(model, vggt)
+        batch = make_batch(model, settings.shape, vit_cache=levers.vit_cache)
         phases: list[dict[str, float]] = []
         losses: list[float] = []
 
@@ -239,72 +290,108 @@ def training(settings: GpuBenchSettings, device: Device, flops: FlopTable) -> di
         device.reset_peak()
         try:
             times = timed(device, step, settings.repeats, settings.warmup)
+            peak = device.peak_gib()
         except RuntimeError as exc:
             if not out_of_memory(exc):
                 raise
-            model.zero_grad(set_to_none=True)
             rows[name] = {"path": path, "checkpointing": policy, "error": "out of memory"}
             return
+        finally:
+            del runner, model, batch  # the next row builds its own
+            gc.collect()
+            device.reset_peak()
         measured = phases[settings.warmup:]
-        step_flops = (flops.janus if path == "janus" else flops.reference).model_flops
+        step_flops = (flops.janus_vit_cache if levers.vit_cache else flops.janus if path == "janus"
+                      else flops.reference).model_flops
         median = statistics.median(times)
         rows[name] = {
             "path": path,
             "checkpointing": policy,
+            "levers": [lever for lever in ("vit_cache", "compile", "liger") if getattr(levers, lever)],
             "s_per_sample": Stat.of(times).__dict__,
             "tokens_per_s": tokens / median,
             "tflop_per_s": step_flops / median / 1e12,
             "mfu": step_flops / median / (spec.bf16_tflops * 1e12) if spec else None,
-            "peak_gib": device.peak_gib(),
+            "peak_gib": peak,
             "phases_s": {k: statistics.median(p.get(k, 0.0) for p in measured) for k in measured[0]},
             "loss": losses[-1],
         }
 
+    def fastest(names: list[str]) -> str | None:
+        ok = [n for n in names if "s_per_sample" in rows.get(n, {})]
+        return min(ok, key=lambda n: rows[n]["s_per_sample"]["median"], default=None)
+
     for policy in settings.checkpointing:
         measure(f"janus_{policy}", "janus", policy)
     measure(f"reference_{settings.reference_checkpointing}", "reference", settings.reference_checkpointing)
-    liger = _with_liger(model)
-    if liger is None:
-        measure("janus_full_liger", "janus", "full")
-    rows_ok = {k: r for k, r in rows.items() if "s_per_sample" in r}
-    best_name = min((k for k, r in rows_ok.items() if r["path"] == "janus"),
-                    key=lambda k: rows_ok[k]["s_per_sample"]["median"], default=None)
-    janus_best = rows_ok[best_name] if best_name else None
-    reference = rows_ok.get(f"reference_{settings.reference_checkpointing}")
-    params = sum(p.numel() for p in model.parameters())
-    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    best_policy_row = fastest([f"janus_{policy}" for policy in settings.checkpointing])
+    lever_policy = rows[best_policy_row]["checkpointing"] if best_policy_row else settings.reference_checkpointing
+    for levers in lever_rows(settings.compile):
+        name = f"janus_{lever_policy}{levers.suffix()}"
+        if name not in rows:
+            measure(name, "janus", lever_policy, levers)
+    janus_rows = [name for name, row in rows.items() if row["path"] == "janus"]
+    best_name = fastest(janus_rows)
+    janus_best = rows[best_name] if best_name else None
+    reference = rows.get(f"reference_{settings.reference_checkpointing}")
+    reference = reference if reference and "s_per_sample" in reference else None
+    params, trainable = sizes["params"], sizes["trainable"]
     result: dict[str, Any] = {
         "rows": rows,
         "sequence_length": tokens,
         "params": params,
         "trainable_params": trainable,
         "zero3_share_8_gpus": ZeroShare.of(params, trainable).__dict__,
-        "liger": "applied" if liger is None else f"not used ({liger})",
+        "liger": liger_missing() or "applied in the *_liger rows",
+        "lever_checkpointing": lever_policy,
         "best_janus": best_name,
         "target_gpu_s_per_sample": TARGET_GPU_S_PER_SAMPLE,
     }
     if janus_best and reference:
         result["ratio_best"] = reference["s_per_sample"]["median"] / janus_best["s_per_sample"]["median"]
-        same = rows_ok.get(f"janus_{settings.reference_checkpointing}")
-        result["ratio_same_checkpointing"] = same and reference["s_per_sample"]["median"] / same["s_per_sample"]["median"]
+        same = rows.get(f"janus_{settings.reference_checkpointing}")
+        result["ratio_same_checkpointing"] = (same and "s_per_sample" in same
+                                              and reference["s_per_sample"]["median"] / same["s_per_sample"]["median"])
     if janus_best and spec and spec.nvlink_gb_per_s > 0:
-        result["projection"] = project(spec, janus_best["s_per_sample"]["median"], params, trainable).to_dict()
+        compute_s = janus_best["s_per_sample"]["median"]
+        result["projection"] = project(spec, compute_s, params, trainable).to_dict()
+        result["zero_stages"] = [option.__dict__ for option in zero_options(spec, compute_s, params, trainable)]
     else:
-        result["projection"] = None
+        result["projection"] = result["zero_stages"] = None
     return result
 
 
-def _with_liger(model: Any) -> str | None:
-    """Apply Liger's Qwen2.5-VL kernels in place; ``None`` when applied, else why not."""
-    if importlib.util.find_spec("liger_kernel") is None:
-        return "liger-kernel is not installed"
-    try:
-        from liger_kernel.transformers import apply_liger_kernel_to_qwen2_5_vl
+PROFILE_TOP_OPS = 25
 
-        apply_liger_kernel_to_qwen2_5_vl(model=model.qwen, cross_entropy=False, fused_linear_cross_entropy=False)
-    except Exception as exc:  # an optional accelerator: report, never fail the bench
-        return f"{type(exc).__name__}: {exc}"
-    return None
+
+def profile_step(settings: GpuBenchSettings, device: Device, policy: str, trace: Path) -> dict[str, Any]:
+    """One janus step (after a warm-up step) under ``torch.profiler`` on a fresh model: the trace for
+    chrome://tracing / Perfetto at ``trace``, and the top operators by their own device time (CPU
+    time without CUDA)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    model = build_model(settings.qwen_dir, 2 * load_vggt_config(settings.vggt_config).embed_dim,
+                        settings.merger_hidden, device.device, settings.dtype, attention_implementation(device.device))
+    model.set_gradient_checkpointing(ActivationCheckpointing.parse(policy))
+    model.train()
+    runner = StepRunner(model)
+    batch = make_batch(model, settings.shape)
+    runner.step("janus", batch)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.cuda else [])
+    with profile(activities=activities) as prof:
+        runner.step("janus", batch)
+        device.sync()
+    trace.parent.mkdir(parents=True, exist_ok=True)
+    prof.export_chrome_trace(str(trace))
+    key = "self_device_time_total" if device.cuda else "self_cpu_time_total"
+    events = sorted(prof.key_averages(), key=lambda e: getattr(e, key), reverse=True)[:PROFILE_TOP_OPS]
+    total = sum(getattr(e, key) for e in prof.key_averages()) or 1.0
+    top = [{"op": e.key, "calls": e.count, "self_ms": getattr(e, key) / 1e3, "share": getattr(e, key) / total}
+           for e in events]
+    del runner, model
+    gc.collect()
+    device.reset_peak()
+    return {"checkpointing": policy, "trace": trace.name, "time": "device" if device.cuda else "cpu", "top_ops": top}
 
 
 def run(settings: GpuBenchSettings) -> dict[str, Any]:
@@ -348,6 +435,8 @@ def command(
     data: Annotated[bool, typer.Option("--data-path/--no-data-path",
                                        help="Also measure the data path on the host's cores (not in --smoke).")] = True,
     workers: Annotated[int, typer.Option(min=1, help="Loader workers for the data path.")] = 8,
+    profile: Annotated[bool, typer.Option(help="Also profile one janus step (fastest policy) with torch.profiler: "
+                                          "a trace (<stem>_profile_trace.json) and a top-ops table.")] = False,
 ) -> None:
     """Measure precompute and training compute of janus vs the reference on one GPU."""
     settings = SMOKE if smoke else REAL
@@ -367,6 +456,10 @@ def command(
         results["data_path"] = data_path(work, repeats, workers)
         shutil.rmtree(work, ignore_errors=True)
     stem = "gpu_smoke" if smoke else "gpu"
+    if profile:
+        print("[gpu] profiling one janus step...", flush=True)
+        results["profile"] = profile_step(settings, Device(settings.device), results["training"]["lever_checkpointing"],
+                                          out / f"{stem}_profile_trace.json")
     (out / f"{stem}.json").write_text(json.dumps(results, indent=2) + "\n")
     table = gpu_markdown(results)
     (out / f"{stem}.md").write_text(table)

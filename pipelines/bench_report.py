@@ -18,8 +18,9 @@ from janus_train.flops import COMPONENTS  # noqa: E402
 
 COMPONENT_LABELS = {
     "vggt": "VGGT (in the step)",
-    "vit": "Qwen ViT",
-    "merger": "VGGT merger + fusion",
+    "vit": "Qwen ViT blocks (frozen)",
+    "vit_backward": "Qwen ViT blocks in the backward",
+    "merger": "ViT patch merger + VGGT merger + fusion",
     "llm_forward": "LLM forward",
     "logits": "logits + losses",
     "backward": "backward",
@@ -40,15 +41,19 @@ def flops_markdown(flops: dict[str, Any]) -> str:
         f"({flops['models'].get('qwen', '')} + {flops['models'].get('vggt', '')}; {shape['images']} images of "
         f"{shape['side']}², {shape['sequence_length']} tokens, activation checkpointing {flops['checkpointing']}):",
         "",
-        "| component (TFLOP per sample) | janus | reference |",
-        "|---|---|---|",
+        "| component (TFLOP per sample) | janus | janus + ViT cache | reference |",
+        "|---|---|---|---|",
     ]
     for name in COMPONENTS:
-        lines.append(f"| {COMPONENT_LABELS[name]} | {flops['janus'][name] / 1e12:.2f} | {flops['reference'][name] / 1e12:.2f} |")
+        lines.append(f"| {COMPONENT_LABELS[name]} | {flops['janus'][name] / 1e12:.2f} | "
+                     f"{flops['janus_vit_cache'][name] / 1e12:.2f} | {flops['reference'][name] / 1e12:.2f} |")
     lines += [
-        f"| **total** | **{flops['janus_total'] / 1e12:.1f}** | **{flops['reference_total'] / 1e12:.1f}** |",
+        f"| **total** | **{flops['janus_total'] / 1e12:.1f}** | **{flops['janus_vit_cache_total'] / 1e12:.1f}** | "
+        f"**{flops['reference_total'] / 1e12:.1f}** |",
         "",
-        f"Reference / janus FLOPs per step: **{flops['ratio']:.2f}×**. janus pays its VGGT window once per "
+        f"Reference / janus FLOPs per step: **{flops['ratio']:.2f}×**. The frozen ViT runs outside autograd "
+        "(nothing of it in the backward); with the ViT cache (cache.vit_features) its blocks do not run in the step "
+        "at all, only its trainable patch merger on the cached output. janus pays its VGGT window once per "
         f"sample in precompute ({flops['precompute_vggt_per_sample'] / 1e12:.1f} TFLOP, reused every epoch); the "
         "reference runs VGGT frame by frame through all block pairs in every step and computes full-vocabulary "
         "float32 logits at every position. Attention is counted dense; non-reentrant recomputation stops once the "
@@ -138,7 +143,34 @@ def gpu_markdown(results: dict[str, Any]) -> str:
             f"({data['speedup_per_core']:.1f}×); with {data['loader_workers']} loader workers live "
             f"{_st(data['live_with_workers'])} vs cached {_st(data['cached_with_workers'])} ({data['speedup_with_workers']:.1f}×)."
         )
+    lines += _zero_lines(train.get("zero_stages"))
+    lines += _profile_lines(results.get("profile"))
     return "\n".join(lines) + "\n\n" + flops_markdown(results["flops"])
+
+
+def _zero_lines(options: list[dict[str, Any]] | None) -> list[str]:
+    """ZeRO-3 against ZeRO-2 (train.zero_stage), projected from the best measured janus row."""
+    if not options:
+        return []
+    lines = ["", "Projected, not measured: ZeRO stage by nodes of 8 GPUs (model state per GPU without activations; "
+             "traffic per sample at nominal NVLink in a node, 50 GB/s per GPU across nodes; 8 micro-batches per step):",
+             "", "| ZeRO | nodes × 8 GPUs | state GiB/GPU | GB moved/sample | comm s/sample | h/epoch (overlap – none) |",
+             "|---|---|---|---|---|---|"]
+    lines += [f"| {o['stage']} | {o['nodes']} | {o['state_gib_per_gpu']:.1f} | {o['comm_gb_per_sample']:.1f} | "
+              f"{o['comm_s_per_sample']:.3f} | {o['hours_per_epoch_full_overlap']:.1f}–{o['hours_per_epoch_no_overlap']:.1f} |"
+              for o in options]
+    return lines
+
+
+def _profile_lines(profile: dict[str, Any] | None) -> list[str]:
+    """The top operators of the profiled janus step (``make bench-gpu BENCH_ARGS=--profile``)."""
+    if not profile:
+        return []
+    lines = ["", f"Top operators of one janus step ({profile['checkpointing']} checkpointing; own {profile['time']} "
+             f"time; trace: {profile['trace']}):", "", "| operator | calls | ms | share |", "|---|---|---|---|"]
+    lines += [f"| `{op['op']}` | {op['calls']} | {op['self_ms']:.2f} | {100 * op['share']:.1f}% |"
+              for op in profile["top_ops"]]
+    return lines
 
 
 def _fmt(value: float | None) -> str:
@@ -152,8 +184,8 @@ def _title(ax: Any, what: str, machine: str, when: str) -> None:
 def plot_flops(flops: dict[str, Any], what: str, path: Path, machine: str, when: str) -> None:
     """Stacked horizontal bars: TFLOP per sample of each component, janus vs reference."""
     fig, ax = plt.subplots(figsize=(9, 3.4))
-    paths = ("janus", "reference")
-    left = [0.0, 0.0]
+    paths = ("janus", "janus_vit_cache", "reference")
+    left = [0.0] * len(paths)
     colours = plt.get_cmap("tab10")
     for i, name in enumerate(COMPONENTS):
         values = [flops[p][name] / 1e12 for p in paths]

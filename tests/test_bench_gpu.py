@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from unittest import mock
 
 import pytest
 import torch
@@ -16,8 +17,8 @@ from transformers import Qwen2_5_VLConfig
 from janus_cache.profile import PROFILES_DIR, ProfileError, load_profile
 from janus_train.activation_checkpointing import FULL, NONE, ActivationCheckpointing
 from janus_train.config import load_train_settings
+import janus_train.flops
 from janus_train.flops import (
-    _vit_flops_one_image,
     build_model,
     build_vggt,
     count_flops,
@@ -26,7 +27,9 @@ from janus_train.flops import (
     merger_only,
     vggt_stream_flops,
     vit_block_flops,
+    vit_flops_one_image,
 )
+from janus_train.model import TrainableParts
 from janus_train.workload import SampleShape, StepRunner, make_batch, stream_window_features
 from pipelines import bench_gpu
 from pipelines.bench_projection import (
@@ -36,6 +39,7 @@ from pipelines.bench_projection import (
     device_spec,
     project,
     zero3_bytes_per_sample,
+    zero_options,
 )
 
 MODELS = Path(__file__).resolve().parent.parent / "configs" / "models"
@@ -154,8 +158,15 @@ def test_flop_table_extrapolation_equals_counting_the_whole_model(deep_tiny_qwen
     direct = count_step(runner, "janus", make_batch(model, SHAPE), FULL)
     for name in ("llm_forward", "logits", "backward", "recompute", "merger"):
         assert table.janus.components[name] == pytest.approx(direct[name], rel=1e-9), name
-    vit_direct = _vit_flops_one_image(model.qwen.model.visual, SHAPE) * SHAPE.images
-    assert vit_block_flops(deep_tiny_qwen, SHAPE) == pytest.approx(vit_direct, rel=1e-9)
+    vit, vit_direct = vit_block_flops(deep_tiny_qwen, SHAPE, FULL), vit_flops_one_image(model, SHAPE) * SHAPE.images
+    assert vit.forward == pytest.approx(vit_direct.forward, rel=1e-9) and vit.forward > 0
+    assert vit.backward == vit_direct.backward == 0  # frozen: outside autograd
+    # A trained vision tower does run in the backward: input and weight gradients, ~2x its forward.
+    trains = TrainableParts(vision_tower=True)
+    trained = vit_block_flops(deep_tiny_qwen, SHAPE, trainable=trains)
+    direct = vit_flops_one_image(build_model(deep_tiny_qwen, 128, merger_hidden=96, trainable=trains), SHAPE)
+    assert trained.backward == pytest.approx(direct.backward * SHAPE.images, rel=1e-9)
+    assert trained.backward > 1.5 * trained.forward and trained.forward == pytest.approx(vit.forward, rel=1e-9)
     config = load_vggt_config(TINY_VGGT)
     frames = torch.empty(1, SHAPE.images, SHAPE.side, SHAPE.side, 3, dtype=torch.uint8, device="meta")
     with FlopCounterMode(display=False) as counter:
@@ -169,6 +180,12 @@ def test_flop_table_of_janus_and_reference_steps(deep_tiny_qwen: Path) -> None:
     janus, reference = full.janus.components, full.reference.components
     assert janus["vggt"] == 0 and reference["vggt"] > 0  # janus's VGGT ran in precompute
     assert janus["vit"] == reference["vit"] > 0 and janus["llm_forward"] == reference["llm_forward"] > 0
+    # The frozen ViT runs nothing in the backward, under any policy.
+    assert janus["vit_backward"] == none.janus.components["vit_backward"] == reference["vit_backward"] == 0
+    # With the ViT cache its blocks do not run at all; its patch merger still does.
+    cached = full.janus_vit_cache.components
+    assert cached["vit"] == cached["vit_backward"] == 0 and cached["merger"] == janus["merger"] > 0
+    assert full.janus_vit_cache.total == pytest.approx(full.janus.total - janus["vit"], rel=1e-12)
     # Every one of the 354 positions vs the 100 answer rows (+ the action head in both).
     assert reference["logits"] > 3 * janus["logits"] > 0
     assert janus["recompute"] > 0 and none.janus.components["recompute"] == 0
@@ -177,6 +194,20 @@ def test_flop_table_of_janus_and_reference_steps(deep_tiny_qwen: Path) -> None:
     assert full.janus.model_flops == pytest.approx(full.janus.total - janus["recompute"])
     with pytest.raises(ValueError, match="full or no checkpointing"):
         count_flops(deep_tiny_qwen, TINY_VGGT, SHAPE, ActivationCheckpointing(2))
+
+
+def test_the_flop_counter_shows_a_frozen_vit_pulled_into_the_backward() -> None:
+    """What the counter would have shown before the fix: the ViT as one call of the whole tower, with
+    checkpointing through transformers' own enabling (which hooks the ViT's patch_embed)."""
+    model = build_model(TINY_QWEN, 128, merger_hidden=96)
+    model.qwen.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    with mock.patch.object(janus_train.flops, "vit_embeddings",
+                           lambda visual, pixel_values, grid, **layout: visual(pixel_values, grid, **layout).pooler_output):
+        before = vit_flops_one_image(model, SHAPE)
+    model.set_gradient_checkpointing(FULL)
+    after = vit_flops_one_image(model, SHAPE)
+    assert before.backward > 0.5 * before.forward > 0  # input gradients through every block
+    assert after.backward == 0 and after.forward == pytest.approx(before.forward, rel=1e-12)
 
 
 # --------------------------------------------------------------------------- projection
@@ -196,11 +227,29 @@ def test_projection_reproduces_the_reference_epoch_and_adds_zero3_traffic() -> N
     assert device_spec("NVIDIA H100 80GB HBM3").name == "H100 SXM" and device_spec("cpu") is None
 
 
+def test_zero_stage_projection_trades_weights_per_gpu_for_traffic_on_one_node_and_several() -> None:
+    spec = DeviceSpec("test", 1000.0, 400.0)
+    params, trainable = 8_000_000_000, 7_000_000_000
+    options = {(o.stage, o.nodes): o for o in zero_options(spec, 0.5, params, trainable)}
+    assert set(options) == {(stage, nodes) for stage in (2, 3) for nodes in (1, 2, 4)}
+    # ZeRO-3: (8 + 14) e9 x 2 bytes x 7/8 = 38.5 GB per sample; ZeRO-2: 7e9 x 2 x 7/8 x (1 + 1/8 steps).
+    assert options[3, 1].comm_gb_per_sample == pytest.approx(38.5)
+    assert options[2, 1].comm_gb_per_sample == pytest.approx(7 * 2 * 7 / 8 * 9 / 8)
+    # State per GPU: ZeRO-3 shards all of (16 + 14 + 84) GB; ZeRO-2 keeps the 16 GB of weights whole.
+    assert options[3, 1].state_gib_per_gpu * 2**30 == pytest.approx(114e9 / 8)
+    assert options[2, 1].state_gib_per_gpu * 2**30 == pytest.approx(16e9 + 98e9 / 8)
+    # Inside a node the ring runs at NVLink, across nodes at the NIC (50 GB/s per GPU).
+    assert options[3, 1].comm_s_per_sample == pytest.approx(38.5 / 400)
+    assert options[3, 4].comm_s_per_sample == pytest.approx(zero3_bytes_per_sample(params, trainable, 32) / 50e9)
+    assert options[2, 4].hours_per_epoch_no_overlap < options[3, 4].hours_per_epoch_no_overlap
+    assert options[3, 4].gpu_s_per_sample_full_overlap == max(0.5, options[3, 4].comm_s_per_sample)
+
+
 # ---------------------------------------------------------------------------- smoke run
 
 
 def test_gpu_bench_smoke_mode_runs_every_section_and_writes_table_and_plots(tmp_path: Path) -> None:
-    bench_gpu.command(out=tmp_path, smoke=True)
+    bench_gpu.command(out=tmp_path, smoke=True, profile=True)
     results = json.loads((tmp_path / "gpu_smoke.json").read_text())
     pre, train = results["precompute"], results["training"]
     assert set(pre["rows"]) == {"janus_b1", "janus_b2", "reference_b1"}
@@ -212,15 +261,36 @@ def test_gpu_bench_smoke_mode_runs_every_section_and_writes_table_and_plots(tmp_
     assert levers["baseline"]["kernel"] == "sdpa" and levers["kernel=sdpa-math"]["kernel"] == "sdpa-math"
     assert pre["levers"]["distinct_frames_per_window"] < 9
     rows = train["rows"]
-    assert set(rows) == {"janus_full", "janus_none", "janus_every_2", "reference_full"}
-    assert all(r["s_per_sample"]["min"] > 0 and r["tokens_per_s"] > 0 for r in rows.values())
-    # Same weights, same sample: the checkpointing policy leaves the loss as it is.
+    # Each policy, then each lever on the fastest policy (compile rows only with a GPU: minutes on a CPU).
+    lever = train["lever_checkpointing"]
+    assert lever in ("full", "none", "every_2")
+    assert set(rows) == {"janus_full", "janus_none", "janus_every_2", "reference_full", f"janus_{lever}_vit_cache",
+                         f"janus_{lever}_liger"}
+    measured = {name: r for name, r in rows.items() if "s_per_sample" in r}
+    assert all(r["s_per_sample"]["min"] > 0 and r["tokens_per_s"] > 0 for r in measured.values())
+    # Liger is optional: without the package its row says so instead of failing the bench.
+    if train["liger"].startswith("the liger-kernel package is not installed"):
+        assert "liger-kernel" in rows[f"janus_{lever}_liger"]["error"]
+    # Every row on a fresh model with the same weights and sample: the checkpointing policy leaves the
+    # loss as it is.
     assert rows["janus_every_2"]["loss"] == pytest.approx(rows["janus_none"]["loss"], rel=1e-5)
+    assert rows["janus_full"]["loss"] == pytest.approx(rows["janus_none"]["loss"], rel=1e-5)
+    # The ViT cache row builds no pixel values and runs only the ViT's patch merger.
+    cached = rows[f"janus_{lever}_vit_cache"]
+    assert cached["levers"] == ["vit_cache"] and "pixel_values" not in cached["phases_s"]
+    assert "pixel_values" in rows[f"janus_{lever}"]["phases_s"]
+    # --profile: a loadable trace and the top operators of one step.
+    profile = results["profile"]
+    trace = json.loads((tmp_path / "gpu_smoke_profile_trace.json").read_text())
+    assert profile["trace"] == "gpu_smoke_profile_trace.json" and trace["traceEvents"]
+    assert len(profile["top_ops"]) > 5 and all(op["self_ms"] >= 0 and op["calls"] > 0 for op in profile["top_ops"])
+    assert any("mm" in op["op"] for op in profile["top_ops"])
     assert "vggt" in rows["reference_full"]["phases_s"] and "vggt" not in rows["janus_full"]["phases_s"]
     assert train["ratio_best"] > 0 and train["liger"]
     assert results["flops"]["ratio"] > 1
     table = (tmp_path / "gpu_smoke.md").read_text()
     assert "janus_every_2" in table and "reference_full" in table and "Reference / janus FLOPs per step" in table
+    assert "Top operators of one janus step" in table and "| janus + ViT cache |" in table
     assert "| VGGT lever, B=4 overlapping windows" in table and "| kernel=sdpa-math |" in table
     for plot in ("gpu_smoke_step_breakdown.png", "gpu_smoke_flops.png"):
         with Image.open(tmp_path / plot) as image:

@@ -178,6 +178,24 @@ def test_two_process_zero3_run_overfits_a_small_set(reference_run: Run) -> None:
     assert all(math.isfinite(r["loss"]) and math.isfinite(r["grad_norm"]) for r in records)
 
 
+def test_a_zero2_run_trains_what_the_zero3_run_trains(setup: Setup, reference_run: Run, tmp_path: Path) -> None:
+    """``train.zero_stage: 2``: 2 processes under DeepSpeed ZeRO-2 take the ZeRO-3 run's first steps
+    (same data order and seed): the stage moves state and traffic, not what trains. Its checkpoint
+    has ZeRO-2's layout (one whole model file) and its end-of-run export is consolidated."""
+    profile = write_train_profile(tmp_path / "zero2.yaml", cache={"feature_dtype": "float32"},
+                                  train={"zero_stage": 2, "max_steps": 2})
+    out = tmp_path / "run"
+    assert_succeeded(torchrun_train("--out", out, "--cache", setup.fp32_cache, "--profile", profile))
+    records = read_metrics(out)
+    assert [r["step"] for r in records] == [1, 2]
+    for zero2, zero3 in zip(records, reference_run.records[:2], strict=True):
+        assert zero2["loss"] == pytest.approx(zero3["loss"], rel=1e-5)
+        assert zero2["grad_norm"] == pytest.approx(zero3["grad_norm"], rel=1e-4)
+    latest = out / CHECKPOINTS / (out / CHECKPOINTS / "latest").read_text().strip()
+    assert (latest / "mp_rank_00_model_states.pt").is_file()  # ZeRO-3 writes one model file per rank
+    assert (out / EXPORT_DIR / HEADS_FILE).is_file()
+
+
 def test_first_step_is_the_loss_and_gradient_of_the_whole_accumulated_batch(setup: Setup, reference_run: Run) -> None:
     """Step 1's logged loss and grad norm equal one plain process's loss over the step's 4 samples
     (2 ranks x 2 micro-batches): normalised over the whole batch, not summed over micro-steps or
