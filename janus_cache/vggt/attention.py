@@ -137,7 +137,7 @@ def choose(
             continue
         try:
             errors = [probe_error(kernel, device, dtype, d) for d in head_dims]
-        except RuntimeError as exc:  # "No available kernel", unsupported GPU or head dim
+        except Exception as exc:  # "No available kernel", an unsupported device, GPU or head dim
             skipped.append((name, str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__))
             continue
         worst = max(errors)
