@@ -7,12 +7,12 @@ the frozen weights, and a frame is shared by ~9 windows, so the cache can hold i
 
 One function runs the frozen blocks for both the live path (the model's forward) and the
 precompute: :func:`vit_blocks` (on pixel values built from uint8 frames on their device, all frames
-of a call at once, as Qwen's ``get_image_features``). :func:`frame_order` turns its output into
-what is cached: the last block's hidden states ``[frames, grid tokens, D]`` (D = the ViT hidden
-size, 1280 for the 7B) in the pixel values' patch order (Qwen's 2x2-merge-block order). The tower
-permutes tokens into attention windows before its blocks and un-permutes after the merger; the
-merger acts on each block of 4 tokens on its own, so un-permuting its input instead gives the same
-embeddings (:func:`merge_cached`).
+of a call at once, as Qwen's ``get_image_features``). What is cached is its output, the last
+block's hidden states, per frame: ``[frames, grid tokens, D]`` (D = the ViT hidden size, 1280 for
+the 7B) in the order the blocks compute them, the tower's attention-window order (windows never
+cross frames, so a frame's tokens are one contiguous block of it). The merger then runs on the
+cached rows in exactly the live order (:func:`merge`, :func:`merge_cached`): its forward and the
+order in which its weight gradients sum over tokens are those of the live step, bit for bit.
 
 The tower's weights come from the profile's Qwen directory (:func:`load_vision_tower`): the
 ``visual.*`` tensors of its checkpoint, or, with ``qwen.random_init``, the whole model drawn from
@@ -180,12 +180,10 @@ def vit_blocks(visual: nn.Module, pixel_values: torch.Tensor, grid_thw: torch.Te
     return hidden, window_index
 
 
-def frame_order(visual: nn.Module, hidden: torch.Tensor, window_index: torch.Tensor, frames: int) -> torch.Tensor:
-    """:func:`vit_blocks`' hidden states (window order) as ``[frames, grid tokens, D]`` in the pixel
-    values' patch order: what the cache holds per frame."""
-    unit = visual.spatial_merge_unit
-    natural = hidden.view(-1, unit, hidden.shape[-1])[torch.argsort(window_index.to(hidden.device))]
-    return natural.reshape(frames, -1, hidden.shape[-1])
+def merge(visual: nn.Module, hidden: torch.Tensor, window_index: torch.Tensor) -> torch.Tensor:
+    """Qwen's trainable patch merger on :func:`vit_blocks`' hidden states (window order): the
+    image embeddings [patches / 4, hidden] in image order, as the tower's own forward gives them."""
+    return visual.merger(hidden)[torch.argsort(window_index)]
 
 
 def run_vit(visual: nn.Module, frames: torch.Tensor) -> tuple[Any, torch.Tensor]:
@@ -195,18 +193,26 @@ def run_vit(visual: nn.Module, frames: torch.Tensor) -> tuple[Any, torch.Tensor]
     return visual(pixel_values.type(visual.dtype), grid_thw=grid_thw), grid_thw
 
 
-def merge_cached(visual: nn.Module, vit_features: torch.Tensor) -> torch.Tensor:
-    """The merged image embeddings ``[n * T, out]`` of cached ViT features ``[n, grid tokens, D]``:
-    only the trainable merger runs (in its dtype), on blocks of 4 tokens in patch order."""
-    merger = visual.merger
-    dtype = next(merger.parameters()).dtype
-    return merger(vit_features.reshape(-1, vit_features.shape[-1]).to(dtype))
+def merge_cached(visual: nn.Module, vit_features: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
+    """The merged image embeddings ``[n * T, out]`` (image order) of cached ViT features
+    ``[n, grid tokens, D]`` of frames with a ``grid`` (h, w) of patches: only the trainable merger
+    runs (in its dtype), on the rows in the live path's order (:func:`merge`)."""
+    from transformers.vision_utils import get_vision_window_index
+
+    n = vit_features.shape[0]
+    grid_thw = torch.tensor([[1, *grid]], dtype=torch.int64).expand(n, 3)
+    window_index, _ = get_vision_window_index(grid_thw, spatial_merge_size=visual.spatial_merge_size,
+                                              window_size=visual.window_size, patch_size=visual.patch_size)
+    dtype = next(visual.merger.parameters()).dtype
+    hidden = vit_features.reshape(-1, vit_features.shape[-1]).to(dtype)
+    return merge(visual, hidden, window_index.to(hidden.device))
 
 
 @dataclass
 class ViTEncoder:
     """The frozen tower of a profile, turning uint8 frames ``[n, H, W, 3]`` into cached ViT features
-    ``[n, grid tokens, D]`` in ``stored_dtype``, ``frames_per_call`` frames per tower call.
+    ``[n, grid tokens, D]`` (each frame's tokens in the blocks' window order) in ``stored_dtype``,
+    ``frames_per_call`` frames per tower call.
 
     ``frames_per_call`` is the frames of one sample's window (``history + 1``): the batch shape the
     live path runs at micro batch 1, so precompute and training run the same kernels."""
@@ -252,5 +258,6 @@ class ViTEncoder:
             # As the model's live path: pixel values in the tower's dtype, the frames in one call.
             pixel_values, grid_thw = qwen_pixel_values(frames[start:start + self.frames_per_call])
             hidden, window_index = vit_blocks(self.visual, pixel_values.type(self.visual.dtype), grid_thw)
-            parts.append(frame_order(self.visual, hidden, window_index, int(grid_thw.shape[0])))
+            # Window order, frame by frame (a frame's tokens are contiguous in it): see the module doc.
+            parts.append(hidden.reshape(int(grid_thw.shape[0]), -1, hidden.shape[-1]))
         return torch.cat(parts).to(TORCH_DTYPES[self.stored_dtype])

@@ -14,6 +14,7 @@ in a ViT shard is named by verify; an append and a resume give the cache a build
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -40,7 +41,9 @@ from janus_cache.store.open import reader_of
 from janus_cache.store.commit import read_record
 from janus_cache.store.layout import CacheLayout, vit_array
 from janus_cache.store.zarr_group import ZarrGroup
-from janus_cache.vit_encoder import ViTEncoder, load_vision_tower, vit_fingerprint
+from janus_cache.imaging import qwen_pixel_values
+from janus_cache.vit_encoder import ViTEncoder, load_vision_tower, merge_cached, vit_blocks, vit_fingerprint
+from janus_cache.vit_encoder import merge as vit_merge
 from janus_train.config import load_train_settings
 from janus_train.model import ModelInputError, TrainableParts
 from janus_train.trainer import open_training_cache
@@ -96,6 +99,31 @@ def test_a_step_from_cached_vit_features_equals_the_live_step_without_running_th
     assert any(name.startswith("qwen.model.visual.merger.") for name in cached_grads)
     for name, grad in live_grads.items():
         assert torch.equal(grad, cached_grads[name]), name
+
+
+def test_at_pad224_the_merger_sees_cached_rows_in_the_live_order_and_its_gradients_are_bit_identical() -> None:
+    """At 224 px a frame's 64 merge groups span 4 attention windows, so the blocks' window order is
+    not the patch order: the merger must run on the cached rows in the live order, or the token sums
+    of its weight gradients (and so training) would differ in the last bits."""
+    vit = tiny_vit()
+    visual = vit.visual
+    frames = torch.randint(0, 256, (3, 224, 224, 3), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    pixel_values, grid_thw = qwen_pixel_values(frames)
+    _, window_index = vit_blocks(visual, pixel_values, grid_thw)
+    assert not torch.equal(window_index, torch.arange(len(window_index)))  # the orders differ here
+    probe = torch.randn(3 * 64, 64, generator=torch.Generator().manual_seed(1))
+
+    def merger_grads(embeddings: Callable[[], torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        visual.merger.requires_grad_(True)
+        visual.zero_grad(set_to_none=True)
+        out = embeddings()
+        (out * probe).sum().backward()
+        return out.detach(), [p.grad.clone() for p in visual.merger.parameters()]
+
+    live_out, live = merger_grads(lambda: vit_merge(visual, *vit_blocks(visual, pixel_values, grid_thw)))
+    cached_out, cached = merger_grads(lambda: merge_cached(visual, vit.encode(frames), (16, 16)))
+    assert torch.equal(live_out, cached_out)
+    assert all(torch.equal(a, b) for a, b in zip(live, cached, strict=True))
 
 
 def test_cached_vit_features_are_refused_when_the_vision_tower_trains(sample_index: DatasetIndex) -> None:
