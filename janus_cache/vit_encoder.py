@@ -186,13 +186,6 @@ def merge(visual: nn.Module, hidden: torch.Tensor, window_index: torch.Tensor) -
     return visual.merger(hidden)[torch.argsort(window_index)]
 
 
-def run_vit(visual: nn.Module, frames: torch.Tensor) -> tuple[Any, torch.Tensor]:
-    """Qwen's whole vision tower (its own forward) on uint8 frames ``[n, H, W, 3]``: (its output,
-    image_grid_thw [n, 3]); ``.pooler_output`` holds the merged embeddings ``[n * T, out]``."""
-    pixel_values, grid_thw = qwen_pixel_values(frames)
-    return visual(pixel_values.type(visual.dtype), grid_thw=grid_thw), grid_thw
-
-
 def merge_cached(visual: nn.Module, vit_features: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
     """The merged image embeddings ``[n * T, out]`` (image order) of cached ViT features
     ``[n, grid tokens, D]`` of frames with a ``grid`` (h, w) of patches: only the trainable merger
