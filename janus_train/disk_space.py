@@ -77,10 +77,11 @@ def no_room_reason(err: BaseException, directory: Path) -> str | None:
 @contextmanager
 def export_room(out: Path, needed_bytes: int, run: Path) -> Iterator[None]:
     """Writing an export of ``needed_bytes`` (its tensors) into ``out``: refused before the first
-    byte when the disk cannot hold it (files of an earlier export there are overwritten, so their
-    room counts), and a write that runs out of room anyway is :class:`NoRoom`, one line."""
+    byte when the free space cannot hold it (an earlier export in ``out`` would be overwritten file
+    by file, and a write that failed halfway would leave neither: its room does not count), and a
+    write that runs out of room anyway is :class:`NoRoom`, one line."""
     reason = None
-    if free_bytes(out) + bytes_under(out) < needed_bytes:
+    if free_bytes(out) < needed_bytes:
         reason = "not enough free space"
     else:
         try:

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import REPO_ROOT
+from conftest import REPO_ROOT, file_digests
 from test_train import precompute, read_metrics, write_train_profile
 
 from janus_cache.sample_data import write_sample_data
@@ -136,6 +136,28 @@ def test_a_checkpoint_save_on_a_full_disk_is_one_line_and_the_same_command_resum
             assert got[name] == pytest.approx(want[name], rel=1e-6, abs=1e-9), (got["step"], name)
 
 
+def test_a_finished_run_whose_export_does_not_fit_ends_every_rank_with_one_line(setup: Setup, tmp_path: Path) -> None:
+    """The finished reference run (with its export) on a disk with room for itself only: the same
+    command with ``--export`` (rank 0 exports again after the last step) is refused before the new
+    export's first byte, so the earlier export is left as it was."""
+    mount, kept = tmp_path / "small-disk", tmp_path / "kept-export"
+    out = mount / "run"
+    pages = sum(-(-p.stat().st_size // PAGE) for p in setup.reference.rglob("*") if p.is_file())
+    command = shlex.join(train_command(out, setup.cache, setup.profile, "--export"))
+    result = on_small_disk(mount, (pages + 64) * PAGE,
+                           f"cp -a {shlex.quote(str(setup.reference))} {shlex.quote(str(out))} && {command}; "
+                           f"code=$?; cp -a {shlex.quote(str(out / 'export'))} {shlex.quote(str(kept))}; exit $code")
+    output = result.stdout + result.stderr
+    assert result.returncode == 1, output[-5000:]
+    errors = lines(result, "error:")
+    assert len(errors) == 1 and "Traceback" not in output, output[-5000:]
+    assert re.fullmatch(
+        rf"error: {re.escape(str(out / 'export'))}: no room left writing the export \(not enough free space\): the "
+        rf"disk has {SIZE} free and the export needs {SIZE}; free space, or write it elsewhere with janus-train "
+        rf"export {re.escape(str(out))} --out DIR \(the checkpoints are unchanged\)", errors[0]), errors[0]
+    assert file_digests(kept) == file_digests(setup.reference / "export")
+
+
 def test_an_export_to_a_full_disk_is_one_line(setup: Setup, tmp_path: Path) -> None:
     mount = tmp_path / "small-disk"
     export = [JANUS_TRAIN, "export", str(setup.reference), "--out", str(mount / "export"), "--profile",
@@ -170,3 +192,48 @@ def test_a_launcher_whose_log_is_on_a_full_disk_says_so_in_its_one_line(setup: S
         rf"launcher: rank 0 exited with code 2; torchrun's report could not be written to {re.escape(str(log))} "
         rf"\(No space left on device\): the disk has 0 B free and the report needs {SIZE}; free space there or "
         r"pass --launcher-log FILE on another disk", launcher[0]), launcher[0]
+
+
+NO_ROOM_WRITES = """
+import sys, torch
+from pathlib import Path
+from safetensors.torch import save_file
+from janus_train.disk_space import NoRoom, export_room, no_room_reason
+
+out = Path(sys.argv[1])
+tensors = {"w": torch.zeros(1 << 20)}  # 4 MiB, on a 2 MiB disk
+writes = {"torch.save": lambda: torch.save(tensors, out / "a.pt"),
+          "safetensors": lambda: save_file(tensors, str(out / "b.safetensors")),
+          "open": lambda: (out / "c.bin").write_bytes(bytes(4 << 20))}
+for name, write in writes.items():
+    try:
+        write()
+        print(name, "wrote")
+    except Exception as err:
+        print(name, no_room_reason(err, out))
+    for p in out.iterdir():
+        p.unlink()
+try:
+    with export_room(out / "export", 1, Path("RUN")):  # passes the check before the first byte
+        (out / "export").mkdir()
+        save_file(tensors, str(out / "export" / "model.safetensors"))
+except NoRoom as err:
+    print("export", err)
+print("other", no_room_reason(RuntimeError("a bug"), out))
+"""
+
+
+def test_every_writer_running_out_of_room_is_told_apart_from_other_failures(tmp_path: Path) -> None:
+    """torch's zip writer (a bare RuntimeError), safetensors (its own error type) and plain file
+    writes on a real full disk all read as "no room"; an export that passes the check before its
+    first byte and fills the disk anyway is the same one line; any other error is not."""
+    mount = tmp_path / "small-disk"
+    result = on_small_disk(mount, 512 * PAGE, shlex.join([sys.executable, "-c", NO_ROOM_WRITES, str(mount)]))
+    assert result.returncode == 0, result.stderr[-3000:]
+    said = dict(line.split(" ", 1) for line in result.stdout.splitlines())
+    assert said["torch.save"] == said["safetensors"] == said["open"] == "No space left on device", result.stdout
+    assert re.fullmatch(rf"{re.escape(str(mount / 'export'))}: no room left writing the export \(No space left on "
+                        rf"device\): the disk has {SIZE} free and the export needs 1 B; free space, or write it "
+                        r"elsewhere with janus-train export RUN --out DIR \(the checkpoints are unchanged\)",
+                        said["export"]), said["export"]
+    assert said["other"] == "None"
