@@ -262,7 +262,7 @@ class Trainer:
         self.evaluator = self.best = None
         if self.validation is not None:
             self.evaluator = Evaluator(self.validation, self.builder, settings.micro_batch, settings.num_workers,
-                                       self.rank, self.world, self.device)
+                                       self.rank, self.world, self.device, settings.damaged_samples)
             self.best = BestCheckpoint(self.checkpoint_dir(), settings.best_metric, self.rank)
         self.log = RunLog(self.out_dir, self.metrics_file, self.total_steps, settings.wandb_project,
                           run_config={"profile": profile.name, "world": self.world}) if self.rank == 0 else None

@@ -41,6 +41,7 @@ from janus_cache.qwen_vision import IM_END
 from janus_cache.store.layout import SAMPLES_TABLE
 from janus_cache.store.records import EPISODE_COLUMN
 from janus_cache.store.split import epoch_order, share
+from janus_train.damaged import DamagedSample
 from janus_train.data import CachedSamples, LiveSamples, StreamedSamples, TrainItem, collate
 from janus_train.holdout import Holdout, HoldoutError, heldout_count, split_by_episode
 from janus_train.mixture import MixedSamples
@@ -195,7 +196,7 @@ class Evaluator:
     :meth:`evaluate` together (``rank`` of ``world``; ``num_workers`` loader processes)."""
 
     def __init__(self, validation: ValidationSet, builder: PromptBuilder, micro_batch: int, num_workers: int,
-                 rank: int, world: int, device: torch.device) -> None:
+                 rank: int, world: int, device: torch.device, damaged_samples: str = "stop") -> None:
         if not validation.rows:
             raise ValidationError(f"the validation set ({validation.description}) is empty")
         self.validation, self.micro_batch, self.num_workers = validation, micro_batch, num_workers
@@ -209,6 +210,7 @@ class Evaluator:
             per_rank = math.ceil(len(validation.rows) / world)
             self.rows = share(validation.rows, rank, world)
         self.n_batches = math.ceil(per_rank / micro_batch)  # the same on every rank
+        self.world, self.damaged_samples = world, damaged_samples
         self.span = ActionSpan.of(builder)
 
     def _loaded(self) -> Iterator[dict[str, Any]]:
@@ -260,7 +262,10 @@ class Evaluator:
         was_training = engine.training
         engine.eval()
         try:
+            skipped = 0
             for batch, counted in self._batches():
+                batch, counted, damaged = self._readable(batch, counted)
+                skipped += damaged
                 out = engine(batch, return_hidden=True)
                 with deepspeed.zero.GatheredParameters([lm_head.weight]):
                     tokens_ok = action_tokens_correct(out.hidden_states, batch["labels"],
@@ -278,7 +283,33 @@ class Evaluator:
             engine.train(was_training)
         sums = sums.to(self.device)
         dist.all_reduce(sums)
-        return val_metrics(sums.cpu(), distill_weight)
+        metrics = val_metrics(sums.cpu(), distill_weight)
+        if skipped:
+            metrics["val_damaged_skips"] = skipped
+        return metrics
+
+    def _readable(self, batch: dict[str, Any], counted: bool) -> tuple[dict[str, Any], bool, int]:
+        """(micro-batch to run, counted, damaged samples all ranks left out of it), every rank agreeing
+        on the damage (a rank never stops alone while the others wait in the model's collectives).
+        ``train.damaged_samples: stop`` raises :class:`DamagedSample` on every rank; ``skip`` leaves
+        them out, a micro-batch left empty replaced by an uncounted filler."""
+        damaged = batch.pop("damaged", [])
+        if "keys" not in batch:
+            batch, counted = self._filler(), False
+            damaged = damaged + batch.pop("damaged", [])
+        agreed = torch.tensor([float(len(damaged)), float("keys" not in batch)], dtype=torch.float64,
+                              device=self.device)
+        dist.all_reduce(agreed)
+        total, unusable = int(agreed[0].item()), bool(agreed[1].item())
+        if total and (self.damaged_samples == "stop" or unusable):
+            per_rank: list[Any] = [None] * self.world
+            dist.all_gather_object(per_rank, [str(err) for err in damaged])
+            rank = next(r for r, lines in enumerate(per_rank) if lines)
+            why = ("stopped on every rank, train.damaged_samples: skip would leave them out"
+                   if self.damaged_samples == "stop" else "no readable validation sample is left to run")
+            raise DamagedSample(f"validation, rank {rank}: {per_rank[rank][0]} ({total} damaged validation "
+                                f"sample(s); {why})")
+        return batch, counted, total
 
 
 def val_metrics(sums: torch.Tensor, distill_weight: float) -> dict[str, float]:

@@ -33,6 +33,7 @@ from test_train import assert_succeeded, torchrun_train
 from janus_cache.profile import load_profile
 from janus_cache.sample_data import write_sample_data
 from janus_cache.store import DamagedData
+from janus_cache.store.damage import REPAIR_HINT
 from janus_cache.store.layout import SAMPLES_TABLE, TEXT_OFFSETS, TEXT_PAYLOAD, table_group, wds_shard_name
 from janus_cache.store.wds_store import encode_key
 from janus_train.damaged import DamagedSample, draw_step
@@ -355,3 +356,51 @@ def test_a_run_reading_damaged_data_ends_on_every_rank_with_one_line(
         assert reports[0].endswith("train.damaged_samples: skip has nothing left to train on)")
     assert "Traceback" not in result.stdout + result.stderr
 
+
+@pytest.mark.parametrize(("policy", "workers"), [("stop", 0), ("skip", H800_WORKERS)])
+def test_damaged_validation_data_stops_every_rank_or_is_skipped_and_counted(
+    clean_zarr: tuple[Path, Path], builder: Any, tmp_path: Path, policy: str, workers: int,
+) -> None:
+    """One held-out episode of 2 (4 validation samples, 2 per rank), validated after the only step;
+    the feature of the last validation sample is damaged. Before: the rank that read it crashed in
+    the model's forward with a traceback while the other waited in ZeRO-3's gathers."""
+    from janus_train.config import load_train_settings
+    from janus_train.validation import plan_validation
+
+    profile = write_profile(tmp_path / "profile.yaml", num_workers=workers, damaged_samples=policy,
+                            val_episodes=1, val_max_samples=0)
+    cache = Path(shutil.copytree(clean_zarr[1], tmp_path / "cache"))
+    reader = open_training_cache(load_profile(profile), cache).reader
+    _, validation = plan_validation(load_train_settings(load_profile(profile)), CachedSamples(reader, builder))
+    assert validation is not None and len(validation.rows) == 4
+    file = reader.shard_file(reader.features_array, validation.rows[-1])  # one sample per shard
+    flip_byte(file, 0)
+
+    out = tmp_path / "run"
+    result = launch_train("--out", out, "--cache", cache, "--profile", profile, "--no-export", "--max-steps", "1")
+    assert "Traceback" not in result.stdout + result.stderr
+    if policy == "stop":
+        assert result.returncode == 1, result.stdout + result.stderr
+        reports = error_lines(result)
+        assert len(reports) == 1, result.stdout + result.stderr
+        assert reports[0].startswith("error: validation, rank ") and f": damaged cache data: {file}: " in reports[0]
+        assert reports[0].endswith("(1 damaged validation sample(s); stopped on every rank, "
+                                   "train.damaged_samples: skip would leave them out)")
+        return
+    assert_succeeded(result)
+    logged = records(out)
+    assert [(r["step"], r["val_samples"], r["val_damaged_skips"]) for r in logged] == [(1, 3, 1)]
+
+
+def test_a_damaged_episode_column_read_for_the_hold_out_ends_every_rank_with_one_line(
+    clean_zarr: tuple[Path, Path], tmp_path: Path,
+) -> None:
+    """Holding out episodes reads the samples' episode ids whole on every rank before training:
+    damage there is the same one line on every rank (before: a traceback from each rank)."""
+    cache, file = damaged_copy(clean_zarr, f"episode_id/{TEXT_PAYLOAD}", tmp_path / "cache")
+    profile = write_profile(tmp_path / "profile.yaml", val_episodes=1)
+    result = launch_train("--out", tmp_path / "run", "--cache", cache, "--profile", profile, "--no-export")
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert error_lines(result) == [f"error: damaged cache data: {file}: checksum mismatch (crc32c); {REPAIR_HINT}"], (
+        result.stdout + result.stderr)
+    assert "Traceback" not in result.stdout + result.stderr
