@@ -216,11 +216,16 @@ def _used(keys: Mapping[str, Any]) -> dict[str, Any]:
     return {key: value for key, value in keys.items() if not key.startswith(UNUSED_VGGT_HEADS)}
 
 
+def unused_heads(directory: Path) -> list[str]:
+    """The keys of the reference's unused VGGT depth/point heads a checkpoint directory holds."""
+    _, shards = _weights(Path(directory))
+    return [key for key in shards if key.startswith(UNUSED_VGGT_HEADS)]
+
+
 def unused_heads_note(directory: Path) -> str | None:
     """The one note line for a directory that holds the reference's unused VGGT depth/point heads
     (None when it holds none); they are ignored on reading."""
-    _, shards = _weights(Path(directory))
-    ignored = [key for key in shards if key.startswith(UNUSED_VGGT_HEADS)]
+    ignored = unused_heads(directory)
     if not ignored:
         return None
     return (f"note: {directory} holds VGGT's depth and point heads ({len(ignored)} tensors "

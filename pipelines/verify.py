@@ -123,6 +123,15 @@ def load_reference_models(directory: Path, profile: Profile, device: torch.devic
     return LiveModels(encoder, fusion.image_embeddings)
 
 
+def ignored_heads(directory: Path) -> str:
+    """What of a reference checkpoint directory is read past: the VGGT depth and point heads the
+    reference keeps unused in every checkpoint ('' when it holds none)."""
+    from janus_train.reference_checkpoint import unused_heads
+
+    count = len(unused_heads(directory))
+    return f" (its {count} unused VGGT depth/point head tensors ignored)" if count else ""
+
+
 def gather(control: Control, fn: Callable[[], T]) -> list[T]:
     """Run ``fn`` on every rank and give every rank all results (rank order); any rank's failure
     fails every rank alike, with that rank's reason (once, unnamed, when every rank gives the same
@@ -264,7 +273,7 @@ def run_checks(opts: Options, ranks: Ranks, control: Control, progress: Progress
     results.append(_plus(control.on_main(lambda: check_completeness(opts.cache, indexes[0])), index_seconds))
     freshness = _plus(control.on_main(lambda: check_freshness(opts.cache, profile, identity)), encoder_seconds)
     if opts.checkpoint is not None:
-        freshness.detail += f"; encoder of checkpoint {opts.checkpoint}"
+        freshness.detail += f"; encoder of checkpoint {opts.checkpoint}" + ignored_heads(opts.checkpoint)
         freshness.data["encoder_source"] = str(opts.checkpoint)
     results.append(freshness)
     if opts.data is None:

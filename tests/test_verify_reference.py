@@ -123,6 +123,7 @@ def test_two_processes_pass_against_the_checkpoint_with_embeddings_compared(buil
     assert live["data"]["embeddings"]["max_abs"] <= live["data"]["embeddings"]["min_bound"]
     assert "embeddings max abs" in live["detail"] and f"checkpoint {built.checkpoint}" in live["detail"]
     assert check(report, "freshness")["data"]["encoder_source"] == str(built.checkpoint)
+    assert "(its 124 unused VGGT depth/point head tensors ignored)" in check(report, "freshness")["detail"]
     assert "verify passed" in result.stderr
 
 
