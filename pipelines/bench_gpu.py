@@ -350,8 +350,8 @@ def training(settings: GpuBenchSettings, device: Device, flops: FlopTable) -> di
     if janus_best and reference:
         result["ratio_best"] = reference["s_per_sample"]["median"] / janus_best["s_per_sample"]["median"]
         same = rows.get(f"janus_{settings.reference_checkpointing}")
-        result["ratio_same_checkpointing"] = (same and "s_per_sample" in same
-                                              and reference["s_per_sample"]["median"] / same["s_per_sample"]["median"])
+        result["ratio_same_checkpointing"] = (reference["s_per_sample"]["median"] / same["s_per_sample"]["median"]
+                                              if same and "s_per_sample" in same else None)
     if janus_best and spec and spec.nvlink_gb_per_s > 0:
         compute_s = janus_best["s_per_sample"]["median"]
         result["projection"] = project(spec, compute_s, params, trainable).to_dict()
