@@ -76,7 +76,7 @@ from janus_cache.store import (CacheWriter, DatasetIdentity, Manifest, ManifestE
 from janus_cache.store.checksums import changed_metadata, recorded_manifest_keyed
 from janus_cache.store.commit import atomic_write_bytes, hashed, read_record, verify_shard
 from janus_cache.store.layout import (EPISODES_NAME, INDEX_STORE_DIR, MANIFEST_NAME, REPORT_NAME, ZARR_ROOT_NAME,
-                                      CacheLayout, frames_array, vit_array)
+                                      CacheLayout, frames_array, is_table_array, vit_array)
 from janus_cache.vit_encoder import ViTEncoder
 from janus_cache.store.manifest import (SchemaVersionError, check_compatible, keyed_digest, merge_manifests,
                                         read_episodes, write_episodes)
@@ -185,12 +185,15 @@ class Prepared:
     """What ``prepare()`` decided: the manifest written, the measured plan, warnings to show."""
 
     manifest: Manifest
-    plan: Plan
+    plan: Plan | None
+    """None when the cache was found complete (nothing measured)."""
     warnings: tuple[str, ...] = ()
     repairs: tuple[str, ...] = ()
     """Metadata files and tables rewritten because they were damaged or edited (also in ``warnings``)."""
     notes: tuple[str, ...] = ()
     """What the run does beyond a plain build or resume (e.g. the episodes it appends)."""
+    complete: bool = False
+    """The cache already holds everything this job would write: nothing was prepared, nothing is to do."""
 
 
 @dataclass(frozen=True)
@@ -357,11 +360,14 @@ class PrecomputeJob:
 
     @_disk_full_is_one_line("preparing the cache")
     def prepare(self, overwrite: bool = False, force: bool = False,
-                on_plan: Callable[[Plan], None] = lambda plan: None) -> Prepared:
+                on_plan: Callable[[Plan], None] = lambda plan: None, done_check: str | None = None) -> Prepared:
         """Step 1 (one process): refusals, plan, free space, cleanup, frames table, manifest.
 
         ``overwrite`` deletes an earlier cache at ``out`` first; ``force`` starts although the
         plan needs more space than is free. ``on_plan`` sees the plan before the free-space check.
+        ``done_check`` (a ``checksums`` mode): a cache that already holds everything this job
+        would write (:meth:`_complete`) is left as it is, before the plan measures anything, and
+        the result says ``complete``.
         """
         check_windows(self.index)
         episodes = episode_identities(self.index)
@@ -387,6 +393,9 @@ class PrecomputeJob:
         if existing is not None:
             check_compatible(existing, wanted, source=str(out))
         self._before = existing
+        if done_check is not None and existing is not None and not (overwrite or notes or repairs) \
+                and self._complete(existing, wanted, done_check):
+            return Prepared(existing, None, complete=True)
 
         plan = make_plan(self.index, self.encoder, self.resolution, self.settings.vggt_batch, vit=self.vit)
         self.planned_bytes = plan.needed_bytes(self.cache_format)
@@ -418,6 +427,24 @@ class PrecomputeJob:
         if repairs:
             warnings.append(f"repaired {out}: rewrote {', '.join(repairs)}")
         return Prepared(manifest, plan, tuple(warnings), tuple(repairs), notes)
+
+    def _complete(self, existing: Manifest, wanted: Manifest, checksums: str) -> bool:
+        """Whether the cache holds everything this job would write: its manifest already is the one
+        ``finish()`` would write (settings, dataset, resolutions, versions), every metadata file has
+        its recorded sha256 and every shard of its shard table is committed (by ``checksums``, as a
+        resume checks it: with ``none`` no frame or feature payload is read; tables are always
+        hashed, as a run compares them with the index anyway)."""
+        merged = merge_manifests(existing, wanted, source=str(self.out))
+        if replace(merged, shards=existing.shards, counts=existing.counts) != existing:
+            return False
+        if any(existing.counts.get(name) != count for name, count in wanted.counts.items()):
+            return False
+        if not {self.frames_array, self.samples_array} <= set(existing.shards) or changed_metadata(self.out):
+            return False
+        return all(all(entry.committed for entry in entries)
+                   and not self._pending(array, [entry.shard for entry in entries], len(entries),
+                                         "all" if is_table_array(array) else checksums)
+                   for array, entries in existing.shards.items())
 
     def _cached_rows(self) -> CachedRows:
         """The cache's frame and sample tables (what its episodes were), for naming changed files."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 
@@ -26,6 +26,21 @@ app = typer.Typer(
 def fail(message: str, code: int = 1) -> None:
     typer.echo(f"error: {message}", err=True)
     raise typer.Exit(code)
+
+
+REPORT_OPTION = typer.Option(help="Write every dataset problem to this JSON file (the summary lists the first ones).")
+
+
+def full_report(report: Any, path: Path | None) -> str:
+    """Where the summary says the full problem report goes: ``path``, written now (``report``: the
+    index's :class:`~janus_cache.index.DatasetReport`), or how to get it."""
+    if path is None:
+        return "not written (add --report FILE)"
+    try:
+        path.write_text(json.dumps(report.to_dict(), indent=1, sort_keys=True) + "\n")
+    except OSError as err:
+        fail(f"--report {path}: cannot write it ({err.strerror or err}); choose a writable file")
+    return str(path)
 
 
 @app.command("sample-data")
@@ -54,6 +69,7 @@ def index(
     ] = None,
     strict: Annotated[bool, typer.Option(help="Fail on any dataset problem instead of skipping.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
+    report: Annotated[Optional[Path], REPORT_OPTION] = None,
 ) -> None:
     """Index a dataset and print its summary: episodes, frames, samples and skipped inputs."""
     from janus_cache.index import DatasetError, build_sources_index, source_values, user_index_dir
@@ -67,10 +83,11 @@ def index(
     except (ProfileError, DatasetError, FileNotFoundError) as err:
         fail(str(err))
     summary = idx.summary()
+    where = full_report(idx.report, report)
     if as_json:
         typer.echo(json.dumps(summary.to_dict(), indent=2, sort_keys=True))
     else:
-        typer.echo(summary.format())
+        typer.echo(summary.format(where))
 
 
 @app.command("profile")
@@ -120,8 +137,11 @@ def plan_cmd(
     workers: Annotated[int, typer.Option(min=1, help="Decode workers per process the estimate assumes.")] = 1,
     probe: Annotated[int, typer.Option(min=1, help="Samples to measure.")] = 4,
     as_json: Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")] = False,
+    strict: Annotated[bool, typer.Option(help="Fail on any dataset problem (as precompute --strict would).")] = False,
+    report: Annotated[Optional[Path], REPORT_OPTION] = None,
 ) -> None:
-    """Estimate a cache's size per format and the precompute time, measured on a few real samples."""
+    """Estimate a cache's size per format and the precompute time, measured on a few real samples;
+    the dataset's problems (the samples precompute would skip) are summarised as ``index`` does."""
     from janus_cache.index import DatasetError, build_sources_index, source_values, user_index_dir
     from janus_cache.encoder import WindowEncoder
     from janus_cache.plan import make_plan
@@ -133,19 +153,24 @@ def plan_cmd(
         prof = load_profile(profile)
         res = Resolution.parse(resolution or prof.cache.resolution)
         idx = build_sources_index(source_values(data), history=prof.cache.history, image_root=image_root,
-                                  subinstruction_rule=prof.cache.subinstruction_rule, cache_dir=user_index_dir(),
-                                  processes=os.cpu_count() or 1)
+                                  strict=strict, subinstruction_rule=prof.cache.subinstruction_rule,
+                                  cache_dir=user_index_dir(), processes=os.cpu_count() or 1)
         device = "cuda" if prof.device == "cuda" else "cpu"
         encoder = WindowEncoder.from_settings(prof.vggt, prof.cache, device)
         vit = ViTEncoder.from_profile(prof, device) if prof.cache.vit_features else None
         result = make_plan(idx, encoder, res, prof.cache.vggt_batch, probe=probe, vit=vit)
     except (ProfileError, DatasetError, FileNotFoundError, ValueError) as err:
         fail(str(err))
+    where = full_report(idx.report, report)
     if as_json:
-        typer.echo(json.dumps(result.to_dict(nproc, workers), indent=2, sort_keys=True))
+        summary = idx.summary()
+        problems = {"skipped": summary.skipped, "problems": list(summary.problems),
+                    "problems_total": summary.problems_total}
+        typer.echo(json.dumps({**result.to_dict(nproc, workers), **problems}, indent=2, sort_keys=True))
     else:
         typer.echo(f"plan for {data} ({res.name}, profile {prof.name}):")
         typer.echo(result.format(nproc, workers))
+        typer.echo("\n".join(idx.report.summary_lines(where)))
 
 
 @app.command("info")

@@ -36,7 +36,7 @@ from janus_cache.device import process_device
 from janus_cache.resolution import Resolution
 from janus_cache.store.commit import CHECKSUM_MODES, is_committed
 from janus_cache.store.manifest import read_manifest
-from janus_cache.store.layout import CacheLayout
+from janus_cache.store.layout import REPORT_NAME, CacheLayout
 from janus_cache.store.split import shards_for
 from janus_cache.vit_encoder import ViTEncoder
 from pipelines.distributed import CommitTally, Control, Progress, RankFailed, Ranks, fail_alike, lock_on_main, usable_cores
@@ -102,8 +102,10 @@ def _prepare(job: PrecomputeJob, opts: Options, resolution: Resolution, processe
     def show(plan: Plan) -> None:
         print(f"plan for {opts.sources} -> {opts.out} ({opts.cache_format}, {resolution.name}):", flush=True)
         print(plan.format(processes, workers), flush=True)
+        # What the index skips, as `janus-cache index` and `plan` say it.
+        print("\n".join(job.index.report.summary_lines(f"{opts.out / REPORT_NAME} (when the run ends)")), flush=True)
 
-    prepared = job.prepare(overwrite=opts.overwrite, force=opts.force, on_plan=show)
+    prepared = job.prepare(overwrite=opts.overwrite, force=opts.force, on_plan=show, done_check=opts.checksums)
     for warning in prepared.warnings:
         print(f"warning: {warning}", file=sys.stderr, flush=True)
     for note in prepared.notes:
@@ -154,6 +156,20 @@ def format_peaks(peaks: list[tuple[float, float]]) -> str:
     return f"  peak memory: rank{'s' if len(peaks) > 1 else ''} {ranks} MB; workers up to {max(w for _, w in peaks):.0f} MB"
 
 
+def _complete(opts: Options, prepared: Prepared, resolution: Resolution) -> int:
+    """Rank 0: the cache already holds this run's work: say so in one line; the exit code."""
+    counts = prepared.manifest.counts
+    failed = counts.get("samples_failed", 0)
+    print(f"cache {opts.out} is complete: {counts.get('samples_written', counts['samples'])} samples at "
+          f"{resolution.name} ({opts.cache_format}), every shard committed; nothing to do "
+          f"(janus-cache verify checks its contents, --overwrite rebuilds it)", flush=True)
+    if failed > opts.allow_failures:
+        print(f"error: {failed} samples failed, more than --allow-failures {opts.allow_failures}; see "
+              f"{opts.out / REPORT_NAME}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def _finish(job: PrecomputeJob, opts: Options, seconds: float, peaks: list[tuple[float, float]]) -> int:
     """Rank 0: the job's last step and its summary; the exit code."""
     outcome = job.finish()
@@ -183,6 +199,8 @@ def run(opts: Options) -> int:
         job = PrecomputeJob(index, opts.out, opts.cache_format, profile.cache, resolution, encoder,
                             frozen_vit(profile, _device(profile, ranks)))
         prepared = control.on_main(lambda: _prepare(job, opts, resolution, ranks.world, workers))
+        if prepared.complete:  # nothing measured, nothing written
+            return control.on_main(lambda: _complete(opts, prepared, resolution))
         job.planned_bytes = prepared.plan.needed_bytes(opts.cache_format)
         # Every rank's shard work ends in an exchange instead of a barrier: a rank that fails (a
         # full disk, a bad file) makes every rank stop with its one-line reason, none waits for it.

@@ -116,7 +116,8 @@ def test_a_resume_with_nothing_to_do_reads_no_shard_payload_unless_asked_to_hash
     before = digests(cache)
     out, read = audited_precompute(sample_dataset, cache, profile, tmp_path / "none.log")
     assert read == set(), f"the resume read {len(read)} shard files: {sorted(map(str, read))[:3]}"
-    assert "[frames] 36 frames, 36 already done" in out and "[features] 36 samples, 36 already done" in out, out
+    # Nothing to do: said at once (issue 24, item 8), no plan measured, no phase run.
+    assert f"cache {cache} is complete: 36 samples at" in out and "[frames]" not in out and "plan for" not in out, out
     assert digests(cache) == before
 
     # The audit sees shard reads when there are some: --checksums all hashes every committed shard.

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from janus_cache.index.problems import DatasetReport
+from janus_cache.index.problems import SUMMARY_PROBLEMS, DatasetReport, problem_lines
 from janus_cache.index.subinstructions import DEFAULT_SUBINSTRUCTION_RULE
 
 if TYPE_CHECKING:  # sources.py builds on this module
@@ -27,9 +27,6 @@ of the action head (the reference JanusVLN ids: STOP 0, MOVE_FORWARD 1, TURN_LEF
 
 ACTION_IDS: dict[str, int] = {name: i for i, name in enumerate(ACTIONS)}
 """Action name -> action id (the inverse of ``ACTIONS``)."""
-
-SUMMARY_PROBLEMS = 20
-"""Problems listed by name in a summary (the rest are counted)."""
 
 
 def parse_action(value: object) -> str | None:
@@ -144,7 +141,8 @@ class DatasetSummary:
             "problems_total": self.problems_total,
         }
 
-    def format(self) -> str:
+    def format(self, full_report: str | None = None) -> str:
+        """The summary ``janus-cache index`` prints (``full_report``: where every problem is listed)."""
         lines = [
             f"dataset {self.source} ({self.source_format})",
             f"  episodes          {self.episodes}",
@@ -153,14 +151,7 @@ class DatasetSummary:
             f"  images per sample {self.images_per_sample}"
             + (f" (lengths {self.window_lengths})" if len(self.window_lengths) > 1 else ""),
         ]
-        if self.skipped:
-            lines.append(f"  problems          {self.problems_total} (skipped, by reason):")
-            lines.extend(f"    {reason:<22}{count}" for reason, count in self.skipped.items())
-            lines.extend(f"    {problem}" for problem in self.problems)
-            if self.problems_total > len(self.problems):
-                lines.append(f"    ... and {self.problems_total - len(self.problems)} more")
-        else:
-            lines.append("  problems          none")
+        lines.extend(problem_lines(self.skipped, self.problems, self.problems_total, full_report))
         return "\n".join(lines)
 
 

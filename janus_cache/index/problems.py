@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import enum
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 STRICT_MESSAGE_ENTRIES = 3
 """Entries named in a strict-mode error's one-line message (all of them are in ``error.report``)."""
+SUMMARY_PROBLEMS = 20
+"""Problems listed by name in a summary (the rest are counted)."""
 
 
 class Reason(enum.StrEnum):
@@ -86,6 +89,16 @@ class DatasetReport:
             out.append(f"... and {len(self.entries) - limit} more")
         return out
 
+    def summary_lines(self, full_report: str) -> list[str]:
+        """The problem summary ``index``, ``plan`` and ``precompute`` print (:func:`problem_lines`)."""
+        first = tuple(str(entry) for entry in self.entries[:SUMMARY_PROBLEMS])
+        return problem_lines(self.counts(), first, len(self), full_report)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every entry, as ``report.json``'s ``dataset_problems`` lists them (also ``--report FILE``)."""
+        return {"dataset_problems": [{"file": e.file, "reason": str(e.reason), "sample": e.sample_key,
+                                      "detail": e.detail, "line": e.line} for e in self.entries]}
+
     def strict_message(self, source: Path | str) -> str:
         """The one-line error of strict mode: counts per reason and the first few entries."""
         first = "; ".join(str(entry) for entry in self.entries[:STRICT_MESSAGE_ENTRIES])
@@ -93,6 +106,21 @@ class DatasetReport:
         tail = f"; and {more} more" if more > 0 else ""
         counts = ", ".join(f"{reason} {count}" for reason, count in self.counts().items())
         return f"dataset {source} has {len(self)} problem(s) ({counts}) in strict mode: {first}{tail}"
+
+
+def problem_lines(counts: Mapping[str, int], first: Sequence[str], total: int, full_report: str | None) -> list[str]:
+    """The one problem summary of a dataset: the count per reason, the first problems by file name
+    and where the full report goes (``full_report``; None: not said), or that there is none."""
+    if not total:
+        return ["  problems          none"]
+    lines = [f"  problems          {total} (skipped, by reason):"]
+    lines.extend(f"    {reason:<22}{count}" for reason, count in counts.items())
+    lines.extend(f"    {problem}" for problem in first)
+    if total > len(first):
+        lines.append(f"    ... and {total - len(first)} more")
+    if full_report:
+        lines.append(f"    full report: {full_report}")
+    return lines
 
 
 class DatasetError(ValueError):
