@@ -189,7 +189,8 @@ def plot_flops(flops: dict[str, Any], what: str, path: Path, machine: str, when:
     colours = plt.get_cmap("tab10")
     for i, name in enumerate(COMPONENTS):
         values = [flops[p][name] / 1e12 for p in paths]
-        ax.barh(paths, values, left=left, color=colours(i), label=COMPONENT_LABELS[name])
+        ax.barh([p.replace("janus_vit_cache", "janus + ViT cache") for p in paths], values, left=left, color=colours(i),
+                label=COMPONENT_LABELS[name])
         left = [a + b for a, b in zip(left, values)]
     for y, total in enumerate(left):
         ax.text(total, y, f" {total:.3g}", va="center", fontsize=9)
