@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from janus_cache.imaging import qwen_pixel_values
 from janus_cache.resolution import grid_shape, visual_tokens_for_shape
 from janus_cache.vggt import VGGTAggregator
+from janus_cache.vit_encoder import merge_cached
 from janus_train.loss import action_cross_entropy, token_cross_entropy
 from janus_train.prompt import IGNORE_INDEX, N_SEGMENTS
 from janus_train.model import JanusVLNModel, vit_embeddings
@@ -129,11 +130,10 @@ def run_vit(model: JanusVLNModel, pixel_values: torch.Tensor, grid_thw: torch.Te
     return vit_embeddings(visual, pixel_values.type(visual.dtype), grid_thw)
 
 
-def merge_vit_cache(model: JanusVLNModel, vit_features: torch.Tensor) -> torch.Tensor:
-    """The ViT cache's path: only the patch merger, on cached ViT output [B, S, grid tokens, D]
-    (image order): [B*S*T, hidden]."""
-    visual = model.qwen.model.visual
-    return visual.merger(vit_features.flatten(0, -2).to(model.device, visual.dtype, non_blocking=True))
+def merge_vit_cache(model: JanusVLNModel, vit_features: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
+    """The ViT cache's path as the model runs it (:func:`janus_cache.vit_encoder.merge_cached`): only
+    the patch merger, on cached ViT output [B, S, grid tokens, D]: [B*S*T, hidden]."""
+    return merge_cached(model.qwen.model.visual, vit_features.flatten(0, 1).to(model.device, non_blocking=True), grid)
 
 
 @dataclass
@@ -172,7 +172,8 @@ class StepRunner:
         features = batch["features"]
         vit_features = batch.get("vit_features")
         if vit_features is not None:  # the ViT cache: no pixel values, no ViT blocks
-            return self._language_loss(batch, lambda: merge_vit_cache(self.model, vit_features), features, phase,
+            grid = grid_shape(*batch["frames"].shape[2:4])
+            return self._language_loss(batch, lambda: merge_vit_cache(self.model, vit_features, grid), features, phase,
                                        full_vocab=False)
         with phase("pixel_values"):
             frames = batch["frames"].to(self.device, non_blocking=True)
