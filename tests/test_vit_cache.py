@@ -13,7 +13,10 @@ in a ViT shard is named by verify; an append and a resume give the cache a build
 
 from __future__ import annotations
 
+import json
 import shutil
+import subprocess
+import sys
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -21,7 +24,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import file_digests, write_test_profile
+from conftest import REPO_ROOT, file_digests, write_test_profile
 from model_cases import QWEN_DIR, make_batch, tiny_model
 from test_precompute import flip_byte
 from test_sources import (
@@ -243,8 +246,9 @@ def test_verify_live_compares_the_cached_vit_output_with_the_live_vit(
     assert "ViT " in fresh and "float32 at pad224" in fresh, fresh
 
 
-def test_a_flipped_byte_in_a_vit_shard_is_named_by_verify(caches: dict[str, Path], vit_profile: Path,
-                                                         tmp_path: Path) -> None:
+def test_a_flipped_byte_in_a_vit_shard_is_named_by_verify_and_repaired_by_precompute(
+    caches: dict[str, Path], vit_profile: Path, sources: tuple[Path, Path], tmp_path: Path  # noqa: F811
+) -> None:
     cache = Path(shutil.copytree(caches["wds-a"], tmp_path / "cache"))
     record = read_record(cache, vit_array(RESOLUTION), 1)
     assert record is not None
@@ -256,7 +260,13 @@ def test_a_flipped_byte_in_a_vit_shard_is_named_by_verify(caches: dict[str, Path
     assert "FAIL" in integrity, tail(result)
     named = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(named) == 1 and record.file in named[0], tail(result)
-    assert f"4 frames r2r/episode_0000/4, r2r/episode_0001/0" in named[0]  # rows 4-7 of the frames table
+    assert "4 frames r2r/episode_0000/4, r2r/episode_0001/0" in named[0]  # rows 4-7 of the frames table
+
+    # Repair: the same precompute, hashing committed shards, rewrites it from the stored frames.
+    repaired = janus_cache("precompute", f"r2r={sources[0]}", "--out", cache, "--profile", vit_profile,
+                           "--format", "wds", "--workers", "1", "--checksums", "all")
+    assert repaired.returncode == 0, tail(repaired)
+    assert file_digests(cache) == file_digests(caches["wds-a"])
 
 
 def test_a_different_vit_is_refused_by_precompute_and_named_by_freshness(
@@ -306,3 +316,26 @@ def test_a_run_resumed_after_losing_vit_shards_rewrites_them_and_equals_an_unint
     assert result.returncode == 0, tail(result)
     assert "[ViT features]" in result.stdout + result.stderr
     assert file_digests(cache) == file_digests(caches["zarr-ab"])
+
+
+def test_a_two_process_run_from_the_vit_cache_trains_exactly_as_the_live_vit(
+    caches: dict[str, Path], vit_profile: Path, tmp_path: Path
+) -> None:
+    """No change to what a run trains: the same cache, sample order and seed give the same losses,
+    bit for bit, whether the model runs the ViT or reads its cached output (ZeRO-3, 2 processes)."""
+    losses = {}
+    for vit_features in (True, False):
+        settings = yaml.safe_load(vit_profile.read_text())
+        settings["cache"]["vit_features"] = vit_features
+        settings["train"].update({"max_steps": 3, "save_every": 100, "warmup_ratio": 0.0, "num_workers": 0})
+        profile = tmp_path / f"train-{vit_features}.yaml"
+        profile.write_text(yaml.safe_dump(settings, sort_keys=False))
+        out = tmp_path / f"run-{vit_features}"
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                   "-m", "pipelines.train", "--out", str(out), "--cache", str(caches["zarr-ab"]),
+                   "--profile", str(profile)]
+        result = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, check=False, timeout=600)
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+        losses[vit_features] = [json.loads(line)["loss"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert len(losses[True]) == 3
+    assert losses[True] == losses[False]
