@@ -63,7 +63,8 @@ def profile_differences(cache: CheckedCache, profile: Profile, encoder: EncoderI
             wanted_vit[resolution.name] = vit_entry(vit, resolution.name, (height, width))
             if resolution.name not in m.vit_features:
                 differences.append(FieldDiff(f"vit_features.{resolution.name}", None,
-                                             "ViT features (cache.vit_features: true)"))
+                                             "ViT features (cache.vit_features: true; a precompute with this "
+                                             "profile adds them)"))
     wanted = replace(
         m,
         window=window_variant(profile.cache),
