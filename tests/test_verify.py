@@ -200,7 +200,8 @@ def test_json_report_has_the_documented_stable_keys(clean_zarr_run: Outcome, bui
     assert {"profile", "differences", "version_differences"} <= set(clean_zarr_run.check("freshness")["data"])
     sample = clean_zarr_run.check("live")["data"]["samples"][0]
     assert set(sample) == {"key", "row", "problem", "frames_identical", "pixel_values_identical",
-                           "differing_sources", "feature", "embeddings"}
+                           "differing_sources", "feature", "embeddings", "vit"}
+    assert sample["vit"] is None  # this cache holds no ViT features (cache.vit_features)
     assert set(sample["feature"]) == {"max_abs", "mean_abs", "cosine", "scale", "bound"}
 
 
