@@ -165,7 +165,7 @@ class Checkpoints:
     def _distributed(self) -> bool:
         return self.world > 1 and dist.is_available() and dist.is_initialized()
 
-    def _from_main(self, value: Any) -> Any:
+    def from_main(self, value: Any) -> Any:
         """Rank 0's ``value`` on every rank."""
         if not self._distributed():
             return value
@@ -207,7 +207,7 @@ class Checkpoints:
         """Why ``tag`` cannot be resumed from (None when every recorded file matches); each rank
         checks a share of the files, every rank gets the same verdict."""
         tag_dir = self.directory / tag
-        record = self._from_main(read_record(tag_dir) if self.rank == 0 else None)
+        record = self.from_main(read_record(tag_dir) if self.rank == 0 else None)
         if isinstance(record, str):
             return record
         names = sorted(record)
@@ -221,7 +221,7 @@ class Checkpoints:
         (with a one-line note); None when the directory holds no checkpoint at all. Raises
         :class:`NoIntactCheckpoint` when there are checkpoints and none is intact. Rank 0 repoints
         ``latest`` at a fallback, so an export or the next resume reads an intact tag."""
-        latest, tags = self._from_main((self.latest(), self.tags()) if self.rank == 0 else None)
+        latest, tags = self.from_main((self.latest(), self.tags()) if self.rank == 0 else None)
         if latest is None and not tags:
             return None
         if latest is None:
@@ -258,17 +258,32 @@ class Checkpoints:
         A save that runs out of room (on any rank, at any of these writes) raises :class:`NoRoom`
         on every rank alike, with one line: the partial tag is removed and ``latest`` still names
         the previous checkpoint, from which the same command resumes once there is room."""
-        tag_dir = self.directory / tag
-        # Rank 0 makes the tag's folder itself: DeepSpeed's own mkdir only logs a failure.
-        reason = self._from_main(self._main_writes(lambda: self._fresh_folder(tag_dir)) if self.rank == 0 else None)
-        if reason is None:
-            reason = self._save_files(engine, tag, client_state)
+        reason = self.write_tag(engine, tag, client_state)
         if reason is None:
             reason = self.record(tag)
         if reason is None:
-            reason = self._from_main(self._main_writes(lambda: self._commit(tag, keep)) if self.rank == 0 else None)
+            reason = self.on_main(lambda: self._commit(tag, keep))
         if reason is not None:
-            raise NoRoom(self._from_main(self._give_up(tag, reason) if self.rank == 0 else None))
+            raise NoRoom(self.from_main(self._give_up(tag, reason) if self.rank == 0 else None))
+
+    def write_tag(self, engine: Any, tag: str, client_state: dict[str, Any]) -> str | None:
+        """DeepSpeed's save of every rank's files into a fresh folder ``tag`` (a leftover of that
+        name is removed first); why there was no room on any rank (every rank alike; None: written).
+        Also the best checkpoint's save (``janus_train.best_checkpoint``)."""
+        # Rank 0 makes the tag's folder itself: DeepSpeed's own mkdir only logs a failure.
+        reason = self.on_main(lambda: self._fresh_folder(self.directory / tag))
+        return reason if reason is not None else self._save_files(engine, tag, client_state)
+
+    def on_main(self, write: Any) -> str | None:
+        """Rank 0's ``write()``; why there was no room for it (every rank alike; None: written)."""
+        return self.from_main(self._main_writes(write) if self.rank == 0 else None)
+
+    def rerun_hint(self) -> str:
+        """Rank 0, after a write ran out of room: how the same command goes on once there is room."""
+        latest = self.latest()
+        if latest and isinstance(read_record(self.directory / latest), dict):
+            return f"{LATEST_FILE} still names {latest}: free space and run the same command again to resume from it"
+        return "no checkpoint is kept yet: free space and run the same command again"
 
     @staticmethod
     def _fresh_folder(tag_dir: Path) -> None:
@@ -319,19 +334,17 @@ class Checkpoints:
         record = read_record(self.directory / latest) if latest else "none"
         if isinstance(record, dict):
             takes = f"a checkpoint of this run takes {format_bytes(sum(e['bytes'] for e in record.values()))}"
-            then = f"{LATEST_FILE} still names {latest}: free space and run the same command again to resume from it"
         else:
             takes = f"this checkpoint needs more than the {format_bytes(written)} written before the disk filled"
-            then = "no checkpoint is kept yet: free space and run the same command again"
         return (f"{tag_dir}: no room left saving checkpoint {tag} ({reason}): the disk has "
                 f"{format_bytes(free_bytes(self.directory))} free and {takes}; the partial checkpoint was removed, "
-                f"{then}")
+                f"{self.rerun_hint()}")
 
     def record(self, tag: str) -> str | None:
         """Hash the tag's files (each rank a share) and have rank 0 write ``checksums.json``; why
         there was no room for it (every rank alike; None: written)."""
         tag_dir = self.directory / tag
-        names = self._from_main(tag_files(tag_dir) if self.rank == 0 else None)
+        names = self.from_main(tag_files(tag_dir) if self.rank == 0 else None)
         mine = {name: {"sha256": sha256_file(tag_dir / name), "bytes": (tag_dir / name).stat().st_size}
                 for name in names[self.rank :: self.world]}
         shares = self._gather(mine)
@@ -340,7 +353,7 @@ class Checkpoints:
             files = {name: entry for share in shares for name, entry in share.items()}
             reason = self._main_writes(lambda: write_atomically(
                 tag_dir / CHECKSUMS_FILE, json.dumps({"files": dict(sorted(files.items()))}, indent=1) + "\n"))
-        return self._from_main(reason)
+        return self.from_main(reason)
 
     def rotate(self, keep: int) -> list[str]:
         """Keep the tag ``latest`` names and the ``keep`` - 1 tags before it; delete the rest (rank 0,

@@ -5,6 +5,11 @@ Only the main process logs (the records are already averaged over all ranks). Th
 of a step holds what a person watching a run needs: step/total, epoch, the loss and its parts,
 LR, samples/s, the share of the step spent waiting for data and the ETA; everything else is in
 ``metrics.jsonl``.
+
+A record that does not fit on the disk (``metrics.jsonl`` or TensorBoard's events) ends every rank
+alike with one line (:func:`write_alike`), as a checkpoint save does: ``metrics.jsonl`` is cut
+back to its last whole record and the checkpoints are untouched, so the same command resumes from
+``latest`` once there is room.
 """
 
 from __future__ import annotations
@@ -12,10 +17,15 @@ from __future__ import annotations
 import json
 import math
 import os
+import threading
 import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
+
+from janus_cache.plan import format_bytes
+from janus_train.checkpoints import Checkpoints
+from janus_train.disk_space import NoRoom, free_bytes, no_room_reason
 
 
 class WandbMissing(ValueError):
@@ -96,6 +106,25 @@ def step_line(record: dict[str, Any], total_steps: int, eta_s: float) -> str:
     return line
 
 
+def quiet_tensorboard_thread_on_full_disk(directory: Path) -> None:
+    """TensorBoard writes its events on a thread of its own, which on a full disk prints its
+    traceback as it dies and hands the error on to the writer's next flush (:meth:`RunLog.write`
+    turns that into the one line): that thread's no-room death stays quiet. Other threads' and
+    other errors go to the hook there was."""
+    previous = threading.excepthook
+    if getattr(previous, "quiets_tensorboard", False):
+        return
+
+    def hook(args: threading.ExceptHookArgs) -> None:
+        if (type(args.thread).__name__ == "_AsyncWriterThread" and args.exc_value is not None
+                and no_room_reason(args.exc_value, directory) is not None):
+            return
+        previous(args)
+
+    hook.quiets_tensorboard = True  # type: ignore[attr-defined]
+    threading.excepthook = hook
+
+
 class RunLog:
     """The main process's sinks for metric records; build it on rank 0 only."""
 
@@ -139,29 +168,72 @@ class RunLog:
         self.eta.update(step)
 
     def write(self, record: dict[str, Any]) -> None:
+        """Append ``record`` to every sink; :class:`NoRoom` when a file sink ran out of room (a part
+        of its line is cut off again, so ``metrics.jsonl`` holds whole records only)."""
         self.out_dir.mkdir(parents=True, exist_ok=True)
         clean = {name: finite_or_none(value) for name, value in record.items()}
-        with open(self.metrics_file, "a") as f:
-            f.write(json.dumps(clean, allow_nan=False) + "\n")
+        line = json.dumps(clean, allow_nan=False) + "\n"
+        written = self.metrics_file.stat().st_size if self.metrics_file.is_file() else 0
+        try:
+            with open(self.metrics_file, "a") as f:
+                f.write(line)
+        except OSError as err:
+            if self.metrics_file.is_file():
+                os.truncate(self.metrics_file, written)
+            raise self._no_room(err, self.metrics_file, record["step"], len(line.encode())) from None
         print(step_line(clean, self.total_steps, self.eta.seconds_left(record["step_s"])), flush=True)
         scalars = {name: value for name, value in clean.items()
                    if isinstance(value, (int, float)) and not isinstance(value, bool) and name != "step"}
+        try:
+            self._tensorboard_write(scalars, record["step"])
+        except Exception as err:
+            raise self._no_room(err, self.out_dir / "tensorboard", record["step"], len(line.encode())) from None
+        if self.wandb is not None:
+            self.wandb.log(scalars, step=record["step"])
+
+    def _tensorboard_write(self, scalars: dict[str, float], step: int) -> None:
         if self.tensorboard is None:
             try:
                 from torch.utils.tensorboard import SummaryWriter
             except ImportError:
                 self.tensorboard = False
             else:
+                quiet_tensorboard_thread_on_full_disk(self.out_dir / "tensorboard")
                 self.tensorboard = SummaryWriter(str(self.out_dir / "tensorboard"), purge_step=self.purge_step)
         if self.tensorboard:
             for name, value in scalars.items():
-                self.tensorboard.add_scalar(name, value, record["step"])
+                self.tensorboard.add_scalar(name, value, step)
             self.tensorboard.flush()
-        if self.wandb is not None:
-            self.wandb.log(scalars, step=record["step"])
+
+    def _no_room(self, err: BaseException, path: Path, step: int, needed: int) -> BaseException:
+        """The one-line :class:`NoRoom` when ``err`` means the disk is full; ``err`` itself otherwise."""
+        reason = no_room_reason(err, self.out_dir)
+        if reason is None:
+            return err
+        return NoRoom(f"{path}: no room left writing the metrics of step {step} ({reason}): the disk has "
+                      f"{format_bytes(free_bytes(path))} free and the step's record needs {format_bytes(needed)}")
 
     def close(self) -> None:
         if self.tensorboard:
-            self.tensorboard.close()
+            try:
+                self.tensorboard.close()
+            except Exception as err:
+                # After a full disk (said in its one line) the writer re-raises its failure.
+                if no_room_reason(err, self.out_dir) is None:
+                    raise
         if self.wandb is not None:
             self.wandb.finish()
+
+
+def write_alike(log: RunLog | None, record: dict[str, Any], checkpoints: Checkpoints) -> None:
+    """Every rank calls it: rank 0 (the one holding ``log``) writes ``record``; a write that ran out
+    of room raises :class:`NoRoom` on every rank alike, its line saying how the run goes on."""
+    message = None
+    if log is not None:
+        try:
+            log.write(record)
+        except NoRoom as err:
+            message = f"{err}; the checkpoints are unchanged, {checkpoints.rerun_hint()}"
+    message = checkpoints.from_main(message)
+    if message is not None:
+        raise NoRoom(message)

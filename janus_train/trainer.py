@@ -55,7 +55,7 @@ from janus_train.elastic import (
     set_rng_states,
     universal_checkpoint,
 )
-from janus_train.logs import RunLog
+from janus_train.logs import RunLog, write_alike
 from janus_train.nonfinite import NonFiniteStep, nonfinite_message
 from janus_train.loss import LossDenominators, micro_batch_loss
 from janus_train.mixture import CacheSource, MixedSamples, Mixture, as_sources, mixed_samples
@@ -263,7 +263,7 @@ class Trainer:
         if self.validation is not None:
             self.evaluator = Evaluator(self.validation, self.builder, settings.micro_batch, settings.num_workers,
                                        self.rank, self.world, self.device, settings.damaged_samples)
-            self.best = BestCheckpoint(self.checkpoint_dir(), settings.best_metric, self.rank)
+            self.best = BestCheckpoint(self.checkpoints, settings.best_metric)
         self.log = RunLog(self.out_dir, self.metrics_file, self.total_steps, settings.wandb_project,
                           run_config={"profile": profile.name, "world": self.world}) if self.rank == 0 else None
 
@@ -441,8 +441,8 @@ class Trainer:
             records.append(record)
             if self.log is not None:
                 self.log.step_done(self.step)
-                if self.step % self.settings.log_every == 0 or self.step == self.total_steps or VAL_LOSS in record:
-                    self.log.write(record)
+            if self.step % self.settings.log_every == 0 or self.step == self.total_steps or VAL_LOSS in record:
+                write_alike(self.log, record, self.checkpoints)  # every rank: a full disk ends them alike
             if self.settings.empty_cache_every and self.step % self.settings.empty_cache_every == 0:
                 dist.barrier()  # all ranks flush together, so no rank waits on another's flush
                 if self.device.type == "cuda":

@@ -13,6 +13,10 @@ precomputed cache of 2 episodes x 4 steps, 4 steps with a checkpoint every 2.
 * ``janus-train export`` into a disk too small for the weights: one ``error:`` line.
 * A launcher whose log file is on a full disk: its closing line says that torchrun's report could
   not be written, with the bytes, instead of crashing with a traceback.
+* A new best checkpoint at a validation that does not fit: one line, the best there was kept
+  byte for byte, and the same command resumes once there is room.
+* A metrics record (``metrics.jsonl`` or TensorBoard's events) that does not fit: one line, and
+  ``metrics.jsonl`` holds whole records only.
 """
 
 from __future__ import annotations
@@ -28,10 +32,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import REPO_ROOT, file_digests
+import yaml
+from conftest import REPO_ROOT, file_digests, write_test_profile
+from test_train import TRAIN as TRAIN_TEST_SETTINGS
 from test_train import precompute, read_metrics, write_train_profile
 
 from janus_cache.sample_data import write_sample_data
+from janus_train.best_checkpoint import BEST_FILE, BEST_TAG
 from janus_train.checkpoints import CHECKSUMS_FILE, LATEST_FILE
 from janus_train.trainer import CHECKPOINTS
 
@@ -136,6 +143,57 @@ def test_a_checkpoint_save_on_a_full_disk_is_one_line_and_the_same_command_resum
             assert got[name] == pytest.approx(want[name], rel=1e-6, abs=1e-9), (got["step"], name)
 
 
+def test_a_best_checkpoint_that_does_not_fit_is_one_line_and_keeps_the_best_there_was(
+        setup: Setup, tmp_path: Path) -> None:
+    """A run validating at its last step (one episode held out, best by val_loss) whose run
+    directory already holds a best checkpoint (a worse val_loss recorded), on a disk with room for
+    that best and one checkpoint and a half: step 2's checkpoint fits, step 4's new best does not.
+    One line on every rank, ``best.partial`` removed, the best there was kept byte for byte and
+    ``latest`` still at step 2; with room again the same command resumes at step 2 and keeps the
+    new best."""
+    profile = write_test_profile(tmp_path / "validating.yaml", cache={"feature_dtype": "float32"}, keep_validation=True)
+    data = yaml.safe_load(profile.read_text())
+    data["train"].update({**TRAIN_TEST_SETTINGS, **TRAIN, "val_episodes": 1, "eval_every": STEPS,
+                          "best_metric": "val_loss"})
+    profile.write_text(yaml.safe_dump(data, sort_keys=False))
+    earlier = tmp_path / BEST_TAG  # the best there was: a checkpoint with a worse val_loss than any to come
+    shutil.copytree(setup.reference / CHECKPOINTS / f"step{SAVE_EVERY:08d}", earlier)
+    (earlier / BEST_FILE).write_text(json.dumps({"metric": "val_loss", "value": 1e9, "step": 0}) + "\n")
+    checkpoint = tag_bytes(setup.reference / CHECKPOINTS / f"step{SAVE_EVERY:08d}")
+    best_pages = sum(-(-p.stat().st_size // PAGE) for p in earlier.rglob("*") if p.is_file())
+    size = best_pages * PAGE + (checkpoint * 3 // 2 // PAGE) * PAGE
+    mount, kept = tmp_path / "small-disk", tmp_path / "kept"
+    out = mount / "run"
+    command = shlex.join(train_command(out, setup.cache, profile, "--no-export"))
+    result = on_small_disk(mount, size, f"mkdir -p {shlex.quote(str(out / CHECKPOINTS))} && cp -a "
+                                        f"{shlex.quote(str(earlier))} {shlex.quote(str(out / CHECKPOINTS / BEST_TAG))} "
+                                        f"&& {command}; code=$?; cp -a {shlex.quote(str(out))} {shlex.quote(str(kept))}; "
+                                        "exit $code")
+    output = result.stdout + result.stderr
+    assert result.returncode == 1, output[-5000:]
+    errors = lines(result, "error:")
+    assert len(errors) == 1, output[-5000:]
+    partial = out / CHECKPOINTS / f"{BEST_TAG}.partial"
+    assert re.fullmatch(
+        rf"error: {re.escape(str(partial))}: no room left saving the best checkpoint of step {STEPS} \(val_loss "
+        rf"[0-9.e+-]+\) \(No space left on device\): the disk has {SIZE} free and the best checkpoint takes {SIZE}; "
+        r"the partial best checkpoint was removed, the best of step 0 \(val_loss 1e\+09\) is kept as it was; latest "
+        rf"still names step{SAVE_EVERY:08d}: free space and run the same command again to resume from it",
+        errors[0]), errors[0]
+    assert "Traceback" not in output and "Logging error" not in output, output[-5000:]
+    assert lines(result, "launcher:") == [f"launcher: rank 0 exited with code 1; torchrun's report: "
+                                          f"{out / 'launcher.log'}"], output[-3000:]
+    assert file_digests(kept / CHECKPOINTS / BEST_TAG) == file_digests(earlier)
+    assert not (kept / CHECKPOINTS / f"{BEST_TAG}.partial").exists(), "the partial best was left behind"
+    assert (kept / CHECKPOINTS / LATEST_FILE).read_text() == f"step{SAVE_EVERY:08d}"
+
+    resumed = run(train_command(kept, setup.cache, profile, "--no-export"))
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-5000:]
+    assert f"resumed at step {SAVE_EVERY}" in resumed.stdout
+    best = json.loads((kept / CHECKPOINTS / BEST_TAG / BEST_FILE).read_text())
+    assert best["step"] == STEPS and best["value"] == read_metrics(kept)[-1]["val_loss"]
+
+
 def test_a_finished_run_whose_export_does_not_fit_ends_every_rank_with_one_line(setup: Setup, tmp_path: Path) -> None:
     """The finished reference run (with its export) on a disk with room for itself only: the same
     command with ``--export`` (rank 0 exports again after the last step) is refused before the new
@@ -237,3 +295,59 @@ def test_every_writer_running_out_of_room_is_told_apart_from_other_failures(tmp_
                         r"elsewhere with janus-train export RUN --out DIR \(the checkpoints are unchanged\)",
                         said["export"]), said["export"]
     assert said["other"] == "None"
+
+
+FULL_LOG = """
+import json, sys
+from pathlib import Path
+from janus_train.checkpoints import Checkpoints, LATEST_FILE, record_directory
+from janus_train.disk_space import NoRoom
+from janus_train.logs import RunLog, write_alike
+
+disk, elsewhere, sink = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
+checkpoints = Checkpoints(elsewhere / "checkpoints")  # a run whose step-2 checkpoint is complete
+(checkpoints.directory / "step00000002").mkdir(parents=True)
+(checkpoints.directory / "step00000002" / "weights").write_bytes(b"w")
+record_directory(checkpoints.directory / "step00000002")
+(checkpoints.directory / LATEST_FILE).write_text("step00000002")
+# One sink on the small disk: metrics.jsonl, or TensorBoard's events (in the run folder).
+metrics = (disk if sink == "metrics" else elsewhere) / "metrics.jsonl"
+log = RunLog((disk if sink == "tensorboard" else elsewhere) / "run", metrics, total_steps=10**6)
+record = {"step": 0, "epoch": 0, "loss": 1.0, "token_loss": 1.0, "action_loss": 0.5, "grad_norm": 1.0, "lr": 1e-4,
+          "samples_per_s": 1.0, "data_wait_share": 0.1, "step_s": 1.0, "sample_keys": ["x" * 1000]}
+step = 0
+try:
+    while True:
+        step += 1
+        write_alike(log, {**record, "step": step}, checkpoints)
+except NoRoom as err:
+    print("error:", err, file=sys.stderr)
+log.close()
+steps = [json.loads(line)["step"] for line in metrics.read_text().splitlines()]
+print(json.dumps({"failed_at": step, "steps": steps}))
+"""
+
+
+@pytest.mark.parametrize("sink", ["metrics", "tensorboard"])
+def test_a_metrics_record_that_does_not_fit_is_one_line_and_leaves_whole_records(tmp_path: Path, sink: str) -> None:
+    """``metrics.jsonl`` or TensorBoard's event file (written on a thread of its own) filling a real
+    disk: the one line names the file, the bytes free and the record's, and how the run resumes
+    (the checkpoints untouched); no traceback of TensorBoard's thread; ``metrics.jsonl`` holds
+    whole records only, step by step (a line cut short would be read as a record lost)."""
+    mount, elsewhere = tmp_path / "small-disk", tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    result = on_small_disk(mount, 16 * PAGE, shlex.join([sys.executable, "-c", FULL_LOG, str(mount),
+                                                         str(elsewhere), sink]))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr and "Exception in thread" not in result.stderr, result.stderr[-3000:]
+    errors = lines(result, "error:")
+    assert len(errors) == 1, result.stderr[-3000:]
+    said = json.loads(result.stdout.splitlines()[-1])
+    path = mount / "run" / "tensorboard" if sink == "tensorboard" else mount / "metrics.jsonl"
+    assert re.fullmatch(
+        rf"error: {re.escape(str(path))}: no room left writing the metrics of step {said['failed_at']} \(No space "
+        rf"left on device\): the disk has {SIZE} free and the step's record needs {SIZE}; the checkpoints are "
+        r"unchanged, latest still names step00000002: free space and run the same command again to resume from it",
+        errors[0]), errors[0]
+    written = said["failed_at"] - (1 if sink == "metrics" else 0)  # TensorBoard fails after the record's line
+    assert said["steps"] == list(range(1, written + 1))
