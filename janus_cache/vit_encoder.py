@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from janus_cache.dtypes import TORCH_DTYPES, dtype_name
+from janus_cache.dtypes import TORCH_DTYPES
 from janus_cache.imaging import qwen_pixel_values
 from janus_cache.profile import LanguageModelSettings, Profile
 from janus_cache.resolution import grid_shape
@@ -52,25 +52,12 @@ def vit_stored_dtype(compute_dtype: str) -> str:
     """The dtype ViT features are cached in for a profile computing in ``compute_dtype``: bf16 where
     the model computes in bf16 (what the live ViT gives the merger), else the compute dtype itself
     (float32 on the tiny CPU profile, so a cached step equals the live one bit for bit)."""
-    return "bfloat16" if compute_dtype == "bfloat16" else compute_dtype
-
-
-def vit_hidden_size(settings: LanguageModelSettings) -> int:
-    """The ViT hidden size D (1280 for Qwen2.5-VL-7B), from the directory's config.json."""
-    return int(_vision_config_dict(settings)["hidden_size"])
+    return compute_dtype
 
 
 def base_model_name(settings: LanguageModelSettings) -> str:
     """The Qwen directory's name (what the manifest records as the base model: e.g. Qwen2.5-VL-7B-Instruct)."""
     return Path(settings.path).name
-
-
-def _vision_config_dict(settings: LanguageModelSettings) -> dict[str, Any]:
-    path = Path(settings.path) / "config.json"
-    try:
-        return dict(json.loads(path.read_text())["vision_config"])
-    except (OSError, ValueError, KeyError, TypeError) as err:
-        raise ViTLoadError(f"{path}: no vision_config to build Qwen's ViT from ({err})") from None
 
 
 def load_vision_tower(settings: LanguageModelSettings, dtype: torch.dtype = torch.float32,
@@ -230,10 +217,6 @@ class ViTEncoder:
     @property
     def device(self) -> torch.device:
         return next(self.visual.parameters()).device
-
-    @property
-    def compute_dtype(self) -> str:
-        return dtype_name(self.visual.dtype)
 
     def feature_shape(self, height: int, width: int) -> tuple[int, int]:
         """``(grid tokens, D)`` of one ``height`` x ``width`` frame."""

@@ -196,8 +196,10 @@ def run(opts: Options) -> int:
         workers = opts.workers or default_workers(ranks.local_world)
         index = index_on_every_rank(opts, profile, control)
         encoder = WindowEncoder.from_settings(profile.vggt, profile.cache, _device(profile, ranks))
-        job = PrecomputeJob(index, opts.out, opts.cache_format, profile.cache, resolution, encoder,
-                            frozen_vit(profile, _device(profile, ranks)))
+        # Built on every rank inside an exchange: a Qwen directory without a loadable ViT is one line.
+        vits: list[ViTEncoder | None] = []
+        control.gather(lambda: vits.append(frozen_vit(profile, _device(profile, ranks))), (ValueError,))
+        job = PrecomputeJob(index, opts.out, opts.cache_format, profile.cache, resolution, encoder, vits[0])
         prepared = control.on_main(lambda: _prepare(job, opts, resolution, ranks.world, workers))
         if prepared.complete:  # nothing measured, nothing written
             return control.on_main(lambda: _complete(opts, prepared, resolution))

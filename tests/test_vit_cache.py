@@ -339,3 +339,15 @@ def test_a_two_process_run_from_the_vit_cache_trains_exactly_as_the_live_vit(
         losses[vit_features] = [json.loads(line)["loss"] for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert len(losses[True]) == 3
     assert losses[True] == losses[False]
+
+
+def test_a_qwen_directory_without_weights_is_refused_in_one_line_by_a_precompute_caching_the_vit(
+    vit_profile: Path, sources: tuple[Path, Path], tmp_path: Path  # noqa: F811
+) -> None:
+    qwen = Path(shutil.copytree(QWEN_DIR, tmp_path / "qwen-config-only"))
+    settings = yaml.safe_load(vit_profile.read_text())
+    settings["qwen"].update({"path": str(qwen), "random_init": False})
+    profile = tmp_path / "no-weights.yaml"
+    profile.write_text(yaml.safe_dump(settings, sort_keys=False))
+    result = precompute(tmp_path / "cache", profile, f"r2r={sources[0]}")
+    assert_one_line_error(result, str(qwen), "no *.safetensors weights", "qwen.random_init: true")
