@@ -36,7 +36,7 @@ from torch.utils.data import Dataset
 
 from janus_cache.store import OpenedCache
 from janus_cache.store.split import epoch_order
-from janus_train.data import CachedSamples
+from janus_train.data import CachedSamples, DamagedItem
 from janus_train.prompt import PromptBuilder
 
 _LABEL_STREAM = 2**20
@@ -152,7 +152,8 @@ class Mixture:
 class MixedSamples(Dataset):
     """Several map-style datasets as one, indexed by flat index (source ``i``'s row ``r`` at
     ``sum(sizes[:i]) + r``); each item's key is prefixed with its source's name (``r2r/<key>``),
-    so keys stay unique when two caches share episode names."""
+    so keys stay unique when two caches share episode names. A damaged sample stays a
+    :class:`DamagedItem` (its error names the cache's file, and the sample by its mixture key)."""
 
     def __init__(self, names: Sequence[str], datasets: Sequence[Dataset]) -> None:
         if len(names) != len(datasets) or not datasets:
@@ -174,6 +175,9 @@ class MixedSamples(Dataset):
     def __getitem__(self, index: int) -> Any:
         source, row = self.locate(int(index))
         item = self.datasets[source][row]
+        if isinstance(item, DamagedItem):  # its key is the error's: name the sample as the mixture does
+            error = item.error
+            return DamagedItem(error.for_sample(f"{self.names[source]}/{error.key}")) if error.key else item
         return replace(item, key=f"{self.names[source]}/{item.key}")
 
 
