@@ -13,6 +13,7 @@ from janus_train.activation_checkpointing import FULL, ActivationCheckpointing
 from janus_train.kernels import liger_missing
 from janus_train.loss import LossConfig
 from janus_train.model import JanusModelConfig, TrainableParts
+from janus_train.preemption import STOP_SIGNAL_CHOICES
 from janus_train.prompt_template import DEFAULT_TEMPLATE, PromptTemplate
 from janus_train.validation import BEST_METRICS, VAL_LOSS
 
@@ -55,6 +56,10 @@ class TrainSettings:
     num_workers: int = setting(16, "Data loader workers per process.", min=0)
     save_every: int = setting(1000, "Optimizer steps between checkpoints (0: only at the end).", min=0)
     save_total_limit: int = setting(4, "Checkpoints kept.", min=1)
+    stop_signals: tuple[str, ...] = setting(
+        ("SIGTERM", "SIGINT", "SIGUSR1"), "Signals (to any rank or the launcher) that end the run after its current "
+        "optimizer step with a checkpoint and exit code 75; a second one stops it at once (janus_train.preemption).",
+        choices=STOP_SIGNAL_CHOICES)
     log_every: int = setting(10, "Optimizer steps between logged records.", min=1)
     log_sample_keys: bool = setting(
         False, "Add each logged step's sample keys, in the order of the epoch's global sample sequence, to its "

@@ -57,6 +57,7 @@ from janus_train.elastic import (
 )
 from janus_train.logs import RunLog, write_alike
 from janus_train.nonfinite import NonFiniteStep, nonfinite_message
+from janus_train.preemption import Preemption
 from janus_train.loss import LossDenominators, micro_batch_loss
 from janus_train.mixture import CacheSource, MixedSamples, Mixture, as_sources, mixed_samples
 from janus_train.prompt import IGNORE_INDEX, PromptBuilder
@@ -374,8 +375,9 @@ class Trainer:
 
     # ------------------------------------------------------------------------------- training
 
-    def train(self) -> list[dict[str, Any]]:
-        """Run to ``total_steps``; returns the logged metric records of this process."""
+    def train(self, preemption: Preemption | None = None) -> list[dict[str, Any]]:
+        """Run to ``total_steps``, or to the end of the step at which any rank had received one of
+        ``preemption``'s stop signals; returns the logged metric records of this process."""
         records: list[dict[str, Any]] = []
         batches = self._loader()
         self.engine.train()
@@ -449,6 +451,8 @@ class Trainer:
                     torch.cuda.empty_cache()
             if self.settings.save_every and self.step % self.settings.save_every == 0:
                 self.save()
+            if preemption is not None and preemption.agreed(self.device):  # the same step on every rank
+                break
         return records
 
     def _metrics(self, sums: dict[str, torch.Tensor], denominators: LossDenominators, times: StepTimes,

@@ -10,8 +10,21 @@ is logged; default: a new file in the temporary folder) and a failure ends with 
 the failed rank, its exit code and the log. The ranks' own output is not touched: their
 stdout/stderr remain the console's.
 
-Exit code: 0 on success; the first failed rank's exit code (128 + N when it died of signal N);
-1 when the launcher itself fails.
+Signals: the first SIGTERM, SIGINT, SIGUSR1 or SIGUSR2 (the stop signals a run may choose,
+``janus_train.preemption``) is forwarded to every rank and the launcher waits for them, however long
+their checkpoint takes (torchrun's own handler would SIGKILL them 30 s later); a training run then
+stops after its current step with a checkpoint and exit code 75 (its rank 0 says where it will
+resume). A second signal stops the ranks at once, as torchrun does.
+
+Under ``make`` (``make train``: the launcher is make's child), make passes on a SIGTERM itself, but
+a SIGINT or SIGHUP sent to make alone would not reach the ranks: make only waits for its child.
+:class:`MakeWatch` notices it (make's handler restores the signal's default action, which /proc
+shows) and a make that died (re-parenting the launcher), and stops the ranks as if the launcher had
+received the signal (SIGINT; SIGTERM for the others). GNU make takes SIGUSR1 to toggle its debug
+output, invisibly: send SIGUSR1 to the launcher (``pipelines.launch``) instead.
+
+Exit code: 0 on success; 75 when the ranks stopped on a stop signal with a checkpoint; the first
+failed rank's exit code (128 + N when it died of signal N); 1 when the launcher itself fails.
 """
 
 from __future__ import annotations
@@ -19,11 +32,14 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import signal
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
+from janus_train.preemption import PREEMPTED_EXIT_CODE, STOP_SIGNAL_CHOICES, signal_numbers
 from pipelines.launcher import LAUNCHER_PID_VARIABLE
 
 LOG_OPTION = "--launcher-log"
@@ -116,6 +132,99 @@ def log_to_file(path: Path) -> ReportFile:
     return handler
 
 
+def child_pids() -> list[int]:
+    """This process's children (the ranks), from every thread's /proc children list (Linux)."""
+    pids: list[int] = []
+    for task in Path("/proc/self/task").glob("*"):
+        try:
+            pids += [int(pid) for pid in (task / "children").read_text().split()]
+        except OSError:
+            continue
+    return pids
+
+
+class Forwarder:
+    """The launcher's handler of the stop signals: the first is forwarded to the ranks (which stop
+    after their step with a checkpoint) and the launcher goes on waiting for them; a second one,
+    or one before any rank started, stops the launch as torchrun's own handler does."""
+
+    def __init__(self) -> None:
+        self.forwarded: str | None = None
+
+    def arm(self) -> None:
+        for number in signal_numbers(STOP_SIGNAL_CHOICES):
+            signal.signal(number, self.handle)
+
+    def handle(self, number: int, _frame: object) -> None:
+        from torch.distributed.elastic.multiprocessing.api import SignalException
+
+        sigval = signal.Signals(number)
+        ranks = child_pids()
+        if self.forwarded is not None or not ranks:
+            raise SignalException(f"Process {os.getpid()} got signal: {sigval}", sigval=sigval)
+        self.forwarded = sigval.name
+        logging.getLogger(LOGGER).warning("forwarded %s to the ranks %s; waiting for them", sigval.name, ranks)
+        for pid in ranks:
+            try:
+                os.kill(pid, number)
+            except ProcessLookupError:
+                pass
+
+
+def caught_signals(pid: int) -> int | None:
+    """The mask of signals process ``pid`` handles (/proc's SigCgt; None when unreadable)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("SigCgt:"):
+                return int(line.split()[1], 16)
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+class MakeWatch(threading.Thread):
+    """Passes on to this launcher the stop signals that its parent ``make`` received and keeps."""
+
+    PERIOD_S = 0.2
+    GRACE_S = 0.5  # a Ctrl-C reaches make and the launcher alike: the launcher's own comes first
+
+    def __init__(self, forwarder: Forwarder, parent: int) -> None:
+        super().__init__(daemon=True, name="make-watch")
+        self.forwarder, self.parent = forwarder, parent
+
+    @staticmethod
+    def parent_is_make() -> bool:
+        try:
+            return Path(f"/proc/{os.getppid()}/comm").read_text().strip() in ("make", "gmake")
+        except OSError:
+            return False
+
+    # make's signal -> the one the launcher acts on as its own.
+    WATCHED = {signal.SIGINT: signal.SIGINT, signal.SIGHUP: signal.SIGTERM, signal.SIGQUIT: signal.SIGTERM}
+
+    def run(self) -> None:
+        caught = caught_signals(self.parent) or 0
+        watched = {sig: own for sig, own in self.WATCHED.items() if caught & (1 << (sig - 1))}
+        while True:
+            time.sleep(self.PERIOD_S)
+            now = caught_signals(self.parent) or 0
+            if os.getppid() != self.parent:  # make died: stop the ranks as on SIGTERM
+                number = signal.SIGTERM
+            elif lost := [own for sig, own in watched.items() if not now & (1 << (sig - 1))]:
+                number = lost[0]  # make's handler ran: it now waits for its child
+            else:
+                continue
+            time.sleep(self.GRACE_S)
+            if self.forwarder.forwarded is None:
+                os.kill(os.getpid(), number)  # this launcher's own handler, in its main thread
+            return
+
+
+def handled_by_torchrun(signals: str) -> str:
+    """torchrun's ``--signals-to-handle`` without the stop signals, which :class:`Forwarder` handles."""
+    return ",".join(name.strip() for name in signals.split(",") if name.strip() not in STOP_SIGNAL_CHOICES)
+
+
 def exit_code(code: int) -> int:
     """A rank's exit code as a shell reports it (a rank killed by signal N: 128 + N)."""
     return 128 - code if code < 0 else (code or 1)
@@ -131,6 +240,12 @@ def main(argv: list[str] | None = None) -> int:
     handler = log_to_file(log)
 
     args = parse_args(torchrun_args)
+    # torchrun registers its handlers when it starts the ranks; the stop signals stay this launcher's.
+    args.signals_to_handle = handled_by_torchrun(args.signals_to_handle)
+    forwarder = Forwarder()
+    forwarder.arm()
+    if MakeWatch.parent_is_make():
+        MakeWatch(forwarder, os.getppid()).start()
     # The ranks are this process's children: told its pid, a rank notices a launcher that was
     # killed before the rank could arm its parent-death signal (``pipelines.launcher``).
     os.environ[LAUNCHER_PID_VARIABLE] = str(os.getpid())
@@ -139,6 +254,8 @@ def main(argv: list[str] | None = None) -> int:
     except ChildFailedError as err:
         rank, failure = err.get_first_failure()
         handler.append(err.format_msg() + "\n")
+        if failure.exitcode == PREEMPTED_EXIT_CODE:  # stopped with a checkpoint: rank 0's line says where
+            return PREEMPTED_EXIT_CODE
         how = (f"was killed by signal {-failure.exitcode}" if failure.exitcode < 0
                else f"exited with code {failure.exitcode}")
         print(f"launcher: rank {rank} {how}; {handler.where()}", file=sys.stderr, flush=True)

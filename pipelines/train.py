@@ -44,7 +44,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from janus_cache.lock import DirectoryLock
 from janus_cache.profile import Profile, ProfileError, load_profile
 from janus_cache.store import DamagedData
-from janus_train.checkpoints import NoIntactCheckpoint
+from janus_train.checkpoints import NoIntactCheckpoint, tag_name
 from janus_train.config import TrainSettings, load_train_settings
 from janus_train.damaged import DamagedSample
 from janus_train.disk_space import NoRoom
@@ -53,6 +53,7 @@ from janus_train.elastic import ResumeError
 from janus_train.logs import WandbMissing, check_wandb
 from janus_train.mixture import CacheSource, MixtureError, parse_cache_sources
 from janus_train.nonfinite import NonFiniteStep
+from janus_train.preemption import PREEMPTED_EXIT_CODE, Preemption, stopped_message
 from janus_train.reference_checkpoint import (
     ReferenceCheckpointError,
     check_reference_checkpoint,
@@ -195,6 +196,8 @@ def command(
         settings = replace(settings, val_cache=val_cache, val_episodes=0, val_episodes_fraction=0.0)
 
     quiet_library_warnings()
+    # From here a stop signal ends the run after its current step with a checkpoint (exit code 75).
+    preemption = Preemption(settings.stop_signals).arm()
     init_distributed(prof, settings.alloc_conf)
     run_lock = None
     cache_locks: list[DirectoryLock | None] = []
@@ -251,10 +254,17 @@ def command(
                 if note:
                     print(note, flush=True)
             try:
-                trainer.train()
+                trainer.train(preemption)
                 trainer.save()
             except (NonFiniteStep, DamagedSample, NoRoom) as err:
                 fail_alike(ranks, str(err))
+            if preemption.stopping:  # every rank alike: the checkpoint is saved, the resume point named
+                if trainer.rank == 0:
+                    print(stopped_message(preemption.stopped_by, trainer.step,
+                                          str(trainer.checkpoint_dir() / tag_name(trainer.step))),
+                          file=sys.stderr, flush=True)
+                dist.barrier()
+                raise SystemExit(PREEMPTED_EXIT_CODE)
             if record_outputs_to is not None:
                 record_outputs(trainer, record_outputs_to, record_samples)
             if export_at_end:

@@ -2,9 +2,10 @@
 
 Each test runs the real file under bash as sbatch would on the first node of a 2-node x 8-GPU
 allocation: SLURM's variables set, and SLURM's commands (``scontrol``, ``srun``) plus the
-environment's ``torchrun`` replaced by small programs that record their arguments. The recording
-``srun`` starts its command once per node, with that node's ``SLURM_NODEID``, as srun does. The
-recorded torchrun command lines are read back with torchrun's own argument parser.
+environment's ``torchrun`` (and its ``python -m pipelines.launch``, torchrun with janus's signal
+handling) replaced by small programs that record their arguments. The recording ``srun`` starts its
+command once per node, with that node's ``SLURM_NODEID``, and forwards signals to them, as srun does.
+The recorded torchrun command lines are read back with torchrun's own argument parser.
 """
 
 from __future__ import annotations
@@ -13,15 +14,19 @@ import json
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from conftest import REPO_ROOT, file_digests
 from torch.distributed.run import get_args_parser
+
+from janus_train.preemption import PREEMPTED_EXIT_CODE
 
 SLURM_DIR = REPO_ROOT / "examples" / "slurm"
 HOSTS = ("gpu-07", "gpu-08")
@@ -35,20 +40,27 @@ JOB_ID = 81234
 SCONTROL = """
 import json, os, sys
 log = os.environ["STUB_LOG"]
+if sys.argv[1:2] == ["requeue"]:
+    with open(os.path.join(log, "scontrol-requeue.json"), "w") as f:
+        json.dump(sys.argv[1:], f)
+    sys.exit(0)
 with open(os.path.join(log, "scontrol.json"), "w") as f:
     json.dump(sys.argv[1:], f)
 if sys.argv[1:3] != ["show", "hostnames"]:
-    sys.exit("scontrol stand-in: only 'show hostnames' is known")
+    sys.exit("scontrol stand-in: only 'show hostnames' and 'requeue' are known")
 print("\\n".join(os.environ["STUB_HOSTS"].split()))
 """
 
 SRUN = """
-import json, os, subprocess, sys
+import json, os, signal, subprocess, sys
 args = sys.argv[1:]
 first = next(i for i, a in enumerate(args) if not a.startswith("-"))
 with open(os.path.join(os.environ["STUB_LOG"], "srun.json"), "w") as f:
     json.dump({"options": args[:first], "command": args[first:]}, f)
-nodes = [
+nodes = []
+for forwarded in (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT):
+    signal.signal(forwarded, lambda number, frame: [node.send_signal(number) for node in nodes])
+nodes += [
     subprocess.Popen(args[first:], env={**os.environ, "SLURM_NODEID": str(n), "SLURM_PROCID": str(n),
                                         "SLURM_LOCALID": "0", "SLURMD_NODENAME": host})
     for n, host in enumerate(os.environ["STUB_HOSTS"].split())
@@ -61,6 +73,32 @@ import json, os, sys
 names = ("SLURM_NODEID", "SLURMD_NODENAME", "TORCH_EXTENSIONS_DIR", "JANUS_VGGT_PATH", "JANUS_QWEN_PATH")
 with open(os.path.join(os.environ["STUB_LOG"], "torchrun-%s.json" % os.environ["SLURMD_NODENAME"]), "w") as f:
     json.dump({"argv": sys.argv[1:], "env": {name: os.environ.get(name) for name in names}}, f)
+"""
+
+# The environment's python, for ``python -m pipelines.launch [--launcher-log FILE] TORCHRUN_ARGS``:
+# records torchrun's arguments as TORCHRUN does and exits with $STUB_EXIT (0); with $STUB_STOP_SIGNAL,
+# only once that signal has arrived (as a run stopping with a checkpoint), else with code 1 after 60 s.
+PYTHON = """
+import json, os, signal, sys, time
+assert sys.argv[1:3] == ["-m", "pipelines.launch"], sys.argv
+args, launcher_log = sys.argv[3:], None
+if args[:1] == ["--launcher-log"]:
+    launcher_log, args = args[1], args[2:]
+names = ("SLURM_NODEID", "SLURMD_NODENAME", "TORCH_EXTENSIONS_DIR", "JANUS_VGGT_PATH", "JANUS_QWEN_PATH")
+host = os.environ["SLURMD_NODENAME"]
+stop = os.environ.get("STUB_STOP_SIGNAL")
+received = []
+if stop:
+    signal.signal(getattr(signal, stop), lambda number, frame: received.append(number))
+with open(os.path.join(os.environ["STUB_LOG"], "torchrun-%s.json" % host), "w") as f:
+    json.dump({"argv": args, "launcher_log": launcher_log, "env": {name: os.environ.get(name) for name in names}}, f)
+if not stop:
+    sys.exit(int(os.environ.get("STUB_EXIT", "0")))
+open(os.path.join(os.environ["STUB_LOG"], "ready-%s" % host), "w").close()
+deadline = time.monotonic() + 60
+while not received and time.monotonic() < deadline:
+    time.sleep(0.01)
+sys.exit(int(os.environ.get("STUB_EXIT", "0")) if received else 1)
 """
 
 
@@ -102,9 +140,10 @@ class Cluster:
         return self.root / "venv"
 
     def submit(self, script: str, *args: str, drop: tuple[str, ...] = (), hosts: tuple[str, ...] = HOSTS,
-               timeout: float = 60, **variables: str) -> Submission:
+               timeout: float = 60, signal_when_ready: int | None = None, **variables: str) -> Submission:
         """Run ``script`` with ``args``; ``variables`` added to and ``drop`` removed from the job's
-        environment; ``hosts``: the machines srun starts the command on."""
+        environment; ``hosts``: the machines srun starts the command on; ``signal_when_ready``: sent
+        to the batch shell alone (as ``#SBATCH --signal=B:...``) once every node's launcher runs."""
         log = Path(tempfile.mkdtemp(prefix="log-", dir=self.root))
         slurm = {
             "SLURM_JOB_ID": str(JOB_ID), "SLURM_JOB_NODELIST": NODELIST, "SLURM_NNODES": str(len(HOSTS)),
@@ -115,9 +154,20 @@ class Cluster:
                "STUB_HOSTS": " ".join(hosts), "VENV": str(self.venv), **slurm, **variables}
         for name in drop:
             env.pop(name)
-        result = subprocess.run(["bash", str(SLURM_DIR / script), *args], env=env, cwd=self.root,
-                                capture_output=True, text=True, timeout=timeout, check=False)
-        return Submission(result.returncode, result.stdout + result.stderr, log)
+        shell = subprocess.Popen(["bash", str(SLURM_DIR / script), *args], env=env, cwd=self.root,
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            if signal_when_ready is not None:
+                deadline = time.monotonic() + timeout
+                while not all((log / f"ready-{host}").exists() for host in hosts):
+                    assert shell.poll() is None and time.monotonic() < deadline, shell.communicate()[0]
+                    time.sleep(0.02)
+                shell.send_signal(signal_when_ready)
+            output, _ = shell.communicate(timeout=timeout)
+        finally:
+            if shell.poll() is None:
+                shell.kill()
+        return Submission(shell.returncode, output, log)
 
 
 @pytest.fixture
@@ -126,6 +176,7 @@ def cluster(tmp_path: Path) -> Cluster:
     write_program(cluster.bin_dir / "scontrol", SCONTROL)
     write_program(cluster.bin_dir / "srun", SRUN)
     write_program(cluster.venv / "bin" / "torchrun", TORCHRUN)
+    write_program(cluster.venv / "bin" / "python", PYTHON)
     return cluster
 
 
@@ -196,6 +247,10 @@ def check_launch(submission: Submission, module: str, module_args: list[str]) ->
         assert args.module and args.training_script == module
         assert args.training_script_args == module_args
     assert len(ports) == 1, f"the nodes disagree on the rendezvous port: {ports}"
+    if module == "pipelines.train":  # through pipelines.launch, its report in the run, one file per node
+        run = Path(module_args[module_args.index("--out") + 1])
+        assert [runs[host]["launcher_log"] for host in HOSTS] == [str(run / f"launcher-node{n}.log")
+                                                                  for n in range(len(HOSTS))]
     assert f"2 nodes x 8 processes, rendezvous {HOSTS[0]}:{ports.pop()}" in submission.output
 
 
@@ -293,3 +348,33 @@ def test_two_nodes_launched_by_precompute_sbatch_build_the_one_process_cache(
                            capture_output=True, text=True, timeout=600, check=False)
     assert plain.returncode == 0, (plain.stdout + plain.stderr)[-4000:]
     assert file_digests(out) == file_digests(single)
+
+
+# ------------------------------------------------------------------------ preemption (issue 25)
+
+
+def test_train_asks_for_sigusr1_ten_minutes_before_the_time_limit_and_may_be_requeued() -> None:
+    options = sbatch_options(SLURM_DIR / "train.sbatch")
+    assert options["--signal"] == "B:USR1@600"
+    assert "--requeue" in options and options["--open-mode"] == "append"
+    # The code it requeues on is the one a stopped run exits with.
+    assert f"PREEMPTED={PREEMPTED_EXIT_CODE}" in (SLURM_DIR / "train.sbatch").read_text()
+
+
+@pytest.mark.parametrize(("code", "requeued"), [(PREEMPTED_EXIT_CODE, True), (0, False), (1, False)])
+def test_train_requeues_itself_only_when_the_run_stopped_with_a_checkpoint(cluster: Cluster, code: int,
+                                                                         requeued: bool) -> None:
+    submission = cluster.submit("train.sbatch", STUB_EXIT=str(code))
+    assert submission.returncode == code, submission.output
+    assert submission.recorded("scontrol-requeue") == (["requeue", str(JOB_ID)] if requeued else None)
+    assert ("requeueing job" in submission.output) == requeued
+
+
+def test_sigusr1_to_the_batch_shell_reaches_every_nodes_launcher_and_the_job_requeues(cluster: Cluster) -> None:
+    """``--signal=B:USR1@600`` signals the batch shell alone: it forwards to srun, srun to each node's
+    launcher; the launchers stop with the preemption code and the job requeues itself."""
+    submission = cluster.submit("train.sbatch", signal_when_ready=signal.SIGUSR1, STUB_STOP_SIGNAL="SIGUSR1",
+                                STUB_EXIT=str(PREEMPTED_EXIT_CODE))
+    assert submission.returncode == PREEMPTED_EXIT_CODE, submission.output
+    assert submission.recorded("scontrol-requeue") == ["requeue", str(JOB_ID)]
+    assert "janus: SIGUSR1: the ranks save a checkpoint after their step and stop" in submission.output
