@@ -125,6 +125,15 @@ def quiet_tensorboard_thread_on_full_disk(directory: Path) -> None:
     threading.excepthook = hook
 
 
+def _logged_by(line: bytes, step: int) -> bool:
+    """Whether a line of ``metrics.jsonl`` is a whole record of ``step`` or earlier."""
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return False
+    return isinstance(record, dict) and isinstance(record.get("step"), int) and record["step"] <= step
+
+
 class RunLog:
     """The main process's sinks for metric records; build it on rank 0 only."""
 
@@ -143,22 +152,25 @@ class RunLog:
 
     def resume_at(self, step: int) -> None:
         """A run (re)starts after ``step`` (0: from scratch): records of later steps, written by a run
-        killed before its next checkpoint, are dropped from ``metrics.jsonl`` (an atomic rewrite; a
-        line cut short by the kill goes too) and hidden in TensorBoard, so each step is logged once."""
+        killed before its next checkpoint, are dropped from ``metrics.jsonl`` (a line cut short by
+        the kill goes too) and hidden in TensorBoard, so each step is logged once. Records are
+        appended in step order, so those are the file's tail: it is cut off in place, which needs
+        no room (the same command resumes on a disk that is still full); anything else is an
+        atomic rewrite."""
         self.purge_step = step + 1
         if not self.metrics_file.is_file():
             return
-        kept = []
-        for line in self.metrics_file.read_text().splitlines():
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(record, dict) and isinstance(record.get("step"), int) and record["step"] <= step:
-                kept.append(line + "\n")
+        lines = self.metrics_file.read_bytes().splitlines(keepends=True)
+        kept = [_logged_by(line, step) for line in lines]
+        first_dropped = next((i for i, keep in enumerate(kept) if not keep), None)
+        if first_dropped is None and (not lines or lines[-1].endswith(b"\n")):
+            return
+        if first_dropped is not None and not any(kept[first_dropped:]):
+            os.truncate(self.metrics_file, sum(len(line) for line in lines[:first_dropped]))
+            return
         tmp = self.metrics_file.with_name(f".{self.metrics_file.name}.tmp")
-        with open(tmp, "w") as f:
-            f.writelines(kept)
+        with open(tmp, "wb") as f:
+            f.writelines(line.rstrip(b"\r\n") + b"\n" for line, keep in zip(lines, kept) if keep)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, self.metrics_file)

@@ -16,7 +16,8 @@ precomputed cache of 2 episodes x 4 steps, 4 steps with a checkpoint every 2.
 * A new best checkpoint at a validation that does not fit: one line, the best there was kept
   byte for byte, and the same command resumes once there is room.
 * A metrics record (``metrics.jsonl`` or TensorBoard's events) that does not fit: one line, and
-  ``metrics.jsonl`` holds whole records only.
+  ``metrics.jsonl`` holds whole records only; a resume on a disk still full drops the later
+  records in place (no room needed).
 """
 
 from __future__ import annotations
@@ -165,10 +166,10 @@ def test_a_best_checkpoint_that_does_not_fit_is_one_line_and_keeps_the_best_ther
     mount, kept = tmp_path / "small-disk", tmp_path / "kept"
     out = mount / "run"
     command = shlex.join(train_command(out, setup.cache, profile, "--no-export"))
-    result = on_small_disk(mount, size, f"mkdir -p {shlex.quote(str(out / CHECKPOINTS))} && cp -a "
-                                        f"{shlex.quote(str(earlier))} {shlex.quote(str(out / CHECKPOINTS / BEST_TAG))} "
-                                        f"&& {command}; code=$?; cp -a {shlex.quote(str(out))} {shlex.quote(str(kept))}; "
-                                        "exit $code")
+    place = (f"mkdir -p {shlex.quote(str(out / CHECKPOINTS))} && "
+             f"cp -a {shlex.quote(str(earlier))} {shlex.quote(str(out / CHECKPOINTS / BEST_TAG))}")
+    result = on_small_disk(mount, size, f"{place} && {command}; code=$?; "
+                                        f"cp -a {shlex.quote(str(out))} {shlex.quote(str(kept))}; exit $code")
     output = result.stdout + result.stderr
     assert result.returncode == 1, output[-5000:]
     errors = lines(result, "error:")
@@ -351,3 +352,28 @@ def test_a_metrics_record_that_does_not_fit_is_one_line_and_leaves_whole_records
         errors[0]), errors[0]
     written = said["failed_at"] - (1 if sink == "metrics" else 0)  # TensorBoard fails after the record's line
     assert said["steps"] == list(range(1, written + 1))
+
+
+STILL_FULL = """
+import json, sys
+from pathlib import Path
+from janus_train.logs import RunLog
+
+metrics = Path(sys.argv[1]) / "metrics.jsonl"
+RunLog(metrics.parent, metrics, total_steps=5).resume_at(3)
+print(json.dumps([json.loads(line)["step"] for line in metrics.read_text().splitlines()]))
+"""
+
+
+def test_a_resume_on_a_disk_that_is_still_full_drops_the_later_records_in_place(tmp_path: Path) -> None:
+    """The same command run again before any room was freed: dropping the records after the
+    resumed checkpoint (steps 4 and 5, the last cut short by the failure) needs no room, so the
+    run gets as far as its next write, whose one line says the disk is full."""
+    mount = tmp_path / "small-disk"
+    records = "".join(json.dumps({"step": step, "loss": 1.0}) + "\n" for step in range(1, 5)) + '{"step": 5, "lo'
+    fill = f"cat /dev/zero > {shlex.quote(str(mount / 'filler'))} 2>/dev/null"
+    write = f"printf %s {shlex.quote(records)} > {shlex.quote(str(mount / 'metrics.jsonl'))}"
+    resume = shlex.join([sys.executable, "-c", STILL_FULL, str(mount)])
+    result = on_small_disk(mount, 16 * PAGE, f"{write} && {fill}; {resume}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads(result.stdout.splitlines()[-1]) == [1, 2, 3]
