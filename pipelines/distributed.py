@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 
 import os
+import signal
 import sys
 import time
 from collections import deque
@@ -71,6 +72,9 @@ def fail_alike(ranks: Ranks, message: str, code: int = 1) -> NoReturn:
     if ranks.is_main:
         print(f"error: {message}", file=sys.stderr, flush=True)
     elif ranks.world > 1:
+        # The launcher ends this rank with SIGTERM to its process group: die of it at once, as a run's
+        # stop-signal handler would outlive it and the loader workers' deaths raise a traceback here.
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
         time.sleep(LAUNCHER_GRACE_S)
     raise SystemExit(code)
 
