@@ -114,47 +114,35 @@ def _column(cache: CheckedCache, table: str, column: str, kind: str, n_rows: int
 
 
 def _frames(cache: CheckedCache, name: str, entry: ResolutionEntry, n_frames: int, problems: list[str]) -> None:
-    path = frames_array(name)
-    try:
-        array = cache.group.array(path)
-    except (StoreError, OSError, ValueError) as err:
-        problems.append(f"{path}: {err}")
-        return
-    want = (n_frames, *entry.frame_shape)
-    if tuple(array.shape) != want or np.dtype(array.dtype) != np.uint8:
-        problems.append(f"{path} is {array.dtype} {tuple(array.shape)}, the manifest says uint8 {want}")
+    _array(cache, frames_array(name), (n_frames, *entry.frame_shape), "uint8", None, problems)
 
 
 def _vit(cache: CheckedCache, entry: ViTFeaturesEntry, n_frames: int, problems: list[str]) -> None:
     """The cached ViT output of a resolution: one row per frame, of the manifest's shape and dtype."""
-    path = vit_array(entry.name)
-    try:
-        array = cache.group.array(path)
-    except (StoreError, OSError, ValueError) as err:
-        problems.append(f"{path}: {err}")
-        return
-    want = (n_frames, *entry.feature_shape)
-    if tuple(array.shape) != want or np.dtype(array.dtype) != np.dtype(entry.stored_dtype):
-        problems.append(f"{path} is {array.dtype} {tuple(array.shape)}, the manifest says {entry.stored_dtype} {want}")
-    if array.attrs.get("logical_dtype") != entry.dtype:
-        problems.append(f"{path} has logical_dtype {array.attrs.get('logical_dtype')!r}, the manifest says "
-                        f"{entry.dtype!r}")
+    _array(cache, vit_array(entry.name), (n_frames, *entry.feature_shape), entry.stored_dtype, entry.dtype,
+           problems)
 
 
 def _features(cache: CheckedCache, name: str, entry: ResolutionEntry, n_samples: int, problems: list[str]) -> None:
     m = cache.manifest
-    path = cache.samples_array(name)
+    _array(cache, cache.samples_array(name), (n_samples, *entry.feature_shape), m.stored_dtype, m.feature_dtype,
+           problems)
+
+
+def _array(cache: CheckedCache, path: str, want: tuple[int, ...], stored_dtype: str, logical_dtype: str | None,
+           problems: list[str]) -> None:
+    """An array of the manifest's shape and stored dtype; a bf16-as-uint16 array also names its
+    ``logical_dtype`` (``None``: the array has no logical dtype to check)."""
     try:
         array = cache.group.array(path)
     except (StoreError, OSError, ValueError) as err:
         problems.append(f"{path}: {err}")
         return
-    want = (n_samples, *entry.feature_shape)
-    if tuple(array.shape) != want or np.dtype(array.dtype) != np.dtype(m.stored_dtype):
-        problems.append(f"{path} is {array.dtype} {tuple(array.shape)}, the manifest says {m.stored_dtype} {want}")
-    logical = array.attrs.get("logical_dtype")
-    if logical != m.feature_dtype:
-        problems.append(f"{path} has logical_dtype {logical!r}, the manifest says {m.feature_dtype!r}")
+    if tuple(array.shape) != want or np.dtype(array.dtype) != np.dtype(stored_dtype):
+        problems.append(f"{path} is {array.dtype} {tuple(array.shape)}, the manifest says {stored_dtype} {want}")
+    if logical_dtype is not None and array.attrs.get("logical_dtype") != logical_dtype:
+        problems.append(f"{path} has logical_dtype {array.attrs.get('logical_dtype')!r}, the manifest says "
+                        f"{logical_dtype!r}")
 
 
 def _wds(cache: CheckedCache, name: str, entry: ResolutionEntry, n_samples: int, problems: list[str]) -> None:
