@@ -207,10 +207,10 @@ class MakeWatch(threading.Thread):
         watched = {sig: own for sig, own in self.WATCHED.items() if caught & (1 << (sig - 1))}
         while True:
             time.sleep(self.PERIOD_S)
-            now = caught_signals(self.parent) or 0
+            now = caught_signals(self.parent)
             if os.getppid() != self.parent:  # make died: stop the ranks as on SIGTERM
                 number = signal.SIGTERM
-            elif lost := [own for sig, own in watched.items() if not now & (1 << (sig - 1))]:
+            elif now is not None and (lost := [own for sig, own in watched.items() if not now & (1 << (sig - 1))]):
                 number = lost[0]  # make's handler ran: it now waits for its child
             else:
                 continue
