@@ -9,14 +9,16 @@ finishes the optimizer step it is in, saves a checkpoint like every other, and e
 The ranks must stop after the same step (a checkpoint is a collective): the handler only sets a
 flag, and once per optimizer step the ranks all-reduce it with MAX (:meth:`Preemption.agreed`), so
 a signal that reached one rank only stops all of them after the same step. A second signal ends
-the process at once (the handler restores the signal's default action, so nothing can delay it,
-not even a rank blocked in a collective); the last complete checkpoint stays the resume point.
+the process at once (its default action); the last complete checkpoint stays the resume point. A
+repeat within :data:`SAME_REQUEST_S` is the same request: SLURM's SIGTERM at a preemption reaches
+every process of the job, so a rank gets it directly and again from its launcher, which forwards it.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from types import FrameType
@@ -24,6 +26,9 @@ from types import FrameType
 PREEMPTED_EXIT_CODE = 75
 """Exit code of a run stopped by a stop signal after saving its checkpoint (sysexits.h's
 EX_TEMPFAIL: try again later): a job script requeues the run on it (examples/slurm/train.sbatch)."""
+
+SAME_REQUEST_S = 2.0
+"""A stop signal this soon after the first one repeats it (the launcher forwards a signal at once)."""
 
 STOP_SIGNAL_CHOICES = ("SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2")
 """Signals ``train.stop_signals`` may name: the ones ``pipelines.launch`` forwards to its ranks."""
@@ -42,6 +47,8 @@ class Preemption:
     received: str | None = None  # the first stop signal's name
     stopping: bool = False  # the ranks agreed to stop (set by :meth:`agreed`)
     stopped_by: str | None = None  # a signal that one of the ranks received, once they agreed
+    same_request_s: float = SAME_REQUEST_S
+    _first_at: float = field(default=0.0, repr=False)
     _pid: int = field(default=0, repr=False)
     _previous: dict[signal.Signals, object] = field(default_factory=dict, repr=False)
 
@@ -62,10 +69,12 @@ class Preemption:
     def _handle(self, number: int, _frame: FrameType | None) -> None:
         if os.getpid() != self._pid:  # a forked loader worker: its rank decides
             return
-        # The next one of these signals ends the process at once (its default action).
-        for stop in signal_numbers(self.signals):
-            signal.signal(stop, signal.SIG_DFL)
-        self.received = self.received or signal.Signals(number).name
+        now = time.monotonic()
+        if self.received is None:
+            self.received, self._first_at = signal.Signals(number).name, now
+        elif now - self._first_at > self.same_request_s:  # a second request: end at once, as by default
+            signal.signal(number, signal.SIG_DFL)
+            os.kill(os.getpid(), number)
 
     @property
     def requested(self) -> bool:

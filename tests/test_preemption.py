@@ -127,18 +127,19 @@ def test_sigterm_to_the_launcher_saves_the_step_and_the_same_command_resumes_wit
             assert got[n][name] == pytest.approx(value, rel=REL), (n, name)
 
 
-def run_child(signals: tuple[str, ...], sends: list[int]) -> tuple[int, str]:
-    """A forked process arms ``signals`` and sends itself ``sends``, then exits 0 reporting what it
-    received: (its wait status as a shell reports it, its report)."""
+def run_child(signals: tuple[str, ...], sends: list[int], apart_s: float = 0.3) -> tuple[int, str]:
+    """A forked process arms ``signals`` (a repeat within 0.2 s is the same request) and sends itself
+    ``sends``, ``apart_s`` apart, then exits 0 reporting what it received: (its wait status as a
+    shell reports it, its report)."""
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: never returns into pytest
         try:
             os.close(read)
-            preemption = Preemption(signals).arm()
+            preemption = Preemption(signals, same_request_s=0.2).arm()
             for number in sends:
                 os.kill(os.getpid(), number)
-                time.sleep(0.05)
+                time.sleep(apart_s)
             os.write(write, f"{preemption.received} {preemption.agreed()} {preemption.stopped_by}".encode())
         finally:
             os._exit(0)
@@ -154,6 +155,11 @@ def test_the_first_stop_signal_is_a_request_and_the_second_ends_the_process_at_o
     assert (code, report) == (0, "SIGUSR1 True SIGUSR1")
     code, report = run_child(("SIGTERM", "SIGUSR1"), [signal.SIGUSR1, signal.SIGTERM])
     assert (code, report) == (128 + signal.SIGTERM, "")
+
+
+def test_a_signal_repeated_at_once_is_the_same_request() -> None:
+    """SLURM's SIGTERM at a preemption reaches a rank directly and, a moment later, from its launcher."""
+    assert run_child(("SIGTERM",), [signal.SIGTERM, signal.SIGTERM], apart_s=0.01) == (0, "SIGTERM True SIGTERM")
 
 
 def test_only_the_configured_signals_stop_the_run(tmp_path: Path) -> None:
