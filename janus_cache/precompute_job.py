@@ -78,8 +78,8 @@ from janus_cache.store.commit import atomic_write_bytes, hashed, read_record, ve
 from janus_cache.store.layout import (EPISODES_NAME, INDEX_STORE_DIR, MANIFEST_NAME, REPORT_NAME, ZARR_ROOT_NAME,
                                       CacheLayout, frames_array, is_table_array, vit_array)
 from janus_cache.vit_encoder import ViTEncoder
-from janus_cache.store.manifest import (SchemaVersionError, check_compatible, keyed_digest, merge_manifests,
-                                        read_episodes, write_episodes)
+from janus_cache.store.manifest import (SchemaVersionError, ShardEntry, check_compatible, keyed_digest,
+                                        merge_manifests, read_episodes, write_episodes)
 
 
 class PrecomputeError(RuntimeError):
@@ -441,10 +441,19 @@ class PrecomputeJob:
             return False
         if not {self.frames_array, self.samples_array} <= set(existing.shards) or changed_metadata(self.out):
             return False
-        return all(all(entry.committed for entry in entries)
+        return all(all(entry.committed and self._recorded_as(array, entry) for entry in entries)
                    and not self._pending(array, [entry.shard for entry in entries], len(entries),
                                          "all" if is_table_array(array) else checksums)
                    for array, entries in existing.shards.items())
+
+    def _recorded_as(self, array: str, entry: ShardEntry) -> bool:
+        """Whether a shard's commit record on disk is the one the manifest lists (a shard committed
+        again since, e.g. rewritten by its writer, needs finish() to write the manifest anew)."""
+        try:
+            record = read_record(self.out, array, entry.shard)
+        except StoreError:
+            return False
+        return record is not None and (record.sha256, record.nbytes) == (entry.sha256, entry.nbytes)
 
     def _cached_rows(self) -> CachedRows:
         """The cache's frame and sample tables (what its episodes were), for naming changed files."""
