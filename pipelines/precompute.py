@@ -160,8 +160,11 @@ def _complete(opts: Options, prepared: Prepared, resolution: Resolution) -> int:
     """Rank 0: the cache already holds this run's work: say so in one line; the exit code."""
     counts = prepared.manifest.counts
     failed = counts.get("samples_failed", 0)
+    # Samples left out by an earlier run stay left out: the line says so, as that run's summary did.
+    left_out = (f", {failed} samples failed (their frames could not be decoded; see {opts.out / REPORT_NAME})"
+                if failed else "")
     print(f"cache {opts.out} is complete: {counts.get('samples_written', counts['samples'])} samples at "
-          f"{resolution.name} ({opts.cache_format}), every shard committed; nothing to do "
+          f"{resolution.name} ({opts.cache_format}), every shard committed{left_out}; nothing to do "
           f"(janus-cache verify checks its contents, --overwrite rebuilds it)", flush=True)
     if failed > opts.allow_failures:
         print(f"error: {failed} samples failed, more than --allow-failures {opts.allow_failures}; see "
