@@ -245,7 +245,9 @@ def command(
                            if len(trainer.sources) > 1 else "")
                 print(f"training {trainer.total_steps} steps of {trainer.samples_per_step} samples on {trainer.world} "
                       f"processes ({trainer.steps_per_epoch} step{'s' if trainer.steps_per_epoch != 1 else ''} per epoch){mixture}, "
-                      f"frames at {prof.cache.resolution.name}, metrics in {trainer.metrics_file}"
+                      f"frames at {prof.cache.resolution.name}"
+                      f"{' (the frozen ViT from the cache: only its patch merger runs)' if prof.cache.vit_features else ''}"
+                      f", metrics in {trainer.metrics_file}"
                       + (f"; resumed at step {trainer.step} (epoch {trainer.epoch}, sample {trainer.position} "
                          f"of the epoch)" if resumed else "")
                       + (f"; validating on {trainer.validation.description}" if trainer.validation else ""),
