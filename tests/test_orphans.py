@@ -349,6 +349,7 @@ def test_a_killed_verify_leaves_no_process(
     launch = Launch("pipelines.verify", cache, "--data", sample_dataset, "--profile", profile, "--live", "4",
                     log=tmp_path / "verify.log")
     launches.append(launch)
-    launch.wait_until(lambda: lock_holder(cache, "reader") is not None, "verify holds the cache's reader lock")
+    # The record, not the file: a training killed earlier on this cache left its reader's lock file.
+    launch.wait_until(lambda: lock_holder(cache, "reader") in launch.ranks(), "verify holds the cache's reader lock")
     assert launch.kill_launcher() == [], "verify ranks outlived the launcher"
     assert "verify passed" not in launch.log.read_text(), "the killed verify went on to the end"
