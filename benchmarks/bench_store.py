@@ -37,7 +37,7 @@ import torch
 
 from janus_cache.index import ACTIONS, build_index
 from janus_cache.imaging import load_frame, vggt_input
-from janus_cache.qwen_vision import TEMPORAL_PATCH
+from janus_cache.bases import QWEN2_5_VL
 from janus_cache.resolution import Resolution
 from janus_cache.sample_data import write_sample_data
 from janus_cache.store import (
@@ -153,7 +153,7 @@ def main() -> None:
             }
             raw_frame = frames[0].nbytes
             raw_feature = features[0].numel() * 2
-            naive = variant.frames * height * width * 3 * TEMPORAL_PATCH * 4 + features[0].numel() * 4
+            naive = variant.frames * height * width * 3 * QWEN2_5_VL.temporal_patch * 4 + features[0].numel() * 4
             for fmt in ("zarr", "wds"):
                 root = work / f"cache_{fmt}_{name}"
                 writer = open_writer(fmt, root, variant.name)

@@ -4,8 +4,9 @@ A source image becomes one uint8 frame [H, W, 3] (VGGT's preprocessing, :func:`l
 model inputs are derived from that frame bit for bit:
 
 * VGGT input  (:func:`vggt_input`):        ``k / 255`` in float32, [S, 3, H, W];
-* Qwen2.5-VL  (:func:`qwen_pixel_values`): a per-channel 3x256 lookup table for rescale +
-  normalise, then patchify with temporal duplication in transformers' layout.
+* Qwen pixel values (:func:`qwen_pixel_values`, for the base's patch geometry and normalisation,
+  :mod:`janus_cache.bases`): a per-channel 3x256 lookup table for rescale + normalise, then
+  patchify with temporal duplication in transformers' layout.
 
 Every model-input value depends on one uint8 value ``k`` and one channel ``c`` only, so a table
 indexed by ``(c, k)`` reproduces the float arithmetic of the live pipeline exactly, on any device.
@@ -25,20 +26,12 @@ import numpy as np
 import torch
 from PIL import Image
 
-from janus_cache.qwen_vision import (
-    MERGE_SIZE,
-    PATCH_DIM,
-    PATCH_SIZE,
-    QWEN_IMAGE_MEAN,
-    QWEN_IMAGE_STD,
-    TEMPORAL_PATCH,
-)
+from janus_cache.bases import DEFAULT_BASE, QwenBase
 from janus_cache.resolution import (
     DEFAULT_RESOLUTION,
     MODES,
     Mode,
     Resolution,
-    grid_shape,
     visual_tokens,
     visual_tokens_for_shape,
 )
@@ -200,9 +193,9 @@ def _vggt_lut_cpu() -> torch.Tensor:
 
 
 @cache
-def _qwen_lut_cpu(reference: PixelReference) -> torch.Tensor:
-    mean = torch.tensor(QWEN_IMAGE_MEAN, dtype=torch.float32)[:, None]
-    std = torch.tensor(QWEN_IMAGE_STD, dtype=torch.float32)[:, None]
+def _qwen_lut_cpu(reference: PixelReference, base: QwenBase = DEFAULT_BASE) -> torch.Tensor:
+    mean = torch.tensor(base.image_mean, dtype=torch.float32)[:, None]
+    std = torch.tensor(base.image_std, dtype=torch.float32)[:, None]
     if reference == "float_input":
         # (x - mean) / std in float32 on x = k/255 (float32): transformers' normalise on the
         # [0, 1] tensor, two separately rounded float32 operations.
@@ -216,8 +209,8 @@ def _qwen_lut_cpu(reference: PixelReference) -> torch.Tensor:
 
 
 @lru_cache(maxsize=32)
-def _on_device(table: str, reference: str, device: torch.device) -> torch.Tensor:
-    lut = _vggt_lut_cpu() if table == "vggt" else _qwen_lut_cpu(reference)  # type: ignore[arg-type]
+def _on_device(table: str, reference: str, device: torch.device, base: QwenBase = DEFAULT_BASE) -> torch.Tensor:
+    lut = _vggt_lut_cpu() if table == "vggt" else _qwen_lut_cpu(reference, base)  # type: ignore[arg-type]
     return lut.to(device)
 
 
@@ -226,9 +219,9 @@ def vggt_lut() -> torch.Tensor:
     return _vggt_lut_cpu().clone()
 
 
-def qwen_pixel_lut(reference: PixelReference = "float_input") -> torch.Tensor:
-    """The [3, 256] float32 table of normalised Qwen pixel values per channel and uint8 value."""
-    return _qwen_lut_cpu(reference).clone()
+def qwen_pixel_lut(reference: PixelReference = "float_input", base: QwenBase = DEFAULT_BASE) -> torch.Tensor:
+    """The [3, 256] float32 table of a base's normalised pixel values per channel and uint8 value."""
+    return _qwen_lut_cpu(reference, base).clone()
 
 
 def vggt_input(frames: torch.Tensor | np.ndarray) -> torch.Tensor:
@@ -250,36 +243,39 @@ def vggt_input(frames: torch.Tensor | np.ndarray) -> torch.Tensor:
 def qwen_pixel_values(
     frames: torch.Tensor | np.ndarray,
     reference: PixelReference = "float_input",
+    base: QwenBase = DEFAULT_BASE,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Qwen2.5-VL ``(pixel_values [n*h*w, 1176] float32, image_grid_thw [n, 3] int64)``.
+    """A base's ``(pixel_values [n*h*w, patch_dim] float32, image_grid_thw [n, 3] int64)``.
 
-    ``frames`` is uint8 [n, H, W, 3] (torch on any device, or numpy); H and W must be multiples
-    of 28 (an even 14-px patch grid). The result equals transformers' Qwen2.5-VL image processor
-    with ``min_pixels = max_pixels = H*W`` (no resize) applied to each frame, bit for bit, and is
-    on the frames' device. ``reference`` picks which processor computation to match (see
-    :data:`PixelReference`); the default is the live JanusVLN path.
+    ``frames`` is uint8 [n, H, W, 3] (torch on any device, or numpy); H and W must be whole visual
+    tokens of ``base`` (multiples of 28 for Qwen2.5-VL, 32 for Qwen3-VL). The result equals
+    transformers' image processor of the base (Qwen2-VL's, with the base's patch size and
+    mean/std) with ``min_pixels = max_pixels = H*W`` (no resize) applied to each frame, bit for
+    bit, and is on the frames' device. ``reference`` picks which processor computation to match
+    (see :data:`PixelReference`); the default is the live JanusVLN path.
 
     Layout per frame, as transformers produces it: rows ordered by 2x2 merge block (block row,
     block column, then the 4 patches of the block row-major); each row is channel-major
-    ``[C=3, T=2, 14, 14]`` with the frame duplicated along T.
+    ``[C=3, T=2, p, p]`` (p = 14 or 16) with the frame duplicated along T.
     """
     frames = _as_frames(frames)
     n, height, width, _ = frames.shape
-    visual_tokens_for_shape(height, width)  # validates the size with a clear message
-    gh, gw = grid_shape(height, width)
-    m, p = MERGE_SIZE, PATCH_SIZE
+    if base is DEFAULT_BASE:
+        visual_tokens_for_shape(height, width)  # validates the size with the resolution's message
+    gh, gw = base.patch_grid(height, width)
+    m, p, t = base.merge_size, base.patch_size, base.temporal_patch
 
-    lut = _on_device("qwen", reference, frames.device).view(-1)
+    lut = _on_device("qwen", reference, frames.device, base).view(-1)
     channel_offset = torch.arange(3, device=frames.device, dtype=torch.int64).mul_(256).view(3, 1, 1)
     per_frame = gh * gw
-    out = torch.empty((n * per_frame, PATCH_DIM), dtype=torch.float32, device=frames.device)
-    out_patches = out.view(n, per_frame, 3, TEMPORAL_PATCH, p * p)
+    out = torch.empty((n * per_frame, base.patch_dim), dtype=torch.float32, device=frames.device)
+    out_patches = out.view(n, per_frame, 3, t, p * p)
     for i in range(n):  # frame by frame: the int64 index stays small (see "Frame-by-frame lookups")
         # Reorder the uint8 frame first (1 byte per value), then look up into the final order:
         # [block_row, block_col, row_in_block, col_in_block, channel, y, x].
         blocks = frames[i].view(gh // m, m, p, gw // m, m, p, 3).permute(0, 3, 1, 4, 6, 2, 5)
         index = blocks.to(torch.int64, memory_format=torch.contiguous_format).add_(channel_offset)
         values = lut[index].view(per_frame, 3, 1, p * p)
-        out_patches[i].copy_(values.expand(-1, -1, TEMPORAL_PATCH, -1))  # temporal duplication
+        out_patches[i].copy_(values.expand(-1, -1, t, -1))  # temporal duplication
     grid_thw = torch.tensor([1, gh, gw], dtype=torch.int64, device=frames.device).repeat(n, 1)
     return out, grid_thw

@@ -18,7 +18,7 @@ from janus_cache.index import DatasetIndex
 from janus_cache.encoder import WindowEncoder
 from janus_cache.imaging import FrameError, load_frame
 from janus_cache.precompute import encode_windows, frame_shape
-from janus_cache.qwen_vision import PATCH_DIM
+from janus_cache.bases import QWEN2_5_VL
 from janus_cache.resolution import Resolution, grid_shape
 from janus_cache.store.compression import FEATURES_COMPRESSION, FRAMES_COMPRESSION
 from janus_cache.store.features import to_stored
@@ -84,7 +84,7 @@ class Plan:
     def naive_bytes(self) -> float:
         """Float32 Qwen pixel_values of every window frame plus an fp32 feature, per sample."""
         gh, gw = grid_shape(*self.frame_shape)
-        pixel_values = self.frames_per_sample * gh * gw * PATCH_DIM * 4
+        pixel_values = self.frames_per_sample * gh * gw * QWEN2_5_VL.patch_dim * 4
         return self.samples * (pixel_values + self.feature_shape[0] * self.feature_shape[1] * 4)
 
     def needed_bytes(self, cache_format: str) -> float:

@@ -1,5 +1,5 @@
-"""The one definition of a frame *resolution* and what follows from it under the Qwen2.5-VL patch
-geometry (:mod:`janus_cache.qwen_vision`).
+"""The one definition of a frame *resolution* and what follows from it under VGGT's 14-px patch
+grid, which Qwen2.5-VL's ViT shares (:mod:`janus_cache.bases`).
 
 A resolution names how a source image becomes a stored uint8 frame: VGGT's ``pad`` or ``crop``
 preprocessing at a target size (``pad644`` is what JanusVLN trains on). The name is part of every
@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 from typing import Literal, get_args
 
-from janus_cache.qwen_vision import MERGE_SIZE, PATCH_SIZE
+from janus_cache.bases import QWEN2_5_VL, VGGT_PATCH_SIZE
 
 Mode = Literal["pad", "crop"]
 MODES: tuple[str, ...] = get_args(Mode)
@@ -23,25 +23,26 @@ _NAME_RE = re.compile(r"^(pad|crop)(\d+)$")
 
 def grid_shape(height: int, width: int) -> tuple[int, int]:
     """Patch grid ``(h, w)`` of a frame of ``height x width`` pixels; both must be multiples of 14."""
-    if height <= 0 or width <= 0 or height % PATCH_SIZE or width % PATCH_SIZE:
-        raise ValueError(f"frame size {height}x{width} (HxW) is not a positive multiple of the patch size {PATCH_SIZE}")
-    return height // PATCH_SIZE, width // PATCH_SIZE
+    if height <= 0 or width <= 0 or height % VGGT_PATCH_SIZE or width % VGGT_PATCH_SIZE:
+        raise ValueError(f"frame size {height}x{width} (HxW) is not a positive multiple of the patch size {VGGT_PATCH_SIZE}")
+    return height // VGGT_PATCH_SIZE, width // VGGT_PATCH_SIZE
 
 
 def visual_tokens_for_shape(height: int, width: int) -> int:
-    """Qwen2.5-VL visual tokens of one ``height x width`` frame: ``h*w / MERGE_SIZE**2``.
+    """Qwen2.5-VL visual tokens of one ``height x width`` frame: ``h*w / 4`` (its 2x2 merge).
 
     The 2x2 merge needs an even patch grid; an odd one is an error here rather than a silent crop
     (the reference pipeline crops the last patch row/column, which changes the frame).
     """
     h, w = grid_shape(height, width)
-    if h % MERGE_SIZE or w % MERGE_SIZE:
+    merge = QWEN2_5_VL.merge_size
+    if h % merge or w % merge:
         raise ValueError(
-            f"frame size {height}x{width} (HxW) gives a {h}x{w} patch grid; the {MERGE_SIZE}x{MERGE_SIZE} "
-            f"token merge needs both sides divisible by {MERGE_SIZE} (a frame side must be a multiple of "
-            f"{PATCH_SIZE * MERGE_SIZE} px)"
+            f"frame size {height}x{width} (HxW) gives a {h}x{w} patch grid; the {merge}x{merge} "
+            f"token merge needs both sides divisible by {merge} (a frame side must be a multiple of "
+            f"{QWEN2_5_VL.token_pixels} px)"
         )
-    return (h * w) // (MERGE_SIZE * MERGE_SIZE)
+    return (h * w) // (merge * merge)
 
 
 @dataclass(frozen=True)
@@ -62,9 +63,9 @@ class Resolution:
             raise ValueError(f"resolution mode must be one of {MODES}, got {self.mode!r}")
         if isinstance(self.target, bool) or not isinstance(self.target, int):
             raise TypeError(f"resolution target must be an int, got {self.target!r}")
-        if self.target <= 0 or self.target % PATCH_SIZE:
+        if self.target <= 0 or self.target % VGGT_PATCH_SIZE:
             raise ValueError(
-                f"resolution target must be a positive multiple of the patch size {PATCH_SIZE}, got {self.target}"
+                f"resolution target must be a positive multiple of the patch size {VGGT_PATCH_SIZE}, got {self.target}"
             )
 
     @property
@@ -86,7 +87,7 @@ class Resolution:
         if match is None:
             raise ValueError(
                 f"cannot parse resolution {value!r}: expected '<mode><target>' with mode in {MODES} "
-                f"and target a multiple of {PATCH_SIZE}, e.g. 'pad644', 'crop644' or 'pad224'"
+                f"and target a multiple of {VGGT_PATCH_SIZE}, e.g. 'pad644', 'crop644' or 'pad224'"
             )
         try:
             return cls(mode=match.group(1), target=int(match.group(2)))  # type: ignore[arg-type]
@@ -105,10 +106,10 @@ class Resolution:
         target = self.target
         if self.mode == "pad" and height > width:
             new_h = target
-            new_w = round(width * (target / height) / PATCH_SIZE) * PATCH_SIZE
+            new_w = round(width * (target / height) / VGGT_PATCH_SIZE) * VGGT_PATCH_SIZE
         else:
             new_w = target
-            new_h = round(height * (target / width) / PATCH_SIZE) * PATCH_SIZE
+            new_h = round(height * (target / width) / VGGT_PATCH_SIZE) * VGGT_PATCH_SIZE
         if new_w <= 0 or new_h <= 0:
             raise ValueError(
                 f"a {width}x{height} (WxH) source is too elongated for {self.name}: "

@@ -1,11 +1,15 @@
-"""The JanusVLN model: Qwen2.5-VL + a trainable VGGT merger that injects 3-D features + an action head.
+"""The JanusVLN model: a Qwen base (Qwen2.5-VL or Qwen3-VL, :mod:`janus_cache.bases`) + a trainable
+VGGT merger that injects 3-D features + an action head.
 
 Per micro-batch (B samples, each with S images of H x W pixels and one VGGT feature [N, 2C]):
 
 1. ``pixel_values`` are built from the uint8 frames on the model's device (lookup-table path,
    :func:`janus_cache.imaging.qwen_pixel_values`) and run through Qwen's ViT: ``T = N/4`` image
    embeddings per image. A batch with the frames' cached ViT output (``vit_features``,
-   ``cache.vit_features``) skips both: only the ViT's trainable merger runs on it.
+   ``cache.vit_features``) skips both: only the ViT's trainable merger runs on it (Qwen2.5-VL).
+   A Qwen3-VL ViT also returns its DeepStack features (one per ``deepstack_visual_indexes``
+   layer), which the LLM adds to the hidden states of its first layers at the visual positions,
+   as the base does; the 3-D term goes to the main image embeddings only.
 2. The VGGT feature comes from the batch (cached) or, for a model built with a frozen encoder and a
    batch without features, from the encoder run on the same frames (live). The merger maps it to
    ``T`` embeddings, which are added, times ``lam``, to the image embeddings of every image of
@@ -39,7 +43,8 @@ from typing import Any, NamedTuple
 
 import torch
 from torch import nn
-from transformers import AutoConfig, Qwen2_5_VLForConditionalGeneration
+from transformers import AutoConfig, PreTrainedModel
+# JanusVLN's VGGT merger normalises with this RMSNorm, whatever the base.
 from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VLRMSNorm
 
 from janus_cache.index import ACTIONS
@@ -47,8 +52,8 @@ from janus_cache.encoder import WindowEncoder
 from janus_cache.imaging import qwen_pixel_values
 from janus_cache.profile import EncoderSettings, LanguageModelSettings, Profile
 from janus_cache.dtypes import TORCH_DTYPES
-from janus_cache.qwen_vision import MERGE_SIZE
-from janus_cache.resolution import grid_shape, visual_tokens_for_shape
+from janus_cache.bases import DEFAULT_BASE, QwenBase, base_of_config
+from janus_cache.resolution import grid_shape
 from janus_cache.vggt import AggregatorConfig
 from janus_cache.vggt.checkpoint import resolve_config, resolve_weights_file
 from janus_cache.vit_encoder import MERGER_PREFIX as VIT_MERGER_PREFIX
@@ -110,29 +115,30 @@ def load_qwen(
     settings: LanguageModelSettings,
     dtype: torch.dtype = torch.float32,
     attn_implementation: str | None = None,
-) -> Qwen2_5_VLForConditionalGeneration:
-    """Qwen2.5-VL from a local directory: its weights, or (``random_init``) seeded random weights
-    from its config.json alone. Never downloads. ``attn_implementation`` defaults to
+) -> PreTrainedModel:
+    """The base's ``...ForConditionalGeneration`` (Qwen2.5-VL or Qwen3-VL, by the directory's
+    config ``model_type``) from a local directory: its weights, or (``random_init``) seeded random
+    weights from its config.json alone. Never downloads. ``attn_implementation`` defaults to
     :func:`attention_implementation` for CUDA when a GPU is visible, else for the CPU."""
     if attn_implementation is None:
         attn_implementation = attention_implementation("cuda" if torch.cuda.is_available() else "cpu")
     path = Path(settings.path)
+    config = AutoConfig.from_pretrained(path, local_files_only=True)
+    base = base_of_config(config)
+    model_class = base.transformers_class()
     if settings.random_init:
-        config = AutoConfig.from_pretrained(path, local_files_only=True)
         # Drawn on the CPU from the profile's seed: every process builds the same weights.
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(settings.seed)
-            model = Qwen2_5_VLForConditionalGeneration._from_config(
-                config, dtype=dtype, attn_implementation=attn_implementation
-            )
+            model = model_class._from_config(config, dtype=dtype, attn_implementation=attn_implementation)
         return model
     try:
-        return Qwen2_5_VLForConditionalGeneration.from_pretrained(
+        return model_class.from_pretrained(
             path, dtype=dtype, attn_implementation=attn_implementation, local_files_only=True
         )
     except OSError as exc:
         raise OSError(
-            f"cannot load Qwen2.5-VL weights from {path} (setting 'qwen.path'): {exc}; "
+            f"cannot load {base.name} weights from {path} (setting 'qwen.path'): {exc}; "
             "for a config-only directory set 'qwen.random_init: true'"
         ) from exc
 
@@ -153,7 +159,7 @@ def vggt_feature_dim(settings: EncoderSettings) -> int:
 # ------------------------------------------------------------------------------------ modules
 
 
-def group_patches(tokens: torch.Tensor, grid: tuple[int, int], merge: int = MERGE_SIZE) -> torch.Tensor:
+def group_patches(tokens: torch.Tensor, grid: tuple[int, int], merge: int = DEFAULT_BASE.merge_size) -> torch.Tensor:
     """Concatenate each ``merge x merge`` block of row-major patch tokens, in Qwen's merge order.
 
     ``tokens`` [B, h*w, D] in row-major patch order -> [B, (h//m)*(w//m), m*m*D]: blocks in
@@ -174,7 +180,8 @@ def group_patches(tokens: torch.Tensor, grid: tuple[int, int], merge: int = MERG
 class VGGTMerger(nn.Module):
     """RMSNorm per token -> 2x2 patch grouping -> Linear -> GELU -> Linear (VGGT feature -> LLM embedding)."""
 
-    def __init__(self, feature_dim: int, out_dim: int, hidden_dim: int = 4096, merge: int = MERGE_SIZE) -> None:
+    def __init__(self, feature_dim: int, out_dim: int, hidden_dim: int = 4096,
+                 merge: int = DEFAULT_BASE.merge_size) -> None:
         super().__init__()
         self.merge = merge
         self.norm = Qwen2_5_VLRMSNorm(feature_dim, eps=1e-6)
@@ -250,7 +257,7 @@ def part_of(name: str) -> str:
 
 
 class JanusVLNModel(nn.Module):
-    """Qwen2.5-VL with VGGT-feature injection and an action head (see the module docstring).
+    """A Qwen base with VGGT-feature injection and an action head (see the module docstring).
 
     ``feature_dim`` is the VGGT feature width 2C (2048 for VGGT-1B). ``encoder`` (optional) is the
     frozen VGGT used for batches without cached features.
@@ -258,7 +265,7 @@ class JanusVLNModel(nn.Module):
 
     def __init__(
         self,
-        qwen: Qwen2_5_VLForConditionalGeneration,
+        qwen: PreTrainedModel,
         feature_dim: int,
         config: JanusModelConfig | None = None,
         encoder: WindowEncoder | None = None,
@@ -266,6 +273,7 @@ class JanusVLNModel(nn.Module):
         super().__init__()
         self.config = config if config is not None else JanusModelConfig()
         self.qwen = qwen
+        self.base: QwenBase = base_of_config(qwen.config)
         use_varlen_vision_attention(qwen)
         hidden = qwen.config.text_config.hidden_size
         if encoder is not None:
@@ -274,7 +282,7 @@ class JanusVLNModel(nn.Module):
                 raise ValueError(f"feature_dim {feature_dim} differs from the encoder's feature width {encoder_dim}")
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(self.config.init_seed)
-            self.vggt_merger = VGGTMerger(feature_dim, hidden, self.config.merger_hidden)
+            self.vggt_merger = VGGTMerger(feature_dim, hidden, self.config.merger_hidden, self.base.merge_size)
             self.action_head = ActionHead(hidden, self.config.action_hidden)
         self.vggt_merger.to(qwen.dtype)
         self.action_head.to(qwen.dtype)
@@ -368,23 +376,32 @@ class JanusVLNModel(nn.Module):
         b, s, height, width, _ = frames.shape
         if input_ids.shape[0] != b:
             raise ModelInputError(f"input_ids hold {input_ids.shape[0]} samples but frames {b}")
-        grid = grid_shape(height, width)
-        per_image = visual_tokens_for_shape(height, width)
-        self._check_image_pads(input_ids, s * per_image)
+        grid = self.base.patch_grid(height, width)
+        token_grid = self.base.token_grid(height, width)
+        self._check_image_pads(input_ids, s * token_grid[0] * token_grid[1])
         frames = frames.to(device, non_blocking=True)  # once, for the ViT and (live) for VGGT
         features = batch.get("features")
         if features is None:
+            if self.base is not DEFAULT_BASE and self.encoder is not None:
+                raise ModelInputError(f"a {self.base.name} batch needs its cached 'features': the live VGGT "
+                                      "runs at its own resolution, which these frames are not")
             if self.encoder is None:
                 raise ModelInputError(
                     "the batch has no 'features' and the model was built without a VGGT encoder; "
                     "pass cached features or build the model with live=True"
                 )
             features = self.encode_features(frames)
-        self._check_features(features, b, grid)
+        self._check_features(features, b, self.base.vggt_grid(height, width))
 
-        image_embeds = self.image_embeddings(frames, features, batch.get("vit_features"))
+        image_embeds, deepstack = self.visual_embeddings(frames, features, batch.get("vit_features"))
         per_image = image_embeds.shape[2]
         inputs_embeds = self._embed_tokens(input_ids, image_embeds.view(b * s * per_image, -1))
+        # DeepStack (Qwen3-VL): the ViT's intermediate features join the first LLM layers' hidden
+        # states at the image pads, in the order the pads are filled (as Qwen3VLModel passes them).
+        deepstack_inputs = {} if deepstack is None else {
+            "visual_pos_masks": input_ids.to(device, non_blocking=True) == self.image_token_id,
+            "deepstack_visual_embeds": [d.to(inputs_embeds.dtype) for d in deepstack],
+        }
 
         # M-RoPE positions: built by the loader workers (janus_train.data.collate), else here.
         position_ids = batch.get("position_ids")
@@ -396,6 +413,7 @@ class JanusVLNModel(nn.Module):
             attention_mask=attention_mask.to(device, non_blocking=True),
             position_ids=position_ids.to(device, non_blocking=True),
             use_cache=False,
+            **deepstack_inputs,
         ).last_hidden_state
 
         labels, segment_ids = _required(batch, "labels"), _required(batch, "segment_ids")
@@ -415,15 +433,28 @@ class JanusVLNModel(nn.Module):
     def image_embeddings(self, frames: torch.Tensor, features: torch.Tensor,
                          vit_features: torch.Tensor | None = None) -> torch.Tensor:
         """The fused image embeddings the LLM sees, [B, S, T, hidden] (see :func:`fuse_image_embeddings`)."""
-        return fuse_image_embeddings(self.qwen.model.visual, self.vggt_merger, self.config.lam,
-                                     frames.to(self.device, non_blocking=True), features, vit_features)
+        return self.visual_embeddings(frames, features, vit_features)[0]
+
+    def visual_embeddings(self, frames: torch.Tensor, features: torch.Tensor, vit_features: torch.Tensor | None = None
+                          ) -> tuple[torch.Tensor, list[torch.Tensor] | None]:
+        """The fused image embeddings [B, S, T, hidden] and, for a DeepStack base, the ViT's
+        DeepStack embeddings (one [B*S*T, hidden] per layer it feeds; else None)."""
+        frames = frames.to(self.device, non_blocking=True)
+        if not self.base.deepstack:
+            return fuse_image_embeddings(self.qwen.model.visual, self.vggt_merger, self.config.lam,
+                                         frames, features, vit_features), None
+        if vit_features is not None:
+            raise ModelInputError(f"cached ViT features are not supported for {self.base.name} yet "
+                                  "(its DeepStack layers are not cached); set cache.vit_features: false")
+        return fuse_deepstack_image_embeddings(self.qwen.model.visual, self.vggt_merger, self.config.lam,
+                                               frames, features, self.base)
 
     def _check_features(self, features: torch.Tensor, batch: int, grid: tuple[int, int]) -> None:
         expected = (batch, grid[0] * grid[1], self.feature_dim)
         if tuple(features.shape) != expected:
             raise ModelInputError(
                 f"features have shape {tuple(features.shape)}, expected {list(expected)} "
-                f"(batch, {grid[0]}x{grid[1]} patches of the frames, feature width)"
+                f"(batch, {grid[0]}x{grid[1]} VGGT patches for the frames' visual tokens, feature width)"
             )
 
     def _check_image_pads(self, input_ids: torch.Tensor, pads_per_sample: int) -> None:
@@ -469,6 +500,29 @@ def fuse_image_embeddings(visual: nn.Module, merger: VGGTMerger, lam: float, fra
         raise ModelInputError(f"the VGGT merger gives {vggt_embeds.shape[1]} tokens per sample, Qwen's ViT {per_image} per image")
     # Per sample: sample i's 3-D embedding goes to the S images of sample i only.
     return image_embeds.view(b, s, per_image, -1) + lam * vggt_embeds.unsqueeze(1).to(image_embeds.dtype)
+
+
+def fuse_deepstack_image_embeddings(visual: nn.Module, merger: VGGTMerger, lam: float, frames: torch.Tensor,
+                                    features: torch.Tensor, base: QwenBase) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """:func:`fuse_image_embeddings` for a DeepStack base (Qwen3-VL): the ViT's main embeddings of
+    each uint8 frame [B, S, H, W, 3] plus ``lam * merger(feature)`` of its own sample, [B, S, T,
+    hidden], and the ViT's DeepStack embeddings unchanged (one [B*S*T, hidden] per layer, image
+    order). ``features`` [B, N, 2C] lie on :meth:`QwenBase.vggt_grid` of the frames.
+
+    The whole tower runs as ``Qwen3VLModel.get_image_features`` runs it (all images in one pass);
+    its frozen blocks record no graph (no input or weight of theirs needs a gradient)."""
+    b, s, height, width, _ = frames.shape
+    pixel_values, image_grid_thw = qwen_pixel_values(frames.reshape(b * s, height, width, 3), base=base)
+    out = visual(pixel_values.type(visual.dtype), grid_thw=image_grid_thw, return_dict=True)
+    image_embeds = out.pooler_output
+    per_image = image_embeds.shape[0] // (b * s)
+    vggt_embeds = merger(features.to(frames.device, merger.norm.weight.dtype, non_blocking=True),
+                         base.vggt_grid(height, width))
+    if vggt_embeds.shape[1] != per_image:
+        raise ModelInputError(f"the VGGT merger gives {vggt_embeds.shape[1]} tokens per sample, {base.name}'s ViT "
+                              f"{per_image} per image")
+    fused = image_embeds.view(b, s, per_image, -1) + lam * vggt_embeds.unsqueeze(1).to(image_embeds.dtype)
+    return fused, list(out.deepstack_features)
 
 
 def _merge_cached_vit(visual: nn.Module, vit_features: torch.Tensor, frames: tuple[int, int], grid: tuple[int, int],

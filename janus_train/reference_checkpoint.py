@@ -26,6 +26,7 @@ from torch import nn
 from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTransformerPretrainedModel
 
+from janus_cache.bases import QWEN2_5_VL
 from janus_cache.encoder import WindowEncoder
 from janus_cache.profile import CacheSettings, Profile
 from janus_cache.vggt import REFERENCE_FRAMES, AggregatorConfig, VGGTAggregator
@@ -55,7 +56,8 @@ from janus_train.model import (
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 ARCHITECTURE = "Qwen2_5_VLForConditionalGenerationForJanusVLN"
-MODEL_TYPE = "qwen2_5_vl"
+# The reference layout is Qwen2.5-VL's (JanusVLN's released checkpoints).
+MODEL_TYPE = QWEN2_5_VL.model_type
 # The transformers release the reference code targets; written into the config it reads.
 REFERENCE_TRANSFORMERS_VERSION = "4.50.0"
 ENCODER_PREFIX = "vggt.aggregator."

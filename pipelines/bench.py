@@ -38,7 +38,7 @@ from janus_cache.encoder import WindowEncoder
 from janus_cache.imaging import load_frame, qwen_pixel_values
 from janus_cache.precompute import compute_frame_shard, encode_windows, frame_shape, read_windows, window_variant
 from janus_cache.profile import PROFILES_DIR, load_profile
-from janus_cache.qwen_vision import PATCH_DIM
+from janus_cache.bases import QWEN2_5_VL
 from janus_cache.resolution import Resolution, grid_shape, visual_tokens
 from janus_cache.sample_data import write_sample_data
 from janus_cache.store import CacheLayout, load_manifest, open_cache, open_writer
@@ -206,11 +206,11 @@ def storage(work: Path, cache644: Path) -> dict[str, Any]:
     zarr_total = size([zarr_paths.root])
     wds_tars = size([wds_paths.path(WDS_DIR)])
     gh, gw = grid_shape(h, w)
-    naive_per_sample = (history + 1) * gh * gw * PATCH_DIM * 4 + n_tokens * width * 4
+    naive_per_sample = (history + 1) * gh * gw * QWEN2_5_VL.patch_dim * 4 + n_tokens * width * 4
     frame_ratio = n_frames * h * w * 3 / frames_bytes
     feature_ratio = n_samples * n_tokens * width * 2 / features_bytes  # bf16 raw bytes / stored
     real_feature_raw = REAL_FEATURE_SHAPE[0] * REAL_FEATURE_SHAPE[1] * 2
-    real_naive = (history + 1) * gh * gw * PATCH_DIM * 4 + REAL_FEATURE_SHAPE[0] * REAL_FEATURE_SHAPE[1] * 4
+    real_naive = (history + 1) * gh * gw * QWEN2_5_VL.patch_dim * 4 + REAL_FEATURE_SHAPE[0] * REAL_FEATURE_SHAPE[1] * 4
     # Every real sample is one frame, so frames and samples are equally many.
     real_zarr = REAL_SAMPLES * (h * w * 3 / frame_ratio + real_feature_raw / feature_ratio)
     real_wds = REAL_SAMPLES * ((history + 1) * h * w * 3 / frame_ratio + real_feature_raw / feature_ratio)

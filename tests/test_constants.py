@@ -1,6 +1,6 @@
-"""Each constant has one home: the Qwen2.5-VL facts, the actions, the window's reference frames
-and attention modes, the dtype names and the device of a process are defined once and imported
-everywhere else."""
+"""Each constant has one home: each base model's facts (Qwen2.5-VL, Qwen3-VL), the actions, the
+window's reference frames and attention modes, the dtype names and the device of a process are
+defined once and imported everywhere else."""
 
 from __future__ import annotations
 
@@ -22,9 +22,12 @@ HOMES: tuple[tuple[str, str, str], ...] = (
      r"""^\s*\w+\s*(:[^=]*)?=\s*["']<\|(endoftext|im_start|im_end|vision_start|vision_end|image_pad|video_pad)"""
      r"""\|>["']""",
      "janus_cache/qwen_vision.py"),
-    ("Qwen patch geometry", r"^\s*(PATCH_SIZE|MERGE_SIZE|SPATIAL_MERGE_SIZE|TEMPORAL_PATCH\w*|PATCH_DIM)\s*[:=]",
-     "janus_cache/qwen_vision.py"),
-    ("CLIP mean/std", r"0\.48145466|0\.26862954", "janus_cache/qwen_vision.py"),
+    ("Qwen patch geometry",  # module constants, or a base's fields set to a number (janus_cache.bases)
+     r"^\s*(PATCH_SIZE|MERGE_SIZE|SPATIAL_MERGE_SIZE|TEMPORAL_PATCH\w*|PATCH_DIM)\s*[:=]"
+     r"|^\s*(patch_size|merge_size|temporal_patch)\s*=\s*\d",
+     "janus_cache/bases.py"),
+    ("CLIP mean/std", r"0\.48145466|0\.26862954", "janus_cache/bases.py"),
+    ("base model types", r"[\"'](qwen2_5_vl|qwen3_vl)[\"']", "janus_cache/bases.py"),
     ("actions", r"^\s*ACTIONS\b\s*[:=]", "janus_cache/index/model.py"),
     ("reference frames", r"^\s*REFERENCE_FRAMES\b\s*[:=]|\(\s*\"first\",\s*\"last\"\s*\)",
      "janus_cache/vggt/config.py"),

@@ -26,8 +26,12 @@ from janus_cache.imaging import (
     qwen_pixel_values,
     vggt_input,
 )
-from janus_cache.qwen_vision import MERGE_SIZE, PATCH_DIM, PATCH_SIZE, QWEN_IMAGE_MEAN, QWEN_IMAGE_STD, TEMPORAL_PATCH
+from janus_cache.bases import QWEN2_5_VL
 from janus_cache.resolution import Resolution, visual_tokens
+
+# The Qwen2.5-VL facts these tests pin (janus_cache.bases).
+PATCH_SIZE, MERGE_SIZE, TEMPORAL_PATCH = QWEN2_5_VL.patch_size, QWEN2_5_VL.merge_size, QWEN2_5_VL.temporal_patch
+PATCH_DIM, QWEN_IMAGE_MEAN, QWEN_IMAGE_STD = QWEN2_5_VL.patch_dim, QWEN2_5_VL.image_mean, QWEN2_5_VL.image_std
 
 HAS_TORCHVISION = importlib.util.find_spec("torchvision") is not None
 NO_TORCHVISION = (

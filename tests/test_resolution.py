@@ -7,7 +7,7 @@ from fractions import Fraction
 
 import pytest
 
-from janus_cache.qwen_vision import MERGE_SIZE, PATCH_DIM, PATCH_SIZE, TEMPORAL_PATCH
+from janus_cache.bases import QWEN2_5_VL
 from janus_cache.resolution import (
     DEFAULT_RESOLUTION,
     Resolution,
@@ -18,8 +18,8 @@ from janus_cache.resolution import (
 
 
 def test_patch_constants_describe_qwen25vl_patches() -> None:
-    assert (PATCH_SIZE, MERGE_SIZE, TEMPORAL_PATCH) == (14, 2, 2)
-    assert PATCH_DIM == 3 * 2 * 14 * 14 == 1176
+    assert (QWEN2_5_VL.patch_size, QWEN2_5_VL.merge_size, QWEN2_5_VL.temporal_patch) == (14, 2, 2)
+    assert QWEN2_5_VL.patch_dim == 3 * 2 * 14 * 14 == 1176
 
 
 def test_default_resolution_is_vggt_pad_mode_at_644() -> None:

@@ -18,7 +18,8 @@ from tokenizers import Tokenizer
 from transformers import AutoConfig, AutoImageProcessor, AutoTokenizer, Qwen2_5_VLForConditionalGeneration
 
 from janus_cache.index import ACTIONS
-from janus_cache.qwen_vision import IM_END, IM_START, IMAGE_PAD, QWEN_IMAGE_MEAN, QWEN_IMAGE_STD, QWEN_SPECIAL_TOKENS
+from janus_cache.bases import QWEN2_5_VL
+from janus_cache.qwen_vision import IM_END, IM_START, IMAGE_PAD, QWEN_SPECIAL_TOKENS
 from janus_cache.vggt.config import AggregatorConfig
 from janus_train.prompt import ANSWER_LABELS
 from tools.tiny_corpus import tiny_corpus
@@ -291,7 +292,7 @@ def test_spec_rejects_an_mrope_section_that_does_not_fit_the_head_dim() -> None:
 
 def test_image_processor_patchifies_a_56px_frame_into_a_1x4x4_grid(image_processor) -> None:
     assert (image_processor.patch_size, image_processor.merge_size, image_processor.temporal_patch_size) == (14, 2, 2)
-    assert tuple(image_processor.image_mean) == QWEN_IMAGE_MEAN and tuple(image_processor.image_std) == QWEN_IMAGE_STD
+    assert tuple(image_processor.image_mean) == QWEN2_5_VL.image_mean and tuple(image_processor.image_std) == QWEN2_5_VL.image_std
     out = _pixel_values(image_processor, _frames(2))
     assert out["image_grid_thw"].tolist() == [[1, 4, 4], [1, 4, 4]]
     # 16 patches per frame, each 3 channels x 2 (temporal) x 14 x 14 values.

@@ -1,4 +1,4 @@
-"""The tiny Qwen2.5-VL of the ``tiny`` profile, built offline and reproducibly.
+"""The tiny Qwen2.5-VL of the ``tiny`` profile and the tiny Qwen3-VL, built offline and reproducibly.
 
 Nothing can be downloaded, so the tiny profile's model directory is generated here from code: a
 Qwen2.5-VL ``config.json`` with tiny sizes (random weights are drawn by whoever builds the model),
@@ -13,6 +13,11 @@ A build-time asset generator, outside the runtime packages: the committed copy l
 ``python -m tools.tiny_model configs/models/tiny-qwen2_5_vl --vggt-config
 configs/models/tiny-vggt.json``. The tiny VGGT aggregator
 config ``configs/models/tiny-vggt.json`` is written by :func:`write_tiny_vggt_config`.
+
+The tiny Qwen3-VL (``configs/models/tiny-qwen3_vl``, ``python -m tools.tiny_model
+configs/models/tiny-qwen3_vl --base qwen3_vl``) has the same tokenizer (the two bases share their
+chat special tokens), Qwen3-VL's chat template, 16-px patches with mean = std = 0.5, learned
+position embeddings and two DeepStack layers, at the same tiny sizes.
 """
 
 from __future__ import annotations
@@ -27,17 +32,13 @@ from tokenizers import AddedToken, Regex, Tokenizer, decoders, normalizers, pre_
 from tokenizers.models import BPE
 from tokenizers.trainers import BpeTrainer
 
+from janus_cache.bases import BASES, QWEN2_5_VL, QWEN3_VL, QwenBase
 from janus_cache.qwen_vision import (
     DEFAULT_SYSTEM_PROMPT,
     ENDOFTEXT,
     IM_END,
     IMAGE_PAD,
-    MERGE_SIZE,
-    PATCH_SIZE,
-    QWEN_IMAGE_MEAN,
-    QWEN_IMAGE_STD,
     QWEN_SPECIAL_TOKENS,
-    TEMPORAL_PATCH,
     VIDEO_PAD,
     VISION_END,
     VISION_START,
@@ -98,9 +99,17 @@ CHAT_TEMPLATE = """\
 {%- endif -%}
 """
 
-# Qwen2-VL image processor settings (those of Qwen2.5-VL-7B-Instruct): the patch geometry and CLIP
-# normalisation of janus_cache.qwen_vision. Callers set min/max pixels per resolution so that no
-# resize happens.
+# Behaves like Qwen3-VL-Instruct's template for text and image turns: as Qwen2.5-VL's, except that a
+# conversation without a system turn gets none (Qwen3 templates add no default system prompt).
+QWEN3_CHAT_TEMPLATE = CHAT_TEMPLATE.replace(
+    """    {%- if loop.first and message['role'] != 'system' -%}
+        {{- '<|im_start|>system\\n""" + DEFAULT_SYSTEM_PROMPT + """<|im_end|>\\n' -}}
+    {%- endif -%}
+""", "")
+CHAT_TEMPLATES: dict[str, str] = {QWEN2_5_VL.model_type: CHAT_TEMPLATE, QWEN3_VL.model_type: QWEN3_CHAT_TEMPLATE}
+
+# Qwen2-VL image processor settings (Qwen2.5-VL-7B-Instruct's; Qwen3-VL's differ in patch size and
+# mean/std, janus_cache.bases). Callers set min/max pixels per resolution so that no resize happens.
 DEFAULT_MIN_PIXELS = 3136
 DEFAULT_MAX_PIXELS = 12845056
 
@@ -138,6 +147,12 @@ class TinyQwenSpec:
     fullatt_block_indexes: tuple[int, ...] = (1,)
     window_size: int = 112
     tokens_per_second: int = 2
+    # Qwen3-VL only: 3 blocks, of which the first two feed DeepStack (the 8B: 27 blocks, [8, 16,
+    # 24]); a 4x4 learned position grid interpolated to each image's grid (the 8B: 48x48).
+    qwen3_vision_depth: int = 3
+    deepstack_visual_indexes: tuple[int, ...] = (0, 1)
+    qwen3_position_embeddings: int = 16
+    qwen3_mrope_section: tuple[int, int, int] = (3, 3, 2)
     # Upper bound of the learned vocabulary (256 byte symbols + merges); the built-in corpus runs
     # out of pairs seen twice at about 1.3k, which with the specials gives ~1.4k embedding rows.
     bpe_vocab_size: int = 2048
@@ -291,15 +306,16 @@ def _tokenizer_config(tokenizer: Tokenizer, spec: TinyQwenSpec) -> dict[str, Any
     }
 
 
-def build_tiny_tokenizer(out_dir: str | Path, spec: TinyQwenSpec = TINY_QWEN) -> list[Path]:
-    """Write ``tokenizer.json``, ``tokenizer_config.json`` and ``chat_template.jinja`` into
-    ``out_dir``; returns the paths written."""
+def build_tiny_tokenizer(out_dir: str | Path, spec: TinyQwenSpec = TINY_QWEN,
+                         base: QwenBase = QWEN2_5_VL) -> list[Path]:
+    """Write ``tokenizer.json``, ``tokenizer_config.json`` and the base's ``chat_template.jinja``
+    into ``out_dir``; returns the paths written."""
     out = Path(out_dir)
     tokenizer = train_tiny_tokenizer(spec)
     return [
         _write_json(out / "tokenizer.json", json.loads(tokenizer.to_str())),
         _write_json(out / "tokenizer_config.json", _tokenizer_config(tokenizer, spec)),
-        _write_text(out / "chat_template.jinja", CHAT_TEMPLATE),
+        _write_text(out / "chat_template.jinja", CHAT_TEMPLATES[base.model_type]),
     ]
 
 
@@ -347,9 +363,9 @@ def qwen_config_dict(token_ids: dict[str, int], n_tokens: int, spec: TinyQwenSpe
         "intermediate_size": spec.vision_intermediate_size,
         "num_heads": spec.vision_heads,
         "in_channels": 3,
-        "patch_size": PATCH_SIZE,
-        "spatial_merge_size": MERGE_SIZE,
-        "temporal_patch_size": TEMPORAL_PATCH,
+        "patch_size": QWEN2_5_VL.patch_size,
+        "spatial_merge_size": QWEN2_5_VL.merge_size,
+        "temporal_patch_size": QWEN2_5_VL.temporal_patch,
         "tokens_per_second": spec.tokens_per_second,
         "window_size": spec.window_size,
         "out_hidden_size": spec.text_hidden_size,
@@ -358,8 +374,8 @@ def qwen_config_dict(token_ids: dict[str, int], n_tokens: int, spec: TinyQwenSpe
         "dtype": "float32",
     }
     return {
-        "architectures": ["Qwen2_5_VLForConditionalGeneration"],
-        "model_type": "qwen2_5_vl",
+        "architectures": [QWEN2_5_VL.model_class],
+        "model_type": QWEN2_5_VL.model_type,
         "text_config": text_config,
         "vision_config": vision_config,
         "image_token_id": token_ids[IMAGE_PAD],
@@ -371,35 +387,99 @@ def qwen_config_dict(token_ids: dict[str, int], n_tokens: int, spec: TinyQwenSpe
     }
 
 
-def preprocessor_config_dict() -> dict[str, Any]:
-    """Qwen2-VL image processor settings, as in Qwen2.5-VL-7B-Instruct."""
+def qwen3_config_dict(token_ids: dict[str, int], n_tokens: int, spec: TinyQwenSpec = TINY_QWEN) -> dict[str, Any]:
+    """The ``config.json`` of the tiny Qwen3-VL (transformers 5's ``qwen3_vl``): Qwen3-VL-8B's
+    architecture (configs/models/qwen3_vl_8b) at the tiny sizes of ``spec``."""
+    text_config = {
+        "model_type": "qwen3_vl_text",
+        "vocab_size": padded_vocab_size(n_tokens, spec.vocab_multiple),
+        "hidden_size": spec.text_hidden_size,
+        "intermediate_size": spec.text_intermediate_size,
+        "num_hidden_layers": spec.text_layers,
+        "num_attention_heads": spec.text_heads,
+        "num_key_value_heads": spec.text_kv_heads,
+        "head_dim": spec.text_head_dim,
+        "hidden_act": "silu",
+        "max_position_embeddings": spec.max_position_embeddings,
+        "rms_norm_eps": spec.rms_norm_eps,
+        "rope_parameters": {
+            "rope_type": "default",
+            "rope_theta": spec.rope_theta,
+            # Interleaved T/H/W frequencies; [3, 3, 2] is the 8B's [24, 20, 20] scaled from
+            # head_dim 128 to 16 (the interleave needs 3 * section >= head_dim / 2 for H).
+            "mrope_section": list(spec.qwen3_mrope_section),
+            "mrope_interleaved": True,
+        },
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "initializer_range": 0.02,
+        "bos_token_id": token_ids[ENDOFTEXT],
+        "eos_token_id": token_ids[IM_END],
+        "pad_token_id": token_ids[ENDOFTEXT],
+        "tie_word_embeddings": False,
+        "dtype": "float32",
+    }
+    vision_config = {
+        "model_type": "qwen3_vl_vision",
+        "depth": spec.qwen3_vision_depth,
+        "hidden_size": spec.vision_hidden_size,
+        "hidden_act": "gelu_pytorch_tanh",
+        "intermediate_size": spec.vision_intermediate_size,
+        "num_heads": spec.vision_heads,
+        "in_channels": 3,
+        "patch_size": QWEN3_VL.patch_size,
+        "spatial_merge_size": QWEN3_VL.merge_size,
+        "temporal_patch_size": QWEN3_VL.temporal_patch,
+        "out_hidden_size": spec.text_hidden_size,
+        "num_position_embeddings": spec.qwen3_position_embeddings,
+        "deepstack_visual_indexes": list(spec.deepstack_visual_indexes),
+        "initializer_range": 0.02,
+        "dtype": "float32",
+    }
+    return {
+        "architectures": [QWEN3_VL.model_class],
+        "model_type": QWEN3_VL.model_type,
+        "text_config": text_config,
+        "vision_config": vision_config,
+        "image_token_id": token_ids[IMAGE_PAD],
+        "video_token_id": token_ids[VIDEO_PAD],
+        "vision_start_token_id": token_ids[VISION_START],
+        "vision_end_token_id": token_ids[VISION_END],
+        "tie_word_embeddings": False,
+        "dtype": "float32",
+    }
+
+
+def preprocessor_config_dict(base: QwenBase = QWEN2_5_VL) -> dict[str, Any]:
+    """The base's Qwen2-VL image processor settings, as in its published checkpoints."""
     return {
         "image_processor_type": "Qwen2VLImageProcessor",
-        "processor_class": "Qwen2_5_VLProcessor",
+        "processor_class": base.processor_class,
         "do_resize": True,
         "do_rescale": True,
         "rescale_factor": 1 / 255,
         "do_normalize": True,
         "do_convert_rgb": True,
-        "image_mean": list(QWEN_IMAGE_MEAN),
-        "image_std": list(QWEN_IMAGE_STD),
+        "image_mean": list(base.image_mean),
+        "image_std": list(base.image_std),
         "min_pixels": DEFAULT_MIN_PIXELS,
         "max_pixels": DEFAULT_MAX_PIXELS,
-        "patch_size": PATCH_SIZE,
-        "temporal_patch_size": TEMPORAL_PATCH,
-        "merge_size": MERGE_SIZE,
+        "patch_size": base.patch_size,
+        "temporal_patch_size": base.temporal_patch,
+        "merge_size": base.merge_size,
     }
 
 
-def write_tiny_qwen_dir(out_dir: str | Path, spec: TinyQwenSpec = TINY_QWEN) -> list[Path]:
-    """Write the whole tiny Qwen2.5-VL directory (no weights); returns the paths written."""
+def write_tiny_qwen_dir(out_dir: str | Path, spec: TinyQwenSpec = TINY_QWEN, base: QwenBase = QWEN2_5_VL) -> list[Path]:
+    """Write the whole tiny Qwen2.5-VL or Qwen3-VL directory (no weights); returns the paths written."""
     out = Path(out_dir)
-    written = build_tiny_tokenizer(out, spec)
+    written = build_tiny_tokenizer(out, spec, base)
     tokenizer = Tokenizer.from_file(str(out / "tokenizer.json"))
     token_ids = {token: tokenizer.token_to_id(token) for token in QWEN_SPECIAL_TOKENS}
     n_tokens = tokenizer.get_vocab_size(with_added_tokens=True)
-    written.append(_write_json(out / "config.json", qwen_config_dict(token_ids, n_tokens, spec)))
-    written.append(_write_json(out / "preprocessor_config.json", preprocessor_config_dict()))
+    config = (qwen3_config_dict if base is QWEN3_VL else qwen_config_dict)(token_ids, n_tokens, spec)
+    written.append(_write_json(out / "config.json", config))
+    written.append(_write_json(out / "preprocessor_config.json", preprocessor_config_dict(base)))
     return sorted(written)
 
 
@@ -409,11 +489,12 @@ def write_tiny_vggt_config(path: str | Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="Write the tiny Qwen2.5-VL directory and tiny VGGT config.")
+    parser = argparse.ArgumentParser(description="Write a tiny Qwen directory and the tiny VGGT config.")
     parser.add_argument("qwen_dir", type=Path, help="directory for config, tokenizer and processor files")
+    parser.add_argument("--base", choices=sorted(BASES), default=QWEN2_5_VL.model_type, help="the base model")
     parser.add_argument("--vggt-config", type=Path, default=None, help="also write the tiny VGGT config here")
     args = parser.parse_args(argv)
-    for path in write_tiny_qwen_dir(args.qwen_dir):
+    for path in write_tiny_qwen_dir(args.qwen_dir, base=BASES[args.base]):
         print(path)
     if args.vggt_config is not None:
         print(write_tiny_vggt_config(args.vggt_config))
