@@ -36,7 +36,8 @@ Qwen3-VL a token spans 32 px, so janus runs each model at its own resolution of 
 frame: Qwen3-VL at ``pad{T}`` (T a multiple of 32) and VGGT at ``pad{T * 14 / 16}`` -- both grids
 then have ``T/16`` patches a side and the 2x2-grouped VGGT grid equals Qwen's token grid (e.g.
 Qwen ``pad640`` <-> VGGT ``pad560``: 40x40 patches, 20x20 = 400 tokens; the tiny tests: ``pad64``
-<-> ``pad56``). No feature is resampled. :meth:`QwenBase.vggt_side` is that rule.
+<-> ``pad56``). No feature is resampled. :meth:`QwenBase.vggt_side` is that rule;
+:func:`janus_cache.imaging.load_qwen_frame` makes the Qwen3-VL frame paired with a VGGT frame.
 """
 
 from __future__ import annotations

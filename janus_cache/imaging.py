@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from janus_cache.bases import DEFAULT_BASE, QwenBase
+from janus_cache.bases import DEFAULT_BASE, VGGT_PATCH_SIZE, QwenBase
 from janus_cache.resolution import (
     DEFAULT_RESOLUTION,
     MODES,
@@ -40,6 +40,7 @@ __all__ = [
     "FrameError",
     "PixelReference",
     "load_frame",
+    "load_qwen_frame",
     "qwen_pixel_lut",
     "qwen_pixel_values",
     "vggt_input",
@@ -147,18 +148,46 @@ def load_frame(
         new_w, new_h = resolution.output_size(width, height)
     except ValueError as exc:
         raise FrameError(f"cannot load frame {name}: {exc}") from exc
-    resized = np.asarray(rgb.resize((new_w, new_h), Image.Resampling.BICUBIC), dtype=np.uint8)
+    return _fit(rgb, resolution.mode, (new_w, new_h), resolution.target)
 
-    size = resolution.target
-    if resolution.mode == "crop":
-        if new_h > size:
-            top = (new_h - size) // 2
-            resized = resized[top : top + size]
+
+def load_qwen_frame(source: ImageSource, resolution: Mode | str | Resolution, base: QwenBase) -> np.ndarray:
+    """The base's uint8 frame of a source image, paired with VGGT's frame :func:`load_frame` makes
+    at ``resolution`` (the grid rule of :mod:`janus_cache.bases`).
+
+    For a base with VGGT's 14-px patches (Qwen2.5-VL) that is the VGGT frame itself. Otherwise the
+    same preprocessing runs with every side counted in the base's patches instead of 14 px: the
+    resize keeps VGGT's patch counts (from VGGT's own float computation) and the pad/crop target
+    is ``target / 14`` patches, so VGGT patch (i, j) and the base's patch (i, j) cover the same part
+    of the source (pad560 -> a 640x640 Qwen3-VL frame; pad56 -> 64x64).
+    """
+    resolution = _resolve_resolution(resolution, None)
+    if base.patch_size == VGGT_PATCH_SIZE:
+        return load_frame(source, resolution)
+    name = _describe(source)
+    rgb = _decode_rgb(source, name)
+    try:
+        new_w, new_h = resolution.output_size(*rgb.size)
+    except ValueError as exc:
+        raise FrameError(f"cannot load frame {name}: {exc}") from exc
+    p, q = VGGT_PATCH_SIZE, base.patch_size
+    return _fit(rgb, resolution.mode, (new_w // p * q, new_h // p * q), resolution.target // p * q)
+
+
+def _fit(rgb: Image.Image, mode: str, size: tuple[int, int], target: int) -> np.ndarray:
+    """VGGT's resize to ``size`` (w, h), then white padding to ``target`` square (pad) or a centre
+    crop of the rows beyond ``target`` (crop)."""
+    new_w, new_h = size
+    resized = np.asarray(rgb.resize((new_w, new_h), Image.Resampling.BICUBIC), dtype=np.uint8)
+    if mode == "crop":
+        if new_h > target:
+            top = (new_h - target) // 2
+            resized = resized[top : top + target]
         return np.ascontiguousarray(resized)
 
-    frame = np.full((size, size, 3), 255, dtype=np.uint8)
-    top = (size - new_h) // 2
-    left = (size - new_w) // 2
+    frame = np.full((target, target, 3), 255, dtype=np.uint8)
+    top = (target - new_h) // 2
+    left = (target - new_w) // 2
     frame[top : top + new_h, left : left + new_w] = resized
     return frame
 

@@ -32,7 +32,7 @@ from janus_cache.bases import (
     BaseError,
     base_of_qwen_dir,
 )
-from janus_cache.imaging import qwen_pixel_values
+from janus_cache.imaging import load_frame, load_qwen_frame, qwen_pixel_values
 from janus_cache.index import DatasetIndex, Sample
 from janus_cache.profile import LanguageModelSettings
 from janus_cache.resolution import Resolution
@@ -58,9 +58,8 @@ def builder() -> PromptBuilder:
 
 
 def qwen3_frame(path: Path) -> np.ndarray:
-    """A 64x64 uint8 frame of a source image (what a Qwen3-VL cache would store)."""
-    with Image.open(path) as img:
-        return np.asarray(img.convert("RGB").resize((SIDE, SIDE), Image.Resampling.BICUBIC), dtype=np.uint8)
+    """The 64x64 Qwen3-VL frame of a source image paired with its VGGT frame at pad56."""
+    return load_qwen_frame(path, "pad56", QWEN3_VL)
 
 
 def tiny_qwen3_model(lam: float) -> JanusVLNModel:
@@ -160,6 +159,24 @@ def test_vggt_runs_at_its_own_resolution_whose_grouped_grid_is_qwen3s_token_grid
         QWEN3_VL.vggt_side(644)
     with pytest.raises(ValueError, match=r"frame size 56x56 \(HxW\) is not whole Qwen3-VL visual tokens"):
         QWEN3_VL.patch_grid(56, 56)
+
+
+def test_a_qwen3_frame_covers_the_source_as_its_vggt_frame_does_patch_for_patch() -> None:
+    """Pad and crop, landscape and portrait: the same preprocessing with every side counted in
+    16-px instead of 14-px patches, so white padding and content span the same patches."""
+    for size, resolution in (((640, 480), "pad56"), ((480, 640), "pad560"), ((640, 480), "crop224"),
+                             ((641, 479), "pad644")):
+        rng = np.random.default_rng(size[0])
+        source = Image.fromarray(rng.integers(0, 250, (size[1], size[0], 3), dtype=np.uint8))  # never white
+        vggt, qwen = load_frame(source, resolution), load_qwen_frame(source, resolution, QWEN3_VL)
+        assert qwen.dtype == np.uint8 and qwen.shape == (vggt.shape[0] // 14 * 16, vggt.shape[1] // 14 * 16, 3)
+        for axis in (0, 1):
+            white_v = (vggt == 255).all(axis=(1 - axis, 2))
+            white_q = (qwen == 255).all(axis=(1 - axis, 2))
+            assert int(white_v.sum()) / 14 == int(white_q.sum()) / 16
+            assert int(np.argmin(white_v)) / 14 == int(np.argmin(white_q)) / 16  # first content row/column
+    assert load_qwen_frame(source, "pad56", QWEN2_5_VL).tobytes() == load_frame(source, "pad56").tobytes()
+    assert QWEN3_VL.token_grid(*load_qwen_frame(source, "pad644", QWEN3_VL).shape[:2]) == (23, 23)
 
 
 # ------------------------------------------------------------------------------ pixel values
