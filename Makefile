@@ -100,11 +100,12 @@ verify: $(STAMP)
 	$(LAUNCH_ENV) $(LAUNCH) $(TORCHRUN_ARGS) --nproc_per_node $(NPROC) -m pipelines.verify $(CACHE) \
 		--profile $(PROFILE) $(if $(value DATA),--data $(DATA_ARG)) $(VERIFY_ARGS)
 
+# The benchmarks live in benchmarks/; results and plots go to benchmarks/results/ (--out DIR elsewhere).
 bench: $(STAMP)
-	$(PY) -m pipelines.bench --out bench $(BENCH_ARGS)
+	$(PY) -m benchmarks.bench $(BENCH_ARGS)
 
 bench-gpu: $(STAMP)
-	$(PY) -m pipelines.bench_gpu --out bench $(BENCH_ARGS)
+	$(PY) -m benchmarks.bench_gpu $(BENCH_ARGS)
 
 # Hard-linked datasets of SAMPLES samples (index, plan) and PRECOMPUTE_SAMPLES (precompute, resume,
 # verify, trainer start-up check, reads); results in benchmarks/results/bench_scale.{json,md}.

@@ -8,7 +8,7 @@
   rescaling). Outputs are checked to be bit-identical before timing.
 * ``vggt_input``: frames/s for the k/255 float tensor.
 
-Run: ``python benchmarks/bench_imaging.py`` (prints a table, writes bench/out/imaging.json).
+Run: ``python benchmarks/bench_imaging.py`` (prints a table, writes benchmarks/results/imaging.json).
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from PIL import Image
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
 from janus_cache.imaging import load_frame, qwen_pixel_values, vggt_input
+from benchmarks.measure import RESULTS_DIR
 from janus_cache.resolution import DEFAULT_RESOLUTION
 from janus_cache.sample_data import write_sample_data
 
@@ -56,7 +57,7 @@ def main() -> None:
     parser.add_argument("--frames", type=int, default=9, help="frames per measurement (9 = one JanusVLN window)")
     parser.add_argument("--threads", type=int, default=2, help="torch threads")
     parser.add_argument("--min-seconds", type=float, default=2.0, help="minimum time per measurement")
-    parser.add_argument("--out", type=Path, default=Path("bench/out/imaging.json"))
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR / "imaging.json")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     n, resolution = args.frames, DEFAULT_RESOLUTION

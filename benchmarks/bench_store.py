@@ -18,7 +18,7 @@ Measured:
    ``pixel_values`` of every window frame plus an fp32 feature, saved per sample);
 3. write time, zarr random-access reads (samples/s) and webdataset streaming (samples/s).
 
-Run: ``python benchmarks/bench_store.py`` (prints tables, writes bench/out/store.json).
+Run: ``python benchmarks/bench_store.py`` (prints tables, writes benchmarks/results/store.json).
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ import numcodecs
 import numpy as np
 import torch
 
+from benchmarks.measure import RESULTS_DIR
 from janus_cache.index import ACTIONS, build_index
 from janus_cache.imaging import load_frame, vggt_input
 from janus_cache.bases import QWEN2_5_VL
@@ -100,7 +101,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=16)
     parser.add_argument("--resolutions", default="pad224,pad644")
     parser.add_argument("--threads", type=int, default=2, help="torch and blosc threads")
-    parser.add_argument("--out", type=Path, default=Path("bench/out/store.json"))
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR / "store.json")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     numcodecs.blosc.set_nthreads(args.threads)

@@ -13,7 +13,7 @@ window's FLOPs (dedup skips some of them). The CPU runs the compile row only wit
 
     python benchmarks/bench_vggt.py [--cpu-size 224] [--repeats 10] [--compile] [--skip-cuda | --skip-cpu]
 
-Prints a table and writes bench/out/vggt.json.
+Prints a table and writes benchmarks/results/vggt.json.
 """
 
 from __future__ import annotations
@@ -38,12 +38,13 @@ from janus_cache.encoder import (
     lever_batches,
     lever_settings,
 )
+from benchmarks.measure import RESULTS_DIR
 from janus_cache.vggt import AggregatorConfig, VGGTAggregator, window_flops
 from janus_cache.vggt.attention import BENCH_KERNELS
 
 REPO = Path(__file__).resolve().parent.parent
 TINY_CONFIG = REPO / "configs" / "models" / "tiny-vggt.json"
-OUT = REPO / "bench" / "out" / "vggt.json"
+OUT = RESULTS_DIR / "vggt.json"
 FRAMES = 9  # 8 history frames + the current one
 LAYER = -2  # the layer JanusVLN consumes
 CPU_THREADS = 2

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # imported when a device is made: reading a profile's ``device`` needs no torch
+    import torch
 
 DEVICES: tuple[str, ...] = ("cpu", "cuda")
 """Values of a profile's ``device`` setting."""
@@ -10,6 +13,8 @@ DEVICES: tuple[str, ...] = ("cpu", "cuda")
 
 def process_device(kind: str, local_rank: int = 0) -> torch.device:
     """The CPU, or for ``cuda`` the GPU of this process's node-local rank (one GPU per process)."""
+    import torch
+
     if kind not in DEVICES:
         raise ValueError(f"device must be one of {', '.join(DEVICES)}, got {kind!r}")
     return torch.device(f"cuda:{local_rank}") if kind == "cuda" else torch.device("cpu")

@@ -21,8 +21,7 @@ from janus_cache.dtypes import DTYPE_NAMES
 from janus_cache.index.subinstructions import DEFAULT_SUBINSTRUCTION_RULE, SUBINSTRUCTION_RULES
 from janus_cache.resolution import Resolution
 from janus_cache.settings import SettingsError, read_settings, setting
-from janus_cache.vggt.config import ATTENTION_MODES, REFERENCE_FRAMES
-from janus_cache.windows import DEFAULT_HISTORY
+from janus_cache.windows import ATTENTION_MODES, DEFAULT_HISTORY, REFERENCE_FRAMES
 
 CONFIGS_DIR = Path(__file__).resolve().parent.parent / "configs"
 PROFILES_DIR = CONFIGS_DIR / "profiles"

@@ -16,8 +16,22 @@ the same IEEE-754 double expressions numpy does (``i * (j / (n - 1))`` with the 
 
 from __future__ import annotations
 
+from typing import Literal, get_args
+
 DEFAULT_HISTORY = 8
 """History frames per sample in JanusVLN (``max_history_images``); 9 images per sample."""
+
+# The window variant's two choices live here, torch-free, so that reading a profile or a cache's
+# manifest does not import the VGGT package (and torch) for them.
+
+# Global attention over a window: block-causal (frame i sees frames <= i, JanusVLN's streaming
+# setting) or full (every frame sees every frame, offline VGGT).
+AttentionMode = Literal["causal", "full"]
+ATTENTION_MODES: tuple[str, ...] = get_args(AttentionMode)
+
+# The frame of a window whose patch tokens are the window's feature.
+ReferenceFrame = Literal["first", "last"]
+REFERENCE_FRAMES: tuple[str, ...] = get_args(ReferenceFrame)
 
 
 def window_frames(step: int, history: int = DEFAULT_HISTORY) -> tuple[int, ...]:

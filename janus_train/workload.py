@@ -10,7 +10,7 @@
 
 Both steps are composed from the real modules of a :class:`~janus_train.model.JanusVLNModel` and
 report each phase through a ``phase(name)`` context manager, so the same code is timed on a GPU
-(``pipelines.bench_gpu``) and FLOP-counted on the meta device (:mod:`janus_train.flops`). The
+(``benchmarks.bench_gpu``) and FLOP-counted on the meta device (:mod:`janus_train.flops`). The
 batch is synthetic (random frames, features and token ids) but has the real layout: 9 image
 blocks of ``<|vision_start|> + T x <|image_pad|> + <|vision_end|>``, text around them and a
 supervised answer of four segments.

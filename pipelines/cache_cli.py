@@ -1,22 +1,81 @@
 """`janus-cache`: the command line of the precompute stage (the launch layer's console script).
 
-Every command exits 0 on success and non-zero with a one-line reason otherwise.
+Every command exits 0 on success and non-zero with a one-line reason otherwise. A command imports
+its heavy modules (torch, transformers, deepspeed) only when it runs, so ``janus-cache --help`` and
+the light commands start in a fraction of a CPU-second.
 """
 
 from __future__ import annotations
 
+import ast
+import importlib
+import importlib.util
 import json
 import os
+import subprocess
+import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
+import click
 import typer
+from typer.core import TyperGroup
 
-from pipelines.bench import command as bench_command
-from pipelines.precompute import command as precompute_command
-from pipelines.verify import command as verify_command
+
+@dataclass(frozen=True)
+class StageCommand:
+    """A command that a stage's entry-point module defines (its options declared once there, for
+    torchrun and for this CLI, where it runs as a single process). The module, which imports torch,
+    is imported only when the command runs or shows its own help."""
+
+    module: str
+    function: str = "command"
+
+    def summary(self) -> str:
+        """The command's docstring, read from the module's source without importing the module."""
+        spec = importlib.util.find_spec(self.module)
+        assert spec is not None and spec.origin is not None, self.module
+        tree = ast.parse(Path(spec.origin).read_text(encoding="utf-8"))
+        found = (node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == self.function)
+        return ast.get_docstring(next(found)) or ""
+
+    def load(self) -> click.Command:
+        single = typer.Typer(add_completion=False)
+        single.command()(getattr(importlib.import_module(self.module), self.function))
+        return typer.main.get_command(single)
+
+
+STAGE_COMMANDS: dict[str, StageCommand] = {
+    "precompute": StageCommand("pipelines.precompute"),
+    "verify": StageCommand("pipelines.verify"),
+}
+
+
+class CacheCommands(TyperGroup):
+    """The command group: lists the stage commands by name and summary, loads one when it runs."""
+
+    listing = False  # True while the group's own help is written: no stage module is needed for it
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return [*STAGE_COMMANDS, *super().list_commands(ctx)]
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        stage = STAGE_COMMANDS.get(cmd_name)
+        if stage is None:
+            return super().get_command(ctx, cmd_name)
+        return click.Command(cmd_name, help=stage.summary()) if self.listing else stage.load()
+
+    def format_help(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        self.listing = True
+        try:
+            super().format_help(ctx, formatter)
+        finally:
+            self.listing = False
+
 
 app = typer.Typer(
+    cls=CacheCommands,
     add_completion=False,
     no_args_is_help=True,
     help="Build, inspect and check janus caches of frozen-VGGT features and frames.",
@@ -218,11 +277,12 @@ def info_cmd(
         typer.echo(f"  {name}: {done}/{total} shards committed")
 
 
-# Each stage's entry point defines its options once, for torchrun and for this CLI (where it runs
-# as a single process).
-app.command("precompute")(precompute_command)
-app.command("verify")(verify_command)
-app.command("bench")(bench_command)
+@app.command("bench", add_help_option=False,
+             context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def bench_cmd(ctx: typer.Context) -> None:
+    """Measure live vs cached data path, storage, precompute and training; write the results."""
+    # The benchmarks are the layer above this one (they import it), so they run as their own program.
+    raise typer.Exit(subprocess.call([sys.executable, "-m", "benchmarks.bench", *ctx.args]))
 
 
 def main() -> None:

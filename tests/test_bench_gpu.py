@@ -31,8 +31,8 @@ from janus_train.flops import (
 )
 from janus_train.model import TrainableParts
 from janus_train.workload import SampleShape, StepRunner, make_batch, stream_window_features
-from pipelines import bench_gpu
-from pipelines.bench_projection import (
+from benchmarks import bench_gpu
+from benchmarks.bench_projection import (
     REFERENCE_GPU_S_PER_SAMPLE,
     REFERENCE_HOURS_PER_EPOCH,
     DeviceSpec,

@@ -30,8 +30,8 @@ HOMES: tuple[tuple[str, str, str], ...] = (
     ("base model types", r"[\"'](qwen2_5_vl|qwen3_vl)[\"']", "janus_cache/bases.py"),
     ("actions", r"^\s*ACTIONS\b\s*[:=]", "janus_cache/index/model.py"),
     ("reference frames", r"^\s*REFERENCE_FRAMES\b\s*[:=]|\(\s*\"first\",\s*\"last\"\s*\)",
-     "janus_cache/vggt/config.py"),
-    ("attention modes", r"^\s*ATTENTION_MODES\b\s*[:=]|\(\s*\"causal\",\s*\"full\"\s*\)", "janus_cache/vggt/config.py"),
+     "janus_cache/windows.py"),
+    ("attention modes", r"^\s*ATTENTION_MODES\b\s*[:=]|\(\s*\"causal\",\s*\"full\"\s*\)", "janus_cache/windows.py"),
     ("dtype name maps",  # STORED_DTYPES is the store's on-disk representation, another fact
      r"\"bfloat16\":\s*torch\.bfloat16|^\s*(?!STORED_)\w*DTYPES\b\s*[:=].*\"float32\"", "janus_cache/dtypes.py"),
     ("device of a process", r"[\"']cuda:[{\"']|f\"cuda:\{", "janus_cache/device.py"),

@@ -37,7 +37,7 @@ from janus_cache.store.checksums import record_metadata
 from janus_cache.store.commit import atomic_write_bytes
 from janus_cache.store.features import STORED_DTYPES
 from janus_cache.store.layout import CacheLayout
-from janus_cache.vggt.config import ATTENTION_MODES, REFERENCE_FRAMES
+from janus_cache.windows import ATTENTION_MODES, REFERENCE_FRAMES
 
 SCHEMA_VERSION = 3
 """Version of the cache layout and manifest schema; bumped on any incompatible change.

@@ -7,16 +7,10 @@ the ``aggregator`` section of a VGGT ``config.json``; the defaults are VGGT-1B.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any, Literal, Mapping, get_args
+from typing import Any, Mapping
 
-# Global attention over a window: block-causal (frame i sees frames <= i, JanusVLN's streaming
-# setting) or full (every frame sees every frame, offline VGGT).
-AttentionMode = Literal["causal", "full"]
-ATTENTION_MODES: tuple[str, ...] = get_args(AttentionMode)
-
-# The frame of a window whose patch tokens are the window's feature.
-ReferenceFrame = Literal["first", "last"]
-REFERENCE_FRAMES: tuple[str, ...] = get_args(ReferenceFrame)
+# Re-exported: the window variant's choices are declared in the torch-free janus_cache.windows.
+from janus_cache.windows import ATTENTION_MODES, REFERENCE_FRAMES, AttentionMode, ReferenceFrame  # noqa: F401
 
 # Eps values differ between the two halves of the model (DINOv2 uses 1e-6, the aggregator blocks
 # and their qk-norm keep PyTorch's default 1e-5); checkpoints were trained with exactly these.

@@ -1,15 +1,15 @@
 """`make bench` / `janus-cache bench`: the side-by-side numbers that show what the cache buys.
 
 Every figure is measured in this run: a median over repeats with min and max, and every
-comparison is a ratio of two figures of the same run. Writes ``bench/results.json``,
-``bench/results.md`` and ``bench/step_breakdown.png``, and prints the table.
+comparison is a ratio of two figures of the same run. Writes ``results.json``, ``results.md``,
+``step_breakdown.png`` and ``flops_per_component.png`` to ``--out`` (``benchmarks/results``), and
+prints the table.
 
-Sections: (1) data path at the real shape (640x480 PNG sources, 9 frames, pad644): the live
-reference path vs the cached path, per core and with loader workers; (2) storage per sample and
+Sections: (1) data path at the real shape (:mod:`benchmarks.data_path`); (2) storage per sample and
 extrapolated to the real set; (3) precompute throughput per phase; (4) training step cached vs
 live (tiny profile, 2 processes); (5) FLOPs per sample of a janus and a reference step at the real
 7B / VGGT-1B shapes, counted on the meta device (:mod:`janus_train.flops`); (6) the GPU bench
-(:mod:`pipelines.bench_gpu`) where CUDA is available.
+(:mod:`benchmarks.bench_gpu`) where CUDA is available.
 """
 
 from __future__ import annotations
@@ -18,12 +18,10 @@ import json
 import os
 import platform
 import shutil
-import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from datetime import date
 from pathlib import Path
 from typing import Annotated, Any
@@ -31,20 +29,20 @@ from typing import Annotated, Any
 import numpy as np
 import torch
 import typer
-import yaml
 
+from benchmarks.bench_projection import REAL_SAMPLES
+from benchmarks.data_path import data_path
+from benchmarks.measure import RESULTS_DIR, Stat
 from janus_cache.index import build_index
 from janus_cache.encoder import WindowEncoder
-from janus_cache.imaging import load_frame, qwen_pixel_values
-from janus_cache.precompute import compute_frame_shard, encode_windows, frame_shape, read_windows, window_variant
-from janus_cache.profile import PROFILES_DIR, load_profile
+from janus_cache.precompute import compute_frame_shard, encode_windows, frame_shape, read_windows
+from janus_cache.profile import load_profile
 from janus_cache.bases import QWEN2_5_VL
-from janus_cache.resolution import Resolution, grid_shape, visual_tokens
+from janus_cache.resolution import grid_shape
 from janus_cache.sample_data import write_sample_data
-from janus_cache.store import CacheLayout, load_manifest, open_cache, open_writer
+from janus_cache.store import CacheLayout, load_manifest, open_writer
 from janus_cache.store.layout import FEATURES_GROUP, FRAMES_GROUP, WDS_DIR
 from janus_train.flops import count_flops
-from pipelines.bench_projection import REAL_SAMPLES
 from pipelines.precompute import Options
 from pipelines.precompute import run as run_precompute
 
@@ -53,134 +51,7 @@ REAL_FEATURE_SHAPE = (2116, 2048)
 REPO = Path(__file__).resolve().parent.parent
 
 
-@dataclass(frozen=True)
-class Stat:
-    median: float
-    min: float
-    max: float
-
-    @classmethod
-    def of(cls, values: list[float]) -> "Stat":
-        return cls(statistics.median(values), min(values), max(values))
-
-    def __str__(self) -> str:
-        return f"{self.median:.3g} ({self.min:.3g}–{self.max:.3g})"
-
-
-def rates(fn: Callable[[], int], repeats: int) -> Stat:
-    """Items per second of ``fn`` (which returns how many items it did), after one warm-up call."""
-    fn()
-    values = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        n = fn()
-        values.append(n / (time.perf_counter() - start))
-    return Stat.of(values)
-
-
-def bench_profile(tmp: Path, resolution: str, **cache: Any) -> Path:
-    """The tiny profile at another resolution/shard size (model paths made absolute)."""
-    data = yaml.safe_load((PROFILES_DIR / "tiny.yaml").read_text())
-    data["cache"].update(resolution=resolution, **cache)
-    data["vggt"]["config"] = str((PROFILES_DIR / data["vggt"]["config"]).resolve())
-    data["qwen"]["path"] = str((PROFILES_DIR / data["qwen"]["path"]).resolve())
-    path = tmp / f"bench-{resolution}.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return path
-
-
 # ----------------------------------------------------------------------------------- sections
-
-
-def data_path(work: Path, repeats: int, workers: int) -> dict[str, Any]:
-    """Live reference path vs cached path for one sample (9 frames at pad644 + tokens)."""
-    from transformers import AutoTokenizer
-    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
-
-    from janus_train.prompt import PromptBuilder
-
-    data = work / "data644"
-    write_sample_data(data, episodes=1, steps=8, seed=1)
-    profile_path = bench_profile(work, "pad644", samples_per_shard=4, frames_per_shard=8, vggt_batch=1)
-    cache = work / "cache644"
-    if run_precompute(Options(data, cache, str(profile_path), workers=1)) != 0:
-        raise RuntimeError("precompute of the pad644 benchmark cache failed")
-    profile = load_profile(profile_path)
-    res = Resolution.parse("pad644")
-    index = build_index(data, history=profile.cache.history, subinstruction_rule=profile.cache.subinstruction_rule)
-    tokenizer = AutoTokenizer.from_pretrained(str(profile.qwen.path))
-    builder = PromptBuilder(tokenizer, visual_tokens(res))
-    side = res.target
-    processor = Qwen2VLImageProcessorPil(min_pixels=side * side, max_pixels=side * side)
-    reader = open_cache(cache, resolution=res.name, variant=window_variant(profile.cache).name).reader
-    n = len(index.samples)
-
-    def live_sample(row: int) -> None:
-        sample = index.samples[row]
-        frames = [load_frame(index.frames[r].path, res) for r in sample.window_rows]
-        # As JanusVLN feeds it: the [0, 1] float tensor, rescaling off, no further resize.
-        images = [torch.from_numpy(f).permute(2, 0, 1).float().div(255) for f in frames]
-        processor(images, do_rescale=False, return_tensors="pt")
-        builder.build_sample(sample)
-
-    def cached_sample(row: int) -> None:
-        item = reader.sample(row)
-        qwen_pixel_values(torch.from_numpy(item.frames))
-        meta = item.meta
-        builder.build(meta.instruction, meta.subinstruction, meta.description_2d, meta.description_3d,
-                      meta.action, n_images=item.frames.shape[0], key=item.key)
-
-    def per_core(fn: Callable[[int], None]) -> Callable[[], int]:
-        def run() -> int:
-            for row in range(n):
-                fn(row)
-            return n
-        return run
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        live_core = rates(per_core(live_sample), repeats)
-        cached_core = rates(per_core(cached_sample), repeats)
-    finally:
-        torch.set_num_threads(threads)
-
-    def with_workers(fn: Callable[[int], None]) -> Callable[[], int]:
-        dataset = _CallDataset(fn, n)
-
-        def run() -> int:
-            loader = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=workers,
-                                                 multiprocessing_context="fork")
-            return sum(1 for _ in loader)
-        return run
-
-    live_workers = rates(with_workers(live_sample), max(1, repeats // 2))
-    cached_workers = rates(with_workers(cached_sample), max(1, repeats // 2))
-    return {
-        "samples": n,
-        "frames_per_sample": index.history + 1,
-        "resolution": res.name,
-        "live_per_core": asdict(live_core),
-        "cached_per_core": asdict(cached_core),
-        "speedup_per_core": cached_core.median / live_core.median,
-        "loader_workers": workers,
-        "live_with_workers": asdict(live_workers),
-        "cached_with_workers": asdict(cached_workers),
-        "speedup_with_workers": cached_workers.median / live_workers.median,
-        "cache": str(cache),
-    }
-
-
-class _CallDataset(torch.utils.data.Dataset):
-    def __init__(self, fn: Callable[[int], None], n: int) -> None:
-        self.fn, self.n = fn, n
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, row: int) -> int:
-        self.fn(row)
-        return row
 
 
 def storage(work: Path, cache644: Path) -> dict[str, Any]:
@@ -307,7 +178,7 @@ def training(work: Path, steps: int) -> dict[str, Any]:
 
 def flops_section() -> dict[str, Any]:
     """FLOPs per sample of one janus and one reference step at the real shapes (meta device)."""
-    from pipelines.bench_gpu import REAL
+    from benchmarks.bench_gpu import REAL
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # meta tensors do no arithmetic; one thread avoids contention
@@ -320,7 +191,7 @@ def flops_section() -> dict[str, Any]:
 def gpu_section() -> dict[str, Any]:
     if not torch.cuda.is_available():
         return {"skipped": "no CUDA device on this machine; run `make bench-gpu` on a GPU machine for this section"}
-    from pipelines.bench_gpu import REAL, run
+    from benchmarks.bench_gpu import REAL, run
 
     return run(REAL)
 
@@ -363,7 +234,7 @@ def markdown(results: dict[str, Any]) -> str:
         f"frame writes {st(p['frames_per_s_write'])} frames/s, encode {st(p['samples_per_s_encode'])} samples/s, "
         f"feature writes {st(p['samples_per_s_write'])} samples/s.",
     ]
-    from pipelines.bench_report import flops_markdown, gpu_markdown
+    from benchmarks.bench_report import flops_markdown, gpu_markdown
 
     gpu = results["gpu"]
     tail = [flops_markdown(results["flops"])]
@@ -383,7 +254,7 @@ def cpu_name() -> str:
 
 
 def command(
-    out: Annotated[Path, typer.Option(help="Where results.json, results.md and the plot go.")] = Path("bench"),
+    out: Annotated[Path, typer.Option(help="Where results.json, results.md and the plots go.")] = RESULTS_DIR,
     repeats: Annotated[int, typer.Option(min=1, help="Repeats per measurement.")] = 5,
     steps: Annotated[int, typer.Option(min=3, help="Training steps per path.")] = 8,
     workers: Annotated[int, typer.Option(min=1, help="Loader workers for the data-path section.")] = 2,
@@ -414,7 +285,7 @@ def command(
     (out / "results.json").write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
     table = markdown(results)
     (out / "results.md").write_text(table)
-    from pipelines.bench_report import plot_cpu_steps, plot_flops, plot_gpu_steps
+    from benchmarks.bench_report import plot_cpu_steps, plot_flops, plot_gpu_steps
 
     when = results["date"]
     plot_cpu_steps(results["training"], results["machine"], when, out / "step_breakdown.png")

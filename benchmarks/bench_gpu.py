@@ -13,7 +13,7 @@ warm-up:
   fused Qwen2.5-VL kernels (:mod:`janus_train.kernels`; a row says why when not installed); every
   row on a freshly built model; s/sample, tokens/s, MFU, peak memory;
 * FLOPs per component from :mod:`janus_train.flops` (meta device) and the projection to an
-  epoch on 8 GPUs (:mod:`pipelines.bench_projection`);
+  epoch on 8 GPUs (:mod:`benchmarks.bench_projection`);
 * the data path at the real shape on the host's cores (``--no-data-path`` skips it).
 
 ``--smoke`` runs every code path at tiny shapes on the CPU in float32 (the test suite does).
@@ -36,6 +36,15 @@ from typing import Annotated, Any
 import torch
 import typer
 
+from benchmarks.bench_projection import (
+    TARGET_GPU_S_PER_SAMPLE,
+    TARGET_VGGT_WINDOWS_PER_S,
+    ZeroShare,
+    device_spec,
+    project,
+    zero_options,
+)
+from benchmarks.measure import RESULTS_DIR, Stat
 from janus_cache.encoder import LEVER_BATCH, WindowEncoder, distinct_frames, lever_batches, lever_settings
 from janus_cache.vggt import VGGTAggregator, window_flops
 from janus_cache.vggt.attention import BENCH_KERNELS
@@ -45,15 +54,6 @@ from janus_train.kernels import apply_liger, compile_decoder_layers, liger_missi
 from janus_train.model import JanusVLNModel, attention_implementation
 from janus_train.vision_attention import describe_attention
 from janus_train.workload import VGGT_LAYER, SampleShape, StepRunner, make_batch, stream_window_features
-from pipelines.bench import Stat
-from pipelines.bench_projection import (
-    TARGET_GPU_S_PER_SAMPLE,
-    TARGET_VGGT_WINDOWS_PER_S,
-    ZeroShare,
-    device_spec,
-    project,
-    zero_options,
-)
 
 MODELS = Path(__file__).resolve().parent.parent / "configs" / "models"
 
@@ -429,7 +429,7 @@ def _run(settings: GpuBenchSettings, device: Device, started: float) -> dict[str
 
 
 def command(
-    out: Annotated[Path, typer.Option(help="Where gpu.json, gpu.md and the plots go.")] = Path("bench"),
+    out: Annotated[Path, typer.Option(help="Where gpu.json, gpu.md and the plots go.")] = RESULTS_DIR,
     smoke: Annotated[bool, typer.Option(help="Tiny models on the CPU: checks the code paths, measures nothing real.")] = False,
     repeats: Annotated[int, typer.Option(min=1, help="Timed repeats per row (after warm-up).")] = 3,
     data: Annotated[bool, typer.Option("--data-path/--no-data-path",
@@ -443,12 +443,12 @@ def command(
     if not smoke and not torch.cuda.is_available():
         raise typer.BadParameter("no CUDA device here; `make bench-gpu` needs a GPU (`--smoke` runs tiny shapes on the CPU)")
     settings = replace(settings, repeats=repeats if not smoke else settings.repeats)
-    from pipelines.bench_report import gpu_markdown, plot_flops, plot_gpu_steps
+    from benchmarks.bench_report import gpu_markdown, plot_flops, plot_gpu_steps
 
     results = run(settings)
     out.mkdir(parents=True, exist_ok=True)
     if data and not smoke:
-        from pipelines.bench import data_path
+        from benchmarks.data_path import data_path
 
         print("[gpu 4/4] data path on the host's cores (pad644, live vs cached)...", flush=True)
         work = out / "work"
