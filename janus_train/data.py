@@ -34,7 +34,7 @@ from torch.utils.data import Dataset, IterableDataset, Sampler
 
 from janus_cache.index import DatasetIndex
 from janus_cache.imaging import load_frame
-from janus_cache.resolution import Resolution, grid_shape
+from janus_cache.resolution import Resolution
 from janus_cache.store import CacheSample, DamagedData, WdsCacheReader, ZarrCacheReader
 from janus_cache.store.split import epoch_rows
 from janus_train.prompt import EncodedPrompt, PromptBuilder
@@ -164,7 +164,7 @@ def collate(items: Sequence[TrainItem | DamagedItem], pad_token_id: int, rope: R
     if rope is not None:
         _, images, height, width, _ = batch["frames"].shape
         batch["position_ids"] = rope(batch["input_ids"], batch["mm_token_type_ids"], batch["attention_mask"],
-                                     grid_shape(height, width), images)
+                                     rope.patch_grid(height, width), images)
     if damaged:
         batch["damaged"] = damaged
     return batch

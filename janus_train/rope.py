@@ -40,6 +40,10 @@ class RopeIndex:
         """From the ``config.json`` of a Qwen directory (no weights read)."""
         return cls(AutoConfig.from_pretrained(Path(qwen_dir), local_files_only=True))
 
+    def patch_grid(self, height: int, width: int) -> tuple[int, int]:
+        """The ViT patch grid of a ``height x width`` frame under this config's base."""
+        return base_of_config(self.config).patch_grid(height, width)
+
     def __call__(self, input_ids: torch.Tensor, mm_token_type_ids: torch.Tensor, attention_mask: torch.Tensor,
                  grid: tuple[int, int], images: int) -> torch.Tensor:
         """Position ids [3, B, L] (int64, CPU) of a right-padded micro-batch whose samples each hold

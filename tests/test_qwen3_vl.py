@@ -36,6 +36,7 @@ from janus_cache.imaging import load_frame, load_qwen_frame, qwen_pixel_values
 from janus_cache.index import DatasetIndex, Sample
 from janus_cache.profile import LanguageModelSettings
 from janus_cache.resolution import Resolution
+from janus_train.data import TrainItem, collate
 from janus_train.model import JanusModelConfig, JanusVLNModel, ModelInputError, load_qwen
 from janus_train.prompt import IGNORE_INDEX, PromptBuilder
 from janus_train.rope import RopeIndex
@@ -258,6 +259,21 @@ def test_rope_positions_are_qwen3_vls_own(pair_batch: dict[str, torch.Tensor]) -
     ours = RopeIndex(model.qwen.config)(pair_batch["input_ids"], pair_batch["mm_token_type_ids"],
                                         pair_batch["attention_mask"], (4, 4), 9)
     assert isinstance(model.qwen.model, Qwen3VLModel) and torch.equal(ours, own)
+
+
+def test_the_loader_builds_qwen3_vls_positions_for_its_frames(sample_index: DatasetIndex, pair: list[Sample],
+                                                              pair_batch: dict[str, torch.Tensor]) -> None:
+    """The loader workers' collate gives a batch of 64x64 Qwen3-VL frames the ids the base's own
+    get_rope_index gives its 4x4 patch grid (not VGGT's or Qwen2.5-VL's 14-px grid)."""
+    items = [TrainItem(s.key, builder().build_sample(s), pair_batch["frames"][i], pair_batch["features"][i])
+             for i, s in enumerate(pair)]
+    config = AutoConfig.from_pretrained(QWEN3_DIR)
+    batch = collate(items, tokenizer().pad_token_id, RopeIndex(config))
+    own, _ = Qwen3VLModel.get_rope_index(
+        type("ConfigOnly", (), {"config": config, "get_vision_position_ids": Qwen3VLModel.get_vision_position_ids})(),
+        batch["input_ids"], batch["mm_token_type_ids"], image_grid_thw=torch.tensor([[1, 4, 4]]).expand(18, 3),
+        attention_mask=batch["attention_mask"])
+    assert RopeIndex(config).patch_grid(SIDE, SIDE) == (4, 4) and torch.equal(batch["position_ids"], own)
 
 
 def test_fused_forward_at_lam_0_is_the_plain_qwen3_vl_forward(pair_batch: dict[str, torch.Tensor]) -> None:
