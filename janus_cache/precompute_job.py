@@ -34,7 +34,7 @@ import functools
 import json
 import shutil
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import cached_property
 from multiprocessing.pool import Pool
@@ -209,6 +209,11 @@ class Outcome:
     rewritten_shards: tuple[str, ...] = ()
     """Shard files that were committed before this run and rewritten by it (damaged, or their
     commit record was)."""
+    extended_shards: tuple[str, ...] = ()
+    """Partly filled shard files an append rewrote whole with the new rows after the old ones:
+    the normal growth of a cache, not damage."""
+    extended_tables: tuple[str, ...] = ()
+    """Table files an append rewrote with the new rows after the old ones (growth, as above)."""
     repaired: tuple[str, ...] = ()
     """Metadata files and tables rewritten after ``prepare()`` (its own repairs were shown then)."""
 
@@ -227,15 +232,22 @@ class Outcome:
                 f"{n} {reason}" for reason, n in sorted(self.skipped_while_indexing.items())))
         if self.repaired:
             lines.append(f"  repaired: rewrote {', '.join(self.repaired)}")
+        if self.extended_shards or self.extended_tables:
+            lines.append(f"  extended {len(self.extended_shards)} partly filled shard(s) and "
+                         f"{len(self.extended_tables)} table file(s) with the new rows"
+                         + (": " + _first_ten(self.extended_shards) if self.extended_shards else ""))
         if self.rewritten_shards:
             lines.append(f"  repaired: rewrote {len(self.rewritten_shards)} shard(s) that failed their commit "
-                         f"records: {', '.join(self.rewritten_shards[:10])}"
-                         + (f" and {len(self.rewritten_shards) - 10} more" if len(self.rewritten_shards) > 10 else ""))
+                         f"records: " + _first_ten(self.rewritten_shards))
         if self.dropped:
             lines.append(f"  {len(self.dropped)} samples failed (their frames could not be decoded); "
                          f"see {self.out / REPORT_NAME}")
             lines.extend(f"    {key}: {reason}" for key, reason in list(self.dropped.items())[:5])
         return "\n".join(lines)
+
+
+def _first_ten(files: Sequence[str]) -> str:
+    return ", ".join(files[:10]) + (f" and {len(files) - 10} more" if len(files) > 10 else "")
 
 
 class PrecomputeJob:
@@ -602,16 +614,19 @@ class PrecomputeJob:
         # After the manifest: its identity is what the episode table must match.
         write_episodes(self.out, episodes)
         return Outcome(self.out, len(index.samples), len(index.frames), dropped, dict(index.report.counts()),
-                       disk_usage(self.out), tuple(self._rewritten_shards()),
-                       tuple(self.writer.repairs[self._repairs_shown:]))
+                       disk_usage(self.out), *self._rewritten_shards(shards),
+                       repaired=tuple(self.writer.repairs[self._repairs_shown:]))
 
-    def _rewritten_shards(self) -> list[str]:
+    def _rewritten_shards(self, now: Mapping[str, Sequence[ShardEntry]]) -> tuple[tuple[str, ...], ...]:
         """Shard files the manifest before this run listed as committed whose commit record this run
-        wrote anew (its mtime is after the run's start): the shards it repaired."""
+        wrote anew (its mtime is after the run's start): (those it repaired, then those an append
+        extended, shards and tables: the shard holds more rows in the table ``now`` than before)."""
         if self._before is None:
-            return []
-        layout, rewritten = CacheLayout(self.out), []
+            return (), (), ()
+        layout, rewritten, extended, tables = CacheLayout(self.out), [], [], []
         for array, entries in sorted(self._before.shards.items()):
+            grown = {e.shard for e in now.get(array, ()) for old in entries
+                     if old.shard == e.shard and e.stop > old.stop}
             for entry in entries:
                 if not entry.committed:
                     continue
@@ -622,5 +637,6 @@ class PrecomputeJob:
                 except (OSError, StoreError):
                     continue
                 if record is not None:
-                    rewritten.append(record.file)
-        return rewritten
+                    grew = tables if is_table_array(array) else extended
+                    (grew if entry.shard in grown else rewritten).append(record.file)
+        return tuple(rewritten), tuple(extended), tuple(tables)
