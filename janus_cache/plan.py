@@ -2,10 +2,18 @@
 
 A few samples spread over the dataset are decoded, compressed with the cache's own codecs and
 run through the frozen encoder; sizes and times are extrapolated from those measurements.
+
+The time is calibrated on what a precompute runs (issue 25: an estimate of 33 s for a run of
+150 s): besides the per-frame and per-window rates (encoder timed with the compute threads
+precompute gives each process, frames compressed as its writer does) it counts the run's fixed
+costs, measured here too: this process's start and setup (imports, index, models), the plan's own
+probe (precompute measures the same plan) and the start of the worker processes precompute spawns
+(its index worker, its decode pool, torchrun's ranks).
 """
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import asdict, dataclass
 from itertools import chain
@@ -26,6 +34,21 @@ from janus_cache.vit_encoder import ViTEncoder
 
 TAR_BYTES_PER_MEMBER = 1024
 """A tar member's header block plus, on average, half a block of padding."""
+
+
+def process_age() -> float:
+    """Seconds since this process started (Linux ``/proc``; 0.0 where that cannot be read)."""
+    try:
+        fields = open("/proc/self/stat").read().rsplit(")", 1)[1].split()  # after the command name
+        with open("/proc/uptime") as uptime:
+            return max(0.0, float(uptime.read().split()[0]) - int(fields[19]) / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+IMPORT_SECONDS = process_age()
+"""This process's age when this module was imported (after torch and the cache code): how long a
+fresh worker process that imports them takes to start, measured without starting one."""
 
 
 def format_bytes(n: float) -> str:
@@ -58,6 +81,20 @@ class Plan:
     vit_bytes_raw: int = 0
     vit_bytes: float = 0.0
     vit_seconds_per_frame: float = 0.0
+    store_seconds_per_frame: float = 0.0
+    """Compressing a decoded frame for its shard (the writing process, after the pool decodes)."""
+    setup_seconds: float = 0.0
+    """This process's age when the plan started (interpreter, imports, index, models) plus the
+    probe itself: what a precompute spends before its first shard."""
+    worker_start_seconds: float = 0.0
+    """Starting one spawned worker process (a fresh interpreter importing the decode code)."""
+    compute_threads: int = 0
+    """torch threads the encoder was timed with (0: not recorded)."""
+
+    def worker_starts(self, processes: int, decode_workers: int) -> int:
+        """Worker-process starts a precompute waits for, one after another: its index worker, its
+        decode pool (workers start side by side) and, with several processes, torchrun's ranks."""
+        return 1 + (decode_workers > 1) + (processes > 1)
 
     @property
     def vit_total_bytes(self) -> float:
@@ -90,10 +127,16 @@ class Plan:
     def needed_bytes(self, cache_format: str) -> float:
         return self.zarr_bytes if cache_format == "zarr" else self.wds_bytes
 
+    def fixed_seconds(self, processes: int, decode_workers: int) -> float:
+        """A precompute's costs that do not grow with the dataset (measured, see the module doc)."""
+        return self.setup_seconds + self.worker_starts(processes, decode_workers) * self.worker_start_seconds
+
     def seconds(self, processes: int, decode_workers: int) -> float:
         decode = self.frames * self.decode_seconds_per_frame / max(1, processes * decode_workers)
+        store = self.frames * self.store_seconds_per_frame / max(1, processes)
         encode = self.samples * self.encode_seconds_per_window / max(1, processes)
-        return decode + encode + self.frames * self.vit_seconds_per_frame / max(1, processes)
+        vit = self.frames * self.vit_seconds_per_frame / max(1, processes)
+        return self.fixed_seconds(processes, decode_workers) + decode + store + encode + vit
 
     def to_dict(self, processes: int = 1, decode_workers: int = 1) -> dict[str, Any]:
         data = asdict(self)
@@ -103,6 +146,7 @@ class Plan:
             vit_total_bytes=round(self.vit_total_bytes),
             naive_bytes=round(self.naive_bytes),
             estimated_seconds=round(self.seconds(processes, decode_workers), 1),
+            fixed_seconds=round(self.fixed_seconds(processes, decode_workers), 1),
             processes=processes,
             decode_workers=decode_workers,
         )
@@ -127,8 +171,11 @@ class Plan:
             f"  wds cache    {size(self.wds_bytes)} (frames repeated per sample)",
             f"  naive layout {size(self.naive_bytes)} (float pixel_values + fp32 feature per sample)",
             f"  time         ~{seconds:.0f} s with {processes} process(es) x {decode_workers} decode worker(s) "
-            f"(decode {self.decode_seconds_per_frame * 1e3:.1f} ms/frame, "
-            f"encode {self.encode_seconds_per_window * 1e3:.1f} ms/window; measured on {self.probe_samples} samples)",
+            f"(start-up {self.fixed_seconds(processes, decode_workers):.0f} s, "
+            f"decode {self.decode_seconds_per_frame * 1e3:.1f} ms/frame, "
+            f"encode {self.encode_seconds_per_window * 1e3:.1f} ms/window"
+            + (f" with {self.compute_threads} thread(s)" if self.compute_threads else "")
+            + f"; measured on {self.probe_samples} samples)",
         ]
         return "\n".join(lines)
 
@@ -181,14 +228,19 @@ def make_plan(
     vit: ViTEncoder | None = None,
 ) -> Plan:
     """Measure ``probe`` samples of ``index`` and extrapolate to the whole dataset; with ``vit`` (the
-    profile sets ``cache.vit_features``) the frozen ViT's per-frame output too."""
+    profile sets ``cache.vit_features``) the frozen ViT's per-frame output too. The encoder runs
+    with the caller's torch threads (set them as precompute does: :mod:`janus_cache.threads`)."""
+    started = time.perf_counter()
+    age = process_age()
     shape = frame_shape(index, resolution)
     feature_shape = encoder.feature_shape(*shape)
     if not index.samples:
         raise ValueError(f"{index.source}: the dataset has no samples to plan for")
     rows, decoded, decode_seconds = _decodable_probe(index, resolution, probe)
     window_rows = np.array([index.samples[r].window_rows for r in rows], dtype=np.int64)
+    start = time.perf_counter()
     frame_bytes = float(np.mean([len(FRAMES_COMPRESSION.encode(f)) for f in decoded.values()]))
+    store_seconds = (time.perf_counter() - start) / len(decoded)
 
     windows = np.stack([np.stack([decoded[int(r)] for r in w]) for w in window_rows])
     encode_windows(encoder, windows[:1], 1)  # warm-up: first calls allocate and pick kernels
@@ -234,5 +286,9 @@ def make_plan(
         text_bytes_per_sample=text_bytes,
         decode_seconds_per_frame=decode_seconds,
         encode_seconds_per_window=encode_seconds,
+        store_seconds_per_frame=store_seconds,
+        setup_seconds=age + time.perf_counter() - started,
+        worker_start_seconds=IMPORT_SECONDS,
+        compute_threads=torch.get_num_threads(),
         **vit_measured,
     )

@@ -193,7 +193,9 @@ def plan_cmd(
     ] = None,
     resolution: Annotated[Optional[str], typer.Option(help="e.g. pad644; default: the profile's.")] = None,
     nproc: Annotated[int, typer.Option(min=1, help="Processes the estimate assumes (total over nodes).")] = 1,
-    workers: Annotated[int, typer.Option(min=1, help="Decode workers per process the estimate assumes.")] = 1,
+    workers: Annotated[Optional[int], typer.Option(
+        min=1, help="Decode workers per process the estimate assumes (default: precompute's, this machine's "
+                    "cores shared by --nproc processes).")] = None,
     probe: Annotated[int, typer.Option(min=1, help="Samples to measure.")] = 4,
     as_json: Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")] = False,
     strict: Annotated[bool, typer.Option(help="Fail on any dataset problem (as precompute --strict would).")] = False,
@@ -206,8 +208,12 @@ def plan_cmd(
     from janus_cache.plan import make_plan
     from janus_cache.profile import ProfileError, load_profile
     from janus_cache.resolution import Resolution
+    from janus_cache.threads import default_decode_workers, set_compute_threads
     from janus_cache.vit_encoder import ViTEncoder
 
+    # Timed as precompute runs: --nproc processes on this node, each with its share of the cores.
+    workers = workers or default_decode_workers(nproc)
+    set_compute_threads(nproc)
     try:
         prof = load_profile(profile)
         res = Resolution.parse(resolution or prof.cache.resolution)

@@ -23,6 +23,7 @@ import torch.distributed as dist
 
 from janus_cache.lock import DirectoryLock
 from janus_cache.plan import format_bytes
+from janus_cache.threads import usable_cores  # noqa: F401 - the trainer's loader note reads it here
 
 T = TypeVar("T")
 
@@ -57,11 +58,6 @@ class Ranks:
 LAUNCHER_GRACE_S = 30.0
 """How long a rank other than 0 waits, after a failure every rank meets alike, for the launcher to
 end it once rank 0 has said why and exited."""
-
-
-def usable_cores() -> int:
-    """Cores this process may run on (its CPU affinity, as torch's DataLoader counts them)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def fail_alike(ranks: Ranks, message: str, code: int = 1) -> NoReturn:

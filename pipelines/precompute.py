@@ -38,8 +38,9 @@ from janus_cache.store.commit import CHECKSUM_MODES, is_committed
 from janus_cache.store.manifest import read_manifest
 from janus_cache.store.layout import REPORT_NAME, CacheLayout
 from janus_cache.store.split import shards_for
+from janus_cache.threads import default_decode_workers, set_compute_threads
 from janus_cache.vit_encoder import ViTEncoder
-from pipelines.distributed import CommitTally, Control, Progress, RankFailed, Ranks, fail_alike, lock_on_main, usable_cores
+from pipelines.distributed import CommitTally, Control, Progress, RankFailed, Ranks, fail_alike, lock_on_main
 from pipelines.index_worker import store_index_in_worker
 from pipelines.launcher import spawn_pool
 
@@ -93,7 +94,7 @@ def frozen_vit(profile: Profile, device: str) -> ViTEncoder | None:
 
 def default_workers(local_processes: int) -> int:
     """Decode workers per process: the machine's cores shared by the processes on it."""
-    return max(1, usable_cores() // max(1, local_processes))
+    return default_decode_workers(local_processes)
 
 
 def _prepare(job: PrecomputeJob, opts: Options, resolution: Resolution, processes: int, workers: int) -> Prepared:
@@ -197,6 +198,8 @@ def run(opts: Options) -> int:
         profile = control.on_main(lambda: load_profile(opts.profile))
         resolution = Resolution.parse(opts.resolution or profile.cache.resolution)
         workers = opts.workers or default_workers(ranks.local_world)
+        # Before any model is built: torch's threads sized from this process's share of the node's cores.
+        set_compute_threads(ranks.local_world)
         index = index_on_every_rank(opts, profile, control)
         encoder = WindowEncoder.from_settings(profile.vggt, profile.cache, _device(profile, ranks))
         # Built on every rank inside an exchange: a Qwen directory without a loadable ViT is one line.
