@@ -237,13 +237,13 @@ def run_checks(opts: Options, ranks: Ranks, control: Control, progress: Progress
     if opts.data is not None:
         # Reused from the cache's index store while the dataset's files are unchanged. Completeness
         # runs on rank 0 alone; only the live check (windows on every rank) needs the index sent to
-        # the other ranks, which at the real set's size is over a gigabyte each.
+        # the other ranks (a stored index goes as where it is stored: each rank reads it lazily).
         built: list[tuple[DatasetIndex, DatasetIndex]] = []
 
         def build() -> tuple[DatasetIndex, DatasetIndex] | None:
             built.append(dataset_indexes(opts.data, history, profile.cache.history,
                                          profile.cache.subinstruction_rule, CacheLayout(opts.cache).index_store,
-                                         CheckedCache(opts.cache).manifest.dataset.sources))
+                                         CheckedCache(opts.cache).manifest.dataset.sources, live=live_wanted))
             return built[0] if live_wanted else None
 
         indexes = control.on_main(build) or (built[0] if built else (None, None))

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from janus_cache.index.identity import EpisodeIdentity, episode_identity
+from janus_cache.index.identity import EpisodeIdentity, episode_identities
 from janus_cache.index.model import ACTIONS, DatasetIndex, Episode, Sample
 from janus_cache.index.sources import prefixes_keys
 
@@ -91,10 +91,12 @@ def dataset_changes(stored: Sequence[EpisodeIdentity], index: DatasetIndex,
     """Compare the cache's episodes (``stored``) with ``index``; ``cached`` reads the cache's
     tables, called only when an episode changed or is gone (to name the file)."""
     by_id = {e.episode_id: e for e in index.episodes}
+    # A stored index carries its episodes' identities: reading every row again is a minute at 612k samples.
+    now = {identity.episode_id: identity for identity in episode_identities(index)}
     stored_ids = {e.episode_id for e in stored}
     differing = [(old, by_id.get(old.episode_id)) for old in stored]
     differing = [(old, episode) for old, episode in differing
-                 if episode is None or episode_identity(index, episode) != old]
+                 if episode is None or now[episode.episode_id] != old]
     rows = cached() if differing else CachedRows()
     changed = tuple(_changed(index, episode, rows) for _, episode in differing if episode is not None)
     removed = tuple(_removed(old, index, rows) for old, episode in differing if episode is None)

@@ -132,15 +132,30 @@ class LazyIndex(DatasetIndex):
     stored_identities: tuple[EpisodeIdentity, ...] | None = None
     """The episodes' identities stored with the columns (:func:`episode_identities` returns them
     instead of reading every row again), or None."""
+    origin: tuple[Path, dict[str, Any], Path, Path] | None = None
+    """What :func:`read_lazy` read it from (folder, meta, source, base): a pickled lazy index is
+    that folder opened again where it is unpickled (another rank), not a copy of its columns."""
 
     def __post_init__(self) -> None:
         pass  # the lookups of DatasetIndex are built by _lookups() when first asked
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        if self.origin is None:
+            return super().__reduce__()
+        return read_lazy, (*self.origin, self.stored_identities)
+
     def _lookups(self) -> None:
+        """The key lookups, from the key columns (no row made: a row per sample is ~1 KB of objects)."""
         try:
             self._samples_by_key  # noqa: B018 - set once
         except AttributeError:
-            DatasetIndex.__post_init__(self)
+            numbers = self.int_column("frames", "index").tolist()
+            frame_rows = {(ep, i): row for row, (ep, i) in
+                          enumerate(zip(self.iter_text("frames", "episode_id"), numbers, strict=True))}
+            samples = {key: row for row, key in enumerate(self.iter_text("samples", "key"))}
+            object.__setattr__(self, "_samples_by_key", samples)
+            object.__setattr__(self, "_episodes_by_id", {e.episode_id: i for i, e in enumerate(self.episodes)})
+            object.__setattr__(self, "_frame_rows", frame_rows)
 
     def sample(self, key: str) -> Sample:
         self._lookups()
@@ -194,4 +209,5 @@ def read_lazy(directory: Path, meta: dict[str, Any], source: Path, base: Path,
     for table, cls in TABLES.items():
         rows = LazyRows(cls, meta["kinds"][table], parts[table], base, meta["counts"][table])
         tables[table] = tuple(rows) if table == "episodes" else rows
-    return LazyIndex(source=source, **tables, **read_scalars(directory), stored_identities=identities)
+    return LazyIndex(source=source, **tables, **read_scalars(directory), stored_identities=identities,
+                     origin=(directory, meta, source, base))

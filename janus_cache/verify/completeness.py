@@ -3,7 +3,12 @@ tar shard holds exactly the samples of its rows; with a dataset index, every ind
 present exactly once (samples the cache's ``report.json`` lists as failed at precompute excepted),
 no extra keys, the same windows and the same source files (path, size, content hash), and every
 episode's identity (``episodes.json``: frames, texts, actions) equal to the dataset's: an edited
-description, instruction or image fails naming the episode and the file."""
+description, instruction or image fails naming the episode and the file.
+
+The comparison is made on columns, never on a row object per sample: the cache's key, window and
+source columns and the index's (a stored index is read lazily, ``janus_cache.index.lazy``) are
+matched as :class:`~janus_cache.index.text_keys.TextKeys` arrays, so at 612k samples it holds a few
+hundred MB, not the whole index as Python objects (gigabytes); rows are made only to name what differs."""
 
 from __future__ import annotations
 
@@ -22,12 +27,14 @@ from janus_cache.index import (
     dataset_changes,
     episode_identities,
     source_values,
+    store_sources_index,
 )
+from janus_cache.index.text_keys import TextKeys, differs
 from janus_cache.precompute import dataset_identity, read_frame_failures
 from janus_cache.store import DatasetIdentity, ManifestError, StoreError
 from janus_cache.store.manifest import read_episodes
 from janus_cache.store.wds_store import FEATURE_MEMBER, FRAMES_MEMBER, META_MEMBER, decode_key, planned_tar_shards
-from janus_cache.store.layout import FRAMES_TABLE, KEY_COLUMN, REPORT_NAME, SAMPLES_TABLE, WINDOW_ROWS_COLUMN
+from janus_cache.store.layout import FRAMES_TABLE, REPORT_NAME, SAMPLES_TABLE, WINDOW_ROWS_COLUMN
 from janus_cache.verify.cache import CheckedCache, open_checked
 from janus_cache.verify.results import COMPLETENESS, LISTED, CheckResult, guarded, listed, result, short, timer
 
@@ -53,15 +60,15 @@ def check_completeness(root: Path | str, index: DatasetIndex | None) -> CheckRes
                                 "failed_at_precompute": [], "changed_windows": [], "changed_sources": [],
                                 "new_sources": [], "changed_episodes": [], "removed_episodes": [],
                                 "added_episodes": [], "dataset_identity_matches": None}
-        try:
-            samples, frames = cache.table(SAMPLES_TABLE), cache.table(FRAMES_TABLE)
+        try:  # only the columns compared: a table's text columns as strings are ~1 GB at 612k rows
+            sample_keys, frame_keys = cache.keys(SAMPLES_TABLE), cache.keys(FRAMES_TABLE)
+            window_rows = np.asarray(cache.group.read_column(SAMPLES_TABLE, WINDOW_ROWS_COLUMN))
         except Exception as err:  # noqa: BLE001 - unreadable tables are the finding
             return result(COMPLETENESS, [f"cannot read the tables: {type(err).__name__}: {err}"],
                           "tables unreadable", elapsed(), **data)
-        sample_keys, frame_keys = list(samples[KEY_COLUMN]), list(frames[KEY_COLUMN])
-        window_rows = np.asarray(samples[WINDOW_ROWS_COLUMN])
-        _duplicates(sample_keys, "sample", problems, data)
-        _duplicates(frame_keys, "frame", problems, data)
+        sample_column, frame_column = TextKeys.of(sample_keys), TextKeys.of(frame_keys)
+        _duplicates(sample_column, "sample", problems, data)
+        _duplicates(frame_column, "frame", problems, data)
         _window_frames_exist(cache, sample_keys, frame_keys, window_rows, problems)
         if cache.format == "wds":
             _tar_members(cache, sample_keys, problems)
@@ -70,15 +77,15 @@ def check_completeness(root: Path | str, index: DatasetIndex | None) -> CheckRes
             detail += "; dataset comparison skipped (pass --data)"
         else:
             failed = cache.failed_samples()
-            _against_index(cache, index, sample_keys, frame_keys, window_rows, failed, problems, data)
+            _against_index(cache, index, sample_column, frame_column, window_rows, failed, problems, data)
             detail += f" against {len(index.samples)} indexed samples of {index.source}"
             if failed:
                 detail += f" ({len(failed)} failed at precompute, listed in {REPORT_NAME})"
         return result(COMPLETENESS, problems, detail, elapsed(), **data)
 
 
-def _duplicates(keys: Sequence[str], kind: str, problems: list[str], data: dict[str, Any]) -> None:
-    repeated = sorted(k for k, n in Counter(keys).items() if n > 1)
+def _duplicates(keys: TextKeys, kind: str, problems: list[str], data: dict[str, Any]) -> None:
+    repeated = keys.repeated()
     data[f"duplicate_{kind}s"] = repeated
     if repeated:
         problems.append(f"{len(repeated)} {kind} key(s) appear more than once: {listed(repeated)}")
@@ -140,24 +147,28 @@ def _tar_members(cache: CheckedCache, sample_keys: Sequence[str], problems: list
             problems.append(f"samples in more than one tar shard: {listed(repeated)}")
 
 
-def _against_index(cache: CheckedCache, index: DatasetIndex, sample_keys: Sequence[str], frame_keys: Sequence[str],
+def _against_index(cache: CheckedCache, index: DatasetIndex, sample_keys: TextKeys, frame_keys: TextKeys,
                    window_rows: np.ndarray, failed: Mapping[str, str], problems: list[str],
                    data: dict[str, Any]) -> None:
-    indexed = {s.key: s for s in index.samples}
-    cached = set(sample_keys)
-    missing = [s.key for s in index.samples if s.key not in cached and s.key not in failed]
-    extra = [k for k in sample_keys if k not in indexed]
+    indexed = TextKeys.of(index.iter_text("samples", "key"))
+    cached_row = indexed.rows_in(sample_keys)  # index sample -> cache row (-1: not cached)
+    index_row = sample_keys.rows_in(indexed)  # cache row -> index sample (-1: not indexed)
+    missing = [k for k in indexed.texts(np.flatnonzero(cached_row < 0)) if k not in failed]
+    extra = sample_keys.texts(np.flatnonzero(index_row < 0))
     data.update(missing=missing, extra=extra, failed_at_precompute=sorted(failed))
     if missing:
         problems.append(f"{len(missing)} indexed sample(s) missing from the cache: {listed(missing)}")
     if extra:
         problems.append(f"{len(extra)} cached sample(s) not in the dataset index: {listed(extra)}")
-    both = sorted(cached & set(failed))
+    failed_keys = sorted(failed)
+    both = [k for k, row in zip(failed_keys, TextKeys.of(failed_keys).rows_in(sample_keys), strict=True) if row >= 0]
     if both:
         problems.append(f"{len(both)} sample(s) are cached although {REPORT_NAME} lists them as failed: "
                         f"{listed(both)}")
-    data["changed_windows"] = _changed_windows(index, indexed, sample_keys, frame_keys, window_rows, problems)
-    _changed_sources(cache, index, frame_keys, problems, data)
+    index_frames = _index_frame_keys(index)
+    data["changed_windows"] = _changed_windows(index, index_row, sample_keys, frame_keys, index_frames,
+                                               window_rows, problems)
+    _changed_sources(cache, index, frame_keys, index_frames, problems, data)
 
     episodes = episode_identities(index)
     identity = dataset_identity(index, episodes)
@@ -170,6 +181,12 @@ def _against_index(cache: CheckedCache, index: DatasetIndex, sample_keys: Sequen
         ]
         problems.append("dataset identity differs from the manifest's (" + "; ".join(differences) + ")")
     data["dataset_identity_matches"] = identity == cache.manifest.dataset
+
+
+def _index_frame_keys(index: DatasetIndex) -> TextKeys:
+    """The index's frame keys (``episode_id/index``, as ``Frame.key``) from its columns, in row order."""
+    numbers = index.int_column("frames", "index").tolist()
+    return TextKeys.of(f"{ep}/{i}" for ep, i in zip(index.iter_text("frames", "episode_id"), numbers, strict=True))
 
 
 def _changed_episodes(cache: CheckedCache, index: DatasetIndex, failed: Mapping[str, str], problems: list[str],
@@ -205,52 +222,84 @@ def _changed_episodes(cache: CheckedCache, index: DatasetIndex, failed: Mapping[
     problems[:0] = found
 
 
-def _changed_windows(index: DatasetIndex, indexed: Mapping[str, Any], sample_keys: Sequence[str],
-                     frame_keys: Sequence[str], window_rows: np.ndarray, problems: list[str]) -> list[str]:
+def _changed_windows(index: DatasetIndex, index_row: np.ndarray, sample_keys: TextKeys, frame_keys: TextKeys,
+                     index_frames: TextKeys, window_rows: np.ndarray, problems: list[str]) -> list[str]:
     """Samples whose cached window is not the dataset's: the same frames, by key, in the same order."""
-    changed = []
-    for row, key in enumerate(sample_keys):
-        sample = indexed.get(key)
-        if sample is None or not all(0 <= int(r) < len(frame_keys) for r in window_rows[row]):
-            continue  # reported elsewhere
-        live = [f.key for f in index.window(sample)]
-        stored = [frame_keys[int(r)] for r in window_rows[row]]
-        if live != stored:
-            changed.append(key)
-            if len(changed) <= LISTED:
-                problems.append(f"sample {key}: cached window {stored} differs from the dataset's {live}")
+    n_frames = len(frame_keys)
+    if window_rows.ndim != 2 or not len(window_rows):
+        return []
+    usable = (index_row >= 0) & ((window_rows >= 0) & (window_rows < n_frames)).all(axis=1)  # else reported elsewhere
+    rows = np.flatnonzero(usable)
+    live, lengths_match = _index_windows(index, index_row[rows], window_rows.shape[1])
+    # Frames compared by key: an index frame as the first cache row of its key, a cached window's rows likewise.
+    as_cached = np.append(index_frames.rows_in(frame_keys), -2)  # -2: padding of a window of another length
+    first_of_key = frame_keys.rows_in(frame_keys)
+    same = lengths_match & (as_cached[live] == first_of_key[window_rows[rows]]).all(axis=1)
+    changed = sample_keys.texts(rows[~same])
+    for row in rows[~same][:LISTED]:
+        stored = frame_keys.texts(window_rows[row])
+        live_keys = index_frames.texts(index.samples[int(index_row[row])].window_rows)
+        problems.append(f"sample {sample_keys.text(int(row))}: cached window {stored} differs from the dataset's "
+                        f"{live_keys}")
     if len(changed) > LISTED:
         problems.append(f"... {len(changed)} samples in all have a different window")
     return changed
 
 
-def _changed_sources(cache: CheckedCache, index: DatasetIndex, frame_keys: Sequence[str], problems: list[str],
-                     data: dict[str, Any]) -> None:
+def _index_windows(index: DatasetIndex, rows: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:
+    """The window rows of index samples ``rows`` as a [len(rows), width] matrix, and per row whether
+    its window has ``width`` frames (a window of another length is padded with -1, which no frame
+    matches)."""
+    try:
+        windows = index.int_column("samples", "window_rows")
+    except ValueError:  # ragged (an annotation record of another length): numpy cannot shape it
+        windows = None
+    if windows is not None and (windows.ndim == 2 and windows.shape[1] == width or not len(windows)):
+        return (windows[rows] if len(windows) else np.zeros((0, width), dtype=np.int64)), np.ones(len(rows), bool)
+    matrix = np.full((len(rows), width), -1, dtype=np.int64)
+    fits = np.zeros(len(rows), dtype=bool)
+    for i, row in enumerate(rows.tolist()):  # only a dataset whose windows changed length gets here
+        window = index.samples[row].window_rows
+        fits[i] = len(window) == width
+        matrix[i, :min(width, len(window))] = window[:width]
+    return matrix, fits
+
+
+def _changed_sources(cache: CheckedCache, index: DatasetIndex, frame_keys: TextKeys, index_frames: TextKeys,
+                     problems: list[str], data: dict[str, Any]) -> None:
     """Source files: path, size and content hash of every frame; new files of the dataset."""
-    frames = cache.table(FRAMES_TABLE)
-    by_key = {f.key: f for f in index.frames}
+    group = cache.group
+    cached_paths = TextKeys.of(group.read_column(FRAMES_TABLE, "source"))
+    cached_hashes = TextKeys.of(group.read_column(FRAMES_TABLE, "source_sha256"))
+    widths = np.asarray(group.read_column(FRAMES_TABLE, "source_width"))
+    heights = np.asarray(group.read_column(FRAMES_TABLE, "source_height"))
+    paths, hashes = TextKeys.of(index.iter_text("frames", "relpath")), TextKeys.of(index.iter_text("frames", "sha256"))
+    index_widths, index_heights = index.int_column("frames", "width"), index.int_column("frames", "height")
+    live = frame_keys.rows_in(index_frames)  # cache frame -> index frame (-1: gone)
+    rows = np.flatnonzero(live >= 0)
+    at = live[rows]
+    differ = np.zeros(len(frame_keys), dtype=bool)
+    differ[rows] = (differs(cached_paths, rows, paths, at) | differs(cached_hashes, rows, hashes, at)
+                    | (widths[rows] != index_widths[at]) | (heights[rows] != index_heights[at]))
+    differ |= live < 0
     reasons = {e.file: e.reason.value + (f": {e.detail}" if e.detail else "") for e in index.report}
     root = index.source if index.source.is_dir() else index.source.parent
     changed: list[str] = []
-    for row, key in enumerate(frame_keys):
-        source = str(frames["source"][row])
-        frame = by_key.get(key)
-        if frame is None:
+    for row in np.flatnonzero(differ).tolist():
+        source, key = cached_paths.text(row), frame_keys.text(row)
+        changed.append(source)
+        if len(changed) > LISTED:
+            continue
+        if live[row] < 0:
             why = reasons.get(str(root / source), reasons.get(source, "not in the dataset index"))
-            message = f"source file {source} (frame {key}) is gone from the dataset: {why}"
+            problems.append(f"source file {source} (frame {key}) is gone from the dataset: {why}")
         else:
-            message = _source_change(
-                (source, int(frames["source_width"][row]), int(frames["source_height"][row]),
-                 str(frames["source_sha256"][row])),
-                (frame.relpath, frame.width, frame.height, frame.sha256 or ""), key)
-        if message:
-            changed.append(source)
-            if len(changed) <= LISTED:
-                problems.append(message)
+            frame = index.frames[int(live[row])]
+            problems.append(_source_change((source, int(widths[row]), int(heights[row]), cached_hashes.text(row)),
+                                           (frame.relpath, frame.width, frame.height, frame.sha256 or ""), key))
     if len(changed) > LISTED:
         problems.append(f"... {len(changed)} source files in all differ from the cache's: {listed(changed)}")
-    cached_frames = set(frame_keys)
-    new = [f.relpath for f in index.frames if f.key not in cached_frames]
+    new = paths.texts(np.flatnonzero(index_frames.rows_in(frame_keys) < 0))
     if new:
         problems.append(f"{len(new)} source file(s) of the dataset are not in the cache: {listed(new)}")
     data.update(changed_sources=changed, new_sources=new)
@@ -270,20 +319,38 @@ def _source_change(was: tuple[str, int, int, str], now: tuple[str, int, int, str
 
 def dataset_indexes(data: Path | str, cache_history: int, live_history: int,
                     subinstruction_rule: str = DEFAULT_SUBINSTRUCTION_RULE,
-                    cache_dir: Path | str | None = None, recorded_names: Sequence[str] = ()
-                    ) -> tuple[DatasetIndex, DatasetIndex]:
+                    cache_dir: Path | str | None = None, recorded_names: Sequence[str] = (), live: bool = True
+                    ) -> tuple[DatasetIndex, DatasetIndex | None]:
     """The index completeness compares against (the cache's window history) and the one the live
     path reads windows from (the profile's); one index when the two agree.
 
     ``data`` names the dataset as precompute was given it: one path, or sources ``NAME=PATH ...``
     separated by spaces (``janus_cache.index.sources``), so that the keys are the cache's.
     ``cache_dir``: the index store to reuse them from while the dataset is unchanged (see
-    ``build_index``). ``recorded_names``: the cache's source names (its manifest's), which bare
-    paths take, so that a copied, moved or renamed dataset compares as itself."""
+    ``build_index``), and read lazily from there (:mod:`janus_cache.index.lazy`): the comparison
+    reads columns, so the index is never a row object per sample. ``recorded_names``: the cache's
+    source names (its manifest's), which bare paths take, so that a copied, moved or renamed dataset
+    compares as itself. ``live``: also the live path's index (None without it, when the histories differ)."""
     sources = source_values(data)
-    index = build_sources_index(sources, history=cache_history, subinstruction_rule=subinstruction_rule,
-                                cache_dir=cache_dir, recorded_names=recorded_names)
+    index = _cache_history_index(sources, cache_history, subinstruction_rule, cache_dir, recorded_names)
     if live_history == cache_history:
         return index, index
+    if not live:
+        return index, None
     return index, build_sources_index(sources, history=live_history, subinstruction_rule=subinstruction_rule,
                                       cache_dir=cache_dir, recorded_names=recorded_names)
+
+
+def _cache_history_index(sources: Sequence[str], history: int, subinstruction_rule: str,
+                         cache_dir: Path | str | None, recorded_names: Sequence[str]) -> DatasetIndex:
+    """The index of the cache's history: the combined entry of the cache's index store (what its
+    precompute stored, so reused while the dataset is unchanged), read lazily; built in memory
+    without a store, or when the store cannot be written (a read-only cache whose entry is stale)."""
+    if cache_dir is not None:
+        try:
+            return store_sources_index(sources, cache_dir, history=history, subinstruction_rule=subinstruction_rule,
+                                       recorded_names=recorded_names).load()
+        except OSError:
+            pass
+    return build_sources_index(sources, history=history, subinstruction_rule=subinstruction_rule,
+                               cache_dir=cache_dir, recorded_names=recorded_names)
