@@ -88,6 +88,9 @@ LR_GROUP_OF_PART: Mapping[str, str] = {
 # Parameter-name prefixes of each part, checked in order (the ViT merger before the rest of the ViT).
 _PART_PREFIXES: tuple[tuple[str, str], ...] = (
     ("qwen.model.visual.merger.", "projector"),
+    # Qwen3-VL's DeepStack mergers project ViT features into the LLM like the main merger (and the
+    # reference gives every "*merger*" parameter the projector LR): they are projector too.
+    ("qwen.model.visual.deepstack_merger_list.", "projector"),
     ("qwen.model.visual.", "vision_tower"),
     ("qwen.model.language_model.", "language_model"),
     ("qwen.lm_head.", "language_model"),

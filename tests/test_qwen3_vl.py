@@ -37,9 +37,11 @@ from janus_cache.index import DatasetIndex, Sample
 from janus_cache.profile import LanguageModelSettings
 from janus_cache.resolution import Resolution
 from janus_train.data import TrainItem, collate
-from janus_train.model import JanusModelConfig, JanusVLNModel, ModelInputError, load_qwen
+from janus_train.loss import LossConfig, LossDenominators, micro_batch_loss
+from janus_train.model import JanusModelConfig, JanusVLNModel, ModelInputError, load_qwen, part_of
 from janus_train.prompt import IGNORE_INDEX, PromptBuilder
 from janus_train.rope import RopeIndex
+from tools.tiny_model import QWEN_DIR_FILES, write_tiny_qwen_dir
 
 REPO = Path(__file__).resolve().parent.parent
 QWEN3_DIR = REPO / "configs" / "models" / "tiny-qwen3_vl"
@@ -119,6 +121,20 @@ def test_each_bases_facts_are_transformers_own(qwen_dir: Path) -> None:
     assert base.transformers_class("inner").get_rope_index is not None
     assert isinstance(base.transformers_class("vision")(vision), torch.nn.Module)
     assert hasattr(vision, "deepstack_visual_indexes") == base.deepstack
+
+
+def test_the_tool_reproduces_the_committed_tiny_qwen3_directory_byte_for_byte(tmp_path: Path) -> None:
+    """Built offline from code: same tokenizer as the tiny Qwen2.5-VL, Qwen3-VL's template and config."""
+    written = write_tiny_qwen_dir(tmp_path, base=QWEN3_VL)
+    assert sorted(p.name for p in written) == sorted(p.name for p in QWEN3_DIR.iterdir()) == sorted(QWEN_DIR_FILES)
+    for path in written:
+        assert path.read_bytes() == (QWEN3_DIR / path.name).read_bytes(), (
+            f"{path.name} differs; regenerate with: python -m tools.tiny_model configs/models/tiny-qwen3_vl "
+            "--base qwen3_vl")
+    assert (QWEN3_DIR / "tokenizer.json").read_bytes() == (QWEN25_DIR / "tokenizer.json").read_bytes()
+    config = AutoConfig.from_pretrained(QWEN3_DIR)
+    assert list(config.vision_config.deepstack_visual_indexes) == [0, 1]
+    assert config.text_config.num_hidden_layers == 3  # DeepStack's two layers both reach the loss
 
 
 def test_qwen3_vl_facts_are_the_defaults_of_its_transformers_config() -> None:
@@ -350,6 +366,29 @@ def test_the_3d_term_reaches_exactly_its_own_samples_visual_positions_deepstack_
         ).logits
     valid = pair_batch["attention_mask"].bool()
     torch.testing.assert_close(ours_logits[valid], theirs_logits[valid], rtol=0, atol=1e-6)
+
+
+def test_backward_reaches_the_projectors_deepstack_mergers_included_and_not_the_frozen_vit(
+    pair_batch: dict[str, torch.Tensor],
+) -> None:
+    """Default trainable parts: the LLM, both ViT mergers (main and DeepStack: the projector), the
+    VGGT merger and the action head get gradients; the ViT's patch embedding, learned position
+    embeddings and blocks none."""
+    model = tiny_qwen3_model(lam=0.2).train()
+    parts = {name: part_of(name) for name, _ in model.named_parameters()}
+    assert {n for n, part in parts.items() if "deepstack_merger_list" in n and part != "projector"} == set()
+    assert any(n.startswith("qwen.model.visual.pos_embed.") and part == "vision_tower" for n, part in parts.items())
+    den = LossDenominators.from_batches([pair_batch])
+    micro_batch_loss(model(pair_batch).loss_parts, den, LossConfig(distill_loss_weight=1.0), 0).backward()
+    touched = {part: False for part in ("language_model", "projector", "vggt_merger", "action_head")}
+    for name, param in model.named_parameters():
+        if parts[name] == "vision_tower":
+            assert param.grad is None, name
+        elif param.grad is not None and param.grad.abs().sum() > 0:
+            touched[parts[name]] = True
+    assert all(touched.values()), touched
+    deepstack = {n: p.grad for n, p in model.named_parameters() if "deepstack_merger_list" in n}
+    assert deepstack and [n for n, g in deepstack.items() if g is None or not g.abs().sum() > 0] == []
 
 
 def test_what_the_qwen3_path_cannot_take_yet_is_one_line(pair_batch: dict[str, torch.Tensor]) -> None:

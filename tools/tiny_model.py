@@ -151,6 +151,9 @@ class TinyQwenSpec:
     # 24]); a 4x4 learned position grid interpolated to each image's grid (the 8B: 48x48).
     qwen3_vision_depth: int = 3
     deepstack_visual_indexes: tuple[int, ...] = (0, 1)
+    # DeepStack feeds LLM layers 0 and 1; a third layer lets both reach the loss (what DeepStack
+    # adds after the last layer changes only the visual positions' outputs).
+    qwen3_text_layers: int = 3
     qwen3_position_embeddings: int = 16
     qwen3_mrope_section: tuple[int, int, int] = (3, 3, 2)
     # Upper bound of the learned vocabulary (256 byte symbols + merges); the built-in corpus runs
@@ -395,7 +398,7 @@ def qwen3_config_dict(token_ids: dict[str, int], n_tokens: int, spec: TinyQwenSp
         "vocab_size": padded_vocab_size(n_tokens, spec.vocab_multiple),
         "hidden_size": spec.text_hidden_size,
         "intermediate_size": spec.text_intermediate_size,
-        "num_hidden_layers": spec.text_layers,
+        "num_hidden_layers": spec.qwen3_text_layers,
         "num_attention_heads": spec.text_heads,
         "num_key_value_heads": spec.text_kv_heads,
         "head_dim": spec.text_head_dim,
