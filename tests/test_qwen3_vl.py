@@ -34,7 +34,7 @@ from janus_cache.bases import (
 )
 from janus_cache.imaging import load_frame, load_qwen_frame, qwen_pixel_values
 from janus_cache.index import DatasetIndex, Sample
-from janus_cache.profile import LanguageModelSettings
+from janus_cache.profile import LanguageModelSettings, load_profile
 from janus_cache.resolution import Resolution
 from janus_train.data import TrainItem, collate
 from janus_train.loss import LossConfig, LossDenominators, micro_batch_loss
@@ -389,6 +389,29 @@ def test_backward_reaches_the_projectors_deepstack_mergers_included_and_not_the_
     assert all(touched.values()), touched
     deepstack = {n: p.grad for n, p in model.named_parameters() if "deepstack_merger_list" in n}
     assert deepstack and [n for n, g in deepstack.items() if g is None or not g.abs().sum() > 0] == []
+
+
+def test_a_profile_whose_qwen_path_is_a_qwen3_vl_directory_builds_the_qwen3_vl_model(
+    tmp_path: Path, pair_batch: dict[str, torch.Tensor],
+) -> None:
+    """The base follows qwen.path alone; the live VGGT (which would need VGGT's own frames) is
+    refused for a batch without cached features, in one line."""
+    import yaml
+    from conftest import write_test_profile
+
+    path = write_test_profile(tmp_path / "qwen3.yaml")
+    data = yaml.safe_load(path.read_text())
+    data["qwen"]["path"] = str(QWEN3_DIR)
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    profile = load_profile(path)
+    model = JanusVLNModel.from_profile(profile, JanusModelConfig(lam=0.2, merger_hidden=MERGER_HIDDEN)).eval()
+    assert model.base is QWEN3_VL and isinstance(model.qwen, Qwen3VLForConditionalGeneration)
+    with torch.no_grad():
+        assert torch.isfinite(model(pair_batch).loss_parts.segment_ce_sum).all()
+    live = JanusVLNModel.from_profile(profile, JanusModelConfig(merger_hidden=MERGER_HIDDEN), live=True)
+    with pytest.raises(ModelInputError, match=r"^a Qwen3-VL batch needs its cached 'features': the live VGGT runs at "
+                                              r"its own resolution, which these frames are not$"):
+        live({k: v for k, v in pair_batch.items() if k != "features"})
 
 
 def test_what_the_qwen3_path_cannot_take_yet_is_one_line(pair_batch: dict[str, torch.Tensor]) -> None:
