@@ -84,7 +84,12 @@ def test_plan_times_the_encoder_with_precomputes_threads_and_decode_workers(smal
     # The fixed costs are measured, not left out: setup (imports, index, models, probe) and the
     # start of a worker process precompute will spawn.
     assert alone["setup_seconds"] > 0 and alone["worker_start_seconds"] > 0
-    assert alone["estimated_seconds"] > alone["fixed_seconds"] >= alone["setup_seconds"] + alone["worker_start_seconds"]
+    assert alone["fixed_seconds"] == pytest.approx(
+        alone["setup_seconds"] + (1 + (alone["decode_workers"] > 1)) * alone["worker_start_seconds"],
+        abs=0.06)  # the index worker, and the decode pool when there is one
+    rates = (alone["frames"] * (alone["decode_seconds_per_frame"] / alone["decode_workers"]
+                                + alone["store_seconds_per_frame"]) + alone["samples"] * alone["encode_seconds_per_window"])
+    assert alone["estimated_seconds"] == pytest.approx(alone["fixed_seconds"] + rates, abs=0.11)
 
 
 def test_a_users_omp_num_threads_wins(small_dataset: Path) -> None:
