@@ -17,6 +17,10 @@ TORCH_CONSTRAINTS ?= $(if $(shell command -v nvidia-smi 2>/dev/null),,constraint
 export TORCH_EXTENSIONS_DIR ?= $(abspath $(VENV))/torch_extensions
 
 PROFILE ?= tiny
+# Profile overrides without a new YAML file: SET="train.grad_accum=4 cache.resolution=pad448" (each word
+# becomes one --set KEY=VALUE of every profile-taking command below; these values cannot hold spaces).
+SET ?=
+SET_ARGS = $(foreach s,$(SET),--set $(s))
 DEMO_DIR ?= demo_out
 DATA ?=
 # DATA as one single-quoted shell word (its own ' written '\''): any path a user can type (spaces,
@@ -30,7 +34,7 @@ FORMAT ?= zarr
 # against it before training.
 # Processes per node; default: the profile's nproc_per_node. Multi-node: pass torchrun's own
 # settings, e.g. TORCHRUN_ARGS="--nnodes 2 --node-rank 0 --master-addr node0 --master-port 29500".
-NPROC ?= $(shell $(PY) -c "from janus_cache.profile import load_profile; print(load_profile('$(PROFILE)').nproc_per_node)" 2>/dev/null || echo 1)
+NPROC ?= $(shell $(PY) -c "import sys; from janus_cache.profile import load_profile; print(load_profile(sys.argv[1], sys.argv[2:]).nproc_per_node)" '$(PROFILE)' $(SET) 2>/dev/null || echo 1)
 TORCHRUN_ARGS ?= --standalone
 # torchrun runs through pipelines.launch: a failed rank's own `error:` line stays the last thing on the
 # console, and torchrun's 30-50 line failure report goes to a log file that one line names.
@@ -48,9 +52,9 @@ help:
 	@echo "make setup       install janus and its dependencies into $(VENV)"
 	@echo "make demo        run janus on generated sample data (tiny profile, CPU)"
 	@echo "make test        run the test suite"
-	@echo "make precompute DATA=dir [PROFILE=tiny] [OUT=cache] [NPROC=n] [FORMAT=zarr|wds]  (DATA=\"r2r=dir1 rxr=dir2\": several sources)"
+	@echo "make precompute DATA=dir [PROFILE=tiny] [SET='cache.resolution=pad448 ...'] [OUT=cache] [NPROC=n] [FORMAT=zarr|wds]  (DATA=\"r2r=dir1 rxr=dir2\": several sources)"
 	@echo "make verify CACHE=dir [DATA=dir] [PROFILE=tiny] [NPROC=n] [VERIFY_ARGS='--live 8 --json report.json']"
-	@echo "make train [PROFILE=tiny|h800] [CACHE=cache | MIXTURE='r2r=dir:0.7 rxr=dir:0.3'] [DATA=dir] [RUN=runs/PROFILE] [NPROC=n]"
+	@echo "make train [PROFILE=tiny|h800] [SET='train.grad_accum=4 ...'] [CACHE=cache | MIXTURE='r2r=dir:0.7 rxr=dir:0.3'] [DATA=dir] [RUN=runs/PROFILE] [NPROC=n]"
 	@echo "make bench       live vs cached data path, storage, FLOPs per sample (CPU; GPU section with CUDA)"
 	@echo "make bench-gpu   janus vs reference precompute and training step on one GPU (< 10 min)"
 	@echo "make bench-scale [SAMPLES=10000,100000,612560] [PRECOMPUTE_SAMPLES=1000,10000]  costs vs dataset size"
@@ -81,7 +85,7 @@ demo: $(STAMP)
 precompute: $(STAMP)
 	@test -n $(DATA_ARG) || { echo "make precompute: set DATA=<dataset folder or annotation file>" >&2; exit 2; }
 	$(LAUNCH_ENV) $(LAUNCH) $(TORCHRUN_ARGS) --nproc_per_node $(NPROC) -m pipelines.precompute $(DATA_ARG) \
-		--out $(OUT) --profile $(PROFILE) --format $(FORMAT) $(PRECOMPUTE_ARGS)
+		--out $(OUT) --profile $(PROFILE) $(SET_ARGS) --format $(FORMAT) $(PRECOMPUTE_ARGS)
 
 CACHE ?= $(OUT)
 # Several zarr caches drawn with sampling weights, instead of CACHE: MIXTURE="r2r=DIR:0.7 rxr=DIR:0.3"
@@ -92,13 +96,13 @@ TRAIN_ARGS ?=
 
 train: $(STAMP)
 	$(LAUNCH_ENV) $(LAUNCH) --launcher-log $(RUN)/launcher.log $(TORCHRUN_ARGS) --nproc_per_node $(NPROC) -m pipelines.train \
-		$(if $(MIXTURE),$(foreach c,$(MIXTURE),--cache $(c)),--cache $(CACHE)) --out $(RUN) --profile $(PROFILE) \
+		$(if $(MIXTURE),$(foreach c,$(MIXTURE),--cache $(c)),--cache $(CACHE)) --out $(RUN) --profile $(PROFILE) $(SET_ARGS) \
 		$(if $(value DATA),--data $(DATA_ARG)) $(TRAIN_ARGS)
 
 verify: $(STAMP)
 	@test -n "$(CACHE)" || { echo "make verify: set CACHE=<cache directory> (and DATA=<dataset> for the dataset and live checks)" >&2; exit 2; }
 	$(LAUNCH_ENV) $(LAUNCH) $(TORCHRUN_ARGS) --nproc_per_node $(NPROC) -m pipelines.verify $(CACHE) \
-		--profile $(PROFILE) $(if $(value DATA),--data $(DATA_ARG)) $(VERIFY_ARGS)
+		--profile $(PROFILE) $(SET_ARGS) $(if $(value DATA),--data $(DATA_ARG)) $(VERIFY_ARGS)
 
 # The benchmarks live in benchmarks/; results and plots go to benchmarks/results/ (--out DIR elsewhere).
 bench: $(STAMP)

@@ -19,6 +19,7 @@ import re
 import types
 import typing
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -30,6 +31,23 @@ _NO_DEFAULT = dataclasses.MISSING
 
 class SettingsError(ValueError):
     """A setting is missing or wrong; the message names the file and the setting."""
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Where one setting's value was written, when not in the file being read: a parent profile
+    (``extends``) or a command-line override (``--set``). It stands in for that file: an error names
+    it (``str``) and a relative path is relative to its folder (``parent``)."""
+
+    label: str
+    parent: Path
+
+    def __str__(self) -> str:
+        return self.label
+
+    @classmethod
+    def file(cls, path: Path) -> Origin:
+        return cls(str(path), path.parent)
 
 
 def setting(
@@ -60,7 +78,7 @@ def setting(
     return dataclasses.field(default=default, metadata=meta)
 
 
-def expand_env(value: Any, setting_name: str, source: Path) -> Any:
+def expand_env(value: Any, setting_name: str, source: Path | Origin) -> Any:
     """``${VAR}`` / ``${VAR:-default}`` in a string replaced by the environment's value."""
     if not isinstance(value, str):
         return value
@@ -79,12 +97,16 @@ def expand_env(value: Any, setting_name: str, source: Path) -> Any:
     return _ENV_PATTERN.sub(substitute, value)
 
 
-def read_settings(cls: type[T], data: Any, section: str, source: Path, given: Mapping[str, Any] | None = None) -> T:
+def read_settings(cls: type[T], data: Any, section: str, source: Path | Origin, given: Mapping[str, Any] | None = None,
+                  origins: Mapping[str, Origin] | None = None) -> T:
     """Validate the mapping ``data`` (section ``section`` of the file ``source``) into ``cls``.
 
     ``given`` fills the fields declared with ``yaml=False``. A ``ValueError`` raised by the
     dataclass's own ``__post_init__`` (a rule between settings) is reported with the file.
+    ``origins`` names, by dotted key, the settings written elsewhere than ``source`` (a parent
+    profile, a ``--set``): their errors name that place and their paths are relative to it.
     """
+    origins = origins or {}
     if data is None:
         data = {}
     if not isinstance(data, Mapping):
@@ -95,7 +117,8 @@ def read_settings(cls: type[T], data: Any, section: str, source: Path, given: Ma
         if key not in fields:
             close = difflib.get_close_matches(str(key), list(fields), n=1)
             hint = f" (did you mean '{_name(section, close[0])}'?)" if close else ""
-            raise SettingsError(f"{source}: unknown setting '{_name(section, str(key))}'{hint}")
+            where = origins.get(_name(section, str(key)), source)
+            raise SettingsError(f"{where}: unknown setting '{_name(section, str(key))}'{hint}")
     hints = typing.get_type_hints(cls)
     values: dict[str, Any] = dict(given or {})
     for name, field in fields.items():
@@ -104,13 +127,13 @@ def read_settings(cls: type[T], data: Any, section: str, source: Path, given: Ma
         raw = data.get(name)
         nested = _dataclass_type(kind) if field.metadata.get("parse") is None else None
         if nested is not None:
-            values[name] = read_settings(nested, raw, key, source)
+            values[name] = read_settings(nested, raw, key, origins.get(key, source), origins=origins)
             continue
         if raw is None:
             if field.default is _NO_DEFAULT and field.default_factory is _NO_DEFAULT:
                 raise SettingsError(f"{source}: missing setting '{key}'")
             continue
-        values[name] = _value(raw, kind, field.metadata, key, source)
+        values[name] = _value(raw, kind, field.metadata, key, origins.get(key, source))
     try:
         return cls(**values)
     except SettingsError:
@@ -137,7 +160,7 @@ def _optional(kind: Any) -> tuple[Any, bool]:
     return kind, False
 
 
-def _value(raw: Any, kind: Any, meta: Mapping[str, Any], key: str, source: Path) -> Any:
+def _value(raw: Any, kind: Any, meta: Mapping[str, Any], key: str, source: Path | Origin) -> Any:
     raw = expand_env(raw, key, source)
     kind, _ = _optional(kind)
     parse = meta.get("parse")
@@ -164,7 +187,7 @@ def _value(raw: Any, kind: Any, meta: Mapping[str, Any], key: str, source: Path)
     return _scalar(raw, kind, meta, key, source)
 
 
-def _scalar(raw: Any, kind: Any, meta: Mapping[str, Any], key: str, source: Path) -> Any:
+def _scalar(raw: Any, kind: Any, meta: Mapping[str, Any], key: str, source: Path | Origin) -> Any:
     value = _coerce(raw, kind)
     if value is None:
         raise SettingsError(f"{source}: setting '{key}' must be {_type_name(kind)}, got {raw!r}")
@@ -223,3 +246,27 @@ def _type_name(kind: Any) -> str:
     return {bool: "true or false", int: "an integer", float: "a number", str: "a string", Path: "a path"}.get(
         kind, getattr(kind, "__name__", str(kind))
     )
+
+
+def settings_data(value: Any) -> Any:
+    """A settings dataclass as the YAML data :func:`read_settings` reads back into an equal one: every
+    setting (defaults included), paths absolute as they were resolved, parsed values in the form
+    their parser reads (``str``), tuples as lists; fields the caller fills (``yaml=False``) left out."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        fields = [f for f in dataclasses.fields(value) if f.metadata.get("yaml", True)]
+        return {f.name: _plain(getattr(value, f.name), f.metadata.get("parse") is not None) for f in fields}
+    return _plain(value, False)
+
+
+def _plain(value: Any, parsed: bool) -> Any:
+    if parsed:
+        return None if value is None else str(value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return settings_data(value)
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, (list, tuple)):
+        return [_plain(v, False) for v in value]
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v, False) for k, v in value.items()}
+    return value

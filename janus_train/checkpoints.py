@@ -36,8 +36,8 @@ import torch.distributed as dist
 
 from janus_cache.plan import format_bytes
 from janus_train.disk_space import NoRoom, bytes_under, free_bytes, no_room_reason
+from janus_train.run_layout import LATEST_FILE
 
-LATEST_FILE = "latest"
 CHECKSUMS_FILE = "checksums.json"
 """Inside each tag folder: sha256 and size of every other file of the tag (``{"files": {path: {...}}}``)."""
 

@@ -141,16 +141,19 @@ class TrainSettings:
 
 def load_train_settings(profile: Profile) -> TrainSettings:
     """Validate the profile's ``train`` section; a wrong setting is named with the profile file."""
+    try:  # a setting from a parent profile or a --set is named with it (profile.origins)
+        settings = read_settings(TrainSettings, dict(profile.train), "train", profile.source, origins=profile.origins)
+    except SettingsError as err:
+        raise ProfileError(str(err)) from None
     try:
-        settings = read_settings(TrainSettings, dict(profile.train), "train", profile.source)
         settings.loss_config()  # the ramp's settings together
         settings.template()
     except (SettingsError, ValueError) as err:
         message = str(err) if str(err).startswith(str(profile.source)) else f"{profile.source}: train: {err}"
         raise ProfileError(message) from None
     if not deepspeed_config_path(settings).is_file():
-        raise ProfileError(f"{profile.source}: setting 'train.deepspeed' names {deepspeed_config_path(settings)}, "
-                           "which does not exist")
+        raise ProfileError(f"{profile.where('train.deepspeed')}: setting 'train.deepspeed' names "
+                           f"{deepspeed_config_path(settings)}, which does not exist")
     if settings.liger_kernels and (missing := liger_missing()) is not None:
         raise ProfileError(f"{profile.source}: setting 'train.liger_kernels' asks for Liger's kernels, but {missing}; "
                            "install it or set train.liger_kernels: false")

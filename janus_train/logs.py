@@ -4,7 +4,9 @@ when the profile asks for it, Weights & Biases.
 Only the main process logs (the records are already averaged over all ranks). The console line
 of a step holds what a person watching a run needs: step/total, epoch, the loss and its parts,
 LR, samples/s, the share of the step spent waiting for data and the ETA; everything else is in
-``metrics.jsonl``.
+``metrics.jsonl``. Every record carries ``time``, the wall-clock time it was written: ISO 8601 in
+UTC with milliseconds (``2026-01-31T12:00:00.123+00:00``). Rank 0's console (what it prints,
+stdout and stderr) is also appended to ``train.log`` (:class:`ConsoleCopy`).
 
 A record that does not fit on the disk (``metrics.jsonl`` or TensorBoard's events) ends every rank
 alike with one line (:func:`write_alike`), as a checkpoint save does: ``metrics.jsonl`` is cut
@@ -17,15 +19,25 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 import threading
 import time
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
 from janus_cache.plan import format_bytes
 from janus_train.checkpoints import Checkpoints
 from janus_train.disk_space import NoRoom, free_bytes, no_room_reason
+from janus_train.run_layout import RunLayout
+
+TIME_FIELD = "time"
+"""The wall-clock time of a record: ISO 8601, UTC (:func:`utc_now`)."""
+
+
+def utc_now() -> str:
+    """Now as ISO 8601 in UTC with milliseconds, e.g. ``2026-01-31T12:00:00.123+00:00``."""
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
 
 
 class WandbMissing(ValueError):
@@ -184,6 +196,7 @@ class RunLog:
         of its line is cut off again, so ``metrics.jsonl`` holds whole records only)."""
         self.out_dir.mkdir(parents=True, exist_ok=True)
         clean = {name: finite_or_none(value) for name, value in record.items()}
+        clean.setdefault(TIME_FIELD, utc_now())
         line = json.dumps(clean, allow_nan=False) + "\n"
         written = self.metrics_file.stat().st_size if self.metrics_file.is_file() else 0
         try:
@@ -199,7 +212,7 @@ class RunLog:
         try:
             self._tensorboard_write(scalars, record["step"])
         except Exception as err:
-            raise self._no_room(err, self.out_dir / "tensorboard", record["step"], len(line.encode())) from None
+            raise self._no_room(err, RunLayout(self.out_dir).tensorboard, record["step"], len(line.encode())) from None
         if self.wandb is not None:
             self.wandb.log(scalars, step=record["step"])
 
@@ -210,8 +223,9 @@ class RunLog:
             except ImportError:
                 self.tensorboard = False
             else:
-                quiet_tensorboard_thread_on_full_disk(self.out_dir / "tensorboard")
-                self.tensorboard = SummaryWriter(str(self.out_dir / "tensorboard"), purge_step=self.purge_step)
+                directory = RunLayout(self.out_dir).tensorboard
+                quiet_tensorboard_thread_on_full_disk(directory)
+                self.tensorboard = SummaryWriter(str(directory), purge_step=self.purge_step)
         if self.tensorboard:
             for name, value in scalars.items():
                 self.tensorboard.add_scalar(name, value, step)
@@ -249,3 +263,67 @@ def write_alike(log: RunLog | None, record: dict[str, Any], checkpoints: Checkpo
     message = checkpoints.from_main(message)
     if message is not None:
         raise NoRoom(message)
+
+
+class _Copy:
+    """A console stream whose writes also go to a file (until the file fails, e.g. a full disk:
+    the console matters more, and the metrics' own write says the disk is full)."""
+
+    def __init__(self, stream: Any, file: Any) -> None:
+        self.stream, self.file = stream, file
+
+    def write(self, text: str) -> int:
+        written = self.stream.write(text)
+        if self.file is not None:
+            try:
+                self.file.write(text)
+            except (OSError, ValueError):
+                self.file = None
+        return written
+
+    def flush(self) -> None:
+        self.stream.flush()
+        if self.file is not None:
+            try:
+                self.file.flush()
+            except (OSError, ValueError):
+                self.file = None
+
+    def __getattr__(self, name: str) -> Any:  # fileno, isatty, encoding... are the console's
+        return getattr(self.stream, name)
+
+
+class ConsoleCopy:
+    """Rank 0's console (``sys.stdout`` and ``sys.stderr``) also appended to ``path`` (``train.log``)
+    while it is open, so a run's output survives its terminal; a resume appends to it."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._file: Any = None
+        self._streams: tuple[Any, Any] | None = None
+
+    def __enter__(self) -> ConsoleCopy:
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._file = open(self.path, "a", buffering=1, encoding="utf-8")
+        except OSError:  # an unwritable run folder: the run's own writes say so in one line
+            return self
+        self._streams = (sys.stdout, sys.stderr)
+        sys.stdout, sys.stderr = _Copy(sys.stdout, self._file), _Copy(sys.stderr, self._file)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._streams is not None:
+            for stream in (sys.stdout, sys.stderr):
+                try:
+                    stream.flush()
+                except (OSError, ValueError):
+                    pass
+            sys.stdout, sys.stderr = self._streams
+            self._streams = None
+        if self._file is not None:
+            try:
+                self._file.close()
+            except OSError:
+                pass
+            self._file = None

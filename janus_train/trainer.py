@@ -61,13 +61,12 @@ from janus_train.preemption import Preemption
 from janus_train.loss import LossDenominators, micro_batch_loss
 from janus_train.mixture import CacheSource, MixedSamples, Mixture, as_sources, mixed_samples
 from janus_train.prompt import IGNORE_INDEX, PromptBuilder
+from janus_train.run_layout import CHECKPOINTS_DIR as CHECKPOINTS  # noqa: F401 - the run layout's names, for callers
+from janus_train.run_layout import EXPORT_DIR, METRICS_FILE, RunLayout  # noqa: F401
 from janus_train.step_metrics import StepTimes, step_record
 from janus_train.reference_checkpoint import start_model
 from janus_train.validation import VAL_LOSS, Evaluator, plan_validation
 
-CHECKPOINTS = "checkpoints"
-METRICS_FILE = "metrics.jsonl"
-EXPORT_DIR = "export"
 
 
 def init_distributed(profile: Profile, alloc_conf: str = "") -> torch.device:
@@ -202,7 +201,8 @@ class Trainer:
         # whether the run can continue it: before any model is built (a refusal costs nothing), and a
         # checkpoint of another world size is loaded as a universal checkpoint, which the engine
         # must know when it is built.
-        self.checkpoints = Checkpoints(self.out_dir / CHECKPOINTS, self.rank, self.world)
+        self.layout = RunLayout(self.out_dir)
+        self.checkpoints = Checkpoints(self.layout.checkpoints, self.rank, self.world)
         self._chosen = self.checkpoints.resumable()
         # Resumed on another world (or micro_batch), a changed grad_accum may keep the global batch.
         self.grad_accum_note: str | None = None
@@ -259,7 +259,7 @@ class Trainer:
         self.nonfinite_skips = 0
         self.resume_note: str | None = None  # why the resume did not start where ``latest`` pointed
         self.damaged_skips = 0  # samples left out for damaged cache data (train.damaged_samples: skip)
-        self.metrics_file = self.out_dir / METRICS_FILE
+        self.metrics_file = self.layout.metrics
         self.evaluator = self.best = None
         if self.validation is not None:
             self.evaluator = Evaluator(self.validation, self.builder, settings.micro_batch, settings.num_workers,
@@ -271,7 +271,7 @@ class Trainer:
     # ----------------------------------------------------------------------------- checkpoints
 
     def checkpoint_dir(self) -> Path:
-        return self.out_dir / CHECKPOINTS
+        return self.layout.checkpoints
 
     def data_layout(self) -> DataLayout:
         """What a data position means: samples consumed of the epoch's global sequence, which

@@ -22,6 +22,9 @@ import click
 import typer
 from typer.core import TyperGroup
 
+from janus_cache.profile import SET_HELP
+from janus_cache.profile import SET_OPTION as PROFILE_SET_OPTION
+
 
 @dataclass(frozen=True)
 class StageCommand:
@@ -88,6 +91,7 @@ def fail(message: str, code: int = 1) -> None:
 
 
 REPORT_OPTION = typer.Option(help="Write every dataset problem to this JSON file (the summary lists the first ones).")
+SET_OPTION = typer.Option(PROFILE_SET_OPTION, help=SET_HELP)
 
 
 def full_report(report: Any, path: Path | None) -> str:
@@ -123,6 +127,7 @@ def index(
     data: Annotated[Path, typer.Argument(help="Episode-folder root, or a JSON/JSONL annotation file; several "
                                               "sources as one argument: 'r2r=DIR rxr=FILE'.")],
     profile: Annotated[str, typer.Option(help="Profile name or YAML path (sets the history size).")] = "tiny",
+    overrides: Annotated[Optional[list[str]], SET_OPTION] = None,
     image_root: Annotated[
         Optional[Path], typer.Option(help="Image root of an annotation file (default: its folder).")
     ] = None,
@@ -135,7 +140,7 @@ def index(
     from janus_cache.profile import ProfileError, load_profile
 
     try:
-        prof = load_profile(profile)
+        prof = load_profile(profile, overrides or ())
         idx = build_sources_index(source_values(data), history=prof.cache.history, image_root=image_root,
                                   strict=strict, progress=True, subinstruction_rule=prof.cache.subinstruction_rule,
                                   cache_dir=user_index_dir(), processes=os.cpu_count() or 1)
@@ -152,13 +157,14 @@ def index(
 @app.command("profile")
 def profile_cmd(
     name: Annotated[str, typer.Argument(help="Profile name (configs/profiles/NAME.yaml) or YAML path.")],
+    overrides: Annotated[Optional[list[str]], SET_OPTION] = None,
 ) -> None:
     """Validate a profile and print the settings it resolves to."""
     from janus_cache.profile import ProfileError, load_profile
     from janus_train.config import load_train_settings  # this command belongs to the launch layer
 
     try:
-        prof = load_profile(name)
+        prof = load_profile(name, overrides or ())
         train = load_train_settings(prof)
     except ProfileError as err:
         fail(str(err))
@@ -188,6 +194,7 @@ def plan_cmd(
     data: Annotated[Path, typer.Argument(help="Episode-folder root, or a JSON/JSONL annotation file; several "
                                               "sources as one argument: 'r2r=DIR rxr=FILE'.")],
     profile: Annotated[str, typer.Option(help="Profile name or YAML path.")] = "tiny",
+    overrides: Annotated[Optional[list[str]], SET_OPTION] = None,
     image_root: Annotated[
         Optional[Path], typer.Option(help="Image root of an annotation file (default: its folder).")
     ] = None,
@@ -215,7 +222,7 @@ def plan_cmd(
     workers = workers or default_decode_workers(nproc)
     set_compute_threads(nproc)
     try:
-        prof = load_profile(profile)
+        prof = load_profile(profile, overrides or ())
         res = Resolution.parse(resolution or prof.cache.resolution)
         idx = build_sources_index(source_values(data), history=prof.cache.history, image_root=image_root,
                                   strict=strict, subinstruction_rule=prof.cache.subinstruction_rule,

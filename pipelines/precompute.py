@@ -31,7 +31,7 @@ from janus_cache.index import DatasetIndex, StoredSources
 from janus_cache.encoder import WindowEncoder
 from janus_cache.plan import Plan
 from janus_cache.precompute_job import PrecomputeError, PrecomputeJob, Prepared, refuse_foreign_directory
-from janus_cache.profile import Profile, load_profile
+from janus_cache.profile import SET_HELP, SET_OPTION, Profile, load_profile
 from janus_cache.device import process_device
 from janus_cache.resolution import Resolution
 from janus_cache.store.commit import CHECKSUM_MODES, is_committed
@@ -63,6 +63,8 @@ class Options:
     checksums: str = "none"
     """Committed shards a resume hashes before trusting them: ``none`` (commit record and byte
     size only: no shard payload is read), ``sample`` (one in 16 and every table) or ``all``."""
+    overrides: tuple[str, ...] = ()
+    """``--set KEY=VALUE`` over the profile's settings."""
 
     def __post_init__(self) -> None:
         if isinstance(self.data, (str, Path)):
@@ -195,7 +197,7 @@ def run(opts: Options) -> int:
     try:
         # One writer per cache, for the whole run: taken before anything is read or deleted.
         cache_lock = lock_on_main(control, opts.out)
-        profile = control.on_main(lambda: load_profile(opts.profile))
+        profile = control.on_main(lambda: load_profile(opts.profile, opts.overrides))
         resolution = Resolution.parse(opts.resolution or profile.cache.resolution)
         workers = opts.workers or default_workers(ranks.local_world)
         # Before any model is built: torch's threads sized from this process's share of the node's cores.
@@ -279,6 +281,7 @@ def command(
              "grows by new episodes or sources listed after the old ones.")],
     out: Annotated[Path, typer.Option("--out", help="Cache directory (created or resumed).")],
     profile: Annotated[str, typer.Option(help="Profile name or YAML path.")] = "tiny",
+    overrides: Annotated[Optional[list[str]], typer.Option(SET_OPTION, help=SET_HELP)] = None,
     image_root: Annotated[
         Optional[Path], typer.Option(help="Image root of an annotation file (default: its folder).")
     ] = None,
@@ -303,7 +306,7 @@ def command(
     except ValueError as err:
         fail_alike(Ranks.from_env(), f"--resolution: {err}", code=2)
     opts = Options(tuple(data), out, profile, cache_format, parsed, overwrite, force, allow_failures, workers, strict,
-                   image_root, checksums)
+                   image_root, checksums, tuple(overrides or ()))
     raise typer.Exit(run(opts))
 
 

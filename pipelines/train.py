@@ -22,6 +22,12 @@ leaves no episode to train on) ends every rank with one ``error:`` line.
 ``--record-samples`` samples of the data (one micro-batch; see ``Trainer.outputs_on``) as
 safetensors, with the sample keys in the metadata: what an export must reproduce.
 
+The run directory describes itself (``janus_train.run_layout``): at start rank 0 writes the resolved
+profile (``profile.yaml``, after ``extends`` and ``--set KEY=VALUE`` overrides) and appends the
+command line, versions and cache digests to ``run.json``; without ``--profile`` a run that recorded
+one resumes with it, and one that disagrees with it on a setting that shapes the model is refused
+(``janus_train.run_record``). Rank 0's console is also appended to ``train.log``.
+
 Output: rank 0 prints one line per logged step (``janus_train.logs``); warnings that libraries
 raise on every step are filtered here, each with its reason. A non-finite step
 (``janus_train.nonfinite``) ends every rank with exit code 1 and one ``error:`` line from rank 0.
@@ -42,7 +48,7 @@ import typer
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from janus_cache.lock import DirectoryLock
-from janus_cache.profile import Profile, ProfileError, load_profile
+from janus_cache.profile import SET_HELP, SET_OPTION, Profile, ProfileError
 from janus_cache.store import DamagedData
 from janus_train.checkpoints import NoIntactCheckpoint, tag_name
 from janus_train.config import TrainSettings, load_train_settings
@@ -50,7 +56,7 @@ from janus_train.damaged import DamagedSample
 from janus_train.disk_space import NoRoom
 from janus_train.export import export
 from janus_train.elastic import ResumeError
-from janus_train.logs import WandbMissing, check_wandb
+from janus_train.logs import ConsoleCopy, WandbMissing, check_wandb
 from janus_train.mixture import CacheSource, MixtureError, parse_cache_sources
 from janus_train.nonfinite import NonFiniteStep
 from janus_train.preemption import PREEMPTED_EXIT_CODE, Preemption, stopped_message
@@ -60,7 +66,9 @@ from janus_train.reference_checkpoint import (
     run_model_config,
     unused_heads_note,
 )
-from janus_train.trainer import CHECKPOINTS, EXPORT_DIR, TooFewSamples, Trainer, init_distributed
+from janus_train.run_layout import RunLayout
+from janus_train.run_record import append_start, run_profile, write_profile
+from janus_train.trainer import TooFewSamples, Trainer, init_distributed
 from janus_train.validation import ValidationError
 from pipelines.distributed import Control, RankFailed, Ranks, fail_alike, lock_on_main, usable_cores
 
@@ -138,6 +146,13 @@ def dataset_refusal(cache: Path, data: str, profile: Profile) -> str | None:
     return failure_message(cache, [check_completeness(cache, index)]) or None
 
 
+def record_start(layout: RunLayout, profile: Profile, settings: TrainSettings, world: int,
+                 caches: list[Path]) -> None:
+    """The run directory's description of this start: ``profile.yaml`` and an entry of ``run.json``."""
+    write_profile(layout, profile, settings)
+    append_start(layout, profile, world, caches)
+
+
 def record_outputs(trainer: Trainer, path: Path, n_samples: int) -> None:
     """Every rank computes (ZeRO-3 needs all of them); rank 0 writes ``path``."""
     from safetensors.torch import save_file
@@ -161,7 +176,9 @@ def command(
         "--data", help="The dataset --cache was built from, as given to precompute (a path, or NAME=PATH sources "
                        "separated by spaces): refuse the cache when the dataset changed since (frames, texts, "
                        "actions, episodes).")] = None,
-    profile: Annotated[str, typer.Option(help="Profile name or YAML path.")] = "tiny",
+    profile: Annotated[Optional[str], typer.Option(
+        help="Profile name or YAML path (default: the profile --out recorded, for a resume; else tiny).")] = None,
+    overrides: Annotated[Optional[list[str]], typer.Option(SET_OPTION, help=SET_HELP)] = None,
     max_steps: Annotated[Optional[int], typer.Option(min=1, help="Override train.max_steps.")] = None,
     val_cache: Annotated[Optional[Path], typer.Option(help="Override train.val_cache (a cache to validate on).")] = None,
     export_at_end: Annotated[bool, typer.Option("--export/--no-export", help="Export 16-bit HF weights at the end.")] = True,
@@ -180,7 +197,7 @@ def command(
                           "check the caches of a mixture one by one with janus-cache verify --data)", code=2)
     try:
         sources = parse_cache_sources(cache) if cache else None
-        prof = load_profile(profile)
+        prof = run_profile(out, profile, overrides or ())
         settings = load_train_settings(prof)
         if settings.init_from is not None:
             check_reference_checkpoint(settings.init_from, prof)
@@ -201,11 +218,15 @@ def command(
     init_distributed(prof, settings.alloc_conf)
     run_lock = None
     cache_locks: list[DirectoryLock | None] = []
+    layout = RunLayout(out)
+    console = contextlib.ExitStack()
     try:
         try:  # one writer per run directory, for the whole run
             run_lock = lock_on_main(Control(ranks), out)
         except RankFailed as err:
             fail_alike(ranks, str(err))
+        if ranks.is_main:
+            console.enter_context(ConsoleCopy(layout.train_log))
         checked_sources = list(sources or []) + (
             [CacheSource("validation", settings.val_cache, 1.0)] if settings.val_cache is not None else [])
         try:  # a reader's lock on every cache read, for the whole run: no precompute writes into one meanwhile
@@ -223,6 +244,11 @@ def command(
                 refusal = f"cannot check the cache(s) {', '.join(str(s.path) for s in checked_sources)}: {err}"
             if refusal is not None:
                 fail_alike(ranks, refusal)
+        try:
+            Control(ranks).on_main(lambda: record_start(layout, prof, settings, ranks.world,
+                                                        [s.path for s in checked_sources]))
+        except RankFailed as err:
+            fail_alike(ranks, f"cannot record the run in {out}: {err}")
         try:
             trainer = Trainer(prof, settings, out, cache=sources, live_data=live_data)
         except (TooFewSamples, ResumeError, MixtureError, NoIntactCheckpoint) as err:
@@ -274,7 +300,7 @@ def command(
                 no_room: list[str | None] = [None]
                 if trainer.rank == 0:
                     try:
-                        path = quiet_export(out / CHECKPOINTS, out / EXPORT_DIR, prof, settings)
+                        path = quiet_export(layout.checkpoints, layout.export, prof, settings)
                         print(f"exported consolidated weights to {path}", flush=True)
                     except NoRoom as err:
                         no_room[0] = str(err)
@@ -285,6 +311,7 @@ def command(
         finally:
             trainer.close()
     finally:
+        console.close()
         for lock in cache_locks:
             if lock is not None:
                 lock.release()

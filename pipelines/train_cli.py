@@ -7,6 +7,8 @@ from typing import Annotated, Optional
 
 import typer
 
+from janus_cache.profile import SET_HELP, SET_OPTION
+
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Train from janus caches and export the result.")
 
 
@@ -21,7 +23,9 @@ def _commands() -> None:
 def export_cmd(
     run: Annotated[Path, typer.Argument(help="Training run directory (holds checkpoints/).")],
     out: Annotated[Path, typer.Option("--out", help="Where to write the transformers-loadable model.")],
-    profile: Annotated[str, typer.Option(help="Profile the run was trained with.")] = "tiny",
+    profile: Annotated[Optional[str], typer.Option(
+        help="Profile the run was trained with (default: the one it recorded, RUN/profile.yaml).")] = None,
+    overrides: Annotated[Optional[list[str]], typer.Option(SET_OPTION, help=SET_HELP)] = None,
     tag: Annotated[Optional[str], typer.Option(help="Checkpoint tag (default: the latest).")] = None,
     dtype: Annotated[Optional[str], typer.Option(help="float32 or bfloat16 (default: the profile's).")] = None,
     fmt: Annotated[str, typer.Option(
@@ -33,15 +37,16 @@ def export_cmd(
 ) -> None:
     """Consolidate a ZeRO-3 checkpoint into 16-bit (or fp32) weights: HF weights plus the janus
     heads, or a reference JanusVLN checkpoint directory."""
-    from janus_cache.profile import ProfileError, load_profile
-    from janus_train.checkpoints import LATEST_FILE
+    from janus_cache.profile import ProfileError
     from janus_train.config import load_train_settings
     from janus_train.export import FORMATS, export, export_janusvln
     from janus_train.reference_checkpoint import ReferenceCheckpointError, run_model_config
-    from janus_train.trainer import CHECKPOINTS
+    from janus_train.run_layout import RunLayout
+    from janus_train.run_record import run_profile
 
+    layout = RunLayout(run)
     try:
-        prof = load_profile(profile)
+        prof = run_profile(run, profile, overrides or (), default=None)
         settings = load_train_settings(prof)
     except ProfileError as err:
         typer.echo(f"error: {err}", err=True)
@@ -54,8 +59,8 @@ def export_cmd(
                    f"model.pt); leave --vggt out to include the profile's own VGGT", err=True)
         raise typer.Exit(2)
     vggt = vggt if vggt is not None else prof.vggt.path
-    if not (run / CHECKPOINTS / LATEST_FILE).is_file() and tag is None:
-        typer.echo(f"error: {run / CHECKPOINTS} holds no checkpoint", err=True)
+    if not layout.latest.is_file() and tag is None:
+        typer.echo(f"error: {layout.checkpoints} holds no checkpoint", err=True)
         raise typer.Exit(1)
     if fmt == "janusvln" and vggt is None:
         # A profile without a VGGT checkpoint (tiny) trains on features of its seeded random VGGT.
@@ -64,31 +69,39 @@ def export_cmd(
                    f"--vggt PATH includes a checkpoint instead", err=True)
     try:
         if fmt == "janusvln":
-            path = export_janusvln(run / CHECKPOINTS, out, prof, settings, vggt, tag=tag, dtype=dtype)
+            path = export_janusvln(layout.checkpoints, out, prof, settings, vggt, tag=tag, dtype=dtype)
         else:
-            path = export(run / CHECKPOINTS, out, prof, run_model_config(settings), tag=tag, dtype=dtype)
+            path = export(layout.checkpoints, out, prof, run_model_config(settings), tag=tag, dtype=dtype)
     except (ReferenceCheckpointError, ValueError) as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(1)
-    typer.echo(f"exported {run / CHECKPOINTS} to {path}")
+    typer.echo(f"exported {layout.checkpoints} to {path}")
 
 
 @app.command("show-sample")
 def show_sample_cmd(
     data: Annotated[Path, typer.Option("--data", help="Episode-folder root, or a JSON/JSONL annotation file.")],
     key: Annotated[str, typer.Option("--key", help="Sample key, e.g. EPISODE/STEP.")],
-    profile: Annotated[str, typer.Option(help="Profile name or YAML path (template, weights, resolution).")] = "tiny",
+    profile: Annotated[Optional[str], typer.Option(
+        help="Profile name or YAML path (template, weights, resolution); default: --run's, else tiny.")] = None,
+    run: Annotated[Optional[Path], typer.Option(
+        "--run", help="A training run directory: show the sample as that run trains it (its recorded profile).")] = None,
+    overrides: Annotated[Optional[list[str]], typer.Option(SET_OPTION, help=SET_HELP)] = None,
 ) -> None:
     """Print one sample as trained: user and target text, token counts, and the weight and segment
     of every supervised token."""
     from janus_cache.index import DatasetError, build_index
     from janus_cache.profile import ProfileError, load_profile
     from janus_train.prompt import PromptError
+    from janus_train.run_record import run_profile
     from janus_train.sample_view import describe_sample
     from janus_train.trainer import prompt_builder
 
     try:
-        prof = load_profile(profile)
+        if run is not None:
+            prof = run_profile(run, profile, overrides or (), default=None)
+        else:
+            prof = load_profile(profile or "tiny", overrides or ())
         builder = prompt_builder(prof)
         index = build_index(data, history=prof.cache.history, subinstruction_rule=prof.cache.subinstruction_rule)
         sample = index.sample(key)

@@ -32,7 +32,7 @@ from janus_cache.index import DatasetIndex
 from janus_cache.encoder import EncoderIdentity, WindowEncoder
 from janus_cache.store.layout import CacheLayout
 from janus_cache.store.split import share
-from janus_cache.profile import Profile, load_profile
+from janus_cache.profile import SET_HELP, SET_OPTION, Profile, load_profile
 from janus_cache.verify import (
     CHECK_NAMES,
     CHECKSUM_MODES,
@@ -84,6 +84,8 @@ class Options:
     """A reference JanusVLN checkpoint directory whose encoder and fused embeddings replace the profile's."""
     threads: int = DEFAULT_HASH_THREADS
     """Threads hashing shards in each process (``--threads``); ranks split the shards between them."""
+    overrides: tuple[str, ...] = ()
+    """``--set KEY=VALUE`` over the profile's settings."""
 
 
 @dataclass(frozen=True)
@@ -228,7 +230,7 @@ def run_checks(opts: Options, ranks: Ranks, control: Control, progress: Progress
     history = control.on_main(open_cache)
     if isinstance(history, str):
         return results + [skipped(name, "not run: the cache cannot be opened") for name in CHECK_NAMES[1:]]
-    profile: Profile = control.on_main(lambda: load_profile(opts.profile))
+    profile: Profile = control.on_main(lambda: load_profile(opts.profile, opts.overrides))
     # Indexing the dataset (hashing every source file) is part of completeness's time, building
     # the encoder (whose weights are hashed) part of freshness's.
     started = time.perf_counter()
@@ -347,6 +349,7 @@ def command(
              "needed to compare against the dataset and for the live check.")] = None,
     profile: Annotated[str, typer.Option(
         help="Profile (name or YAML path) whose settings and models the cache must match.")] = "tiny",
+    overrides: Annotated[list[str] | None, typer.Option(SET_OPTION, help=SET_HELP)] = None,
     live: Annotated[int, typer.Option(
         min=0, help="Samples to recompute from the sources (0: none).")] = DEFAULT_LIVE_SAMPLES,
     checksums: Annotated[str, typer.Option(
@@ -363,7 +366,8 @@ def command(
     """Check that a cache is complete, intact, current and equal to the live path; exit 1 if not."""
     if checksums not in CHECKSUM_MODES:
         raise typer.BadParameter(f"--checksums must be one of {', '.join(CHECKSUM_MODES)}, got {checksums!r}")
-    raise typer.Exit(run(Options(cache, data, profile, live, checksums, seed, json_report, checkpoint, threads)))
+    raise typer.Exit(run(Options(cache, data, profile, live, checksums, seed, json_report, checkpoint, threads,
+                                 tuple(overrides or ()))))
 
 
 @record  # torchrun's failure summary then shows the failing rank's exception
