@@ -13,6 +13,7 @@ reference evaluation loads and ``init_from`` reads back (:mod:`janus_train.refer
 from __future__ import annotations
 
 import shutil
+import time
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -20,6 +21,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from janus_cache.encoder import load_aggregator
+from janus_cache.file_modes import give_umask_modes
 from janus_cache.profile import Profile
 from janus_cache.vggt import CheckpointError, VGGTAggregator
 from janus_train.config import TrainSettings
@@ -70,13 +72,15 @@ def export(checkpoint_dir: Path, out: Path, profile: Profile, config: JanusModel
     expected_heads = {k for k in model.state_dict() if not k.startswith(QWEN_PREFIX)}
     if set(heads) != expected_heads:
         raise ValueError(f"{checkpoint_dir}: head keys {sorted(set(heads) ^ expected_heads)} do not match the model")
+    started = time.time() - 1  # file systems that keep mtimes in whole seconds
     with export_room(out, tensor_bytes(state.values(), torch_dtype), checkpoint_dir.parent):
         out.mkdir(parents=True, exist_ok=True)
         model.qwen.to(torch_dtype).save_pretrained(str(out), state_dict=qwen_state, safe_serialization=True)
         for name in TOKENIZER_FILES:
             if (profile.qwen.path / name).is_file():
-                shutil.copy2(profile.qwen.path / name, out / name)
+                shutil.copyfile(profile.qwen.path / name, out / name)  # new file: the user's umask, mtime now
         save_file(heads, str(out / HEADS_FILE), metadata={"lam": str(config.lam)})
+        give_umask_modes(out, started)  # safetensors writes 0600: others on a shared cluster read exports too
     return out
 
 
@@ -103,8 +107,11 @@ def export_janusvln(checkpoint_dir: Path, out: Path, profile: Profile, settings:
     config = reference_config_dict(qwen_config, run_model_config(settings), profile.cache.reference_frame,
                                    settings.loss_config(), dtype or profile.compute_dtype)
     encoder_state = encoder.state_dict()
+    started = time.time() - 1  # as export()
     with export_room(out, tensor_bytes([*state.values(), *encoder_state.values()], torch_dtype), checkpoint_dir.parent):
-        return write_reference_checkpoint(out, state, encoder_state, config, profile.qwen.path, torch_dtype)
+        write_reference_checkpoint(out, state, encoder_state, config, profile.qwen.path, torch_dtype)
+        give_umask_modes(out, started)  # as export()
+        return out
 
 
 def load_exported(out: Path, profile: Profile, config: JanusModelConfig, device: str = "cpu") -> JanusVLNModel:

@@ -185,5 +185,5 @@ def write_reference_tokenizer(source: Path, out: Path) -> list[Path]:
         (out / name).write_text(text, encoding="utf-8")
         paths.append(out / name)
     if (Path(source) / GENERATION_CONFIG).is_file():
-        paths.append(Path(shutil.copy2(Path(source) / GENERATION_CONFIG, out / GENERATION_CONFIG)))
+        paths.append(Path(shutil.copyfile(Path(source) / GENERATION_CONFIG, out / GENERATION_CONFIG)))
     return paths
