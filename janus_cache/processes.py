@@ -35,3 +35,29 @@ def die_with_parent(parent: int | None = None) -> None:
         return
     if os.getppid() != expected:
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+_forking: list[int] = []
+"""The pid of the process forking now (set just before each fork; a forked child reads its copy)."""
+
+
+def forks_die_with_this_process() -> None:
+    """Have every process forked from this one from now on (torch DataLoader workers, a fork pool)
+    die with it, as :func:`die_with_parent` would have them do (Linux; idempotent).
+
+    The parent-death signal is not inherited across fork, and a forked child may ignore SIGTERM
+    (it inherits its parent's handlers) or be blocked where its own watchdog never looks (a read
+    that never returns): without the signal such a child outlives a killed parent, holding the
+    parent's pipes open, as long as it is blocked. The hook runs in the child right after the fork,
+    before any of its own code; a child that forks in turn passes it on, each to die with its own
+    parent. (The kernel sends the signal when the parent's forking thread ends: fork from the thread
+    that lives as long as the process, as DataLoaders iterated in the main thread do.)
+    """
+    if sys.platform != "linux" or _forking:
+        return
+    _forking.append(os.getpid())
+
+    def before() -> None:
+        _forking[0] = os.getpid()
+
+    os.register_at_fork(before=before, after_in_child=lambda: die_with_parent(_forking[0]))

@@ -23,6 +23,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from types import FrameType
 
+from janus_cache.processes import forks_die_with_this_process
+
 PREEMPTED_EXIT_CODE = 75
 """Exit code of a run stopped by a stop signal after saving its checkpoint (sysexits.h's
 EX_TEMPFAIL: try again later): a job script requeues the run on it (examples/slurm/train.sbatch)."""
@@ -54,7 +56,10 @@ class Preemption:
 
     def arm(self) -> "Preemption":
         """Handle the stop signals in this process (the main thread; forked loader workers inherit
-        the handler and ignore it, so a signal sent to every process of a job spares them)."""
+        the handler and ignore it, so a signal sent to every process of a job spares them). As they
+        ignore SIGTERM, every process forked from here on dies with this one instead (its parent-death
+        signal): no worker outlives its rank, whatever it is blocked in."""
+        forks_die_with_this_process()
         self._pid = os.getpid()
         for number in signal_numbers(self.signals):
             self._previous[number] = signal.signal(number, self._handle)

@@ -11,6 +11,7 @@ sample is rank 1's first micro-batch of step 2.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -18,6 +19,8 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import partial
@@ -28,7 +31,7 @@ import pytest
 import yaml
 from torch.utils.data import DataLoader
 from conftest import REPO_ROOT, write_test_profile
-from test_train import assert_succeeded, torchrun_train
+from test_train import assert_succeeded
 
 from janus_cache.profile import load_profile
 from janus_cache.sample_data import write_sample_data
@@ -314,24 +317,60 @@ def test_with_skip_a_step_leaves_damaged_samples_out_or_stops_when_none_is_reada
     assert drawn.skipped == len(damaged)
 
 
-def launch_train(*args: str | Path, timeout: float = RUN_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
-    """``python -m pipelines.launch`` (what ``make train`` runs) on 2 processes; still running after
-    ``timeout`` seconds fails the test (the launcher and its ranks are stopped first)."""
-    command = [sys.executable, "-m", "pipelines.launch", "--standalone", f"--nproc_per_node={N_PROC}",
+STOP_GRACE_S = 60
+"""How long a launch that ran past its time limit has to stop its ranks after a SIGTERM."""
+
+
+def launch(launcher: str, *args: str | Path, timeout: float = RUN_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
+    """``python -m LAUNCHER --standalone --nproc_per_node 2 -m pipelines.train ARGS`` as a real launch.
+
+    Its output goes to files, not pipes, so a process that outlives the launch cannot block the test
+    reading them. Still running after ``timeout`` seconds fails the test: the launcher is asked to
+    stop its ranks (SIGTERM), and ``STOP_GRACE_S`` later every process the launch started (recorded
+    while it ran: the ranks are in sessions of their own, out of reach of a signal to the launcher's
+    group) is SIGKILLed by pid.
+    """
+    from test_orphans import alive, descendants
+
+    command = [sys.executable, "-m", launcher, "--standalone", f"--nproc_per_node={N_PROC}",
                "-m", "pipelines.train", *map(str, args)]
-    process = subprocess.Popen(command, cwd=REPO_ROOT, env=dict(os.environ), stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        stdout, stderr = process.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        process.send_signal(signal.SIGTERM)  # the launcher stops its ranks
-        try:
-            stdout, stderr = process.communicate(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            stdout, stderr = process.communicate()
+    with tempfile.TemporaryDirectory() as logs:
+        stdout_file, stderr_file = Path(logs, "stdout"), Path(logs, "stderr")
+        with open(stdout_file, "w") as out, open(stderr_file, "w") as err:
+            process = subprocess.Popen(command, cwd=REPO_ROOT, env=dict(os.environ), stdout=out, stderr=err,
+                                       start_new_session=True)
+        started: set[int] = set()
+
+        def ended_by(deadline: float) -> bool:
+            while process.poll() is None and time.monotonic() < deadline:
+                started.update(descendants(process.pid))
+                time.sleep(0.5)
+            return process.poll() is not None
+
+        ended = ended_by(time.monotonic() + timeout)
+        if not ended:
+            process.send_signal(signal.SIGTERM)  # the launcher stops its ranks after their step
+            ended_by(time.monotonic() + STOP_GRACE_S)
+            started.update(descendants(process.pid))
+        for pid in [process.pid, *sorted(started)]:  # whatever is left, ended or not (none, normally)
+            if alive(pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        process.wait()
+        stdout, stderr = stdout_file.read_text(), stderr_file.read_text()
+    if not ended:
         pytest.fail(f"the run did not end within {timeout} s:\n{stdout[-2000:]}\n{stderr[-3000:]}")
     return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
+
+
+def launch_train(*args: str | Path, timeout: float = RUN_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
+    """``python -m pipelines.launch`` (what ``make train`` runs) on 2 processes (:func:`launch`)."""
+    return launch("pipelines.launch", *args, timeout=timeout)
+
+
+def torchrun_train(*args: str | Path) -> subprocess.CompletedProcess[str]:
+    """torchrun itself on 2 processes (:func:`launch`)."""
+    return launch("torch.distributed.run", *args)
 
 
 @pytest.mark.parametrize(("target", "workers", "policy"), [
@@ -404,3 +443,54 @@ def test_a_damaged_episode_column_read_for_the_hold_out_ends_every_rank_with_one
     assert error_lines(result) == [f"error: damaged cache data: {file}: checksum mismatch (crc32c); {REPAIR_HINT}"], (
         result.stdout + result.stderr)
     assert "Traceback" not in result.stdout + result.stderr
+
+
+
+# -- A launcher killed mid-validation leaves no process -----------------------------------------
+
+
+def blocked_opening_a_fifo(pids: set[int]) -> bool:
+    """Whether a thread of one of ``pids`` waits in open() for a writer to a named pipe (/proc's wchan)."""
+    for pid in pids:
+        for task in Path(f"/proc/{pid}/task").glob("*"):
+            try:
+                if (task / "wchan").read_text() in ("wait_for_partner", "fifo_open"):
+                    return True
+            except OSError:
+                continue
+    return False
+
+
+def test_a_launcher_killed_while_a_loader_worker_hangs_in_a_validation_read_leaves_no_process(
+    clean_zarr: tuple[Path, Path], builder: Any, tmp_path: Path,
+) -> None:
+    """Validation every step with a damaged held-out sample (``damaged_samples: skip``) and 2 loader
+    workers per rank; once the run trains, another held-out sample's feature shard becomes a named
+    pipe nobody writes to, so the loader worker that reads it hangs in the read (as on a hung network
+    filesystem) and its rank waits for it. The launcher (``pipelines.launch``, as ``make train``
+    starts it) is then SIGKILLed alone: no rank and no loader worker may be alive 10 s later.
+    Before: the ranks died with the launcher, but the forked worker (no parent-death signal, and its
+    watchdog never runs while it is blocked) lived on, holding the launch's output pipes open."""
+    from janus_train.config import load_train_settings
+    from janus_train.validation import plan_validation
+    from test_orphans import Launch
+
+    profile = write_profile(tmp_path / "profile.yaml", num_workers=2, damaged_samples="skip", val_episodes=1,
+                            val_max_samples=0, eval_every=1, max_steps=10_000, save_every=10_000)
+    cache = Path(shutil.copytree(clean_zarr[1], tmp_path / "cache"))
+    reader = open_training_cache(load_profile(profile), cache).reader
+    _, validation = plan_validation(load_train_settings(load_profile(profile)), CachedSamples(reader, builder))
+    assert validation is not None and len(validation.rows) == 4
+    flip_byte(reader.shard_file(reader.features_array, validation.rows[-1]), 0)
+    hung = reader.shard_file(reader.features_array, validation.rows[1])  # not rows[0]: a rank's filler
+
+    launch = Launch("pipelines.train", "--out", tmp_path / "run", "--cache", cache, "--profile", profile,
+                    "--no-export", log=tmp_path / "launch.log", launcher="pipelines.launch")
+    try:
+        launch.wait_until(lambda: "training " in launch.log.read_text(), "the run passed its start-up check")
+        os.mkfifo(tmp_path / "fifo")
+        os.replace(tmp_path / "fifo", hung)
+        launch.wait_until(lambda: blocked_opening_a_fifo(launch.started), "a loader worker hangs reading the shard")
+        assert launch.kill_launcher() == [], "ranks or loader workers outlived the launcher"
+    finally:
+        launch.cleanup()

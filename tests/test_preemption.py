@@ -162,6 +162,49 @@ def test_a_signal_repeated_at_once_is_the_same_request() -> None:
     assert run_child(("SIGTERM",), [signal.SIGTERM, signal.SIGTERM], apart_s=0.01) == (0, "SIGTERM True SIGTERM")
 
 
+FORKING_RANK = """
+import os, signal, time
+from janus_train.preemption import Preemption
+Preemption(("SIGTERM",)).arm()
+if os.fork() == 0:  # a loader worker: it inherits the handler (SIGTERM is ignored) and blocks
+    worker = os.getpid()
+    if os.fork() == 0:  # a process the worker forks in turn
+        time.sleep(60)
+        os._exit(0)
+    os.kill(worker, signal.SIGTERM)
+    print(worker, flush=True)
+    time.sleep(60)
+    os._exit(0)
+time.sleep(60)
+"""
+
+
+def test_a_process_forked_by_an_armed_rank_dies_with_it() -> None:
+    """A loader worker ignores SIGTERM (its rank's handler) and may be blocked where its own watchdog
+    never looks (a read that never returns): SIGKILLing the rank ends it all the same, and a process
+    it forked ends with it. Before: the worker lived on as an orphan, holding the rank's pipes."""
+    from test_orphans import GRACE_S, alive, descendants
+
+    rank = subprocess.Popen([sys.executable, "-c", FORKING_RANK], cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True)
+    assert rank.stdout is not None
+    try:
+        worker = int(rank.stdout.readline())
+        forked = descendants(rank.pid)
+        assert len(forked) == 2 and worker in forked and all(map(alive, forked)), "the forked processes run"
+        rank.kill()
+        rank.wait()
+        deadline = time.monotonic() + GRACE_S
+        while (survivors := [pid for pid in forked if alive(pid)]) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert survivors == [], "processes forked by the rank outlived it"
+    finally:
+        for pid in descendants(rank.pid) | ({worker} if "worker" in locals() else set()):
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        rank.kill()
+        rank.stdout.close()
+
+
 def test_only_the_configured_signals_stop_the_run(tmp_path: Path) -> None:
     """train.stop_signals: SIGUSR2 alone; SIGUSR1 then keeps its default action (it ends the process
     without a checkpoint) and a signal janus cannot forward is refused in one line."""
