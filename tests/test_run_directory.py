@@ -192,3 +192,13 @@ def test_show_sample_of_a_run_uses_its_prompt_template(trained: Trained) -> None
                                     trained.profile)).stdout
     tiny = succeeded(janus_train("show-sample", "--data", trained.data, "--key", key, "--profile", "tiny")).stdout
     assert shown == variant and shown != tiny
+
+
+def test_a_resume_with_a_profile_that_disagrees_is_one_line_and_changes_nothing(trained: Trained) -> None:
+    layout = RunLayout(trained.run)
+    before = {path: path.read_bytes() for path in (layout.profile, layout.run_file, layout.metrics, layout.latest)}
+    result = torchrun_train("--out", trained.run, "--cache", trained.cache, "--profile", "tiny", "--no-export")
+    assert result.returncode != 0
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and "train.merger_hidden is 128, the run's is 64" in errors[0], result.stderr[-3000:]
+    assert {path: path.read_bytes() for path in before} == before
