@@ -128,8 +128,12 @@ def _version(name: str) -> str | None:
 def _write_atomically(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except OSError:  # e.g. a full disk: no partial file left behind, the previous record kept
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 # ------------------------------------------------------------------------------------ reading back

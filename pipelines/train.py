@@ -248,7 +248,8 @@ def command(
             Control(ranks).on_main(lambda: record_start(layout, prof, settings, ranks.world,
                                                         [s.path for s in checked_sources]))
         except RankFailed as err:
-            fail_alike(ranks, f"cannot record the run in {out}: {err}")
+            fail_alike(ranks, f"cannot record the run in {out} ({err}); its checkpoints are unchanged: fix that and run "
+                              "the same command again")
         try:
             trainer = Trainer(prof, settings, out, cache=sources, live_data=live_data)
         except (TooFewSamples, ResumeError, MixtureError, NoIntactCheckpoint) as err:
