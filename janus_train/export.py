@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from janus_cache.bases import QWEN2_5_VL, base_of_qwen_dir
 from janus_cache.encoder import load_aggregator
 from janus_cache.file_modes import give_umask_modes
 from janus_cache.profile import Profile
@@ -90,9 +91,13 @@ def export_janusvln(checkpoint_dir: Path, out: Path, profile: Profile, settings:
     tag unless ``tag``) in ``dtype`` (default: the profile's), with the VGGT encoder read from
     ``vggt`` (a VGGT checkpoint or a reference directory; the profile's encoder architecture), or,
     when None, the profile's own encoder (its seeded random weights when it names no checkpoint:
-    the encoder its caches were made with)."""
+    the encoder its caches were made with). A run on another base than Qwen2.5-VL is refused."""
     from transformers import Qwen2_5_VLConfig
 
+    base = base_of_qwen_dir(profile.qwen.path)
+    if base is not QWEN2_5_VL:
+        raise ValueError(f"--format janusvln writes JanusVLN's reference checkpoint layout, which is {QWEN2_5_VL.name} "
+                         f"only, but this run's base ({profile.qwen.path}) is {base.name}; export it with --format janus")
     torch_dtype = TORCH_DTYPES[dtype or profile.compute_dtype]
     try:
         encoder = (load_aggregator(profile.vggt, profile.cache.attention) if vggt is None

@@ -414,6 +414,29 @@ def test_a_profile_whose_qwen_path_is_a_qwen3_vl_directory_builds_the_qwen3_vl_m
         live({k: v for k, v in pair_batch.items() if k != "features"})
 
 
+def test_the_reference_layout_export_refuses_a_qwen3_vl_run_in_one_line(tmp_path: Path) -> None:
+    """--format janusvln is JanusVLN's Qwen2.5-VL layout; a Qwen3-VL run is refused before any
+    checkpoint is read, nothing written."""
+    import yaml
+    from conftest import write_test_profile
+
+    from janus_train.config import load_train_settings
+    from janus_train.export import export_janusvln
+
+    path = write_test_profile(tmp_path / "qwen3.yaml")
+    data = yaml.safe_load(path.read_text())
+    data["qwen"]["path"] = str(QWEN3_DIR)
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    profile = load_profile(path)
+    out = tmp_path / "export"
+    with pytest.raises(ValueError) as err:
+        export_janusvln(tmp_path / "checkpoints", out, profile, load_train_settings(profile), None)
+    assert str(err.value) == (
+        f"--format janusvln writes JanusVLN's reference checkpoint layout, which is Qwen2.5-VL only, but this run's "
+        f"base ({QWEN3_DIR}) is Qwen3-VL; export it with --format janus")
+    assert not out.exists()
+
+
 def test_what_the_qwen3_path_cannot_take_yet_is_one_line(pair_batch: dict[str, torch.Tensor]) -> None:
     model = tiny_qwen3_model(lam=0.2)
     vit = torch.zeros(2, 9, 16, 32)
