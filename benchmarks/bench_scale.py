@@ -24,7 +24,8 @@ Markdown table next to it. A full precompute of 612k samples at pad112 takes abo
 2 idle cores; ``--precompute-sizes`` chooses the sizes (their growth is printed too).
 
 Run: ``make bench-scale SAMPLES=10000,100000,612560 PRECOMPUTE_SAMPLES=2000,20000``
-or ``python benchmarks/bench_scale.py --sizes 1000,10000``.
+or ``python benchmarks/bench_scale.py --sizes 1000,10000``; ``--only index`` (or ``verify``, with
+a finished cache from an earlier run) measures one cost alone.
 """
 
 from __future__ import annotations
@@ -206,8 +207,15 @@ print(f"ms per sample {(time.perf_counter() - start) / len(rows) * 1e3:.3f}")
 """
 
 
+ONLY: set[str] = set()
+"""``--only``: the costs to measure (``index``, ``plan``, ``precompute``, ``resume``, ``verify``,
+``start-up``, ``read``); empty: all of them."""
+
+
 def run_step(results: Results, metric: str, samples: int, command: list[str], work: Path,
              env: dict[str, str] | None = None) -> Measure:
+    if ONLY and metric.split()[0] not in ONLY and metric != "python + imports":
+        return Measure(metric, samples, 0.0, 0.0, True, "not measured (--only)")
     log = work / "logs" / f"{metric.replace(' ', '_')}-{samples}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     seconds, cpu, rss, code, output = measure(command, env, log)
@@ -256,8 +264,12 @@ def bench_cache(results: Results, work: Path, profile: Path, samples: int, steps
     data = linked_dataset(work, samples, steps)
     cache = work / "caches" / f"cache-{samples}"
     precompute = launch("pipelines.precompute", [str(data), "--out", str(cache), "--profile", str(profile)], nproc)
+    reuse = reuse or bool(ONLY) and "precompute" not in ONLY
     if reuse and (cache / "report.json").is_file():
         print(f"  precompute       {samples:>8} samples  (reusing the finished cache {cache})", flush=True)
+    elif ONLY and "precompute" not in ONLY:
+        print(f"  (no finished cache {cache} to measure: add precompute to --only, or --reuse-caches)", flush=True)
+        return
     else:
         shutil.rmtree(cache, ignore_errors=True)
         if not run_step(results, "precompute", samples, precompute, work).ok:
@@ -340,11 +352,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--results", type=Path, default=REPO / "benchmarks" / "results" / "bench_scale.json")
     parser.add_argument("--reuse-caches", action="store_true",
                         help="Keep finished caches of an earlier run: measure resume, verify, start-up and reads only.")
+    parser.add_argument("--only", default="",
+                        help="Measure only these costs, comma-separated (index, plan, precompute, resume, verify, "
+                             "start-up, read), e.g. 'index' at 612560 alone, or 'verify' with --reuse-caches.")
     parser.add_argument("--combine", type=Path, nargs="+", default=(),
                         help="Only print and save the table of these earlier --results files together.")
     args = parser.parse_args(argv)
     if args.combine:
         return combine(args.combine, args.results)
+    ONLY.update(name.strip() for name in args.only.split(",") if name.strip())
     sizes = [int(s) for s in args.sizes.split(",") if s]
     pre_sizes = [int(s) for s in args.precompute_sizes.split(",") if s]
     args.work.mkdir(parents=True, exist_ok=True)

@@ -241,6 +241,19 @@ def build_sources_index(
     Raises ``DatasetError`` for unusable sources or names, or (``strict``) any problem.
     """
     parsed = _parsed_sources(sources, image_root, recorded_names)
+    if cache_dir is not None:
+        # Stored and read lazily: a 612k-sample index as row objects is gigabytes.
+        try:
+            stored = store_sources_index(parsed, cache_dir, history=history, image_root=image_root,
+                                         check_images=check_images, workers=workers, progress=progress,
+                                         subinstruction_rule=subinstruction_rule, processes=processes,
+                                         on_stored=on_stored)
+        except OSError:  # the store cannot be written: built in memory below
+            pass
+        else:
+            index = stored.load()
+            _check_strict(index, describe(parsed), strict)
+            return index
     if cache_dir is None:
         indexes = [build_index(source.path, history=history, image_root=image_root, check_images=check_images,
                                workers=workers, progress=progress, subinstruction_rule=subinstruction_rule)
@@ -248,7 +261,7 @@ def build_sources_index(
     else:
         indexes = [stored.index for stored in _stored_sources(
             parsed, cache_dir, history=history, image_root=image_root, check_images=check_images, workers=workers,
-            progress=progress, subinstruction_rule=subinstruction_rule, processes=processes, on_stored=on_stored)]
+            progress=progress, subinstruction_rule=subinstruction_rule, processes=processes, on_stored=None)]
     index = combine(parsed, indexes)
     _check_strict(index, describe(parsed), strict)
     return index
@@ -282,8 +295,7 @@ def store_sources_index(
     parts = _stored_sources(parsed, cache_dir, history=history, image_root=image_root, check_images=check_images,
                             workers=workers, progress=progress, subinstruction_rule=subinstruction_rule,
                             processes=processes, on_stored=on_stored, lazy=True, prefill_min_files=prefill_min_files)
-    stored = IndexStore(cache_dir).combined([(s.name, s.named) for s in parsed], parts,
-                                            lambda indexes: combine(parsed, indexes))
+    stored = IndexStore(cache_dir).combined(parsed, parts)
     if strict:
         _check_strict(stored.load(), describe(parsed), strict)
     return stored

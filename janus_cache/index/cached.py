@@ -29,7 +29,7 @@ import pickle
 import shutil
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from multiprocessing import get_context
@@ -42,7 +42,9 @@ from tqdm import tqdm
 from janus_cache.index.annotations import AnnotationBuilder
 from janus_cache.index.columns import (
     FORMAT_VERSION,
+    ColumnWriter,
     decode_column,
+    distinct_text_column,
     encode_column,
     read_columns,
     read_meta,
@@ -55,6 +57,7 @@ from janus_cache.index.lazy import read_lazy
 from janus_cache.index.fingerprint import SourceFiles, annotation_entry, scan_episode_folders, scan_files
 from janus_cache.index.identity import IDENTITY_RULE, EpisodeIdentity, episode_identities
 from janus_cache.index.model import DatasetIndex
+from janus_cache.index.sources import DataSource, combine, combined_rows
 from janus_cache.processes import die_with_parent
 
 INDEX_CACHE_ENV = "JANUS_INDEX_CACHE"
@@ -237,6 +240,15 @@ class IndexStore:
         start = time.perf_counter()
         builder.known = self._known_images(entry, meta, params)
         checked = self._prefill(builder, params.base, sources, processes)
+        if isinstance(builder, EpisodeFolderBuilder) and sources is not None:
+            sources = sources.without_racy(scanned_at - RACY_NS)
+            fingerprint = sources.digest()
+            built = self._build_in_chunks(builder, entry, params, sources, fingerprint, lazy)
+            if built is not None:
+                seconds["build"] = time.perf_counter() - start
+                return StoredIndex(built, entry, fingerprint, False, True, len(sources),
+                                   checked + len(builder.inspected), seconds)
+            builder.entries.clear()  # the store cannot be written: built in memory below, not kept
         index = builder.build()
         checked += len(builder.inspected)
         seconds["build"] = time.perf_counter() - start
@@ -305,13 +317,15 @@ class IndexStore:
         (the builder then finds them known); the number of images checked."""
         if sources is None or processes <= 1 or not isinstance(builder, EpisodeFolderBuilder):
             return 0
-        todo: list[tuple[str, int, int]] = []
-        for rel, size, mtime in zip(sources.relpaths, sources.sizes.tolist(), sources.mtimes.tolist(), strict=True):
+        # Files to check as positions in ``sources`` (a tuple of path and stats per file is ~200 B at 612k files).
+        prefix = str(base / "x")[:-1]  # str(base / rel) is prefix + rel, for base "." too
+        todo: list[int] = []
+        for i, (rel, size, mtime) in enumerate(zip(sources.relpaths, sources.sizes.tolist(), sources.mtimes.tolist(),
+                                                   strict=True)):
             if size >= 0 and FRAME_NAME.match(rel.rpartition("/")[2]):
-                path = str(base / rel)
-                hit = builder.known.get(path)
+                hit = builder.known.get(prefix + rel)
                 if hit is None or hit[:2] != (size, mtime):
-                    todo.append((path, size, mtime))
+                    todo.append(i)
         if len(todo) < self.prefill_min_files:
             return 0
         chunks = [todo[i:i + PREFILL_CHUNK] for i in range(0, len(todo), PREFILL_CHUNK)]
@@ -320,21 +334,22 @@ class IndexStore:
         with bar, ProcessPoolExecutor(
                 max_workers=processes, mp_context=get_context("spawn"), initializer=die_with_parent,
                 initargs=(os.getpid(),)) as pool:
-            jobs = (([p for p, _, _ in chunk], builder.check_images) for chunk in chunks)
+            jobs = (([prefix + sources.relpaths[i] for i in chunk], builder.check_images) for chunk in chunks)
             for chunk, results in zip(chunks, pool.map(_inspect_chunk, jobs), strict=True):
-                for (path, size, mtime), info in zip(chunk, results, strict=True):
-                    builder.known[path] = (size, mtime, info)
+                for i, info in zip(chunk, results, strict=True):
+                    builder.known[prefix + sources.relpaths[i]] = (int(sources.sizes[i]), int(sources.mtimes[i]), info)
                 bar.update(len(chunk))
         return len(todo)
 
     # ------------------------------------------------------------------------- combined
 
-    def combined(self, names: list[tuple[str, bool]], parts: list[StoredIndex],
-                 combine: Callable[[list[DatasetIndex]], DatasetIndex]) -> StoredSources:
-        """The combined index of sources stored as ``parts`` (their names and whether each was given
-        one, in order): reused while every part's fingerprint is the one it was combined from, else
-        ``combine`` of the parts' indexes is stored, replacing the combined index of any other list
-        of sources (a store serves one job's sources). Raises OSError when it cannot be written."""
+    def combined(self, sources: Sequence[DataSource], parts: list[StoredIndex]) -> StoredSources:
+        """The combined index of ``sources`` stored as ``parts`` (in order): reused while every
+        part's fingerprint is the one it was combined from, else the parts' indexes combined
+        (:func:`~janus_cache.index.sources.combine`, written a chunk of rows at a time) are stored,
+        replacing the combined index of any other list of sources (a store serves one job's
+        sources). Raises OSError when it cannot be written."""
+        names = [(s.name, s.named) for s in sources]
         described = [[name, named, part.entry.name, part.fingerprint] for (name, named), part in
                      zip(names, parts, strict=True)]
         key = hashlib.sha256(json.dumps([[n, d] for n, d, _, _ in described] + [
@@ -344,12 +359,19 @@ class IndexStore:
         meta = read_meta(entry)
         if meta is not None and meta.get("fingerprint") == fingerprint:
             return StoredSources(entry, fingerprint, meta["source"], True)
-        index = combine([part.index for part in parts])
+        indexes = [part.index for part in parts]
+        index = combine(sources, indexes, rows=False)  # episodes and report; the rows go a chunk at a time
         tmp = entry.with_name(f".{entry.name}.{os.getpid()}.partial")
         shutil.rmtree(tmp, ignore_errors=True)
-        write_columns(index, tmp, COMBINED_BASE, {"fingerprint": fingerprint, "source": str(index.source),
-                                                   "schema": schema_tag(), "version": FORMAT_VERSION})
-        identities = [identity.to_dict() for identity in episode_identities(index)]
+        writer = ColumnWriter(tmp, COMBINED_BASE)
+        for table, rows in combined_rows(sources, indexes):
+            writer.add(table, rows)
+        writer.finish(index, {"fingerprint": fingerprint, "source": str(index.source), "schema": schema_tag(),
+                              "version": FORMAT_VERSION})
+        written = read_meta(tmp)
+        assert written is not None
+        identities = [identity.to_dict() for identity in
+                      episode_identities(read_lazy(tmp, written, index.source, COMBINED_BASE))]
         (tmp / IDENTITIES_FILE).write_text(json.dumps(identities, ensure_ascii=False))
         _move_into_place(tmp, entry)
         for other in self.directory.glob(f"{COMBINED_PREFIX}*"):  # another list of sources (before an append)
@@ -358,6 +380,32 @@ class IndexStore:
         return StoredSources(entry, fingerprint, str(index.source), False)
 
     # ----------------------------------------------------------------------------- save
+
+    def _build_in_chunks(self, builder: EpisodeFolderBuilder, entry: Path, params: IndexParams,
+                         sources: SourceFiles, fingerprint: str, lazy: bool) -> DatasetIndex | None:
+        """Build the index a chunk of episodes at a time straight into the store entry (its rows
+        are never all in memory: a 612k-sample index took gigabytes as row objects), then read it
+        back (lazily with ``lazy``); None when the store cannot be written."""
+        tmp = entry.with_name(f".{entry.name}.{os.getpid()}.partial")
+        try:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+            writer = ColumnWriter(tmp, params.base)
+            episodes = []
+            for chunk_episodes, frames, samples in builder.build_chunks():
+                episodes += chunk_episodes
+                writer.add("frames", frames)
+                writer.add("samples", samples)
+            np.savez(tmp / SOURCES_FILE, sizes=sources.sizes, mtimes=sources.mtimes,
+                     **distinct_text_column(sources.relpaths))  # sorted, distinct paths
+            writer.finish(builder.index_of(tuple(episodes)), {**params.describe(), "fingerprint": fingerprint})
+            _move_into_place(tmp, entry)
+        except OSError:  # e.g. a read-only cache
+            shutil.rmtree(tmp, ignore_errors=True)
+            return None
+        meta = read_meta(entry)
+        assert meta is not None
+        return (read_lazy if lazy else read_columns)(entry, meta, params.source, params.base)
 
     def _save(self, index: DatasetIndex, entry: Path, params: IndexParams, sources: SourceFiles,
               fingerprint: str) -> bool:

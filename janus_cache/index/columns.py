@@ -241,3 +241,112 @@ def read_columns(directory: Path, meta: dict[str, Any], source: Path, base: Path
         n_rows = meta["counts"][table]
         tables[table] = tuple(cls(*values) for values in zip(*columns, strict=True)) if n_rows else ()
     return DatasetIndex(source=source, **tables, **read_scalars(directory))
+
+
+# ------------------------------------------------------------------------------ a chunk at a time
+
+
+class ColumnWriter:
+    """Write an index into ``directory`` a chunk of frame and sample rows at a time, as
+    :func:`write_columns` writes it whole: how a 612k-sample index is built and stored without
+    ever holding a row object per frame and sample (each chunk is encoded, then let go; texts are
+    dictionary-encoded within their chunk, which decodes to the same values)."""
+
+    CHUNKED = ("frames", "samples")
+
+    def __init__(self, directory: Path, base: Path) -> None:
+        self.directory, self.base = directory, base
+        self.kinds: dict[str, dict[str, str]] = {table: {} for table in TABLES}
+        self.counts = dict.fromkeys(TABLES, 0)
+        self._parts: dict[str, dict[str, list[dict[str, np.ndarray]]]] = {t: {} for t in self.CHUNKED}
+
+    def add(self, table: str, rows: Sequence[Any]) -> None:
+        """Encode the next ``rows`` of ``table`` (``frames`` or ``samples``, in row order)."""
+        if not rows:
+            return
+        for f in dataclasses.fields(TABLES[table]):
+            kind, arrays = encode_column([getattr(r, f.name) for r in rows], self.base)
+            known = self.kinds[table].setdefault(f.name, kind)
+            if kind != known:
+                raise TypeError(f"{table}.{f.name} holds {kind} values in a later chunk, {known} before")
+            if kind == "pickle":
+                raise TypeError(f"{table}.{f.name} holds values that are not stored in chunks")
+            self._parts[table].setdefault(f.name, []).append(arrays)
+        self.counts[table] += len(rows)
+
+    def finish(self, index: DatasetIndex, meta: dict[str, Any]) -> None:
+        """Write the chunked tables, ``index``'s episodes and index-wide values (its frames and
+        samples are not read: they are what was added) and ``meta.json``, the latter last."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        for table in self.CHUNKED:
+            for f in dataclasses.fields(TABLES[table]):
+                chunks = self._parts[table].get(f.name)
+                kind, arrays = (self.kinds[table][f.name], _joined(self.kinds[table][f.name], chunks)) if chunks \
+                    else encode_column([], self.base)
+                self.kinds[table][f.name] = kind
+                for part, array in arrays.items():
+                    np.save(self.directory / f"{table}.{f.name}.{part}.npy", array, allow_pickle=False)
+            self._parts[table].clear()
+        for f in dataclasses.fields(Episode):
+            kind, arrays = encode_column([getattr(e, f.name) for e in index.episodes], self.base)
+            self.kinds["episodes"][f.name] = kind
+            for part, array in arrays.items():
+                np.save(self.directory / f"episodes.{f.name}.{part}.npy", array, allow_pickle=False)
+        self.counts["episodes"] = len(index.episodes)
+        scalars = {f.name: getattr(index, f.name) for f in dataclasses.fields(DatasetIndex)
+                   if f.init and f.name not in TABLES and f.name != "source"}
+        (self.directory / INDEX_SCALARS).write_bytes(pickle.dumps(scalars, protocol=pickle.HIGHEST_PROTOCOL))
+        (self.directory / INDEX_META).write_text(json.dumps({**meta, "kinds": self.kinds, "counts": self.counts},
+                                                            indent=1))
+
+
+def _joined_offsets(chunks: list[np.ndarray]) -> np.ndarray:
+    """Offsets arrays (each starting at 0) of consecutive chunks as one."""
+    out, end = [np.zeros(1, dtype=np.int64)], 0
+    for offsets in chunks:
+        out.append(np.asarray(offsets[1:], dtype=np.int64) + end)
+        end += int(offsets[-1])
+    return np.concatenate(out)
+
+
+def _joined_codes(codes: list[np.ndarray], tables: list[int]) -> np.ndarray:
+    """Codes into each chunk's table as codes into the tables end to end (-1 stays -1)."""
+    out, shift = [], 0
+    for chunk, size in zip(codes, tables, strict=True):
+        chunk = np.asarray(chunk, dtype=np.int64)
+        out.append(np.where(chunk < 0, -1, chunk + shift))
+        shift += size
+    return _compact(np.concatenate(out))
+
+
+def _joined(kind: str, chunks: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """One column's arrays of consecutive chunks (:func:`encode_column`'s) as one column's."""
+    if kind in ("int", "bool"):
+        data = np.concatenate([c["data"] for c in chunks])
+        return {"data": _compact(data.astype(np.int64)) if kind == "int" else data}
+    out: dict[str, np.ndarray] = {}
+    if kind in ("text", "path", "texts"):
+        sizes = [len(c["offsets"]) - 1 for c in chunks]
+        out.update(codes=_joined_codes([c["codes"] for c in chunks], sizes),
+                   utf8=np.concatenate([c["utf8"] for c in chunks]),
+                   offsets=_joined_offsets([c["offsets"] for c in chunks]))
+    if kind in ("ints", "texts"):
+        out["rows"] = _joined_offsets([c["rows"] for c in chunks])
+    if kind == "ints":
+        out["data"] = _compact(np.concatenate([np.asarray(c["data"], dtype=np.int64) for c in chunks]))
+    return out
+
+
+def distinct_text_column(strings: Sequence[str]) -> dict[str, np.ndarray]:
+    """:func:`encode_column`'s arrays of a text column whose rows all differ (sorted file paths),
+    encoded a block of rows at a time: no dictionary of a million strings, no list of their bytes."""
+    lengths, blocks = [], []
+    for first in range(0, len(strings), 65536):
+        encoded = [s.encode("utf-8", TEXT_ERRORS) for s in strings[first:first + 65536]]
+        lengths.append(np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded)))
+        blocks.append(np.frombuffer(b"".join(encoded), dtype=np.uint8))
+    offsets = np.zeros(len(strings) + 1, dtype=np.int64)
+    if lengths:
+        np.cumsum(np.concatenate(lengths), out=offsets[1:])
+    utf8 = np.concatenate(blocks) if blocks else np.zeros(0, dtype=np.uint8)
+    return {"codes": _compact(np.arange(len(strings), dtype=np.int64)), "utf8": utf8, "offsets": offsets}

@@ -20,7 +20,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from itertools import pairwise
 from pathlib import Path
@@ -44,6 +44,9 @@ from janus_cache.windows import window_frames
 MILESTONES_FILE = "milestones_result.json"
 LANDMARK_FIELD = "landmark_description"
 SPATIAL_FIELD = "spatial_description"
+CHUNK_EPISODES = 256
+"""Episode folders indexed at a time: a stored index is written a chunk at a time, so a 612k-sample
+dataset's rows are never all in memory (~10k frames a chunk at 40 frames an episode)."""
 
 
 @dataclass
@@ -71,36 +74,61 @@ class EpisodeFolderBuilder(Builder):
         self.root = root
 
     def build(self) -> DatasetIndex:
-        folders = self._episode_folders()
-        scans = [scan for name in folders if (scan := self._scan_episode(name)) is not None]
-        # One flat list of per-frame jobs over all episodes keeps the thread pool busy.
-        jobs: list[_FrameFile] = [f for scan in scans for files in scan.by_step.values() for f in files]
-        checked = self.map(
-            lambda job: (
-                self.inspect(job.path),
-                _read_descriptions(job.path.with_suffix(".json")),
-            ),
-            jobs,
-        )
-        per_file = {job.path: result for job, result in zip(jobs, checked, strict=True)}
-
         episodes: list[Episode] = []
         frames: list[Frame] = []
         samples: list[Sample] = []
-        for scan in scans:
-            episode = self._assemble(scan, per_file, frames, samples)
-            if episode is not None:
-                episodes.append(episode)
+        for chunk_episodes, chunk_frames, chunk_samples in self.build_chunks():
+            episodes += chunk_episodes
+            frames += chunk_frames
+            samples += chunk_samples
+        return self.index_of(tuple(episodes), tuple(frames), tuple(samples))
+
+    def index_of(self, episodes: tuple[Episode, ...], frames: tuple[Frame, ...] = (),
+                 samples: tuple[Sample, ...] = ()) -> DatasetIndex:
+        """The index of these rows (after :meth:`build_chunks`: its report is complete)."""
         return DatasetIndex(
             source=self.root,
             source_format="episodes",
             history=self.history,
-            episodes=tuple(episodes),
-            frames=tuple(frames),
-            samples=tuple(samples),
+            episodes=episodes,
+            frames=frames,
+            samples=samples,
             report=self.collected(),
             subinstruction_rule=self.subinstruction_rule,
         )
+
+    def build_chunks(self, episodes_per_chunk: int | None = None
+                     ) -> Iterator[tuple[list[Episode], list[Frame], list[Sample]]]:
+        """The index's episodes, frames and samples, in order, a chunk of episode folders at a
+        time (rows numbered over the whole index): what a stored index is written from, so that
+        the rows of a 612k-sample dataset are never all in memory (:class:`~janus_cache.index.
+        columns.ColumnWriter`). The report is complete once the last chunk is taken."""
+        folders = self._episode_folders()
+        episodes_per_chunk = episodes_per_chunk or CHUNK_EPISODES
+        n_frames = n_samples = 0
+        for first in range(0, len(folders), episodes_per_chunk):
+            scans = [scan for name in folders[first:first + episodes_per_chunk]
+                     if (scan := self._scan_episode(name)) is not None]
+            # One flat list of per-frame jobs over the chunk's episodes keeps the thread pool busy.
+            jobs: list[_FrameFile] = [f for scan in scans for files in scan.by_step.values() for f in files]
+            checked = self.map(
+                lambda job: (
+                    self.inspect(job.path),
+                    _read_descriptions(job.path.with_suffix(".json")),
+                ),
+                jobs,
+            )
+            per_file = {job.path: result for job, result in zip(jobs, checked, strict=True)}
+            episodes: list[Episode] = []
+            frames: list[Frame] = []
+            samples: list[Sample] = []
+            for scan in scans:
+                episode = self._assemble(scan, per_file, frames, samples, n_frames, n_samples)
+                if episode is not None:
+                    episodes.append(episode)
+            n_frames += len(frames)
+            n_samples += len(samples)
+            yield episodes, frames, samples
 
     def _episode_folders(self) -> list[str]:
         """The root's non-hidden folders, by name; a symbolic-link loop among them is reported, not entered."""
@@ -164,7 +192,11 @@ class EpisodeFolderBuilder(Builder):
         per_file: Mapping[Path, tuple[ImageInfo | Problem, _Descriptions | Problem]],
         frames: list[Frame],
         samples: list[Sample],
+        frame_base: int = 0,
+        sample_base: int = 0,
     ) -> Episode | None:
+        """One episode's rows appended to ``frames`` / ``samples`` (rows before them in the index:
+        ``frame_base`` / ``sample_base``), and the episode; None when it has no usable frame."""
         ep = scan.episode_id
         if not scan.by_step:
             self.report(scan.path, Reason.EMPTY_EPISODE, detail=f"no step_<int>_<ACTION> frames; episode {ep} skipped")
@@ -231,7 +263,7 @@ class EpisodeFolderBuilder(Builder):
 
         frame_rows: dict[int, int] = {}
         for step, (frame_file, image) in usable.items():
-            row = len(frames)
+            row = frame_base + len(frames)
             frame_rows[step] = row
             frames.append(
                 Frame(
@@ -261,7 +293,7 @@ class EpisodeFolderBuilder(Builder):
                     file, reason = unusable[bad]
                     self.report(file, Reason.BAD_WINDOW_FRAME, key, f"window frame {bad} is unusable ({reason.value})")
                 continue
-            row = len(samples)
+            row = sample_base + len(samples)
             sample_rows.append(row)
             text = labels[step]
             samples.append(

@@ -143,8 +143,8 @@ class Builder(abc.ABC):
         self.known: MutableMapping[str, tuple[int, int, ImageInfo | Problem]] = {}
         """Image checks made earlier, by path, with the file's (size, mtime_ns) then (a stored
         index's, see ``janus_cache.index.cached``); used while the file still has them."""
-        self.inspected: list[Path] = []
-        """Images this builder read and checked (not known)."""
+        self.inspected: list[str] = []
+        """Images this builder read and checked (not known), as text (a ``Path`` is ~5x the bytes)."""
 
     def report(
         self, file: Path | str, reason: Reason, key: str | None = None, detail: str = "", line: int | None = None
@@ -161,7 +161,7 @@ class Builder(abc.ABC):
                 st = None
             if st is not None and (st.st_size, st.st_mtime_ns) == hit[:2]:
                 return hit[2]
-        self.inspected.append(path)
+        self.inspected.append(str(path))
         return inspect_image(path, self.check_images)
 
     def inspect_images(self, paths: Sequence[Path]) -> list[ImageInfo | Problem]:

@@ -12,6 +12,7 @@ touched. Whole columns come as numpy arrays or lists without making a row
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -183,6 +184,14 @@ class LazyIndex(DatasetIndex):
                 return data.reshape(len(widths), int(widths[0]))
             return DatasetIndex.int_column(self, table, name)  # ragged: numpy cannot shape it either
         raise TypeError(f"{table}.{name} holds {kind} values, not integers")
+
+    def window_lengths(self) -> Counter[int]:
+        rows = self._table("samples")
+        if not len(rows):
+            return Counter()
+        bounds = np.asarray(rows.arrays("window")["rows"])
+        lengths, counts = np.unique(np.diff(bounds), return_counts=True)
+        return Counter(dict(zip(lengths.tolist(), counts.tolist(), strict=True)))
 
     def text_column(self, table: str, name: str) -> list[Any]:
         rows = self._table(table)

@@ -229,8 +229,12 @@ class DatasetIndex:
         """Per frame, in row order: (relative path, width, height, file size in bytes)."""
         return tuple((f.relpath, f.width, f.height, f.nbytes) for f in self.frames)
 
+    def window_lengths(self) -> Counter[int]:
+        """Samples per window length (a stored index counts them from its columns)."""
+        return Counter(len(s.window) for s in self.samples)
+
     def summary(self) -> DatasetSummary:
-        lengths = Counter(len(s.window) for s in self.samples)
+        lengths = self.window_lengths()
         return DatasetSummary(
             source=str(self.source),
             source_format=self.source_format,

@@ -26,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import shlex
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -156,31 +156,81 @@ def describe(sources: Sequence[DataSource]) -> str:
     return " ".join(str(s) for s in sources)
 
 
-def combine(sources: Sequence[DataSource], indexes: Sequence[DatasetIndex]) -> DatasetIndex:
-    """One index of several sources' indexes, in the given order (keys prefixed as documented)."""
+@dataclass(frozen=True)
+class _Renaming:
+    """How one source's rows become rows of the combined index: keys prefixed with the source's
+    name (when names prefix keys), rows shifted past the sources before it."""
+
+    source: DataSource
+    prefix: bool
+    frame_offset: int
+    sample_offset: int
+
+    def named(self, text: str) -> str:
+        return f"{self.source.name}/{text}" if self.prefix else text
+
+    def frame(self, f: Frame) -> Frame:
+        return dataclasses.replace(f, row=f.row + self.frame_offset, episode_id=self.named(f.episode_id),
+                                   relpath=self.named(f.relpath))
+
+    def sample(self, s: Sample) -> Sample:
+        return dataclasses.replace(
+            s, row=s.row + self.sample_offset, key=self.named(s.key), episode_id=self.named(s.episode_id),
+            source=self.source.name, window_rows=tuple(r + self.frame_offset for r in s.window_rows))
+
+    def episode(self, e: Episode) -> Episode:
+        return dataclasses.replace(
+            e, episode_id=self.named(e.episode_id), source=self.source.name,
+            frame_rows=tuple(r + self.frame_offset for r in e.frame_rows),
+            sample_rows=tuple(r + self.sample_offset for r in e.sample_rows))
+
+    def entry(self, e: ReportEntry) -> ReportEntry:
+        return e if e.sample_key is None else dataclasses.replace(e, sample_key=self.named(e.sample_key))
+
+
+def _renamings(sources: Sequence[DataSource], indexes: Sequence[DatasetIndex]) -> list[_Renaming]:
     if len(sources) != len(indexes) or not sources:
         raise ValueError("combine needs one index per source")
     prefix = prefixes_keys(sources)
+    renamings, frames, samples = [], 0, 0
+    for source, index in zip(sources, indexes, strict=True):
+        renamings.append(_Renaming(source, prefix, frames, samples))
+        frames, samples = frames + len(index.frames), samples + len(index.samples)
+    return renamings
+
+
+COMBINE_CHUNK_ROWS = 8192
+"""Rows of the combined index made at a time by :func:`combined_rows`."""
+
+
+def combined_rows(sources: Sequence[DataSource], indexes: Sequence[DatasetIndex]
+                  ) -> Iterator[tuple[str, list[Frame] | list[Sample]]]:
+    """The combined index's frames, then its samples, :data:`COMBINE_CHUNK_ROWS` rows at a time as
+    (table, rows): what :func:`combine` holds, made a chunk at a time from (lazily read) source indexes."""
+    renamings = _renamings(sources, indexes)
+    chunk = COMBINE_CHUNK_ROWS
+    for table in ("frames", "samples"):
+        for renaming, index in zip(renamings, indexes, strict=True):
+            rows = getattr(index, table)
+            rename = renaming.frame if table == "frames" else renaming.sample
+            for first in range(0, len(rows), chunk):
+                yield table, [rename(row) for row in rows[first:first + chunk]]
+
+
+def combine(sources: Sequence[DataSource], indexes: Sequence[DatasetIndex], rows: bool = True) -> DatasetIndex:
+    """One index of several sources' indexes, in the given order (keys prefixed as documented);
+    without ``rows`` its frames and samples are left empty (:func:`combined_rows` makes them)."""
+    renamings = _renamings(sources, indexes)
     episodes: list[Episode] = []
     frames: list[Frame] = []
     samples: list[Sample] = []
     entries: list[ReportEntry] = []
-    for source, index in zip(sources, indexes, strict=True):
-        def named(text: str) -> str:
-            return f"{source.name}/{text}" if prefix else text
-
-        frame_offset, sample_offset = len(frames), len(samples)
-        frames.extend(dataclasses.replace(f, row=f.row + frame_offset, episode_id=named(f.episode_id),
-                                          relpath=named(f.relpath)) for f in index.frames)
-        samples.extend(dataclasses.replace(
-            s, row=s.row + sample_offset, key=named(s.key), episode_id=named(s.episode_id), source=source.name,
-            window_rows=tuple(r + frame_offset for r in s.window_rows)) for s in index.samples)
-        episodes.extend(dataclasses.replace(
-            e, episode_id=named(e.episode_id), source=source.name,
-            frame_rows=tuple(r + frame_offset for r in e.frame_rows),
-            sample_rows=tuple(r + sample_offset for r in e.sample_rows)) for e in index.episodes)
-        entries.extend(e if e.sample_key is None else dataclasses.replace(e, sample_key=named(e.sample_key))
-                       for e in index.report)
+    for renaming, index in zip(renamings, indexes, strict=True):
+        if rows:
+            frames.extend(renaming.frame(f) for f in index.frames)
+            samples.extend(renaming.sample(s) for s in index.samples)
+        episodes.extend(renaming.episode(e) for e in index.episodes)
+        entries.extend(renaming.entry(e) for e in index.report)
     formats = sorted({index.source_format for index in indexes})
     histories = {index.history for index in indexes}
     rules = {index.subinstruction_rule for index in indexes}
