@@ -42,13 +42,14 @@ PACKAGES: tuple[str, ...] = ("torch", "transformers", "deepspeed", "zarr", "numc
 """Libraries whose versions a run records (``null``: not installed)."""
 
 MODEL_SETTINGS: tuple[str, ...] = (
-    "qwen.path", "vggt.path", "vggt.config", "vggt.seed", "compute_dtype",
+    "vggt.seed", "compute_dtype",
     "cache.resolution", "cache.history", "cache.reference_frame", "cache.layer", "cache.attention",
     "cache.feature_dtype", "cache.vit_features",
     "train.lam", "train.merger_hidden", "train.train_vision", "train.init_from", "train.prompt_template",
 )
 """The settings that shape a run's weights and the inputs they were trained on: a checkpoint is
-resumed, exported or shown only with the values it was trained with."""
+resumed, exported or shown only with the values it was trained with. Model paths are left out: the
+same checkpoint sits at another path on another machine (export or resume there with its profile)."""
 
 _REPO = Path(__file__).resolve().parent.parent
 _GIT_TIMEOUT_S = 10
