@@ -242,13 +242,16 @@ class IndexStore:
         checked = self._prefill(builder, params.base, sources, processes)
         if isinstance(builder, EpisodeFolderBuilder) and sources is not None:
             sources = sources.without_racy(scanned_at - RACY_NS)
-            fingerprint = sources.digest()
-            built = self._build_in_chunks(builder, entry, params, sources, fingerprint, lazy)
+            fingerprint, n_files = sources.digest(), len(sources)
+            handed: list[SourceFiles] = [sources]
+            del sources  # written first, then let go: 1.26M paths are ~200 MB while the rows are built
+            built = self._build_in_chunks(builder, entry, params, handed, fingerprint, lazy)
             if built is not None:
                 seconds["build"] = time.perf_counter() - start
-                return StoredIndex(built, entry, fingerprint, False, True, len(sources),
+                return StoredIndex(built, entry, fingerprint, False, True, n_files,
                                    checked + len(builder.inspected), seconds)
             builder.entries.clear()  # the store cannot be written: built in memory below, not kept
+            sources = self._fingerprint(builder, params, None)
         index = builder.build()
         checked += len(builder.inspected)
         seconds["build"] = time.perf_counter() - start
@@ -382,22 +385,25 @@ class IndexStore:
     # ----------------------------------------------------------------------------- save
 
     def _build_in_chunks(self, builder: EpisodeFolderBuilder, entry: Path, params: IndexParams,
-                         sources: SourceFiles, fingerprint: str, lazy: bool) -> DatasetIndex | None:
+                         handed: list[SourceFiles], fingerprint: str, lazy: bool) -> DatasetIndex | None:
         """Build the index a chunk of episodes at a time straight into the store entry (its rows
         are never all in memory: a 612k-sample index took gigabytes as row objects), then read it
-        back (lazily with ``lazy``); None when the store cannot be written."""
+        back (lazily with ``lazy``); None when the store cannot be written. ``handed``: the
+        sources' fingerprint, written first and dropped (the caller keeps no reference)."""
         tmp = entry.with_name(f".{entry.name}.{os.getpid()}.partial")
+        sources = handed.pop()
         try:
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir(parents=True)
+            np.savez(tmp / SOURCES_FILE, sizes=sources.sizes, mtimes=sources.mtimes,
+                     **distinct_text_column(sources.relpaths))  # sorted, distinct paths
+            del sources
             writer = ColumnWriter(tmp, params.base)
             episodes = []
             for chunk_episodes, frames, samples in builder.build_chunks():
                 episodes += chunk_episodes
                 writer.add("frames", frames)
                 writer.add("samples", samples)
-            np.savez(tmp / SOURCES_FILE, sizes=sources.sizes, mtimes=sources.mtimes,
-                     **distinct_text_column(sources.relpaths))  # sorted, distinct paths
             writer.finish(builder.index_of(tuple(episodes)), {**params.describe(), "fingerprint": fingerprint})
             _move_into_place(tmp, entry)
         except OSError:  # e.g. a read-only cache
