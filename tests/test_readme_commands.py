@@ -15,8 +15,8 @@ ending in ``\\`` joined with the next. The rules, each a test below:
    paths of a user's cluster such as ``/data``) is not run: its executable and subcommand must
    exist and every ``--option`` it names must be one that the subcommand's ``--help`` lists (a
    ``make`` target must be one the Makefile defines, an ``sbatch`` script a file of the clone).
-   Other lines (``grep``/``cat`` of a user's run, the README's module diagram) are not commands
-   of janus and are left alone.
+   Other lines (``grep``/``cat`` of a user's run, the README's module diagram, a listing of a
+   run directory) are not commands of janus and are left alone (:data:`LAUNCHERS`).
 """
 
 from __future__ import annotations
@@ -37,6 +37,9 @@ VENV_BIN = ".venv/bin/"
 EXECUTABLES = ("janus-cache", "janus-train", "torchrun")
 SHORT_SUBCOMMANDS = {"janus-cache": ("sample-data", "index", "plan", "info")}
 NOT_COMMAND_BLOCKS = ("json", "python", "yaml", "text")
+LAUNCHERS = ("make", "sbatch")
+"""Lines starting with these or with a janus executable are commands; other lines of a block (grep
+or cat of a user's run, diagrams, file listings) are not janus's and are left alone."""
 TIMEOUT_S = 600
 
 
@@ -86,7 +89,8 @@ def code_block_commands(document: Path) -> list[Command]:
         if stripped.endswith("\\"):
             continue
         text, pending = pending.strip(), ""
-        if not text.startswith(("#", "[", "|", "v ", "+")) and shlex.split(text, comments=True):
+        first = text.split()[0]
+        if first.removeprefix(VENV_BIN) in EXECUTABLES or first in LAUNCHERS:
             commands.append(Command(document, start, text))
     return commands
 
