@@ -321,6 +321,14 @@ STOP_GRACE_S = 60
 """How long a launch that ran past its time limit has to stop its ranks after a SIGTERM."""
 
 
+def start_time(pid: int) -> str | None:
+    """When ``pid`` started (/proc's stat field 22; None once it has ended)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
 def launch(launcher: str, *args: str | Path, timeout: float = RUN_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
     """``python -m LAUNCHER --standalone --nproc_per_node 2 -m pipelines.train ARGS`` as a real launch.
 
@@ -339,11 +347,16 @@ def launch(launcher: str, *args: str | Path, timeout: float = RUN_TIMEOUT_S) -> 
         with open(stdout_file, "w") as out, open(stderr_file, "w") as err:
             process = subprocess.Popen(command, cwd=REPO_ROOT, env=dict(os.environ), stdout=out, stderr=err,
                                        start_new_session=True)
-        started: set[int] = set()
+        started: dict[int, str] = {}  # pid -> its start time: a pid reused since is not the launch's
+
+        def record() -> None:
+            for pid in descendants(process.pid) - started.keys():
+                if (since := start_time(pid)) is not None:
+                    started[pid] = since
 
         def ended_by(deadline: float) -> bool:
             while process.poll() is None and time.monotonic() < deadline:
-                started.update(descendants(process.pid))
+                record()
                 time.sleep(0.5)
             return process.poll() is not None
 
@@ -351,9 +364,10 @@ def launch(launcher: str, *args: str | Path, timeout: float = RUN_TIMEOUT_S) -> 
         if not ended:
             process.send_signal(signal.SIGTERM)  # the launcher stops its ranks after their step
             ended_by(time.monotonic() + STOP_GRACE_S)
-            started.update(descendants(process.pid))
-        for pid in [process.pid, *sorted(started)]:  # whatever is left, ended or not (none, normally)
-            if alive(pid):
+            record()
+        process.kill()
+        for pid, since in started.items():  # whatever is left, ended or not (none, normally)
+            if alive(pid) and start_time(pid) == since:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
         process.wait()
