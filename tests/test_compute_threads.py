@@ -48,12 +48,12 @@ def test_the_time_estimate_is_the_fixed_costs_plus_the_measured_rates_per_proces
                 feature_bytes=1.0, text_bytes_per_sample=1.0, decode_seconds_per_frame=0.02,
                 encode_seconds_per_window=0.5, store_seconds_per_frame=0.001, setup_seconds=12.0,
                 worker_start_seconds=5.0, compute_threads=1)
-    # One process without a decode pool waits for one spawn (its index worker); a decode pool and
-    # torchrun's ranks each add one.
-    assert plan.worker_starts(1, 1) == 1 and plan.worker_starts(1, 2) == 2 and plan.worker_starts(2, 2) == 3
+    # One process without a decode pool waits for one spawn (its index worker); a decode pool adds
+    # one, several processes two (the launcher's start; the ranks' rendezvous and its teardown).
+    assert plan.worker_starts(1, 1) == 1 and plan.worker_starts(1, 2) == 2 and plan.worker_starts(2, 2) == 4
     assert plan.fixed_seconds(1, 2) == pytest.approx(12.0 + 2 * 5.0)
     assert plan.seconds(1, 2) == pytest.approx(22.0 + 100 * 0.02 / 2 + 100 * 0.001 + 80 * 0.5)
-    assert plan.seconds(2, 1) == pytest.approx(22.0 + 100 * 0.02 / 2 + 100 * 0.001 / 2 + 80 * 0.5 / 2)
+    assert plan.seconds(2, 1) == pytest.approx(27.0 + 100 * 0.02 / 2 + 100 * 0.001 / 2 + 80 * 0.5 / 2)
     said = plan.format(1, 2)
     assert "(start-up 22 s, decode 20.0 ms/frame, encode 500.0 ms/window with 1 thread(s);" in said
     assert plan.to_dict(1, 2)["fixed_seconds"] == 22.0
