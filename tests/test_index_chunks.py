@@ -19,6 +19,7 @@ from janus_cache.index import (
     IndexStore,
     build_index,
     build_sources_index,
+    episode_identity,
     store_sources_index,
 )
 from janus_cache.index import _builder as builder_of
@@ -95,6 +96,8 @@ def test_the_combined_index_of_named_sources_is_written_in_chunks_and_equals_the
     assert index.episodes == expected.episodes and index.report == expected.report
     assert index.sources == expected.sources and index.source_format == expected.source_format
     assert index.samples[0].key.startswith("r2r/") and index.samples[-1].key.startswith("rxr/")
+    # the episodes' identities, digested as the rows were written, are those of the rows
+    assert index.stored_identities == tuple(episode_identity(expected, e) for e in expected.episodes)
 
 
 

@@ -22,6 +22,8 @@ bare datasets (``janus-cache index`` / ``plan``) use :func:`user_index_dir`.
 
 from __future__ import annotations
 
+import ctypes
+import gc
 import hashlib
 import json
 import os
@@ -55,7 +57,7 @@ from janus_cache.index.episode_folders import EpisodeFolderBuilder
 from janus_cache.index.files import FRAME_NAME, Builder, ImageInfo, Problem, inspect_image
 from janus_cache.index.lazy import read_lazy
 from janus_cache.index.fingerprint import SourceFiles, annotation_entry, scan_episode_folders, scan_files
-from janus_cache.index.identity import IDENTITY_RULE, EpisodeIdentity, episode_identities
+from janus_cache.index.identity import IDENTITY_RULE, EpisodeIdentity, StreamedIdentities, episode_identities
 from janus_cache.index.model import DatasetIndex
 from janus_cache.index.sources import DataSource, combine, combined_rows
 from janus_cache.processes import die_with_parent
@@ -367,14 +369,22 @@ class IndexStore:
         tmp = entry.with_name(f".{entry.name}.{os.getpid()}.partial")
         shutil.rmtree(tmp, ignore_errors=True)
         writer = ColumnWriter(tmp, COMBINED_BASE)
+        # The identities as the rows pass (reading the written rows again maps all of them into memory).
+        streamed = StreamedIdentities(index.episodes) if StreamedIdentities.applies(index.episodes) else None
         for table, rows in combined_rows(sources, indexes):
             writer.add(table, rows)
+            if streamed is not None:
+                streamed.add(table, rows)
         writer.finish(index, {"fingerprint": fingerprint, "source": str(index.source), "schema": schema_tag(),
                               "version": FORMAT_VERSION})
-        written = read_meta(tmp)
-        assert written is not None
-        identities = [identity.to_dict() for identity in
-                      episode_identities(read_lazy(tmp, written, index.source, COMBINED_BASE))]
+        del writer
+        if streamed is not None:
+            identities = [identity.to_dict() for identity in streamed.identities()]
+        else:
+            written = read_meta(tmp)
+            assert written is not None
+            identities = [identity.to_dict() for identity in
+                          episode_identities(read_lazy(tmp, written, index.source, COMBINED_BASE))]
         (tmp / IDENTITIES_FILE).write_text(json.dumps(identities, ensure_ascii=False))
         _move_into_place(tmp, entry)
         for other in self.directory.glob(f"{COMBINED_PREFIX}*"):  # another list of sources (before an append)
@@ -409,6 +419,9 @@ class IndexStore:
         except OSError:  # e.g. a read-only cache
             shutil.rmtree(tmp, ignore_errors=True)
             return None
+        del writer, episodes
+        builder.known = {}  # the image checks are in the entry now
+        _return_freed_memory()
         meta = read_meta(entry)
         assert meta is not None
         return (read_lazy if lazy else read_columns)(entry, meta, params.source, params.base)
@@ -427,6 +440,16 @@ class IndexStore:
         except OSError:  # e.g. a read-only cache: the index is served, only not kept
             shutil.rmtree(tmp, ignore_errors=True)
             return False
+
+
+def _return_freed_memory() -> None:
+    """Hand the heap freed by a build back to the system (glibc keeps it otherwise, and the
+    combining that follows would start from the build's peak)."""
+    gc.collect()
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
 
 
 def _move_into_place(tmp: Path, entry: Path) -> None:

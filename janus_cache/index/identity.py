@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from janus_cache.index.model import DatasetIndex, Episode
+from janus_cache.index.model import DatasetIndex, Episode, Frame, Sample
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,16 +49,57 @@ def episode_identity(index: DatasetIndex, episode: Episode) -> EpisodeIdentity:
 
     # The samples' texts as trained on, whichever file format held them: an annotation file and
     # the episode folders of the same samples are the same dataset.
-    line("episode", episode.source, episode.episode_id)
+    line(*_episode_item(episode))
     for row in episode.frame_rows:
-        f = index.frames[row]
-        line("frame", f.key, f.relpath, f.width, f.height, f.nbytes, f.sha256 or "")
+        line(*_frame_item(index.frames[row]))
     for row in episode.sample_rows:
-        s = index.samples[row]
-        line("sample", s.key, list(s.window), s.instruction, s.subinstruction, s.description_2d,
-             s.description_3d, s.action)
+        line(*_sample_item(index.samples[row]))
     return EpisodeIdentity(episode.episode_id, episode.source, digest.hexdigest(), len(episode.frame_rows),
                            len(episode.sample_rows))
+
+
+def _episode_item(e: Episode) -> tuple[Any, ...]:
+    return ("episode", e.source, e.episode_id)
+
+
+def _frame_item(f: Frame) -> tuple[Any, ...]:
+    return ("frame", f.key, f.relpath, f.width, f.height, f.nbytes, f.sha256 or "")
+
+
+def _sample_item(s: Sample) -> tuple[Any, ...]:
+    return ("sample", s.key, list(s.window), s.instruction, s.subinstruction, s.description_2d, s.description_3d,
+            s.action)
+
+
+class StreamedIdentities:
+    """:func:`episode_identity` of every episode, from the index's frames and then its samples
+    passing once in row order (as an index is written a chunk at a time): no row is read again.
+    Usable when each episode's rows ascend (:meth:`applies`), so its lines come in the same order."""
+
+    def __init__(self, episodes: Sequence[Episode]) -> None:
+        self._episodes = episodes
+        self._digests: dict[str, Any] = {}
+        for episode in episodes:
+            self._digests[episode.episode_id] = hashlib.sha256()
+            self._line(episode.episode_id, _episode_item(episode))
+
+    @staticmethod
+    def applies(episodes: Sequence[Episode]) -> bool:
+        return all(all(a < b for a, b in zip(rows, rows[1:])) for e in episodes
+                   for rows in (e.frame_rows, e.sample_rows))
+
+    def _line(self, episode_id: str, item: tuple[Any, ...]) -> None:
+        self._digests[episode_id].update(json.dumps(item, ensure_ascii=False).encode() + b"\n")
+
+    def add(self, table: str, rows: Sequence[Frame] | Sequence[Sample]) -> None:
+        """The next rows of ``table`` (all frames before any sample)."""
+        item = _frame_item if table == "frames" else _sample_item
+        for row in rows:
+            self._line(row.episode_id, item(row))  # type: ignore[arg-type]
+
+    def identities(self) -> tuple[EpisodeIdentity, ...]:
+        return tuple(EpisodeIdentity(e.episode_id, e.source, self._digests[e.episode_id].hexdigest(),
+                                     len(e.frame_rows), len(e.sample_rows)) for e in self._episodes)
 
 
 IDENTITY_RULE = 1
