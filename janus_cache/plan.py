@@ -28,6 +28,7 @@ from janus_cache.imaging import FrameError, load_frame
 from janus_cache.precompute import encode_windows, frame_shape
 from janus_cache.bases import QWEN2_5_VL
 from janus_cache.resolution import Resolution, grid_shape
+from janus_cache.threads import PIPELINE_THREADS, usable_cores
 from janus_cache.store.compression import FEATURES_COMPRESSION, FRAMES_COMPRESSION
 from janus_cache.store.features import to_stored
 from janus_cache.vit_encoder import ViTEncoder
@@ -90,6 +91,18 @@ class Plan:
     """Starting one spawned worker process (a fresh interpreter importing the decode code)."""
     compute_threads: int = 0
     """torch threads the encoder was timed with (0: not recorded)."""
+    cores: int = 0
+    """Cores the plan's process may run on, shared by the node's precompute processes (0: not recorded)."""
+    encoder_on_cpu: bool = True
+    """The encoder ran on the CPU: then the processes share the cores for it too, not a device each."""
+
+    def busy_at_once(self, processes: int) -> int:
+        """How many of ``processes`` processes do their per-row CPU work at once: each keeps its
+        compute threads and its shard reader/writer busy, so cores bound it (measured: 2 processes
+        on 2 cores took as long as one, or longer, while the estimate halved their work)."""
+        if not self.cores or not self.compute_threads:
+            return max(1, processes)
+        return max(1, min(processes, self.cores // (self.compute_threads + PIPELINE_THREADS)))
 
     def worker_starts(self, processes: int, decode_workers: int) -> int:
         """Worker-process starts a precompute waits for, one after another: its index worker, its
@@ -135,9 +148,11 @@ class Plan:
 
     def seconds(self, processes: int, decode_workers: int) -> float:
         decode = self.frames * self.decode_seconds_per_frame / max(1, processes * decode_workers)
-        store = self.frames * self.store_seconds_per_frame / max(1, processes)
-        encode = self.samples * self.encode_seconds_per_window / max(1, processes)
-        vit = self.frames * self.vit_seconds_per_frame / max(1, processes)
+        cpu = self.busy_at_once(processes)
+        device = cpu if self.encoder_on_cpu else max(1, processes)  # one accelerator per process
+        store = self.frames * self.store_seconds_per_frame / cpu
+        encode = self.samples * self.encode_seconds_per_window / device
+        vit = self.frames * self.vit_seconds_per_frame / device
         return self.fixed_seconds(processes, decode_workers) + decode + store + encode + vit
 
     def to_dict(self, processes: int = 1, decode_workers: int = 1) -> dict[str, Any]:
@@ -292,5 +307,7 @@ def make_plan(
         setup_seconds=age + time.perf_counter() - started,
         worker_start_seconds=IMPORT_SECONDS,
         compute_threads=torch.get_num_threads(),
+        cores=usable_cores(),
+        encoder_on_cpu=encoder.device.type == "cpu",
         **vit_measured,
     )

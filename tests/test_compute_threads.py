@@ -13,6 +13,8 @@ issue's closing note; no test times anything.
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import os
 import subprocess
@@ -54,6 +56,15 @@ def test_the_time_estimate_is_the_fixed_costs_plus_the_measured_rates_per_proces
     assert plan.fixed_seconds(1, 2) == pytest.approx(12.0 + 2 * 5.0)
     assert plan.seconds(1, 2) == pytest.approx(22.0 + 100 * 0.02 / 2 + 100 * 0.001 + 80 * 0.5)
     assert plan.seconds(2, 1) == pytest.approx(27.0 + 100 * 0.02 / 2 + 100 * 0.001 / 2 + 80 * 0.5 / 2)
+    # Processes sharing the cores do their per-row work one core-share at a time: 2 processes of 1
+    # thread (+1 core for their shard reader/writer) on 2 cores run no faster than one, except the
+    # decode pool (sized by the cores) and, on an accelerator, the encoder (one device per process).
+    on_two_cores = dataclasses.replace(plan, cores=2)
+    assert on_two_cores.busy_at_once(2) == 1 and on_two_cores.busy_at_once(1) == 1
+    assert on_two_cores.seconds(2, 1) == pytest.approx(27.0 + 100 * 0.02 / 2 + 100 * 0.001 + 80 * 0.5)
+    on_gpus = dataclasses.replace(on_two_cores, encoder_on_cpu=False)
+    assert on_gpus.seconds(2, 1) == pytest.approx(27.0 + 100 * 0.02 / 2 + 100 * 0.001 + 80 * 0.5 / 2)
+    assert dataclasses.replace(plan, cores=16).busy_at_once(8) == 8
     said = plan.format(1, 2)
     assert "(start-up 22 s, decode 20.0 ms/frame, encode 500.0 ms/window with 1 thread(s);" in said
     assert plan.to_dict(1, 2)["fixed_seconds"] == 22.0
