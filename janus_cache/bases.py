@@ -174,6 +174,10 @@ BASES: dict[str, QwenBase] = {base.model_type: base for base in (QWEN2_5_VL, QWE
 DEFAULT_BASE: QwenBase = QWEN2_5_VL
 """The base of JanusVLN's released checkpoints (and of the ``tiny`` profile)."""
 
+CACHED_BASES: tuple[QwenBase, ...] = (QWEN2_5_VL,)
+"""Bases a cache serves so far: it stores one frame per VGGT resolution, which is Qwen2.5-VL's own
+frame; Qwen3-VL's frames (its own resolution, docs/bases.md) are not stored yet."""
+
 
 def base_of_model_type(model_type: str, where: str = "the Qwen config") -> QwenBase:
     """The base of a ``model_type``; an unknown one is one line naming the known ones."""
@@ -200,3 +204,17 @@ def base_of_qwen_dir(qwen_dir: str | Path) -> QwenBase:
     except (OSError, ValueError, AttributeError) as err:
         raise BaseError(f"{path}: not a readable JSON config ({err}); restore the checkpoint's config.json") from None
     return base_of_model_type(str(model_type), str(path))
+
+
+def check_cached_base(qwen_dir: str | Path, where: str) -> None:
+    """Refuse, in one line, a precompute or a training from a cache for a base no cache serves yet
+    (a Qwen3-VL model would get Qwen2.5-VL's frames, whose grid is not its own). A directory without
+    a config says nothing here: what needs the model reports that itself."""
+    if not (Path(qwen_dir) / "config.json").is_file():
+        return
+    base = base_of_qwen_dir(qwen_dir)
+    if base not in CACHED_BASES:
+        served = ", ".join(b.name for b in CACHED_BASES)
+        raise BaseError(f"{where}: qwen.path {qwen_dir} is a {base.name} model, but caches hold {served} frames only "
+                        f"so far ({base.name} runs in janus's model code, not yet from a cache: docs/bases.md); "
+                        f"set qwen.path to a {served} directory")

@@ -27,6 +27,7 @@ from typing import Annotated, Optional
 import typer
 from torch.distributed.elastic.multiprocessing.errors import record
 
+from janus_cache.bases import check_cached_base
 from janus_cache.index import DatasetIndex, StoredSources
 from janus_cache.encoder import WindowEncoder
 from janus_cache.plan import Plan
@@ -198,6 +199,7 @@ def run(opts: Options) -> int:
         # One writer per cache, for the whole run: taken before anything is read or deleted.
         cache_lock = lock_on_main(control, opts.out)
         profile = control.on_main(lambda: load_profile(opts.profile, opts.overrides))
+        control.on_main(lambda: check_cached_base(profile.qwen.path, str(profile.source)))
         resolution = Resolution.parse(opts.resolution or profile.cache.resolution)
         workers = opts.workers or default_workers(ranks.local_world)
         # Before any model is built: torch's threads sized from this process's share of the node's cores.

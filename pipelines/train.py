@@ -47,6 +47,7 @@ import torch.distributed as dist
 import typer
 from torch.distributed.elastic.multiprocessing.errors import record
 
+from janus_cache.bases import BaseError, check_cached_base
 from janus_cache.lock import DirectoryLock
 from janus_cache.profile import SET_HELP, SET_OPTION, Profile, ProfileError
 from janus_cache.store import DamagedData
@@ -199,13 +200,14 @@ def command(
         sources = parse_cache_sources(cache) if cache else None
         prof = run_profile(out, profile, overrides or ())
         settings = load_train_settings(prof)
+        check_cached_base(prof.qwen.path, str(prof.source))
         if settings.init_from is not None:
             check_reference_checkpoint(settings.init_from, prof)
             init_note = unused_heads_note(settings.init_from)
             if init_note and ranks.rank == 0:
                 print(init_note, file=sys.stderr, flush=True)
         check_wandb(settings.wandb_project, prof.source)
-    except (ProfileError, ReferenceCheckpointError, WandbMissing, MixtureError) as err:
+    except (ProfileError, BaseError, ReferenceCheckpointError, WandbMissing, MixtureError) as err:
         fail_alike(ranks, str(err))
     if max_steps is not None:
         settings = replace(settings, max_steps=max_steps)
@@ -225,8 +227,6 @@ def command(
             run_lock = lock_on_main(Control(ranks), out)
         except RankFailed as err:
             fail_alike(ranks, str(err))
-        if ranks.is_main:
-            console.enter_context(ConsoleCopy(layout.train_log))
         checked_sources = list(sources or []) + (
             [CacheSource("validation", settings.val_cache, 1.0)] if settings.val_cache is not None else [])
         try:  # a reader's lock on every cache read, for the whole run: no precompute writes into one meanwhile
@@ -244,6 +244,8 @@ def command(
                 refusal = f"cannot check the cache(s) {', '.join(str(s.path) for s in checked_sources)}: {err}"
             if refusal is not None:
                 fail_alike(ranks, refusal)
+        if ranks.is_main:  # from here: a refused start above leaves no run directory behind
+            console.enter_context(ConsoleCopy(layout.train_log))
         try:
             Control(ranks).on_main(lambda: record_start(layout, prof, settings, ranks.world,
                                                         [s.path for s in checked_sources]))
