@@ -247,9 +247,11 @@ def test_a_signal_to_make_alone_reaches_every_rank_once(tmp_path: Path, sent: in
     (tmp_path / "Makefile").write_text(f"SHELL := /bin/bash\ntrain:\n\tOMP_NUM_THREADS=1 {launch}\n")
     env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
     env["PYTHONPATH"] = str(REPO_ROOT)
-    # make as a shell started in the background would have SIGINT ignored: restore the default first.
+    # make as a shell started in the background would have SIGINT ignored, and under nohup SIGHUP (make
+    # then leaves it ignored): restore the defaults first, as a terminal's make has them.
     make = subprocess.Popen([sys.executable, "-c", "import os, signal, sys; signal.signal(signal.SIGINT, "
-                             "signal.SIG_DFL); os.execvp('make', ['make', '-s', '-C', sys.argv[1], 'train'])",
+                             "signal.SIG_DFL); signal.signal(signal.SIGHUP, signal.SIG_DFL); "
+                             "os.execvp('make', ['make', '-s', '-C', sys.argv[1], 'train'])",
                              str(tmp_path)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
     try:
