@@ -38,6 +38,8 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import logging
+import os
 import sys
 import warnings
 from pathlib import Path
@@ -326,7 +328,18 @@ def command(
 
 @record
 def main() -> None:
-    typer.run(command)
+    try:
+        typer.run(command)
+    except SystemExit as stop:
+        if isinstance(stop.code, int) and stop.code != 0 and dist.is_available() and dist.is_initialized():
+            # A rank ending over a failure with its gloo group up (locks released and files closed on
+            # the way here): the interpreter's teardown of a live group can abort ("terminate called
+            # without an active exception", exit 134) instead of ending with the run's own code.
+            sys.stdout.flush()
+            sys.stderr.flush()
+            logging.shutdown()
+            os._exit(stop.code)
+        raise
 
 
 if __name__ == "__main__":
