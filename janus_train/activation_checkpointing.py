@@ -18,9 +18,10 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
+from typing import TYPE_CHECKING
 
-from torch import nn
-from torch.utils.checkpoint import checkpoint
+if TYPE_CHECKING:  # the setting is read with a profile, without torch; apply() runs with a model
+    from torch import nn
 
 _EVERY = re.compile(r"every_([1-9][0-9]*)")
 
@@ -70,6 +71,8 @@ class ActivationCheckpointing:
         for module in model.modules():
             if getattr(module, "gradient_checkpointing", False):
                 module.gradient_checkpointing = False
+        from torch.utils.checkpoint import checkpoint
+
         # Non-reentrant: inputs need not require grad, so nothing frozen is pulled into autograd.
         recompute = partial(checkpoint, use_reentrant=False)
         for layer, on in zip(layers, self.checkpointed(len(layers)), strict=True):

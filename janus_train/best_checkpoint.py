@@ -26,7 +26,7 @@ from janus_cache.plan import format_bytes
 from janus_train.checkpoints import Checkpoints
 from janus_train.disk_space import NoRoom, bytes_under, free_bytes
 from janus_train.run_layout import BEST_TAG
-from janus_train.validation import better
+from janus_train.val_metric_names import better
 
 BEST_FILE = "best.json"
 _PARTIAL, _OLD = f"{BEST_TAG}.partial", f"{BEST_TAG}.old"

@@ -1,4 +1,7 @@
-"""Training settings: the ``train`` section of a profile, validated, plus the DeepSpeed config."""
+"""Training settings: the ``train`` section of a profile, validated, plus the DeepSpeed config.
+
+Reading them imports neither torch nor transformers (every module below is torch-free), so
+``janus-cache profile`` and the Makefile's profile reads cost a fraction of a CPU-second."""
 
 from __future__ import annotations
 
@@ -11,11 +14,11 @@ from janus_cache.profile import CONFIGS_DIR, Profile, ProfileError
 from janus_cache.settings import SettingsError, read_settings, setting
 from janus_train.activation_checkpointing import FULL, ActivationCheckpointing
 from janus_train.kernels import liger_missing
-from janus_train.loss import LossConfig
-from janus_train.model import JanusModelConfig, TrainableParts
+from janus_train.loss_config import LossConfig
+from janus_train.model_config import JanusModelConfig, TrainableParts
 from janus_train.preemption import STOP_SIGNAL_CHOICES
 from janus_train.prompt_template import DEFAULT_TEMPLATE, PromptTemplate
-from janus_train.validation import BEST_METRICS, VAL_LOSS
+from janus_train.val_metric_names import BEST_METRICS, VAL_LOSS
 
 DEEPSPEED_DIR = CONFIGS_DIR / "deepspeed"
 NONFINITE_POLICIES = ("stop", "skip")

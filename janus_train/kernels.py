@@ -13,8 +13,10 @@
 from __future__ import annotations
 
 import importlib.util
+from typing import TYPE_CHECKING
 
-from torch import nn
+if TYPE_CHECKING:  # liger_missing() is asked when a profile is read, without torch
+    from torch import nn
 
 LIGER_PACKAGE = "liger_kernel"
 

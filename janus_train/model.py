@@ -37,7 +37,6 @@ from __future__ import annotations
 import importlib.util
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -61,12 +60,8 @@ from janus_cache.vit_encoder import MERGER_PREFIX as VIT_MERGER_PREFIX
 from janus_cache.vit_encoder import merge as vit_merge
 from janus_cache.vit_encoder import merge_cached, vit_blocks
 from janus_train.activation_checkpointing import ActivationCheckpointing
-from janus_train.loss import (
-    DEFAULT_LOGIT_CHUNK_ROWS,
-    LossParts,
-    action_cross_entropy,
-    token_cross_entropy,
-)
+from janus_train.loss import LossParts, action_cross_entropy, token_cross_entropy
+from janus_train.model_config import JanusModelConfig, TrainableParts
 from janus_train.rope import RopeIndex
 from janus_train.vision_attention import use_varlen_vision_attention
 
@@ -213,31 +208,6 @@ class ActionHead(nn.Module):
 
 
 # -------------------------------------------------------------------------------------- model
-
-
-@dataclass(frozen=True)
-class TrainableParts:
-    """Which parameter sets train (see :data:`PARTS`); the VGGT encoder never does."""
-
-    language_model: bool = True
-    projector: bool = True
-    vision_tower: bool = False
-    vggt_merger: bool = True
-    action_head: bool = True
-
-
-@dataclass(frozen=True)
-class JanusModelConfig:
-    """``lam`` scales the injected 3-D embedding; ``merger_hidden`` is the VGGT merger's inner width
-    (4096 in JanusVLN); ``init_seed`` seeds the new modules' initial weights (same on every rank);
-    ``logit_chunk_rows`` bounds the token-logit rows alive at once."""
-
-    lam: float = 0.2
-    merger_hidden: int = 4096
-    action_hidden: int = 512
-    trainable: TrainableParts = field(default_factory=TrainableParts)
-    init_seed: int = 0
-    logit_chunk_rows: int = DEFAULT_LOGIT_CHUNK_ROWS
 
 
 class JanusOutput(NamedTuple):

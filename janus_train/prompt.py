@@ -46,14 +46,11 @@ import torch
 from janus_cache.index import ACTION_IDS, ACTIONS, Sample, parse_action
 from janus_cache.qwen_vision import IM_END, IM_START, IMAGE_PAD, VISION_END, VISION_START
 from janus_train.prompt_template import IMAGE_TAG, PromptTemplate
+from janus_train.segments import ANSWER_LABELS, N_SEGMENTS, SEGMENT_NAMES
 
 IGNORE_INDEX = -100
 """Label of positions without loss (the value PyTorch's cross-entropy ignores)."""
 
-ANSWER_LABELS: tuple[str, ...] = ("SUBINSTRUCTION:", "2D_DESCRIPTION:", "3D_DESCRIPTION:", "ACTION:")
-"""Markers of the four target lines; line k (1-based) is segment k."""
-SEGMENT_NAMES: tuple[str, ...] = ("subinstruction", "description_2d", "description_3d", "action")
-N_SEGMENTS = len(ANSWER_LABELS)
 ACTIONS_TEXT = "The possible actions are " + ", ".join(ACTIONS) + "."
 """The action sentence of janus's own wording (configs/prompts/janus.yaml); the tiny tokenizer's
 corpus is built from it."""

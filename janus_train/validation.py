@@ -14,7 +14,7 @@ all validation samples:
 * ``val_loss``: ``val_token_loss + d * val_action_loss``, the training loss's formula (``d``: the
   action-head weight of the step just run);
 * ``val_token_loss``: the loss-weighted token CE (``sum w_t CE_t / sum w_t``), as training weighs it;
-* ``val_loss_<segment>``: mean token CE of each answer line (:data:`janus_train.prompt.SEGMENT_NAMES`);
+* ``val_loss_<segment>``: mean token CE of each answer line (:data:`janus_train.segments.SEGMENT_NAMES`);
 * ``val_action_loss`` / ``val_action_accuracy``: the action head's CE and argmax accuracy;
 * ``val_action_token_accuracy``: the share of samples whose action name after ``ACTION:`` the language
   model predicts token for token (argmax of the LM logits at each of its supervised positions, the
@@ -31,7 +31,7 @@ import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -41,21 +41,14 @@ from janus_cache.qwen_vision import IM_END
 from janus_cache.store.layout import SAMPLES_TABLE
 from janus_cache.store.records import EPISODE_COLUMN
 from janus_cache.store.split import epoch_order, share
+from janus_train.config import TrainSettings
 from janus_train.damaged import DamagedSample
 from janus_train.data import CachedSamples, LiveSamples, StreamedSamples, TrainItem, collate
 from janus_train.holdout import Holdout, HoldoutError, heldout_count, split_by_episode
 from janus_train.mixture import MixedSamples
-from janus_train.prompt import ANSWER_LABELS, N_SEGMENTS, SEGMENT_NAMES, PromptBuilder
-
-if TYPE_CHECKING:
-    from janus_train.config import TrainSettings
-
-VAL_PREFIX = "val_"
-VAL_LOSS = "val_loss"
-HIGHER_IS_BETTER: tuple[str, ...] = ("val_action_accuracy", "val_action_token_accuracy")
-BEST_METRICS: tuple[str, ...] = (VAL_LOSS, "val_token_loss", "val_action_loss", *HIGHER_IS_BETTER,
-                                 *(f"val_loss_{name}" for name in SEGMENT_NAMES))
-"""Metrics ``best_metric`` may name: accuracies are best highest, losses lowest."""
+from janus_train.prompt import PromptBuilder
+from janus_train.segments import ANSWER_LABELS, N_SEGMENTS, SEGMENT_NAMES
+from janus_train.val_metric_names import VAL_LOSS
 
 _ACTION_SEGMENT = N_SEGMENTS  # segment ids are 1-based; the action line is the last
 _SUMS = ("weighted_ce_sum", "weight_sum", "action_ce_sum", "action_correct", "action_token_correct", "samples")
@@ -63,15 +56,6 @@ _SUMS = ("weighted_ce_sum", "weight_sum", "action_ce_sum", "action_correct", "ac
 
 class ValidationError(ValueError):
     """The run's validation source cannot be used; the message says why (one line)."""
-
-
-def better(metric: str, new: float, old: float | None) -> bool:
-    """Whether ``new`` beats ``old`` (None: nothing yet) for ``metric``; ties keep the old one."""
-    if not math.isfinite(new):
-        return False
-    if old is None:
-        return True
-    return new > old if metric in HIGHER_IS_BETTER else new < old
 
 
 @dataclass(frozen=True)

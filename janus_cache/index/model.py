@@ -11,15 +11,12 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from janus_cache.index.problems import SUMMARY_PROBLEMS, DatasetReport, problem_lines
 from janus_cache.index.subinstructions import DEFAULT_SUBINSTRUCTION_RULE
-
-if TYPE_CHECKING:  # sources.py builds on this module
-    from janus_cache.index.sources import DataSource
 
 ACTIONS: tuple[str, ...] = ("STOP", "MOVE_FORWARD", "TURN_LEFT", "TURN_RIGHT")
 """Action names; the position is the action id: the integer code of annotation files and the class
@@ -38,6 +35,19 @@ def parse_action(value: object) -> str | None:
     if isinstance(value, str) and value in ACTIONS:
         return value
     return None
+
+
+@dataclass(frozen=True, slots=True)
+class DataSource:
+    """One dataset source of an index: its name, its path, and whether the name was given
+    (``NAME=PATH``); :mod:`janus_cache.index.sources` parses and combines them."""
+
+    name: str
+    path: Path
+    named: bool = False
+
+    def __str__(self) -> str:
+        return f"{self.name}={self.path}" if self.named else str(self.path)
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,8 +179,8 @@ class DatasetIndex:
     subinstruction_rule: str = DEFAULT_SUBINSTRUCTION_RULE
     """How episode-folder samples got their subinstruction (see ``janus_cache.index.subinstructions``)."""
     sources: tuple[DataSource, ...] = ()
-    """The named sources this index combines, in order (``janus_cache.index.sources.DataSource``);
-    empty for an index of one path built by ``build_index``."""
+    """The named sources this index combines, in order; empty for an index of one path built by
+    ``build_index``."""
     _samples_by_key: dict[str, int] = field(init=False, repr=False, compare=False)
     _episodes_by_id: dict[str, int] = field(init=False, repr=False, compare=False)
     _frame_rows: dict[tuple[str, int], int] = field(init=False, repr=False, compare=False)

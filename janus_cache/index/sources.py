@@ -30,7 +30,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from janus_cache.index.model import DatasetIndex, Episode, Frame, Sample
+from janus_cache.index.model import DataSource, DatasetIndex, Episode, Frame, Sample
 from janus_cache.index.problems import DatasetError, DatasetReport, ReportEntry
 
 SOURCE_NAME = re.compile(r"^[^\W_][\w.-]*$")
@@ -38,18 +38,6 @@ SOURCE_NAME = re.compile(r"^[^\W_][\w.-]*$")
 first part of every key)."""
 NOT_IN_NAME = re.compile(r"[^\w.-]+")
 """Characters of a folder name that a source name cannot hold (each run becomes one '_')."""
-
-
-@dataclass(frozen=True, slots=True)
-class DataSource:
-    """One dataset source: its name, its path, and whether the name was given (``NAME=PATH``)."""
-
-    name: str
-    path: Path
-    named: bool = False
-
-    def __str__(self) -> str:
-        return f"{self.name}={self.path}" if self.named else str(self.path)
 
 
 def parse_source(text: str) -> DataSource:

@@ -41,11 +41,11 @@ decided in one place, :mod:`janus_cache.store.split`.
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
-import torch
 
 from janus_cache.store.commit import (
     CommitRecord,
@@ -72,11 +72,33 @@ from janus_cache.store.manifest import (
     write_manifest,
 )
 from janus_cache.store.layout import CacheLayout
-from janus_cache.store.open import CacheOpenError, CacheReader, OpenedCache, load_manifest, open_cache
 from janus_cache.store.records import CacheSample, SampleMeta
-from janus_cache.store.text_column import TextColumn
-from janus_cache.store.wds_store import WdsCacheReader, WdsCacheWriter
-from janus_cache.store.zarr_store import ColumnData, ZarrCacheReader, ZarrCacheWriter, ZarrGroup
+from janus_cache.text_column import TextColumn
+
+if TYPE_CHECKING:
+    import torch
+
+    from janus_cache.store.open import CacheOpenError, CacheReader, OpenedCache, load_manifest, open_cache
+    from janus_cache.store.wds_store import WdsCacheReader, WdsCacheWriter
+    from janus_cache.store.zarr_store import ColumnData, ZarrCacheReader, ZarrCacheWriter, ZarrGroup
+
+_TORCH_MODULES: dict[str, tuple[str, ...]] = {
+    "open": ("CacheOpenError", "CacheReader", "OpenedCache", "load_manifest", "open_cache"),
+    "wds_store": ("WdsCacheReader", "WdsCacheWriter"),
+    "zarr_store": ("ColumnData", "ZarrCacheReader", "ZarrCacheWriter", "ZarrGroup"),
+}
+"""The names of the modules that read and write arrays as tensors (and so import torch), imported on
+first use: the manifest, layout and commit records load without torch."""
+_MODULE_OF = {name: module for module, names in _TORCH_MODULES.items() for name in names}
+
+
+def __getattr__(name: str) -> Any:
+    module = _MODULE_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value  # imported once
+    return value
 
 
 @runtime_checkable
@@ -146,15 +168,15 @@ class CacheWriter(Protocol):
         """Per array, every planned shard and its commit state (for the manifest)."""
 
 
-_WRITERS: dict[str, type[ZarrCacheWriter | WdsCacheWriter]] = {"zarr": ZarrCacheWriter, "wds": WdsCacheWriter}
+_WRITERS: dict[str, str] = {"zarr": "ZarrCacheWriter", "wds": "WdsCacheWriter"}
 
 
 def open_writer(format: str, root: Path | str, variant: str) -> CacheWriter:
     """The writer of cache format ``format`` ("zarr" or "wds") for the cache directory ``root``."""
-    try:
-        return _WRITERS[format](root, variant)
-    except KeyError:
-        raise ValueError(f"cache format must be one of {FORMATS}, got {format!r}") from None
+    if format not in _WRITERS:
+        raise ValueError(f"cache format must be one of {FORMATS}, got {format!r}")
+    writer: type[ZarrCacheWriter | WdsCacheWriter] = __getattr__(_WRITERS[format])
+    return writer(root, variant)
 
 
 __all__ = [

@@ -7,10 +7,14 @@ uint16 bits back as ``torch.bfloat16`` without copying. float32 is stored as its
 
 from __future__ import annotations
 
-import numpy as np
-import torch
+from typing import TYPE_CHECKING
 
-from janus_cache.dtypes import TORCH_DTYPES
+import numpy as np
+
+from janus_cache import dtypes
+
+if TYPE_CHECKING:  # torch is imported where tensors are made or taken apart, not to read a manifest
+    import torch
 
 STORED_DTYPES: dict[str, str] = {"bfloat16": "uint16", "float32": "float32"}
 """Logical feature dtype -> dtype of the stored array."""
@@ -31,9 +35,11 @@ def to_stored(features: torch.Tensor | np.ndarray, logical: str) -> np.ndarray:
     Accepts a torch tensor of the logical dtype (any device) or a numpy array already in the
     stored dtype. Any other dtype is an error: silently casting would change the features.
     """
+    import torch
+
     target = stored_dtype(logical)
     if isinstance(features, torch.Tensor):
-        if features.dtype != TORCH_DTYPES[logical]:
+        if features.dtype != dtypes.TORCH_DTYPES[logical]:
             raise TypeError(f"features are {features.dtype}, the cache stores {logical} features")
         tensor = features.detach().to("cpu").contiguous()
         if logical == "bfloat16":
@@ -51,6 +57,8 @@ def to_stored(features: torch.Tensor | np.ndarray, logical: str) -> np.ndarray:
 
 def from_stored(array: np.ndarray, logical: str) -> torch.Tensor:
     """The torch tensor of logical dtype ``logical`` for a stored array (zero-copy when possible)."""
+    import torch
+
     target = stored_dtype(logical)
     if array.dtype != target:
         raise TypeError(f"stored features are {array.dtype}, expected {target} for {logical}")

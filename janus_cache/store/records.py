@@ -10,13 +10,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from janus_cache.store.commit import StoreError
 from janus_cache.store.layout import KEY_COLUMN, WINDOW_ROWS_COLUMN
+
+if TYPE_CHECKING:  # the readers make the tensors; the record's type needs no torch
+    import torch
 
 TEXT_COLUMNS = ("instruction", "subinstruction", "description_2d", "description_3d")
 """Text columns of the samples table that every sample's prompt is built from."""
