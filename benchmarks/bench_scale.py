@@ -193,7 +193,7 @@ CHECK = re.compile(r"^check ([\d.]+) s$", re.M)
 READ = """
 import random, sys, time
 from janus_cache.profile import load_profile
-from janus_cache.precompute import window_variant
+from janus_cache.keys import window_variant
 from janus_cache.store import open_cache
 profile = load_profile(sys.argv[2])
 reader = open_cache(sys.argv[1], resolution=profile.cache.resolution.name,

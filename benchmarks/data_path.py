@@ -16,7 +16,7 @@ import yaml
 from benchmarks.measure import rates
 from janus_cache.imaging import load_frame, qwen_pixel_values
 from janus_cache.index import build_index
-from janus_cache.precompute import window_variant
+from janus_cache.keys import window_variant
 from janus_cache.profile import PROFILES_DIR, load_profile
 from janus_cache.resolution import Resolution, visual_tokens
 from janus_cache.sample_data import write_sample_data

@@ -25,7 +25,8 @@ import torch
 from janus_cache.index import DatasetIndex
 from janus_cache.encoder import WindowEncoder
 from janus_cache.imaging import FrameError, load_frame
-from janus_cache.precompute import encode_windows, frame_shape
+from janus_cache.keys import frame_shape
+from janus_cache.precompute import encode_windows
 from janus_cache.bases import QWEN2_5_VL
 from janus_cache.resolution import Resolution, grid_shape
 from janus_cache.threads import PIPELINE_THREADS, usable_cores

@@ -55,16 +55,14 @@ from janus_cache.index import (
 from janus_cache.lock import LOCK_NAME
 from janus_cache.encoder import WindowEncoder
 from janus_cache.plan import Plan, format_bytes, make_plan
+from janus_cache.keys import frame_shape, wanted_manifest, window_variant
 from janus_cache.precompute import (
     check_windows,
-    frame_shape,
     frame_table,
     read_frame_failures,
     sample_table,
     usable_samples,
     window_matrix,
-    wanted_manifest,
-    window_variant,
     write_feature_shards,
     write_frame_shard,
     write_vit_shard,

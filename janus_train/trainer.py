@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset
 
-from janus_cache.precompute import window_variant
+from janus_cache.keys import window_variant
 from janus_cache.profile import Profile
 from janus_cache.device import process_device
 from janus_cache.resolution import visual_tokens
