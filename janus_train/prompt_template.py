@@ -18,7 +18,7 @@ from janus_cache.settings import SettingsError, read_settings, setting
 
 PROMPTS_DIR = CONFIGS_DIR / "prompts"
 DEFAULT_TEMPLATE = "janusvln.yaml"
-"""The reference JanusVLN wording (README "The training sample")."""
+"""The reference JanusVLN wording (docs/train.md "The training sample")."""
 
 IMAGE_TAG = "<image>"
 """How a rendered user text marks an image (the reference's tag)."""

@@ -1,6 +1,6 @@
 """Checkpoint directories of the reference JanusVLN trainer: read one into janus, write one back.
 
-The layout (README "Reference JanusVLN checkpoints, both ways") is what the reference trainer saves with transformers 4.50
+The layout (docs/train.md "Reference JanusVLN checkpoints, both ways") is what the reference trainer saves with transformers 4.50
 and what its evaluation loads: a flat Qwen2.5-VL ``config.json`` (text settings at the top level,
 no ``text_config``) with the JanusVLN fields, one state dict (``model.safetensors`` or shards with
 an index) holding ``model.*``, ``lm_head.*``, ``visual.*``, ``merger.*``, ``action_head.{0,1,3}.*``

@@ -3,7 +3,7 @@
 An episode lists subinstructions and the sorted ``checkpoint_frame_index`` values c_0 < c_1 < ...
 at which each is completed. Two rules, chosen by the cache setting ``subinstruction_rule``:
 
-* ``reference`` (default; the reference JanusVLN trainer, README "The training sample"):
+* ``reference`` (default; the reference JanusVLN trainer, docs/train.md "The training sample"):
   subinstruction i covers frames [start_i, end_i] with start_0 = 0, start_i = c_{i-1} + 1 when
   checkpoint i-1 exists (else 0), end_i = c_i when checkpoint i exists (else the last frame);
   later subinstructions overwrite earlier ones and frames still uncovered get the last one. So

@@ -1,6 +1,6 @@
 """How a text field of the dataset becomes the text of a sample (both input formats).
 
-The reference trainer's rule (README "The training sample"): surrounding whitespace is stripped,
+The reference trainer's rule (docs/train.md "The training sample"): surrounding whitespace is stripped,
 inner newlines are kept, and a text given as a JSON list uses its first element.
 """
 
