@@ -46,12 +46,13 @@ PRECOMPUTE_ARGS ?=
 VERIFY_ARGS ?=
 STAMP := $(VENV)/.janus-setup
 
-.PHONY: help setup test demo precompute train verify bench bench-gpu bench-scale clean-demo
+.PHONY: help setup test test-fast demo precompute train verify bench bench-gpu bench-scale clean-demo
 
 help:
 	@echo "make setup       install janus and its dependencies into $(VENV)"
 	@echo "make demo        run janus on generated sample data (tiny profile, CPU)"
-	@echo "make test        run the test suite"
+	@echo "make test        run the test suite (both tiers: tests/unit and tests/e2e)"
+	@echo "make test-fast   run the unit tier only (in-process tests, no CLI/torchrun/make)"
 	@echo "make precompute DATA=dir [PROFILE=tiny] [SET='cache.resolution=pad448 ...'] [OUT=cache] [NPROC=n] [FORMAT=zarr|wds]  (DATA=\"r2r=dir1 rxr=dir2\": several sources)"
 	@echo "make verify CACHE=dir [DATA=dir] [PROFILE=tiny] [NPROC=n] [VERIFY_ARGS='--live 8 --json report.json']"
 	@echo "make train [PROFILE=tiny|h800] [SET='train.grad_accum=4 ...'] [CACHE=cache | MIXTURE='r2r=dir:0.7 rxr=dir:0.3'] [DATA=dir] [RUN=runs/PROFILE] [NPROC=n]"
@@ -70,6 +71,10 @@ setup: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+# The unit tier alone (no process starts: tests/unit/conftest.py refuses them).
+test-fast: $(STAMP)
+	$(PY) -m pytest -q tests/unit $(PYTEST_ARGS)
 
 demo: $(STAMP)
 	rm -rf $(DEMO_DIR)

@@ -1,0 +1,294 @@
+"""Checkpoints you can trust (issue 13, item 5): ``latest`` names only complete, checksummed
+checkpoints; a resume verifies them and falls back past a damaged one in one line; rotation never
+deletes the checkpoint ``latest`` names; ``metrics.jsonl`` holds each step once after kills.
+
+The runs: real 2-process torchrun launches (DeepSpeed ZeRO-3 over gloo) of the tiny profile on a
+precomputed cache of 2 episodes x 4 steps (8 samples, 2 optimizer steps per epoch), 6 steps with a
+checkpoint every 2. Damage is done to copies of the reference run's checkpoints.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers.profiles import REPO_ROOT
+from helpers.training import assert_succeeded, precompute, read_metrics, torchrun_train, write_train_profile
+
+from janus_cache.sample_data import write_sample_data
+from janus_train.checkpoints import CHECKSUMS_FILE, LATEST_FILE, Checkpoints, NoIntactCheckpoint, sha256_file
+from janus_train.trainer import CHECKPOINTS, METRICS_FILE
+
+STEPS = 6
+SAVE_EVERY = 2
+TAGS = [f"step{s:08d}" for s in (2, 4, 6)]
+TRAIN = {"max_steps": STEPS, "save_every": SAVE_EVERY, "save_total_limit": 10, "live_check_every": 0}
+RUN_TIMEOUT = 300
+
+
+class Setup:
+    def __init__(self, root: Path) -> None:
+        data = write_sample_data(root / "data", episodes=2, steps=4, seed=0)
+        self.profile = write_train_profile(root / "profile.yaml", cache={"feature_dtype": "float32"}, train=TRAIN)
+        self.cache = precompute(data, root / "cache", self.profile)
+        self.reference = root / "reference"
+        assert_succeeded(self.train(self.reference))
+        self.records = read_metrics(self.reference)
+
+    def train(self, out: Path, *extra: str | int) -> subprocess.CompletedProcess[str]:
+        return torchrun_train("--out", out, "--cache", self.cache, "--profile", self.profile, "--no-export", *extra)
+
+    def copy_run(self, out: Path, up_to_step: int) -> Path:
+        """The reference run directory as a run that ended after step ``up_to_step`` leaves it."""
+        shutil.copytree(self.reference / CHECKPOINTS, out / CHECKPOINTS)
+        (out / METRICS_FILE).write_text("".join(json.dumps(r) + "\n" for r in self.records[:up_to_step]))
+        return out
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory: pytest.TempPathFactory) -> Setup:
+    return Setup(tmp_path_factory.mktemp("checkpoints"))
+
+
+def largest_file(tag_dir: Path) -> Path:
+    """The tag's largest file (an optimizer state: damage there changes the resumed run)."""
+    return max((p for p in tag_dir.rglob("*") if p.is_file() and p.name != CHECKSUMS_FILE),
+               key=lambda p: p.stat().st_size)
+
+
+def flip_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def truncate(path: Path) -> None:
+    with open(path, "r+b") as f:
+        f.truncate(path.stat().st_size - 100)
+
+
+def assert_steps_match_the_reference(setup: Setup, records: list[dict[str, Any]], steps: range) -> None:
+    by_step = {r["step"]: r for r in setup.records}
+    for got in records:
+        if got["step"] in steps:
+            want = by_step[got["step"]]
+            for name in ("loss", "grad_norm", "lr"):
+                assert got[name] == pytest.approx(want[name], rel=1e-6, abs=1e-9), (got["step"], name)
+
+
+# ------------------------------------------------------------------------------- saving
+
+
+def test_latest_names_the_last_checkpoint_and_every_file_of_each_tag_is_recorded(setup: Setup) -> None:
+    checkpoints = setup.reference / CHECKPOINTS
+    assert (checkpoints / LATEST_FILE).read_text() == TAGS[-1]
+    assert sorted(p.name for p in checkpoints.glob("step*")) == TAGS
+    for tag in TAGS:
+        files = json.loads((checkpoints / tag / CHECKSUMS_FILE).read_text())["files"]
+        on_disk = sorted(p.relative_to(checkpoints / tag).as_posix() for p in (checkpoints / tag).rglob("*")
+                         if p.is_file() and p.name != CHECKSUMS_FILE)
+        assert sorted(files) == on_disk and len(on_disk) >= 3  # the model states + one optimizer state per rank
+        for name, entry in files.items():
+            path = checkpoints / tag / name
+            assert entry == {"sha256": sha256_file(path), "bytes": path.stat().st_size}
+    assert not list(checkpoints.glob(".*tmp"))
+
+
+def test_rotation_keeps_the_newest_and_never_the_tag_latest_does_not_name(setup: Setup, tmp_path: Path) -> None:
+    """Keep 2: the tag ``latest`` names and the one before it stay; older ones go, and so does a
+    leftover newer than ``latest`` (a run abandoned at a resume)."""
+    checkpoints = setup.copy_run(tmp_path / "run", STEPS) / CHECKPOINTS
+    (checkpoints / LATEST_FILE).write_text(TAGS[1])
+    assert Checkpoints(checkpoints).rotate(keep=2) == [TAGS[2]]
+    assert sorted(p.name for p in checkpoints.glob("step*")) == TAGS[:2]
+    assert Checkpoints(checkpoints).rotate(keep=1) == [TAGS[0]]
+    assert sorted(p.name for p in checkpoints.glob("step*")) == [TAGS[1]]
+    (checkpoints / LATEST_FILE).write_text("")
+    assert Checkpoints(checkpoints).rotate(keep=1) == [], "with no intact tag known, nothing may go"
+
+
+# ----------------------------------------------------------------- choosing where to resume
+
+
+@pytest.mark.parametrize("damage, reason", [
+    (lambda tag: (tag / CHECKSUMS_FILE).unlink(), f"no {CHECKSUMS_FILE}: its save did not complete"),
+    (lambda tag: (tag / CHECKSUMS_FILE).write_text("{"), f"file {CHECKSUMS_FILE}: unreadable"),
+    (lambda tag: largest_file(tag).unlink(), "missing"),
+    (lambda tag: truncate(largest_file(tag)), "truncated ("),
+    (lambda tag: flip_byte(largest_file(tag)), "checksum"),
+])
+def test_a_damaged_latest_falls_back_to_the_newest_intact_tag_and_repoints_latest(
+    setup: Setup, tmp_path: Path, damage: Any, reason: str,
+) -> None:
+    checkpoints = setup.copy_run(tmp_path / "run", STEPS) / CHECKPOINTS
+    damage(checkpoints / TAGS[2])
+    chosen = Checkpoints(checkpoints).resumable()
+    assert chosen is not None and chosen.tag == TAGS[1] and chosen.step == 4
+    assert chosen.note is not None and chosen.note.startswith(f"checkpoint {TAGS[2]} is damaged (")
+    assert reason in chosen.note and chosen.note.endswith(f"); resuming from {TAGS[1]}")
+    assert (checkpoints / LATEST_FILE).read_text() == TAGS[1]
+
+
+@pytest.mark.parametrize("latest", ["", "  \n", None, "step00000099"])
+def test_an_empty_missing_or_dangling_latest_falls_back_to_the_newest_intact_tag(
+    setup: Setup, tmp_path: Path, latest: str | None,
+) -> None:
+    checkpoints = setup.copy_run(tmp_path / "run", STEPS) / CHECKPOINTS
+    if latest is None:
+        (checkpoints / LATEST_FILE).unlink()
+    else:
+        (checkpoints / LATEST_FILE).write_text(latest)
+    chosen = Checkpoints(checkpoints).resumable()
+    assert chosen is not None and chosen.tag == TAGS[2]
+    expected = {None: "is missing", "step00000099": "names 'step00000099', which does not exist"}.get(latest, "is empty")
+    assert chosen.note == f"{checkpoints / LATEST_FILE} {expected}; resuming from {TAGS[2]}"
+
+
+def test_an_intact_latest_is_resumed_without_a_note_and_no_checkpoint_means_a_fresh_start(
+    setup: Setup, tmp_path: Path,
+) -> None:
+    checkpoints = setup.copy_run(tmp_path / "run", STEPS) / CHECKPOINTS
+    chosen = Checkpoints(checkpoints).resumable()
+    assert chosen is not None and (chosen.tag, chosen.note) == (TAGS[2], None)
+    assert Checkpoints(tmp_path / "none").resumable() is None
+
+
+def test_no_intact_checkpoint_is_an_error_naming_each_problem(setup: Setup, tmp_path: Path) -> None:
+    checkpoints = setup.copy_run(tmp_path / "run", STEPS) / CHECKPOINTS
+    for tag in TAGS:
+        flip_byte(largest_file(checkpoints / tag))
+    with pytest.raises(NoIntactCheckpoint) as err:
+        Checkpoints(checkpoints).resumable()
+    message = str(err.value)
+    assert "\n" not in message and message.startswith(f"no intact checkpoint in {checkpoints}: ")
+    assert all(f"checkpoint {tag} is damaged (file " in message for tag in TAGS)
+
+
+# --------------------------------------------------------------------- resuming for real
+
+
+@pytest.mark.parametrize("damage", ["flipped byte", "truncated file", "empty latest"])
+def test_training_resumes_past_a_damaged_latest_in_one_line_and_continues(
+    setup: Setup, tmp_path: Path, damage: str,
+) -> None:
+    """The run directory of a run killed after step 6 with its last checkpoint damaged: a new launch
+    prints one line naming the damage, resumes from step 4 and repeats the reference's steps 5 and 6
+    (so it really loaded step 4's weights, optimizer and data position); each step logged once."""
+    out = setup.copy_run(tmp_path / "run", STEPS)
+    checkpoints = out / CHECKPOINTS
+    if damage == "empty latest":
+        (checkpoints / LATEST_FILE).write_text("")
+        # The newest tag was never completed: its checksums were never recorded.
+        (checkpoints / TAGS[2] / CHECKSUMS_FILE).unlink()
+        expected = (f"{checkpoints / LATEST_FILE} is empty; checkpoint {TAGS[2]} is damaged (no {CHECKSUMS_FILE}: "
+                    f"its save did not complete); resuming from {TAGS[1]}")
+    else:
+        victim = largest_file(checkpoints / TAGS[2])
+        (flip_byte if damage == "flipped byte" else truncate)(victim)
+        problem = ": checksum)" if damage == "flipped byte" else ": truncated ("
+        expected = f"checkpoint {TAGS[2]} is damaged (file {victim.relative_to(checkpoints / TAGS[2]).as_posix()}: "
+    result = setup.train(out)
+    assert_succeeded(result)
+    notes = [line for line in result.stderr.splitlines() if "resuming from" in line]
+    assert len(notes) == 1 and expected in notes[0], result.stderr
+    if damage != "empty latest":
+        assert problem in notes[0] and notes[0].endswith(f"resuming from {TAGS[1]}")
+    assert "Traceback" not in result.stderr
+    assert "resumed at step 4 " in result.stdout
+    records = read_metrics(out)
+    assert [r["step"] for r in records] == list(range(1, STEPS + 1))
+    assert_steps_match_the_reference(setup, records, range(5, STEPS + 1))
+    assert (checkpoints / LATEST_FILE).read_text() == TAGS[2]
+    assert Checkpoints(checkpoints).damage(TAGS[2]) is None, "step 6 was saved afresh"
+
+
+def test_a_run_with_no_intact_checkpoint_ends_in_one_error_line(setup: Setup, tmp_path: Path) -> None:
+    out = setup.copy_run(tmp_path / "run", STEPS)
+    for tag in TAGS:
+        truncate(largest_file(out / CHECKPOINTS / tag))
+    result = setup.train(out)
+    assert result.returncode != 0
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and errors[0].startswith(f"error: no intact checkpoint in {out / CHECKPOINTS}: ")
+    assert "Traceback (most recent call last)" not in result.stderr.split(errors[0])[0]
+
+
+# ------------------------------------------------------------------- kills and metrics
+
+
+def launch_until(out: Path, setup: Setup, log: Path, step: int) -> None:
+    """``python -m pipelines.launch`` (what ``make train`` runs) until ``metrics.jsonl`` holds
+    ``step``, then SIGKILL of the launcher alone: its ranks die with it."""
+    command = [sys.executable, "-m", "pipelines.launch", "--standalone", "--nproc_per_node", "2",
+               "-m", "pipelines.train", "--out", str(out), "--cache", str(setup.cache),
+               "--profile", str(setup.profile), "--no-export"]
+    with open(log, "w") as sink:
+        process = subprocess.Popen(command, cwd=REPO_ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                                   stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
+    metrics = out / METRICS_FILE
+    deadline = time.monotonic() + RUN_TIMEOUT
+    try:
+        while not (metrics.is_file() and f'"step": {step},' in metrics.read_text()):
+            assert process.poll() is None, f"the run ended before step {step}:\n{log.read_text()[-3000:]}"
+            assert time.monotonic() < deadline, f"timed out waiting for step {step}"
+            time.sleep(0.02)
+    finally:
+        os.kill(process.pid, signal.SIGKILL)
+        process.wait()
+    time.sleep(3)  # the ranks die with the launcher (tests/test_orphans.py); let them go
+
+
+def test_metrics_hold_each_step_once_after_two_kills(setup: Setup, tmp_path: Path) -> None:
+    """Killed after step 3 (checkpoint at 2) and again after step 5 (checkpoint at 4): steps 3 and 5
+    were logged twice by the killed runs; the finished run's metrics hold steps 1..6 once each,
+    with the uninterrupted run's values."""
+    out = tmp_path / "run"
+    launch_until(out, setup, tmp_path / "first.log", step=3)
+    launch_until(out, setup, tmp_path / "second.log", step=5)
+    assert "resumed at step " in (tmp_path / "second.log").read_text()
+    assert_succeeded(setup.train(out))
+    records = read_metrics(out)
+    assert [r["step"] for r in records] == list(range(1, STEPS + 1))
+    assert_steps_match_the_reference(setup, records, range(1, STEPS + 1))
+
+
+def logged_record(step: int, loss: float) -> dict[str, Any]:
+    """A record with the fields of the console line (what the trainer logs)."""
+    return {"step": step, "epoch": 0, "loss": loss, "token_loss": loss, "action_loss": 0.0, "grad_norm": 1.0,
+            "lr": 1e-3, "samples_per_s": 1.0, "data_wait_share": 0.0, "step_s": 1.0}
+
+
+def test_a_resumed_log_drops_later_records_from_metrics_and_tensorboard(tmp_path: Path) -> None:
+    """A run logged steps 1..5 (the last line cut short by a kill) and resumes after step 3: steps
+    4 and 5 are logged again, and both metrics.jsonl and TensorBoard hold each step once, with the
+    values of the resumed run."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from janus_train.logs import RunLog
+
+    killed = RunLog(tmp_path, tmp_path / METRICS_FILE, total_steps=5)
+    for step in range(1, 6):
+        killed.write(logged_record(step, loss=10.0 + step))
+    killed.close()
+    with open(tmp_path / METRICS_FILE, "a") as f:
+        f.write('{"step": 6, "loss')  # a record the kill cut short
+    resumed = RunLog(tmp_path, tmp_path / METRICS_FILE, total_steps=5)
+    resumed.resume_at(3)
+    for step in (4, 5):
+        resumed.write(logged_record(step, loss=20.0 + step))
+    resumed.close()
+
+    records = read_metrics(tmp_path)
+    assert [(r["step"], r["loss"]) for r in records] == [(1, 11.0), (2, 12.0), (3, 13.0), (4, 24.0), (5, 25.0)]
+    events = EventAccumulator(str(tmp_path / "tensorboard"))
+    events.Reload()
+    assert [(e.step, e.value) for e in events.Scalars("loss")] == [(1, 11.0), (2, 12.0), (3, 13.0), (4, 24.0),
+                                                                    (5, 25.0)]

@@ -1,0 +1,412 @@
+"""Training never consumes damaged cache data: it stops naming the file and sample, or skips and counts.
+
+Real caches of 2 episodes x 4 steps (tiny profile, one sample per feature shard), damaged after
+precompute the way a disk does (one flipped byte), which the trainer's start-up check (shard
+presence and size, no hashing) lets through: the damage is found when the sample is read.
+
+The runs: real torchrun, 2 processes, DeepSpeed ZeRO-3 over gloo; micro-batch 1, gradient
+accumulation 2, so a step takes 4 samples and an epoch of 8 samples is 2 steps. The damaged
+sample is rank 1's first micro-batch of step 2.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from torch.utils.data import DataLoader
+from helpers.profiles import REPO_ROOT
+from helpers.training import assert_succeeded
+
+from janus_cache.profile import load_profile
+from janus_cache.sample_data import write_sample_data
+from janus_cache.store import DamagedData
+from janus_cache.store.damage import REPAIR_HINT
+from janus_cache.store.layout import SAMPLES_TABLE, TEXT_OFFSETS, TEXT_PAYLOAD, table_group, wds_shard_name
+from janus_cache.store.wds_store import encode_key
+from janus_train.damaged import DamagedSample, draw_step
+from janus_train.data import CachedSamples, EpochSampler, collate
+from janus_train.trainer import CHECKPOINTS, METRICS_FILE, open_training_cache
+from pipelines.precompute import Options, run
+from helpers.damage import N_PROC, MAX_STEPS, OneProcess, RUN_TIMEOUT_S, STOP_GRACE_S, error_lines, flip_byte, launch, launch_train, start_time, write_profile  # noqa: F401
+
+PER_RANK_STEP, N_SAMPLES = 2, 8
+DAMAGED_RANK, DAMAGED_STEP = 1, 2
+
+
+@dataclass(frozen=True)
+class Damaged:
+    profile: Path
+    cache: Path
+    file: Path
+    key: str
+    row: int
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("damage-training")
+    return root, write_sample_data(root / "data", episodes=2, steps=4, seed=0)
+
+
+@pytest.fixture(scope="module")
+def clean_zarr(workdir: tuple[Path, Path]) -> tuple[Path, Path]:
+    """(profile, cache): an intact zarr cache, read-only; tests damage copies of it."""
+    root, data = workdir
+    profile = write_profile(root / "stop.yaml")
+    cache = root / "clean"
+    assert run(Options(data, cache, str(profile), workers=1)) == 0
+    return profile, cache
+
+
+@pytest.fixture(scope="module")
+def damaged_zarr(workdir: tuple[Path, Path], clean_zarr: tuple[Path, Path]) -> Damaged:
+    root, _ = workdir
+    profile, clean = clean_zarr
+    cache = Path(shutil.copytree(clean, root / "zarr"))
+    reader = open_training_cache(load_profile(profile), cache).reader
+    assert len(reader) == N_SAMPLES
+    row = EpochSampler(N_SAMPLES, DAMAGED_RANK, N_PROC, seed=0, epoch=0).rows()[PER_RANK_STEP]
+    key = reader.sample(row).key
+    file = reader.shard_file(reader.features_array, row)  # one sample per shard
+    flip_byte(file, 20)
+    return Damaged(profile, cache, file, key, row)
+
+
+def records(run_dir: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (run_dir / METRICS_FILE).read_text().splitlines()]
+
+
+def test_the_damage_passes_the_start_up_check_and_is_found_on_read(damaged_zarr: Damaged) -> None:
+    from pipelines.train import cache_refusal
+
+    assert cache_refusal(damaged_zarr.cache, load_profile(damaged_zarr.profile)) is None
+
+
+def test_a_deleted_shard_is_refused_by_the_start_up_check_naming_it(damaged_zarr: Damaged, tmp_path: Path) -> None:
+    from pipelines.train import cache_refusal
+
+    cache = Path(shutil.copytree(damaged_zarr.cache, tmp_path / "cache"))
+    missing = cache / damaged_zarr.file.relative_to(damaged_zarr.cache)
+    missing.unlink()
+    refusal = cache_refusal(cache, load_profile(damaged_zarr.profile))
+    assert refusal is not None and str(missing) in refusal
+
+
+def test_an_edited_endian_is_refused_by_the_start_up_check_naming_the_zarr_json(
+    damaged_zarr: Damaged, tmp_path: Path,
+) -> None:
+    """Before: 20 steps of ``loss nan`` and exit 0 (every bf16 feature read byte-swapped)."""
+    from pipelines.train import cache_refusal
+
+    cache = Path(shutil.copytree(damaged_zarr.cache, tmp_path / "cache"))
+    reader = open_training_cache(load_profile(damaged_zarr.profile), damaged_zarr.cache).reader
+    meta = cache / reader.features_array / "zarr.json"
+    meta.write_text(meta.read_text().replace('"little"', '"big"'))
+    refusal = cache_refusal(cache, load_profile(damaged_zarr.profile))
+    assert refusal is not None and f"{meta} differs from the sha256 recorded" in refusal, refusal
+
+
+def test_a_damaged_sample_stops_every_rank_naming_the_shard_file_and_the_sample(
+    damaged_zarr: Damaged, tmp_path: Path,
+) -> None:
+    out = tmp_path / "run"
+    result = torchrun_train("--out", out, "--cache", damaged_zarr.cache, "--profile", damaged_zarr.profile,
+                            "--no-export")
+    output = (result.stdout + result.stderr).splitlines()
+    assert result.returncode == 1, "\n".join(output)
+    reports = error_lines(result)
+    assert len(reports) == 1, "\n".join(output)
+    assert reports[0].startswith(f"error: step {DAMAGED_STEP}, rank {DAMAGED_RANK}: damaged cache data: "
+                                 f"{damaged_zarr.file}: checksum mismatch (crc32c) (read for sample {damaged_zarr.key})")
+    assert "janus_cache/store" not in result.stderr  # no traceback through the reader
+    # Nothing of the damaged step was trained or saved.
+    assert (out / CHECKPOINTS / "latest").read_text().strip() == "step00000001"
+    assert [r["step"] for r in records(out)] == [1]
+
+
+def damaged_draws(row: int, step: int) -> int:
+    """How often the ranks' loaders have drawn ``row`` by the end of ``step`` when each damaged draw
+    is left out and the micro-batch taken from the next row (``damaged_samples: skip``)."""
+    total = 0
+    for rank in range(N_PROC):
+        rows = itertools.chain.from_iterable(
+            EpochSampler(N_SAMPLES, rank, N_PROC, seed=0, epoch=epoch).rows() for epoch in itertools.count())
+        good = 0
+        while good < step * PER_RANK_STEP:
+            if next(rows) == row:
+                total += 1
+            else:
+                good += 1
+    return total
+
+
+def test_with_skip_the_run_leaves_damaged_samples_out_and_counts_them(damaged_zarr: Damaged, tmp_path: Path) -> None:
+    profile = write_profile(tmp_path / "skip.yaml", damaged_samples="skip")
+    out = tmp_path / "run"
+    result = torchrun_train("--out", out, "--cache", damaged_zarr.cache, "--profile", profile, "--no-export")
+    assert_succeeded(result)
+    assert not error_lines(result)
+    logged = records(out)
+    assert [r["step"] for r in logged] == list(range(1, MAX_STEPS + 1))
+    assert [r["damaged_skips"] for r in logged] == [damaged_draws(damaged_zarr.row, s) for s in range(1, MAX_STEPS + 1)]
+    assert logged[-1]["damaged_skips"] >= 1
+    line = next(line for line in result.stdout.splitlines() if line.startswith(f"step {MAX_STEPS}/{MAX_STEPS}"))
+    assert f"| damaged samples skipped {logged[-1]['damaged_skips']}" in line
+
+
+def test_a_flipped_action_digit_in_a_tar_stops_naming_the_tar_and_the_sample(
+    workdir: tuple[Path, Path], tmp_path: Path,
+) -> None:
+    """Read by 2 DataLoader worker processes per rank: the error crosses them intact."""
+    root, data = workdir
+    profile = write_profile(root / "wds.yaml", num_workers=2)
+    cache = root / "wds"
+    assert run(Options(data, cache, str(profile), cache_format="wds", workers=1)) == 0
+    reader = open_training_cache(load_profile(profile), cache).reader
+    tar = reader.root / reader.array / wds_shard_name(0)  # rank 0's first shard: sample row 0
+    key = next(iter(reader.shard(0))).key
+    content = tar.read_bytes()
+    at = content.index(b'"action": ', content.index(f"{encode_key(key)}.json".encode())) + len(b'"action": ')
+    digit = content[at:at + 1]
+    tar.write_bytes(content[:at] + (b"1" if digit != b"1" else b"2") + content[at + 1:])
+
+    out = tmp_path / "run"
+    result = torchrun_train("--out", out, "--cache", cache, "--profile", profile, "--no-export")
+    assert result.returncode == 1, result.stdout + result.stderr
+    reports = error_lines(result)
+    assert len(reports) == 1 and f"{tar}: member {encode_key(key)}.json fails its crc32c" in reports[0], reports
+    assert f"(read for sample {key})" in reports[0]
+    assert not (out / CHECKPOINTS / "latest").exists()
+
+
+# -- Damage anywhere a sample is read ends the run on every rank --------------------------------
+#
+# Before: a damaged chunk read by every sample (a table column, a frame shard) left every
+# micro-batch of the training rows empty; the loader drew on, epoch after epoch, on every rank,
+# and the run printed its start line and never ended.
+
+TEXT_COLUMNS = ("key", "source", "instruction", "subinstruction", "description_2d", "description_3d", "episode_id")
+NUMERIC_COLUMNS = ("action", "step", "window_rows")
+SAMPLE_TABLE_ARRAYS = (*(f"{c}/{part}" for c in TEXT_COLUMNS for part in (TEXT_PAYLOAD, TEXT_OFFSETS)),
+                       *NUMERIC_COLUMNS)
+DAMAGE_TARGETS = (*SAMPLE_TABLE_ARRAYS, "frames", "features")
+H800_PROFILE = REPO_ROOT / "configs" / "profiles" / "h800.yaml"
+H800_WORKERS = int(yaml.safe_load(H800_PROFILE.read_text())["train"]["num_workers"])
+
+
+def damaged_copy(clean_zarr: tuple[Path, Path], target: str, dest: Path) -> tuple[Path, Path]:
+    """(cache, file): a copy of the clean cache with one byte flipped in the first shard of ``target``
+    (a samples-table array ``column[/part]``, ``frames`` or ``features``)."""
+    profile, clean = clean_zarr
+    cache = Path(shutil.copytree(clean, dest))
+    reader = open_training_cache(load_profile(profile), cache).reader
+    array = {"frames": reader.frames_array, "features": reader.features_array}.get(
+        target, f"{table_group(SAMPLES_TABLE)}/{target}")
+    file = reader.shard_file(array, 0)
+    flip_byte(file, 0)
+    return cache, file
+
+
+def test_the_damage_targets_are_every_array_of_the_samples_table(clean_zarr: tuple[Path, Path]) -> None:
+    profile, cache = clean_zarr
+    reader = open_training_cache(load_profile(profile), cache).reader
+    stored = {path.removeprefix(table_group(SAMPLES_TABLE) + "/") for path in reader.array_paths()
+              if path.startswith(table_group(SAMPLES_TABLE) + "/")}
+    assert stored == set(SAMPLE_TABLE_ARRAYS)
+
+
+@pytest.fixture(scope="module")
+def builder(clean_zarr: tuple[Path, Path]) -> Any:
+    from janus_train.trainer import prompt_builder
+
+    return prompt_builder(load_profile(clean_zarr[0]))
+
+
+def micro_batches(profile: Path, cache: Path, builder: Any) -> Iterator[tuple[dict[str, Any], int, int]]:
+    """(micro-batch of 1, epoch, position) over the cache's rows in order, epoch after epoch, as the
+    trainer's loader yields them (a micro-batch of a damaged sample included)."""
+    dataset = CachedSamples(open_training_cache(load_profile(profile), cache).reader, builder)
+    for epoch in itertools.count():
+        loader = DataLoader(dataset, batch_size=1, collate_fn=partial(collate, pad_token_id=builder.pad_token_id))
+        for position, batch in enumerate(loader, start=1):
+            yield batch, epoch, position
+
+
+@pytest.mark.parametrize("target", DAMAGE_TARGETS)
+def test_a_step_that_reads_damaged_data_stops_naming_the_file(
+    clean_zarr: tuple[Path, Path], builder: Any, tmp_path: Path, target: str,
+) -> None:
+    cache, file = damaged_copy(clean_zarr, target, tmp_path / "cache")
+    batches = micro_batches(clean_zarr[0], cache, builder)
+    with pytest.raises(DamagedSample) as raised:  # a step of every sample of the epoch
+        draw_step(batches, N_SAMPLES, N_SAMPLES, "stop", OneProcess(), step=1)
+    assert str(raised.value).startswith(f"step 1, rank 0: damaged cache data: {file}: checksum mismatch (crc32c)")
+
+
+@pytest.mark.parametrize("target", DAMAGE_TARGETS)
+def test_with_skip_a_step_leaves_damaged_samples_out_or_stops_when_none_is_readable(
+    clean_zarr: tuple[Path, Path], builder: Any, tmp_path: Path, target: str,
+) -> None:
+    cache, file = damaged_copy(clean_zarr, target, tmp_path / "cache")
+    reader = open_training_cache(load_profile(clean_zarr[0]), cache).reader
+    damaged = []
+    for row in range(N_SAMPLES):
+        try:
+            reader.sample(row)
+        except DamagedData as err:
+            assert err.file == str(file)
+            damaged.append(row)
+    assert damaged, "the flipped byte damaged no sample"
+    batches = micro_batches(clean_zarr[0], cache, builder)
+    if len(damaged) == N_SAMPLES:  # a table column: no sample is readable, skipping would draw forever
+        with pytest.raises(DamagedSample) as raised:
+            draw_step(batches, 2, N_SAMPLES, "skip", OneProcess(), step=1)
+        assert str(raised.value).startswith(f"step 1, rank 0: damaged cache data: {file}: ")
+        assert str(raised.value).endswith("train.damaged_samples: skip has nothing left to train on)")
+        return
+    good = N_SAMPLES - len(damaged)
+    drawn = draw_step(batches, good, N_SAMPLES, "skip", OneProcess(), step=1)
+    assert [batch["keys"][0] for batch, _, _ in drawn.micro] == [
+        reader.sample(row).key for row in range(N_SAMPLES) if row not in damaged]
+    assert drawn.skipped == len(damaged)
+
+
+"""How long a launch that ran past its time limit has to stop its ranks after a SIGTERM."""
+
+
+def torchrun_train(*args: str | Path) -> subprocess.CompletedProcess[str]:
+    """torchrun itself on 2 processes (:func:`launch`)."""
+    return launch("torch.distributed.run", *args)
+
+
+@pytest.mark.parametrize(("target", "workers", "policy"), [
+    ("description_2d/utf8", 0, "stop"),  # the reported run: a text column, the tiny profile's loader
+    ("window_rows", H800_WORKERS, "skip"),  # every sample damaged: skip has nothing to train on
+    ("frames", H800_WORKERS, "stop"),
+    ("features", H800_WORKERS, "stop"),
+])
+def test_a_run_reading_damaged_data_ends_on_every_rank_with_one_line(
+    workdir: tuple[Path, Path], clean_zarr: tuple[Path, Path], tmp_path: Path,
+    target: str, workers: int, policy: str,
+) -> None:
+    cache, file = damaged_copy(clean_zarr, target, tmp_path / "cache")
+    profile = write_profile(tmp_path / "profile.yaml", num_workers=workers, damaged_samples=policy)
+    out = tmp_path / "run"
+    result = launch_train("--out", out, "--cache", cache, "--profile", profile, "--no-export")
+    assert result.returncode == 1, result.stdout + result.stderr
+    reports = error_lines(result)
+    assert len(reports) == 1, result.stdout + result.stderr
+    assert reports[0].startswith("error: step ") and f": damaged cache data: {file}: checksum mismatch" in reports[0]
+    if policy == "skip":
+        assert reports[0].endswith("train.damaged_samples: skip has nothing left to train on)")
+    assert "Traceback" not in result.stdout + result.stderr
+
+
+@pytest.mark.parametrize(("policy", "workers"), [("stop", 0), ("skip", H800_WORKERS)])
+def test_damaged_validation_data_stops_every_rank_or_is_skipped_and_counted(
+    clean_zarr: tuple[Path, Path], builder: Any, tmp_path: Path, policy: str, workers: int,
+) -> None:
+    """One held-out episode of 2 (4 validation samples, 2 per rank), validated after the only step;
+    the feature of the last validation sample is damaged. Before: the rank that read it crashed in
+    the model's forward with a traceback while the other waited in ZeRO-3's gathers."""
+    from janus_train.config import load_train_settings
+    from janus_train.validation import plan_validation
+
+    profile = write_profile(tmp_path / "profile.yaml", num_workers=workers, damaged_samples=policy,
+                            val_episodes=1, val_max_samples=0)
+    cache = Path(shutil.copytree(clean_zarr[1], tmp_path / "cache"))
+    reader = open_training_cache(load_profile(profile), cache).reader
+    _, validation = plan_validation(load_train_settings(load_profile(profile)), CachedSamples(reader, builder))
+    assert validation is not None and len(validation.rows) == 4
+    file = reader.shard_file(reader.features_array, validation.rows[-1])  # one sample per shard
+    flip_byte(file, 0)
+
+    out = tmp_path / "run"
+    result = launch_train("--out", out, "--cache", cache, "--profile", profile, "--no-export", "--max-steps", "1")
+    assert "Traceback" not in result.stdout + result.stderr
+    if policy == "stop":
+        assert result.returncode == 1, result.stdout + result.stderr
+        reports = error_lines(result)
+        assert len(reports) == 1, result.stdout + result.stderr
+        assert reports[0].startswith("error: validation, rank ") and f": damaged cache data: {file}: " in reports[0]
+        assert reports[0].endswith("(1 damaged validation sample(s); stopped on every rank, "
+                                   "train.damaged_samples: skip would leave them out)")
+        return
+    assert_succeeded(result)
+    logged = records(out)
+    assert [(r["step"], r["val_samples"], r["val_damaged_skips"]) for r in logged] == [(1, 3, 1)]
+
+
+def test_a_damaged_episode_column_read_for_the_hold_out_ends_every_rank_with_one_line(
+    clean_zarr: tuple[Path, Path], tmp_path: Path,
+) -> None:
+    """Holding out episodes reads the samples' episode ids whole on every rank before training:
+    damage there is the same one line on every rank (before: a traceback from each rank)."""
+    cache, file = damaged_copy(clean_zarr, f"episode_id/{TEXT_PAYLOAD}", tmp_path / "cache")
+    profile = write_profile(tmp_path / "profile.yaml", val_episodes=1)
+    result = launch_train("--out", tmp_path / "run", "--cache", cache, "--profile", profile, "--no-export")
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert error_lines(result) == [f"error: damaged cache data: {file}: checksum mismatch (crc32c); {REPAIR_HINT}"], (
+        result.stdout + result.stderr)
+    assert "Traceback" not in result.stdout + result.stderr
+
+
+# -- A launcher killed mid-validation leaves no process -----------------------------------------
+
+
+def blocked_opening_a_fifo(pids: set[int]) -> bool:
+    """Whether a thread of one of ``pids`` waits in open() for a writer to a named pipe (/proc's wchan)."""
+    for pid in pids:
+        for task in Path(f"/proc/{pid}/task").glob("*"):
+            try:
+                if (task / "wchan").read_text() in ("wait_for_partner", "fifo_open"):
+                    return True
+            except OSError:
+                continue
+    return False
+
+
+def test_a_launcher_killed_while_a_loader_worker_hangs_in_a_validation_read_leaves_no_process(
+    clean_zarr: tuple[Path, Path], builder: Any, tmp_path: Path,
+) -> None:
+    """Validation every step with a damaged held-out sample (``damaged_samples: skip``) and 2 loader
+    workers per rank; once the run trains, another held-out sample's feature shard becomes a named
+    pipe nobody writes to, so the loader worker that reads it hangs in the read (as on a hung network
+    filesystem) and its rank waits for it. The launcher (``pipelines.launch``, as ``make train``
+    starts it) is then SIGKILLed alone: no rank and no loader worker may be alive 10 s later.
+    Before: the ranks died with the launcher, but the forked worker (no parent-death signal, and its
+    watchdog never runs while it is blocked) lived on, holding the launch's output pipes open."""
+    from janus_train.config import load_train_settings
+    from janus_train.validation import plan_validation
+    from helpers.processes import Launch
+
+    profile = write_profile(tmp_path / "profile.yaml", num_workers=2, damaged_samples="skip", val_episodes=1,
+                            val_max_samples=0, eval_every=1, max_steps=10_000, save_every=10_000)
+    cache = Path(shutil.copytree(clean_zarr[1], tmp_path / "cache"))
+    reader = open_training_cache(load_profile(profile), cache).reader
+    _, validation = plan_validation(load_train_settings(load_profile(profile)), CachedSamples(reader, builder))
+    assert validation is not None and len(validation.rows) == 4
+    flip_byte(reader.shard_file(reader.features_array, validation.rows[-1]), 0)
+    hung = reader.shard_file(reader.features_array, validation.rows[1])  # not rows[0]: a rank's filler
+
+    launch = Launch("pipelines.train", "--out", tmp_path / "run", "--cache", cache, "--profile", profile,
+                    "--no-export", log=tmp_path / "launch.log", launcher="pipelines.launch")
+    try:
+        launch.wait_until(lambda: "training " in launch.log.read_text(), "the run passed its start-up check")
+        os.mkfifo(tmp_path / "fifo")
+        os.replace(tmp_path / "fifo", hung)
+        launch.wait_until(lambda: blocked_opening_a_fifo(launch.started), "a loader worker hangs reading the shard")
+        assert launch.kill_launcher() == [], "ranks or loader workers outlived the launcher"
+    finally:
+        launch.cleanup()

@@ -1,0 +1,270 @@
+"""Preemption (issue 25 item 1): a stop signal ends a run after its current optimizer step with a
+checkpoint, exit code 75 and one line naming the step it resumes from; a second signal ends it at once.
+
+Real components: a zarr cache of 3 episodes x 4 steps, ``python -m pipelines.launch`` (what
+``make train`` runs) of 2 processes under DeepSpeed ZeRO-3 on gloo, signals to the launcher.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from helpers.profiles import REPO_ROOT, write_test_profile
+
+from janus_cache.profile import ProfileError, load_profile
+from janus_cache.sample_data import write_sample_data
+from janus_train.checkpoints import Checkpoints, tag_name
+from janus_train.config import load_train_settings
+from janus_train.preemption import PREEMPTED_EXIT_CODE, Preemption
+
+STEPS = 8
+TIMEOUT_S = 600
+REL = 1e-6  # the same processes, samples and order: only float32 noise of a reloaded state
+
+
+def write_profile(path: Path, **train: Any) -> Path:
+    write_test_profile(path, cache={"feature_dtype": "float32"})
+    data = yaml.safe_load(path.read_text())
+    # save_every 0: no checkpoint before the end, so a resume can only start from the stop's.
+    data["train"].update({"micro_batch": 1, "grad_accum": 2, "epochs": 100, "max_steps": STEPS,
+                          "warmup_ratio": 0.0, "lr_base": 2e-3, "lr_projector": 2e-3, "save_every": 0,
+                          "log_every": 1, "num_workers": 0, **train})
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def launch_command(out: Path, cache: Path, profile: Path) -> list[str]:
+    return [sys.executable, "-m", "pipelines.launch", "--launcher-log", str(out / "launcher.log"), "--standalone",
+            "--nproc_per_node=2", "-m", "pipelines.train", "--out", str(out), "--cache", str(cache),
+            "--profile", str(profile), "--no-export"]
+
+
+def launch(command: list[str], stop_at_step: int | None = None, sig: int = signal.SIGTERM
+           ) -> subprocess.CompletedProcess[str]:
+    """Run ``command``; with ``stop_at_step``, send ``sig`` to the launcher alone once metrics.jsonl
+    holds that step."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    process = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, start_new_session=True)
+    metrics = Path(command[command.index("--out") + 1]) / "metrics.jsonl"
+    deadline = time.monotonic() + TIMEOUT_S
+    try:
+        if stop_at_step is not None:
+            while not (metrics.is_file() and any(json.loads(line)["step"] >= stop_at_step
+                                                 for line in metrics.read_text().splitlines() if line.strip())):
+                assert process.poll() is None, f"the run ended before step {stop_at_step}: {process.communicate()}"
+                assert time.monotonic() < deadline, f"timed out waiting for step {stop_at_step}"
+                time.sleep(0.05)
+            process.send_signal(sig)
+        stdout, stderr = process.communicate(timeout=max(1.0, deadline - time.monotonic()))
+    except BaseException:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.communicate()
+        raise
+    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
+
+
+def losses(run: Path) -> dict[int, dict[str, float]]:
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return {r["step"]: {name: r[name] for name in ("loss", "token_loss", "action_loss", "grad_norm", "lr")}
+            for r in records}
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    from pipelines.precompute import Options, run
+
+    root = tmp_path_factory.mktemp("preemption")
+    profile = write_profile(root / "profile.yaml")
+    data = write_sample_data(root / "data", episodes=3, steps=4, seed=0)
+    assert run(Options(data, root / "cache", profile=str(profile), workers=1)) == 0
+    return root / "cache", profile
+
+
+def test_sigterm_to_the_launcher_saves_the_step_and_the_same_command_resumes_with_the_uninterrupted_losses(
+        setup: tuple[Path, Path], tmp_path: Path) -> None:
+    cache, profile = setup
+    reference = launch(launch_command(tmp_path / "reference", cache, profile))
+    assert reference.returncode == 0, reference.stderr[-4000:]
+
+    out = tmp_path / "run"
+    command = launch_command(out, cache, profile)
+    stopped = launch(command, stop_at_step=2)
+    assert stopped.returncode == PREEMPTED_EXIT_CODE, stopped.stdout[-2000:] + stopped.stderr[-4000:]
+    lines = [line for line in stopped.stderr.splitlines() if line.startswith("stopped by")]
+    assert len(lines) == 1, stopped.stderr[-4000:]
+    match = re.fullmatch(r"stopped by SIGTERM after step (\d+): checkpoint (\S+) saved; run the same command again "
+                         r"to resume from step \1 \(exit code 75\)", lines[0])
+    assert match, lines[0]
+    step = int(match.group(1))
+    assert 2 <= step < STEPS, "the run stopped at the step it was in, not at its end"
+    # The one line is the last thing on the console: no launcher report, no traceback.
+    assert stopped.stderr.strip().splitlines()[-1] == lines[0]
+    assert "Traceback" not in stopped.stderr and "launcher:" not in stopped.stderr
+    # The checkpoint is a checksummed one that `latest` names, and no other was written.
+    checkpoints = Checkpoints(out / "checkpoints")
+    assert match.group(2) == str(out / "checkpoints" / tag_name(step))
+    assert checkpoints.latest() == tag_name(step) and checkpoints.tags() == [tag_name(step)]
+    assert checkpoints.damage(tag_name(step)) is None
+
+    resumed = launch(command)
+    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    assert f"resumed at step {step} " in resumed.stdout
+    want, got = losses(tmp_path / "reference"), losses(out)
+    assert sorted(got) == sorted(want) == list(range(1, STEPS + 1))
+    for n in range(1, STEPS + 1):
+        for name, value in want[n].items():
+            assert got[n][name] == pytest.approx(value, rel=REL), (n, name)
+
+
+def run_child(signals: tuple[str, ...], sends: list[int], apart_s: float = 0.3) -> tuple[int, str]:
+    """A forked process arms ``signals`` (a repeat within 0.2 s is the same request) and sends itself
+    ``sends``, ``apart_s`` apart, then exits 0 reporting what it received: (its wait status as a
+    shell reports it, its report)."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        try:
+            os.close(read)
+            preemption = Preemption(signals, same_request_s=0.2).arm()
+            for number in sends:
+                os.kill(os.getpid(), number)
+                time.sleep(apart_s)
+            os.write(write, f"{preemption.received} {preemption.agreed()} {preemption.stopped_by}".encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    _, status = os.waitpid(pid, 0)
+    with os.fdopen(read) as f:
+        report = f.read()
+    return (128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)), report
+
+
+def test_the_first_stop_signal_is_a_request_and_the_second_ends_the_process_at_once() -> None:
+    code, report = run_child(("SIGTERM", "SIGUSR1"), [signal.SIGUSR1])
+    assert (code, report) == (0, "SIGUSR1 True SIGUSR1")
+    code, report = run_child(("SIGTERM", "SIGUSR1"), [signal.SIGUSR1, signal.SIGTERM])
+    assert (code, report) == (128 + signal.SIGTERM, "")
+
+
+def test_a_signal_repeated_at_once_is_the_same_request() -> None:
+    """SLURM's SIGTERM at a preemption reaches a rank directly and, a moment later, from its launcher."""
+    assert run_child(("SIGTERM",), [signal.SIGTERM, signal.SIGTERM], apart_s=0.01) == (0, "SIGTERM True SIGTERM")
+
+
+FORKING_RANK = """
+import os, signal, time
+from janus_train.preemption import Preemption
+Preemption(("SIGTERM",)).arm()
+if os.fork() == 0:  # a loader worker: it inherits the handler (SIGTERM is ignored) and blocks
+    worker = os.getpid()
+    if os.fork() == 0:  # a process the worker forks in turn
+        time.sleep(60)
+        os._exit(0)
+    os.kill(worker, signal.SIGTERM)
+    print(worker, flush=True)
+    time.sleep(60)
+    os._exit(0)
+time.sleep(60)
+"""
+
+
+def test_a_process_forked_by_an_armed_rank_dies_with_it() -> None:
+    """A loader worker ignores SIGTERM (its rank's handler) and may be blocked where its own watchdog
+    never looks (a read that never returns): SIGKILLing the rank ends it all the same, and a process
+    it forked ends with it. Before: the worker lived on as an orphan, holding the rank's pipes."""
+    from helpers.processes import GRACE_S, alive, descendants
+
+    rank = subprocess.Popen([sys.executable, "-c", FORKING_RANK], cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True)
+    assert rank.stdout is not None
+    try:
+        worker = int(rank.stdout.readline())
+        forked = descendants(rank.pid)
+        assert len(forked) == 2 and worker in forked and all(map(alive, forked)), "the forked processes run"
+        rank.kill()
+        rank.wait()
+        deadline = time.monotonic() + GRACE_S
+        while (survivors := [pid for pid in forked if alive(pid)]) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert survivors == [], "processes forked by the rank outlived it"
+    finally:
+        for pid in descendants(rank.pid) | ({worker} if "worker" in locals() else set()):
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        rank.kill()
+        rank.stdout.close()
+
+
+def test_only_the_configured_signals_stop_the_run(tmp_path: Path) -> None:
+    """train.stop_signals: SIGUSR2 alone; SIGUSR1 then keeps its default action (it ends the process
+    without a checkpoint) and a signal janus cannot forward is refused in one line."""
+    settings = load_train_settings(load_profile(str(write_profile(tmp_path / "p.yaml", stop_signals=["SIGUSR2"]))))
+    assert settings.stop_signals == ("SIGUSR2",)
+    assert run_child(settings.stop_signals, [signal.SIGUSR2]) == (0, "SIGUSR2 True SIGUSR2")
+    assert run_child(settings.stop_signals, [signal.SIGUSR1])[0] == 128 + signal.SIGUSR1
+    assert load_train_settings(load_profile("tiny")).stop_signals == ("SIGTERM", "SIGINT", "SIGUSR1")
+    with pytest.raises(ProfileError, match=r"setting 'train.stop_signals' is 'SIGKILL'; expected one of SIGTERM, "
+                                           r"SIGINT, SIGUSR1, SIGUSR2"):
+        load_train_settings(load_profile(str(write_profile(tmp_path / "q.yaml", stop_signals=["SIGKILL"]))))
+
+
+# ------------------------------------------------------- signals sent to `make` alone reach the ranks
+
+RANK = """
+import os, sys, time
+from janus_train.preemption import Preemption
+preemption = Preemption(("SIGTERM", "SIGINT", "SIGUSR1")).arm()
+out = sys.argv[1]
+open(os.path.join(out, "ready-%s" % os.environ["RANK"]), "w").close()
+deadline = time.monotonic() + 60
+while not preemption.requested and time.monotonic() < deadline:
+    time.sleep(0.01)
+with open(os.path.join(out, "received-%s" % os.environ["RANK"]), "w") as f:
+    f.write(str(preemption.received))
+sys.exit(75 if preemption.requested else 1)
+"""
+
+
+@pytest.mark.parametrize(("sent", "received"), [(signal.SIGINT, "SIGINT"), (signal.SIGTERM, "SIGTERM"),
+                                                (signal.SIGHUP, "SIGTERM")])
+def test_a_signal_to_make_alone_reaches_every_rank_once(tmp_path: Path, sent: int, received: str) -> None:
+    """``make train`` runs pipelines.launch as make's own child (bash execs it). make passes on a
+    SIGTERM and keeps a SIGINT or SIGHUP to itself (it waits for its child): each reaches both ranks
+    once, as a stop request (SIGHUP as SIGTERM). Before: only the SIGTERM did."""
+    (tmp_path / "rank.py").write_text(RANK)
+    launch = (f"{sys.executable} -m pipelines.launch --launcher-log {tmp_path}/launcher.log --standalone "
+              f"--nproc_per_node 2 {tmp_path}/rank.py {tmp_path}")
+    (tmp_path / "Makefile").write_text(f"SHELL := /bin/bash\ntrain:\n\tOMP_NUM_THREADS=1 {launch}\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
+    env["PYTHONPATH"] = str(REPO_ROOT)
+    # make as a shell started in the background would have SIGINT ignored, and under nohup SIGHUP (make
+    # then leaves it ignored): restore the defaults first, as a terminal's make has them.
+    make = subprocess.Popen([sys.executable, "-c", "import os, signal, sys; signal.signal(signal.SIGINT, "
+                             "signal.SIG_DFL); signal.signal(signal.SIGHUP, signal.SIG_DFL); "
+                             "os.execvp('make', ['make', '-s', '-C', sys.argv[1], 'train'])",
+                             str(tmp_path)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not all((tmp_path / f"ready-{rank}").exists() for rank in (0, 1)):
+            assert make.poll() is None and time.monotonic() < deadline, make.communicate()[0]
+            time.sleep(0.05)
+        make.send_signal(sent)
+        output, _ = make.communicate(timeout=120)
+        while not all((tmp_path / f"received-{rank}").exists() for rank in (0, 1)) and time.monotonic() < deadline:
+            time.sleep(0.05)  # a make killed by SIGUSR1 leaves its launcher finishing
+    finally:
+        if make.poll() is None:
+            os.killpg(make.pid, signal.SIGKILL)
+    for rank in (0, 1):
+        assert (tmp_path / f"received-{rank}").read_text() == received, output

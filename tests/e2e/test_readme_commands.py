@@ -1,0 +1,178 @@
+"""Every command in the README and docs/ runs as written from the repository root after
+``make setup`` (issue 25 item 5). The commands are read from the documents' shell code blocks
+(```` ```bash ```` and untagged blocks; json/python blocks hold no commands), one per line, a line
+ending in ``\\`` joined with the next. The rules, each a test below:
+
+1. **On the PATH as written.** ``make setup`` puts janus's executables in ``.venv/bin`` and no
+   further: a line calls them as ``.venv/bin/janus-cache``, ``.venv/bin/janus-train`` and
+   ``.venv/bin/torchrun``, never by the bare name.
+2. **Short commands run.** ``janus-cache sample-data``, ``index``, ``plan``, ``info`` and any
+   ``--help`` run, in document order, each document's lines in one scratch folder that stands for
+   the repository root (``.venv`` linked into it, so relative output stays out of the clone); an
+   absolute ``/tmp/...`` path is moved into that folder. They must exit 0.
+3. **Long commands name what exists.** Everything else (precompute, verify, train, export,
+   show-sample: minutes to hours, each run by its own tests; ``make`` targets; ``sbatch`` jobs;
+   paths of a user's cluster such as ``/data``) is not run: its executable and subcommand must
+   exist and every ``--option`` it names must be one that the subcommand's ``--help`` lists (a
+   ``make`` target must be one the Makefile defines, an ``sbatch`` script a file of the clone).
+   Other lines (``grep``/``cat`` of a user's run, the README's module diagram, a listing of a
+   run directory) are not commands of janus and are left alone (:data:`LAUNCHERS`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+import pytest
+from helpers.profiles import REPO_ROOT
+
+DOCUMENTS = (REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").glob("*.md")))
+VENV_BIN = ".venv/bin/"
+EXECUTABLES = ("janus-cache", "janus-train", "torchrun")
+SHORT_SUBCOMMANDS = {"janus-cache": ("sample-data", "index", "plan", "info")}
+NOT_COMMAND_BLOCKS = ("json", "python", "yaml", "text")
+LAUNCHERS = ("make", "sbatch")
+"""Lines starting with these or with a janus executable are commands; other lines of a block (grep
+or cat of a user's run, diagrams, file listings) are not janus's and are left alone."""
+TIMEOUT_S = 600
+
+
+@dataclass(frozen=True)
+class Command:
+    document: Path
+    line: int
+    text: str
+
+    @property
+    def words(self) -> list[str]:
+        return shlex.split(self.text, comments=True)
+
+    @property
+    def program(self) -> str:
+        return self.words[0] if self.words else ""
+
+    @property
+    def janus(self) -> str | None:
+        """The janus executable this line calls (``janus-cache``, ...), None for make, sbatch, grep..."""
+        name = self.program.removeprefix(VENV_BIN)
+        return name if name in EXECUTABLES else None
+
+    @property
+    def is_short(self) -> bool:
+        words = self.words
+        if self.janus is None or "--help" in words:
+            return self.janus is not None
+        return len(words) > 1 and words[1] in SHORT_SUBCOMMANDS.get(self.janus, ())
+
+    def __str__(self) -> str:
+        return f"{self.document.relative_to(REPO_ROOT)}:{self.line}: {self.text}"
+
+
+def code_block_commands(document: Path) -> list[Command]:
+    """The command lines of ``document``'s shell code blocks (comment-only lines left out)."""
+    commands, fence, pending, start = [], None, "", 0
+    for number, line in enumerate(document.read_text().splitlines(), start=1):
+        stripped = line.strip()
+        if stripped.startswith("```"):
+            fence = None if fence is not None else stripped[3:].strip()
+            continue
+        if fence is None or fence in NOT_COMMAND_BLOCKS or (not pending and not stripped):
+            continue
+        start = start if pending else number
+        pending += stripped.removesuffix("\\").strip() + " "
+        if stripped.endswith("\\"):
+            continue
+        text, pending = pending.strip(), ""
+        first = text.split()[0]
+        if first.removeprefix(VENV_BIN) in EXECUTABLES or first in LAUNCHERS:
+            commands.append(Command(document, start, text))
+    return commands
+
+
+ALL_COMMANDS = [command for document in DOCUMENTS for command in code_block_commands(document)]
+
+
+def test_the_documents_have_commands_of_every_kind() -> None:
+    """The extraction itself: it sees the README's first steps, a long command and a make target."""
+    texts = [c.text for c in ALL_COMMANDS]
+    assert any(t.startswith(".venv/bin/janus-cache sample-data ") for t in texts), texts
+    assert any(t.startswith(".venv/bin/janus-cache precompute ") for t in texts), texts
+    assert any(t.startswith("make demo") for t in texts), texts
+    assert any(c.document.parent.name == "docs" for c in ALL_COMMANDS)
+
+
+def test_every_janus_command_calls_its_executable_in_the_venv() -> None:
+    bare = [str(c) for c in ALL_COMMANDS if c.program in EXECUTABLES]
+    assert not bare, "bare names are not on the PATH after `make setup`; write .venv/bin/NAME:\n" + "\n".join(bare)
+    for command in ALL_COMMANDS:
+        if command.janus is not None:
+            assert (REPO_ROOT / command.program).is_file(), command
+
+
+def sandbox_words(command: Command, sandbox: Path) -> list[str]:
+    """The command's words with absolute /tmp paths moved into ``sandbox``."""
+    return [re.sub(r"^/tmp/", f"{sandbox}/tmp/", word) for word in command.words]
+
+
+@pytest.mark.parametrize("document", DOCUMENTS, ids=lambda d: d.name)
+def test_the_short_commands_run_as_written(document: Path, tmp_path: Path) -> None:
+    short = [c for c in code_block_commands(document) if c.is_short]
+    if document.name == "README.md":
+        assert len(short) >= 4, short  # sample-data, index, plan, plan --report
+    sandbox = tmp_path / "clone"
+    sandbox.mkdir()
+    (sandbox / ".venv").symlink_to(REPO_ROOT / ".venv")
+    (sandbox / "tmp").mkdir()
+    for command in short:
+        result = subprocess.run(sandbox_words(command, sandbox), cwd=sandbox, capture_output=True, text=True,
+                                timeout=TIMEOUT_S, env={**os.environ, "HOME": str(tmp_path / "home")})
+        assert result.returncode == 0, f"{command}\nexit {result.returncode}:\n{(result.stdout + result.stderr)[-3000:]}"
+
+
+@cache
+def help_text(*program: str) -> str:
+    result = subprocess.run([*program, "--help"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=TIMEOUT_S,
+                            env={**os.environ, "COLUMNS": "200"})
+    assert result.returncode == 0, f"{' '.join(program)} --help: exit {result.returncode}\n{result.stderr[-2000:]}"
+    return result.stdout
+
+
+def called_program(command: Command) -> tuple[tuple[str, ...], list[str]]:
+    """(what answers ``--help`` for this line, the words after it)."""
+    words = command.words
+    if command.janus == "torchrun":  # the module it runs, as the same Python runs it
+        module = words.index("-m")
+        return (str(REPO_ROOT / VENV_BIN / "python"), "-m", words[module + 1]), words[module + 2:]
+    return (str(REPO_ROOT / command.program), words[1]), words[2:]
+
+
+LONG_JANUS = [c for c in ALL_COMMANDS if c.janus is not None and not c.is_short]
+
+
+@pytest.mark.parametrize("command", LONG_JANUS, ids=str)
+def test_a_long_janus_command_names_an_existing_subcommand_and_its_options(command: Command) -> None:
+    program, rest = called_program(command)
+    listed = set(re.findall(r"--[a-z][a-z0-9-]*", help_text(*program)))
+    named = {m for word in rest for m in re.findall(r"^\[?(--[a-z][a-z0-9-]*)", word)}
+    assert named <= listed, f"{command}: {sorted(named - listed)} not in `{' '.join(program)} --help`"
+
+
+def make_targets() -> set[str]:
+    return set(re.findall(r"^([a-z][a-z0-9-]*):", (REPO_ROOT / "Makefile").read_text(), flags=re.M))
+
+
+@pytest.mark.parametrize("command", [c for c in ALL_COMMANDS if c.program in ("make", "sbatch")], ids=str)
+def test_a_make_or_sbatch_line_names_a_target_or_script_of_the_clone(command: Command) -> None:
+    words = command.words
+    if command.program == "make":
+        targets = [w for w in words[1:] if "=" not in w and not w.startswith("-")]
+        assert targets and set(targets) <= make_targets(), command
+    else:
+        script = next(w for w in words[1:] if not w.startswith("-"))
+        assert (REPO_ROOT / script).is_file(), command

@@ -1,0 +1,224 @@
+"""A run directory describes itself, and a profile changes without copying YAML (issue 25, items 2-3).
+
+One 2-process ZeRO-3 training run (tiny models, CPU) with a profile that ``extends: tiny`` from
+another folder and changes the model (merger width, lam, prompt template), given further
+``--set`` overrides; then the same command resumes it for one more step without ``--profile``.
+What the run directory must then hold, and what the public commands read from it:
+
+* ``profile.yaml``: every setting, resolved (the parent's, the child's and the ``--set``'s), which
+  loads back as ``--profile`` into the same settings;
+* ``run.json``: one entry per start with the command line, janus's version and git commit, the
+  package versions and the sha256 of the cache's manifest;
+* ``train.log``: every console line of rank 0, appended across the resume;
+* ``metrics.jsonl``: every record with its wall-clock time (ISO 8601, UTC);
+* ``janus-train export RUN`` with no ``--profile`` exports what the run trained (its own profile);
+  an explicit ``--profile`` that disagrees on the model is one ``error:`` line;
+* ``janus-train show-sample --run RUN`` shows the sample in the run's own prompt template.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+import yaml
+from helpers.profiles import REPO_ROOT
+from safetensors import safe_open
+
+from janus_cache.index import build_index
+from janus_cache.profile import load_profile
+from janus_cache.sample_data import write_sample_data
+from janus_cache.store.layout import CacheLayout
+from janus_train.config import load_train_settings
+from janus_train.export import HEADS_FILE
+from janus_train.run_layout import RunLayout
+
+JANUS_TRAIN = str(Path(sys.executable).parent / "janus-train")
+TIMEOUT_S = 600
+
+# The child profile, in a folder of its own: tiny's models are found relative to tiny.yaml.
+VARIANT = {
+    "extends": "tiny",
+    "train": {"merger_hidden": 64, "lam": 0.3, "prompt_template": "janus.yaml", "val_episodes": 0,
+              "grad_accum": 2, "epochs": 100, "warmup_ratio": 0.0, "save_every": 2, "log_every": 1,
+              "num_workers": 0},
+}
+OVERRIDES = ("train.max_steps=2", "train.lr_base=2e-3")
+
+
+@dataclass(frozen=True)
+class Trained:
+    data: Path
+    cache: Path
+    profile: Path
+    run: Path
+    first: subprocess.CompletedProcess[str]
+    resumed: subprocess.CompletedProcess[str]
+    started: datetime
+    ended: datetime
+
+
+def torchrun_train(*args: str | Path) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+               "-m", "pipelines.train", *map(str, args)]
+    return subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=TIMEOUT_S, check=False)
+
+
+def janus_train(*args: str | Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([JANUS_TRAIN, *map(str, args)], cwd=REPO_ROOT, capture_output=True, text=True,
+                          timeout=TIMEOUT_S, check=False)
+
+
+def succeeded(result: subprocess.CompletedProcess[str]) -> subprocess.CompletedProcess[str]:
+    assert result.returncode == 0, f"failed ({result.returncode}):\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}"
+    return result
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> Trained:
+    from pipelines.precompute import Options, run
+
+    root = tmp_path_factory.mktemp("rundir")
+    data = write_sample_data(root / "data", episodes=2, steps=4, seed=0)
+    profile = root / "profiles" / "variant.yaml"
+    profile.parent.mkdir()
+    profile.write_text(yaml.safe_dump(VARIANT))
+    cache = root / "cache"
+    assert run(Options(data, cache, profile=str(profile), workers=1)) == 0
+    out = root / "run"
+    started = datetime.now(timezone.utc)
+    first = succeeded(torchrun_train("--out", out, "--cache", cache, "--profile", profile,
+                                     *(f"--set={o}" for o in OVERRIDES)))
+    # The same run continued for a step: no --profile, the run's own is read back.
+    resumed = succeeded(torchrun_train("--out", out, "--cache", cache, "--set", "train.max_steps=3", "--no-export"))
+    return Trained(data, cache, profile, out, first, resumed, started, datetime.now(timezone.utc))
+
+
+def test_the_run_directory_holds_its_description(trained: Trained) -> None:
+    layout = RunLayout(trained.run)
+    for path in (layout.profile, layout.run_file, layout.train_log, layout.metrics, layout.latest, layout.export):
+        assert path.exists(), f"{path} is missing"
+
+
+def test_profile_yaml_is_every_resolved_setting_and_loads_back_as_a_profile(trained: Trained) -> None:
+    recorded = yaml.safe_load(RunLayout(trained.run).profile.read_text())
+    train = recorded["train"]
+    assert (train["merger_hidden"], train["lam"], train["prompt_template"]) == (64, 0.3, "janus.yaml")  # the child
+    assert train["max_steps"] == 3 and train["lr_base"] == 2e-3  # the --set of the latest start and the first
+    assert train["segment_weights"] == [1.0, 1.0, 1.0, 1.0] and train["zero_stage"] == 3  # tiny's and a default
+    assert recorded["cache"]["resolution"] == "pad224" and recorded["name"] == "variant"
+    assert Path(recorded["qwen"]["path"]) == REPO_ROOT / "configs" / "models" / "tiny-qwen2_5_vl"
+
+    expected = load_profile(trained.profile, [*OVERRIDES, "train.max_steps=3"])
+    again = load_profile(RunLayout(trained.run).profile)
+    assert (again.cache, again.vggt, again.qwen, again.device, again.compute_dtype) == (
+        expected.cache, expected.vggt, expected.qwen, expected.device, expected.compute_dtype)
+    assert load_train_settings(again) == load_train_settings(expected)
+
+
+def test_run_json_records_each_start_with_command_versions_and_cache_digest(trained: Trained) -> None:
+    starts = json.loads(RunLayout(trained.run).run_file.read_text())["starts"]
+    assert len(starts) == 2
+    first, resumed = starts
+    assert "--set=train.max_steps=2" in first["command"] and "pipelines.train" in first["command"]
+    assert first["profile"]["overrides"] == list(OVERRIDES) and first["profile"]["file"] == str(trained.profile)
+    assert resumed["profile"]["file"] == str(RunLayout(trained.run).profile)
+    assert resumed["profile"]["overrides"] == ["train.max_steps=3"]
+    manifest = hashlib.sha256(CacheLayout(trained.cache).manifest.read_bytes()).hexdigest()
+    assert first["caches"] == [{"path": str(trained.cache.resolve()), "manifest_sha256": manifest}]
+    import deepspeed
+    import torch
+    import transformers
+
+    assert first["packages"]["torch"] == torch.__version__.split("+")[0] or first["packages"]["torch"] == torch.__version__
+    assert first["packages"]["transformers"] == transformers.__version__
+    assert first["packages"]["deepspeed"] == deepspeed.__version__
+    assert first["janus"]["version"] and first["world"] == 2
+    head = subprocess.run(["git", "-C", str(REPO_ROOT), "rev-parse", "HEAD"], capture_output=True, text=True)
+    if head.returncode == 0:  # a git checkout
+        assert first["janus"]["git_commit"] == head.stdout.strip()
+
+
+def test_every_metrics_record_has_a_utc_wall_clock_time(trained: Trained) -> None:
+    records = [json.loads(line) for line in RunLayout(trained.run).metrics.read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2, 3]
+    times = [datetime.fromisoformat(r["time"]) for r in records]
+    assert all(t.utcoffset() == timedelta(0) for t in times)
+    assert trained.started <= times[0] <= times[1] <= times[2] <= trained.ended
+
+
+def test_train_log_holds_rank_0s_console_across_the_resume(trained: Trained) -> None:
+    log = RunLayout(trained.run).train_log.read_text().splitlines()
+    printed = [line for result in (trained.first, trained.resumed) for line in result.stdout.splitlines()
+               if line.startswith(("training ", "step ", "exported "))]
+    assert len(printed) >= 6  # two start lines, three step lines, the export
+    assert [line for line in log if line in printed] == printed
+    assert any("resumed at step 2" in line for line in log)
+
+
+def test_export_without_profile_uses_the_runs_own(trained: Trained, tmp_path: Path) -> None:
+    out = tmp_path / "export"
+    result = succeeded(janus_train("export", trained.run, "--out", out, "--tag", "step00000002"))
+    assert f"to {out}" in result.stdout
+    with safe_open(str(out / HEADS_FILE), "pt") as exported, \
+            safe_open(str(RunLayout(trained.run).export / HEADS_FILE), "pt") as at_end:
+        assert exported.metadata()["lam"] == "0.3"
+        assert set(exported.keys()) == set(at_end.keys())
+        for key in exported.keys():  # the end-of-run export (step 2) and this one: the same weights
+            assert exported.get_tensor(key).equal(at_end.get_tensor(key)), key
+        assert any(64 in exported.get_tensor(key).shape for key in exported.keys() if "merger" in key)  # its width
+
+
+def test_export_with_a_profile_that_disagrees_is_one_line(trained: Trained, tmp_path: Path) -> None:
+    result = janus_train("export", trained.run, "--out", tmp_path / "export", "--profile", "tiny")
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ")
+    assert "train.lam is 0.2, the run's is 0.3" in lines[0] and "train.merger_hidden" in lines[0]
+    assert str(RunLayout(trained.run).profile) in lines[0]
+    assert not (tmp_path / "export").exists()
+
+
+def test_show_sample_of_a_run_uses_its_prompt_template(trained: Trained) -> None:
+    key = build_index(trained.data).samples[0].key
+    shown = succeeded(janus_train("show-sample", "--data", trained.data, "--key", key, "--run", trained.run)).stdout
+    variant = succeeded(janus_train("show-sample", "--data", trained.data, "--key", key, "--profile",
+                                    trained.profile)).stdout
+    tiny = succeeded(janus_train("show-sample", "--data", trained.data, "--key", key, "--profile", "tiny")).stdout
+    assert shown == variant and shown != tiny
+
+
+def test_a_resume_with_a_profile_that_disagrees_is_one_line_and_changes_nothing(trained: Trained) -> None:
+    layout = RunLayout(trained.run)
+    before = {path: path.read_bytes() for path in (layout.profile, layout.run_file, layout.metrics, layout.latest)}
+    result = torchrun_train("--out", trained.run, "--cache", trained.cache, "--profile", "tiny", "--no-export")
+    assert result.returncode != 0
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and "train.merger_hidden is 128, the run's is 64" in errors[0], result.stderr[-3000:]
+    assert {path: path.read_bytes() for path in before} == before
+
+
+def test_a_recorded_profile_binds_a_run_only_once_it_holds_a_checkpoint(tmp_path: Path) -> None:
+    """A start that failed before its first checkpoint recorded its profile; a corrected profile may
+    start the run again. Once a checkpoint exists, the same profile is refused in one line."""
+    from janus_cache.profile import ProfileError
+    from janus_train.run_record import run_profile, write_profile
+
+    run = tmp_path / "run"
+    variant = load_profile("tiny", ["train.lam=0.3"])
+    write_profile(RunLayout(run), variant, load_train_settings(variant))
+    assert run_profile(run, None).train["lam"] == 0.3  # the recorded one, without --profile
+    assert run_profile(run, "tiny").name == "tiny"  # nothing trained yet: another profile may start it
+    RunLayout(run).checkpoints.mkdir()
+    RunLayout(run).latest.write_text("step00000002")
+    with pytest.raises(ProfileError, match=r"train\.lam is 0\.2, the run's is 0\.3; leave out --profile"):
+        run_profile(run, "tiny")
+    with pytest.raises(ProfileError, match=r"train\.lam is 0\.4, the run's is 0\.3"):
+        run_profile(run, None, ["train.lam=0.4"])
+    assert run_profile(run, None, ["train.save_every=5"]).train["save_every"] == 5  # not a model setting

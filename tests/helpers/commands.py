@@ -1,0 +1,45 @@
+"""Helpers shared by several test modules (moved from tests/test_user_errors.py)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from helpers.profiles import REPO_ROOT
+
+TIMEOUT_S = 300
+
+
+def make(target: str, **variables: str | Path) -> subprocess.CompletedProcess[str]:
+    """``make TARGET NAME=VALUE...`` in the repository, with this test's environment."""
+    settings = [f"{name}={value}" for name, value in variables.items()]
+    # Under `make test` the outer make's flags and variables would reach this make: drop them.
+    env = {name: value for name, value in os.environ.items() if name not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
+    venv = Path(sys.prefix)
+    return subprocess.run(["make", "--no-print-directory", target, f"VENV={venv}", *settings], cwd=REPO_ROOT,
+                          env={**env, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=TIMEOUT_S)
+
+
+def janus_lines(result: subprocess.CompletedProcess[str]) -> list[str]:
+    """What the user reads, without make's own echo of the commands and its closing line."""
+    lines = (result.stdout + result.stderr).splitlines()
+    return [line for line in lines if not line.startswith(("make: ***", str(Path(sys.prefix))))
+            and "-m pipelines." not in line]
+
+
+def assert_one_error_line(result: subprocess.CompletedProcess[str], *expected: str) -> str:
+    """Exactly one ``error:`` line, holding each of ``expected``; no traceback; under a launcher,
+    only its one pointer line after it."""
+    output = result.stdout + result.stderr
+    assert result.returncode != 0, output
+    assert "Traceback" not in output and "ChildFailedError" not in output, output
+    errors = [line for line in output.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, output
+    for text in expected:
+        assert text in errors[0], errors[0]
+    after = janus_lines(result)[janus_lines(result).index(errors[0]) + 1:]
+    assert all(line.startswith("launcher: ") for line in after) and len(after) <= 1, output
+    return errors[0]
+

@@ -1,0 +1,88 @@
+"""Helpers shared by several test modules (moved from tests/test_precompute.py)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from helpers.profiles import REPO_ROOT, write_test_profile
+
+FRAMES_PER_SHARD = 4
+
+
+SAMPLES_PER_SHARD = 2
+
+
+RESOLUTION = "pad224"
+
+
+RUN_TIMEOUT = 300
+
+
+def precompute_command(
+    data: Path, out: Path, profile: Path, *args: str, nproc: int | None = 2, cache_format: str = "zarr",
+    workers: int = 1,
+) -> list[str]:
+    """The command of one precompute run: torchrun with ``nproc`` processes, or one plain process."""
+    if nproc is None:
+        launcher = [str(Path(sys.executable).parent / "janus-cache"), "precompute"]
+    else:
+        launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
+                    "-m", "pipelines.precompute"]
+    return [*launcher, str(data), "--out", str(out), "--profile", str(profile), "--format", cache_format,
+            "--workers", str(workers), *args]
+
+
+def run_env() -> dict[str, str]:
+    """One compute thread per process, as torchrun gives its ranks: the test machine is shared, and
+    an oversubscribed OpenMP pool makes a plain process many times slower."""
+    return {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def run(command: list[str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(command, cwd=REPO_ROOT, env=run_env(), capture_output=True, text=True,
+                          timeout=RUN_TIMEOUT, check=False)
+
+
+def output(result: subprocess.CompletedProcess[str]) -> str:
+    return result.stdout + result.stderr
+
+
+def succeeded(result: subprocess.CompletedProcess[str]) -> bool:
+    return result.returncode == 0
+
+
+def tail(result: subprocess.CompletedProcess[str]) -> str:
+    """An assertion message: the exit code and the end of the run's output."""
+    return f"exit {result.returncode}:\n{output(result)[-4000:]}"
+
+
+def flip_byte(path: Path) -> None:
+    """Change one byte in the middle of ``path`` (same size: only the checksum notices)."""
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("precompute")
+
+
+@pytest.fixture(scope="module")
+def profile(workdir: Path) -> Path:
+    """The tiny profile with small shards."""
+    return write_test_profile(
+        workdir / "profiles" / "small-shards.yaml",
+        cache={"frames_per_shard": FRAMES_PER_SHARD, "samples_per_shard": SAMPLES_PER_SHARD},
+    )
+
+
+def copy_cache(cache: Path, target: Path) -> Path:
+    return Path(shutil.copytree(cache, target))
+

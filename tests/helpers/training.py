@@ -1,0 +1,82 @@
+"""Helpers shared by several test modules (moved from tests/test_train.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from helpers.profiles import REPO_ROOT, write_test_profile
+from janus_train.trainer import (
+    METRICS_FILE,
+)
+
+N_PROC = 2
+
+
+MAX_STEPS = 10
+
+
+SAVE_EVERY = 3
+
+
+LR = 2e-3
+
+
+TIMEOUT_S = 300
+
+
+# Tiny random models learn visibly only with large steps; no warm-up, so step 1 runs at LR.
+TRAIN = {
+    "micro_batch": 1,
+    "grad_accum": 2,
+    "epochs": 100,
+    "max_steps": MAX_STEPS,
+    "lr_base": LR,
+    "lr_projector": LR,
+    "warmup_ratio": 0.0,
+    "save_every": SAVE_EVERY,
+    "save_total_limit": 10,
+    "log_every": 1,
+    "num_workers": 0,
+    "live_check_every": 5,
+}
+
+
+def write_train_profile(path: Path, cache: dict | None = None, vggt: dict | None = None,
+                        train: dict | None = None) -> Path:
+    """The tiny profile with the test's training settings (and further overrides)."""
+    write_test_profile(path, cache=cache, vggt=vggt)
+    data = yaml.safe_load(path.read_text())
+    data["train"].update({**TRAIN, **(train or {})})
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def precompute(data: Path, out: Path, profile: Path) -> Path:
+    from pipelines.precompute import Options, run
+
+    assert run(Options(data, out, profile=str(profile), workers=1)) == 0, f"precompute of {out} failed"
+    return out
+
+
+def torchrun_train(*args: str | Path | int, nproc: int = N_PROC) -> subprocess.CompletedProcess[str]:
+    """``torchrun --standalone --nproc_per_node N -m pipelines.train ARGS`` as a real launch."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+               "-m", "pipelines.train", *map(str, args)]
+    return subprocess.run(command, cwd=REPO_ROOT, env=dict(os.environ), capture_output=True, text=True, check=False,
+                          timeout=TIMEOUT_S)
+
+
+def assert_succeeded(result: subprocess.CompletedProcess[str]) -> None:
+    assert result.returncode == 0, f"training failed ({result.returncode}):\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}"
+
+
+def read_metrics(run: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (run / METRICS_FILE).read_text().splitlines()]
+

@@ -1,0 +1,297 @@
+"""The GPU bench instrument: real-architecture configs, FLOP counts on the meta device, the
+activation-checkpointing setting, the projection, and the whole bench in its CPU smoke mode."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from unittest import mock
+
+import pytest
+import torch
+import yaml
+from PIL import Image
+from torch.utils.flop_counter import FlopCounterMode
+from transformers import Qwen2_5_VLConfig
+
+from janus_cache.profile import PROFILES_DIR, ProfileError, load_profile
+from janus_train.activation_checkpointing import FULL, NONE, ActivationCheckpointing
+from janus_train.config import load_train_settings
+import janus_train.flops
+from janus_train.flops import (
+    build_model,
+    build_vggt,
+    count_flops,
+    count_step,
+    load_vggt_config,
+    merger_only,
+    vggt_stream_flops,
+    vit_block_flops,
+    vit_flops_one_image,
+)
+from janus_train.model import TrainableParts
+from janus_train.workload import SampleShape, StepRunner, make_batch, stream_window_features
+from benchmarks import bench_gpu
+from benchmarks.bench_projection import (
+    REFERENCE_GPU_S_PER_SAMPLE,
+    REFERENCE_HOURS_PER_EPOCH,
+    DeviceSpec,
+    device_spec,
+    project,
+    zero3_bytes_per_sample,
+    zero_options,
+)
+
+MODELS = Path(__file__).resolve().parents[2] / "configs" / "models"
+TINY_QWEN = MODELS / "tiny-qwen2_5_vl"
+TINY_VGGT = MODELS / "tiny-vggt.json"
+SHAPE = SampleShape(side=56)
+# VGGT-1B's aggregator checkpoint (facebook/VGGT-1B): 1210 tensors, 909,112,320 parameters.
+VGGT_1B_KEYS, VGGT_1B_PARAMS = 1210, 909_112_320
+# Qwen2.5-VL-7B-Instruct: 8,292,166,656 parameters (LLM, lm_head, ViT and its merger).
+QWEN_7B_PARAMS = 8_292_166_656
+
+
+# ------------------------------------------------------------------------------ configs
+
+
+def test_qwen_7b_config_has_the_real_architecture_under_transformers_names() -> None:
+    config = Qwen2_5_VLConfig.from_pretrained(MODELS / "qwen2_5_vl_7b")
+    text, vision = config.text_config, config.vision_config
+    assert (text.hidden_size, text.num_hidden_layers, text.num_attention_heads, text.num_key_value_heads) == (3584, 28, 28, 4)
+    assert (text.intermediate_size, text.vocab_size) == (18944, 152064)
+    assert text.rope_parameters["rope_theta"] == 1e6 and text.rope_parameters["mrope_section"] == [16, 24, 24]
+    assert (vision.depth, vision.hidden_size, vision.num_heads, vision.intermediate_size) == (32, 1280, 16, 3420)
+    assert (vision.patch_size, vision.spatial_merge_size, vision.temporal_patch_size, vision.window_size) == (14, 2, 2, 112)
+    assert vision.fullatt_block_indexes == [7, 15, 23, 31] and vision.out_hidden_size == 3584
+    qwen = build_model(MODELS / "qwen2_5_vl_7b", 2048).qwen  # meta device: shapes only
+    assert sum(p.numel() for p in qwen.parameters()) == QWEN_7B_PARAMS
+
+
+def test_vggt_1b_config_builds_the_checkpoints_keys_and_parameters() -> None:
+    state = build_vggt(load_vggt_config(MODELS / "vggt_1b.json")).state_dict()
+    assert len(state) == VGGT_1B_KEYS
+    assert sum(t.numel() for t in state.values()) == VGGT_1B_PARAMS
+
+
+# ---------------------------------------------------------------- activation checkpointing
+
+
+@pytest.mark.parametrize(
+    ("value", "every", "text"),
+    [("full", 1, "full"), ("none", 0, "none"), ("every_2", 2, "every_2"), ("every_12", 12, "every_12"),
+     (True, 1, "full"), (False, 0, "none")],
+)
+def test_checkpointing_policy_parses_the_profile_values(value: object, every: int, text: str) -> None:
+    policy = ActivationCheckpointing.parse(value)
+    assert policy.every == every and str(policy) == text
+
+
+@pytest.mark.parametrize("value", ["every_0", "every_", "some", "Full", 2, None])
+def test_checkpointing_policy_rejects_other_values(value: object) -> None:
+    with pytest.raises(ValueError, match="expected full, none or every_K"):
+        ActivationCheckpointing.parse(value)
+
+
+def _tiny_profile(tmp_path: Path, checkpointing: object) -> Path:
+    data = yaml.safe_load((PROFILES_DIR / "tiny.yaml").read_text())
+    data["vggt"] = {"config": str(PROFILES_DIR / data["vggt"]["config"]), "seed": 0}
+    data["qwen"] = dict(data["qwen"], path=str(PROFILES_DIR / data["qwen"]["path"]))
+    data["train"]["gradient_checkpointing"] = checkpointing
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_profile_setting_gives_the_policy_and_names_a_wrong_value(tmp_path: Path) -> None:
+    settings = load_train_settings(load_profile(_tiny_profile(tmp_path, "every_2")))
+    assert settings.gradient_checkpointing == ActivationCheckpointing(2)
+    assert load_train_settings(load_profile(_tiny_profile(tmp_path, True))).gradient_checkpointing == FULL
+    with pytest.raises(ProfileError, match=r"p\.yaml: setting 'train\.gradient_checkpointing': expected full, none"):
+        load_train_settings(load_profile(_tiny_profile(tmp_path, "every_layer")))
+
+
+def test_every_k_checkpoints_every_kth_decoder_layer_and_keeps_the_gradients() -> None:
+    """Recomputation changes memory and time, never the loss or the gradients."""
+    config = json.loads((TINY_QWEN / "config.json").read_text())
+    config["text_config"]["num_hidden_layers"] = 4
+    model = build_model(Qwen2_5_VLConfig.from_dict(config), 128, merger_hidden=96, device=torch.device("cpu"),
+                        dtype=torch.float32)
+    model.train()
+    batch = make_batch(model, SHAPE)
+    runner = StepRunner(model)
+    grads = {}
+    for policy in (NONE, ActivationCheckpointing(2), FULL):
+        model.set_gradient_checkpointing(policy)
+        layers = model.qwen.model.language_model.layers
+        assert [layer.gradient_checkpointing for layer in layers] == [
+            policy.enabled and i % policy.every == 0 for i in range(len(layers))
+        ]
+        loss = runner.loss("janus", batch)
+        loss.backward()
+        grads[str(policy)] = (float(loss.detach()), model.qwen.lm_head.weight.grad.clone())
+        model.zero_grad(set_to_none=True)
+    for name in ("every_2", "full"):
+        assert grads[name][0] == pytest.approx(grads["none"][0], rel=1e-6)
+        torch.testing.assert_close(grads[name][1], grads["none"][1], rtol=1e-5, atol=1e-7)
+
+
+# ------------------------------------------------------------------------------- FLOPs
+
+
+@pytest.fixture(scope="module")
+def deep_tiny_qwen(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny Qwen with 5 decoder layers and 4 ViT blocks (2 full-attention), so extrapolating
+    from 2 and 3 layers is actually tested."""
+    folder = tmp_path_factory.mktemp("qwen5")
+    config = json.loads((TINY_QWEN / "config.json").read_text())
+    config["text_config"]["num_hidden_layers"] = 5
+    config["vision_config"].update(depth=4, fullatt_block_indexes=[1, 3])
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+def test_flop_table_extrapolation_equals_counting_the_whole_model(deep_tiny_qwen: Path) -> None:
+    table = count_flops(deep_tiny_qwen, TINY_VGGT, SHAPE, FULL, merger_hidden=96)
+    model = build_model(deep_tiny_qwen, 128, merger_hidden=96)
+    runner = StepRunner(model, vit=merger_only, reference_vggt=lambda f: torch.empty(1, 16, 128, device="meta"))
+    direct = count_step(runner, "janus", make_batch(model, SHAPE), FULL)
+    for name in ("llm_forward", "logits", "backward", "recompute", "merger"):
+        assert table.janus.components[name] == pytest.approx(direct[name], rel=1e-9), name
+    vit, vit_direct = vit_block_flops(deep_tiny_qwen, SHAPE, FULL), vit_flops_one_image(model, SHAPE) * SHAPE.images
+    assert vit.forward == pytest.approx(vit_direct.forward, rel=1e-9) and vit.forward > 0
+    assert vit.backward == vit_direct.backward == 0  # frozen: outside autograd
+    # A trained vision tower does run in the backward: input and weight gradients, ~2x its forward.
+    trains = TrainableParts(vision_tower=True)
+    trained = vit_block_flops(deep_tiny_qwen, SHAPE, trainable=trains)
+    direct = vit_flops_one_image(build_model(deep_tiny_qwen, 128, merger_hidden=96, trainable=trains), SHAPE)
+    assert trained.backward == pytest.approx(direct.backward * SHAPE.images, rel=1e-9)
+    assert trained.backward > 1.5 * trained.forward and trained.forward == pytest.approx(vit.forward, rel=1e-9)
+    config = load_vggt_config(TINY_VGGT)
+    frames = torch.empty(1, SHAPE.images, SHAPE.side, SHAPE.side, 3, dtype=torch.uint8, device="meta")
+    with FlopCounterMode(display=False) as counter:
+        stream_window_features(build_vggt(config), frames)
+    assert vggt_stream_flops(config, SHAPE) == pytest.approx(counter.get_total_flops(), rel=1e-9)
+
+
+def test_flop_table_of_janus_and_reference_steps(deep_tiny_qwen: Path) -> None:
+    full = count_flops(deep_tiny_qwen, TINY_VGGT, SHAPE, FULL, merger_hidden=96)
+    none = count_flops(deep_tiny_qwen, TINY_VGGT, SHAPE, NONE, merger_hidden=96)
+    janus, reference = full.janus.components, full.reference.components
+    assert janus["vggt"] == 0 and reference["vggt"] > 0  # janus's VGGT ran in precompute
+    assert janus["vit"] == reference["vit"] > 0 and janus["llm_forward"] == reference["llm_forward"] > 0
+    # The frozen ViT runs nothing in the backward, under any policy.
+    assert janus["vit_backward"] == none.janus.components["vit_backward"] == reference["vit_backward"] == 0
+    # With the ViT cache its blocks do not run at all; its patch merger still does.
+    cached = full.janus_vit_cache.components
+    assert cached["vit"] == cached["vit_backward"] == 0 and cached["merger"] == janus["merger"] > 0
+    assert full.janus_vit_cache.total == pytest.approx(full.janus.total - janus["vit"], rel=1e-12)
+    # Every one of the 354 positions vs the 100 answer rows (+ the action head in both).
+    assert reference["logits"] > 3 * janus["logits"] > 0
+    assert janus["recompute"] > 0 and none.janus.components["recompute"] == 0
+    assert none.janus.components["backward"] == pytest.approx(janus["backward"], rel=1e-9)
+    assert full.ratio == pytest.approx(full.reference.total / full.janus.total) and full.ratio > 1
+    assert full.janus.model_flops == pytest.approx(full.janus.total - janus["recompute"])
+    with pytest.raises(ValueError, match="full or no checkpointing"):
+        count_flops(deep_tiny_qwen, TINY_VGGT, SHAPE, ActivationCheckpointing(2))
+
+
+def test_the_flop_counter_shows_a_frozen_vit_pulled_into_the_backward() -> None:
+    """What the counter would have shown before the fix: the ViT as one call of the whole tower, with
+    checkpointing through transformers' own enabling (which hooks the ViT's patch_embed)."""
+    model = build_model(TINY_QWEN, 128, merger_hidden=96)
+    model.qwen.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    with mock.patch.object(janus_train.flops, "vit_embeddings",
+                           lambda visual, pixel_values, grid, **layout: visual(pixel_values, grid, **layout).pooler_output):
+        before = vit_flops_one_image(model, SHAPE)
+    model.set_gradient_checkpointing(FULL)
+    after = vit_flops_one_image(model, SHAPE)
+    assert before.backward > 0.5 * before.forward > 0  # input gradients through every block
+    assert after.backward == 0 and after.forward == pytest.approx(before.forward, rel=1e-12)
+
+
+# --------------------------------------------------------------------------- projection
+
+
+def test_projection_reproduces_the_reference_epoch_and_adds_zero3_traffic() -> None:
+    spec = DeviceSpec("test", 1000.0, 100.0)
+    # Without traffic, 6.9 GPU-s per sample is the reference's measured epoch on 8 GPUs.
+    assert project(spec, REFERENCE_GPU_S_PER_SAMPLE, 0, 0).hours_per_epoch_no_overlap == pytest.approx(
+        REFERENCE_HOURS_PER_EPOCH, rel=0.01)
+    # 8e9 parameters, 7e9 trainable: (8 + 14) e9 x 2 bytes x 7/8 = 38.5 GB per sample, 0.385 s at 100 GB/s.
+    assert zero3_bytes_per_sample(8_000_000_000, 7_000_000_000) == pytest.approx(38.5e9)
+    p = project(spec, 0.5, 8_000_000_000, 7_000_000_000)
+    assert p.comm_s_per_sample == pytest.approx(0.385)
+    assert p.gpu_s_per_sample_no_overlap == pytest.approx(0.885) and p.gpu_s_per_sample_full_overlap == 0.5
+    assert p.hours_per_epoch_full_overlap == pytest.approx(612_492 * 0.5 / 8 / 3600)
+    assert device_spec("NVIDIA H100 80GB HBM3").name == "H100 SXM" and device_spec("cpu") is None
+
+
+def test_zero_stage_projection_trades_weights_per_gpu_for_traffic_on_one_node_and_several() -> None:
+    spec = DeviceSpec("test", 1000.0, 400.0)
+    params, trainable = 8_000_000_000, 7_000_000_000
+    options = {(o.stage, o.nodes): o for o in zero_options(spec, 0.5, params, trainable)}
+    assert set(options) == {(stage, nodes) for stage in (2, 3) for nodes in (1, 2, 4)}
+    # ZeRO-3: (8 + 14) e9 x 2 bytes x 7/8 = 38.5 GB per sample; ZeRO-2: 7e9 x 2 x 7/8 x (1 + 1/8 steps).
+    assert options[3, 1].comm_gb_per_sample == pytest.approx(38.5)
+    assert options[2, 1].comm_gb_per_sample == pytest.approx(7 * 2 * 7 / 8 * 9 / 8)
+    # State per GPU: ZeRO-3 shards all of (16 + 14 + 84) GB; ZeRO-2 keeps the 16 GB of weights whole.
+    assert options[3, 1].state_gib_per_gpu * 2**30 == pytest.approx(114e9 / 8)
+    assert options[2, 1].state_gib_per_gpu * 2**30 == pytest.approx(16e9 + 98e9 / 8)
+    # Inside a node the ring runs at NVLink, across nodes at the NIC (50 GB/s per GPU).
+    assert options[3, 1].comm_s_per_sample == pytest.approx(38.5 / 400)
+    assert options[3, 4].comm_s_per_sample == pytest.approx(zero3_bytes_per_sample(params, trainable, 32) / 50e9)
+    assert options[2, 4].hours_per_epoch_no_overlap < options[3, 4].hours_per_epoch_no_overlap
+    assert options[3, 4].gpu_s_per_sample_full_overlap == max(0.5, options[3, 4].comm_s_per_sample)
+
+
+# ---------------------------------------------------------------------------- smoke run
+
+
+def test_gpu_bench_smoke_mode_runs_every_section_and_writes_table_and_plots(tmp_path: Path) -> None:
+    bench_gpu.command(out=tmp_path, smoke=True, profile=True)
+    results = json.loads((tmp_path / "gpu_smoke.json").read_text())
+    pre, train = results["precompute"], results["training"]
+    assert set(pre["rows"]) == {"janus_b1", "janus_b2", "reference_b1"}
+    assert all(row["windows_per_s"]["median"] > 0 for row in pre["rows"].values())
+    # Each VGGT lever alone (compile only on CUDA): today's path, dedup, each CPU kernel.
+    levers = pre["levers"]["rows"]
+    assert set(levers) == {"baseline", "dedup", "kernel=sdpa-flash", "kernel=sdpa-math"}
+    assert all(row["windows_per_s"]["median"] > 0 for row in levers.values())
+    assert levers["baseline"]["kernel"] == "sdpa" and levers["kernel=sdpa-math"]["kernel"] == "sdpa-math"
+    assert pre["levers"]["distinct_frames_per_window"] < 9
+    rows = train["rows"]
+    # Each policy, then each lever on the fastest policy (compile rows only with a GPU: minutes on a CPU).
+    lever = train["lever_checkpointing"]
+    assert lever in ("full", "none", "every_2")
+    assert set(rows) == {"janus_full", "janus_none", "janus_every_2", "reference_full", f"janus_{lever}_vit_cache",
+                         f"janus_{lever}_liger"}
+    measured = {name: r for name, r in rows.items() if "s_per_sample" in r}
+    assert all(r["s_per_sample"]["min"] > 0 and r["tokens_per_s"] > 0 for r in measured.values())
+    # Liger is optional: without the package its row says so instead of failing the bench.
+    if train["liger"].startswith("the liger-kernel package is not installed"):
+        assert "liger-kernel" in rows[f"janus_{lever}_liger"]["error"]
+    # Every row on a fresh model with the same weights and sample: the checkpointing policy leaves the
+    # loss as it is.
+    assert rows["janus_every_2"]["loss"] == pytest.approx(rows["janus_none"]["loss"], rel=1e-5)
+    assert rows["janus_full"]["loss"] == pytest.approx(rows["janus_none"]["loss"], rel=1e-5)
+    # The ViT cache row builds no pixel values and runs only the ViT's patch merger.
+    cached = rows[f"janus_{lever}_vit_cache"]
+    assert cached["levers"] == ["vit_cache"] and "pixel_values" not in cached["phases_s"]
+    assert "pixel_values" in rows[f"janus_{lever}"]["phases_s"]
+    # --profile: a loadable trace and the top operators of one step.
+    profile = results["profile"]
+    trace = json.loads((tmp_path / "gpu_smoke_profile_trace.json").read_text())
+    assert profile["trace"] == "gpu_smoke_profile_trace.json" and trace["traceEvents"]
+    assert len(profile["top_ops"]) > 5 and all(op["self_ms"] >= 0 and op["calls"] > 0 for op in profile["top_ops"])
+    assert any("mm" in op["op"] for op in profile["top_ops"])
+    assert "vggt" in rows["reference_full"]["phases_s"] and "vggt" not in rows["janus_full"]["phases_s"]
+    assert train["ratio_best"] > 0 and train["liger"]
+    assert results["flops"]["ratio"] > 1
+    table = (tmp_path / "gpu_smoke.md").read_text()
+    assert "janus_every_2" in table and "reference_full" in table and "Reference / janus FLOPs per step" in table
+    assert "Top operators of one janus step" in table and "| janus + ViT cache |" in table
+    assert "| VGGT lever, B=4 overlapping windows" in table and "| kernel=sdpa-math |" in table
+    for plot in ("gpu_smoke_step_breakdown.png", "gpu_smoke_flops.png"):
+        with Image.open(tmp_path / plot) as image:
+            assert image.size[0] > 500
