@@ -3,7 +3,8 @@ field of its frames, samples and episodes, written as ``.npy`` files that can be
 
 Columns are made from the model's dataclass fields, whatever they are, by the type of their values:
 integers and booleans are plain arrays; texts are dictionary-encoded (codes into a table of
-distinct strings, stored as UTF-8 bytes plus offsets; ``None`` is code -1), so an instruction
+distinct strings in the text-column form of :mod:`janus_cache.text_column`, UTF-8 bytes plus
+offsets; ``None`` is code -1), so an instruction
 shared by an episode's samples is stored, and materialised, once; paths are texts relative to
 the dataset's base folder, rebased on the path the caller gives; tuples of integers or texts are
 ragged (flat values plus offsets). A field of any other type is kept as a pickled list (none of
@@ -28,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from janus_cache.index.model import DatasetIndex, Episode, Frame, Sample
+from janus_cache.text_column import TextColumn
 
 FORMAT_VERSION = 1
 """Version of the stored layout; a stored index of another version is rebuilt."""
@@ -50,31 +52,32 @@ def schema_tag() -> str:
 # ------------------------------------------------------------------------------ texts
 
 
-def _text_table(strings: Sequence[str]) -> dict[str, np.ndarray]:
-    encoded = [s.encode("utf-8", TEXT_ERRORS) for s in strings]
-    offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
-    np.cumsum([len(b) for b in encoded], out=offsets[1:])
-    return {"utf8": np.frombuffer(b"".join(encoded), dtype=np.uint8), "offsets": offsets}
+def _dictionary(values: Sequence[str | None]) -> dict[str, np.ndarray]:
+    """A text field's stored parts: ``codes`` per row (-1: None) into the distinct texts, which are
+    stored as a text column (``utf8`` its payload, ``offsets`` its offsets)."""
+    codes, table = TextColumn.dictionary(values, TEXT_ERRORS)
+    return {"codes": codes, **_text_parts(table)}
+
+
+def _text_parts(column: TextColumn) -> dict[str, np.ndarray]:
+    return {"utf8": column.payload, "offsets": column.offsets}
+
+
+def stored_texts(utf8: np.ndarray, offsets: np.ndarray) -> TextColumn:
+    """The distinct texts of a stored text field (its ``utf8`` and ``offsets`` parts)."""
+    return TextColumn(offsets, utf8, errors=TEXT_ERRORS)
 
 
 def decode_table(utf8: np.ndarray, offsets: np.ndarray) -> list[str]:
-    data = bytes(utf8)
-    bounds = offsets.tolist()
-    return [data[a:b].decode("utf-8", TEXT_ERRORS) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+    """All the distinct texts of a stored text field, in code order."""
+    return list(stored_texts(utf8, offsets))
 
 
 def _compact(array: np.ndarray) -> np.ndarray:
-    """int32 when the values fit (codes, rows, windows: half the bytes on disk), else int64."""
+    """int32 when the values fit (rows, windows: half the bytes on disk), else int64."""
     if array.size and (array.min() < np.iinfo(np.int32).min or array.max() > np.iinfo(np.int32).max):
         return array
     return array.astype(np.int32)
-
-
-def _dictionary(values: Sequence[str | None]) -> tuple[np.ndarray, list[str]]:
-    table: dict[str, int] = {}
-    codes = np.fromiter((-1 if v is None else table.setdefault(v, len(table)) for v in values),
-                        dtype=np.int64, count=len(values))
-    return _compact(codes), list(table)
 
 
 # ----------------------------------------------------------------------------- columns
@@ -125,8 +128,7 @@ def encode_column(values: Sequence[Any], base: Path) -> tuple[str, dict[str, np.
         if kind == "path":
             prefix = _base_prefix(base)
             values = [_relative(v, prefix) for v in values]
-        codes, table = _dictionary(values)
-        return kind, {"codes": codes, **_text_table(table)}
+        return kind, _dictionary(values)
     if kind in ("ints", "texts"):
         lengths = [len(v) for v in values]
         offsets = np.zeros(len(values) + 1, dtype=np.int64)
@@ -134,8 +136,8 @@ def encode_column(values: Sequence[Any], base: Path) -> tuple[str, dict[str, np.
         flat = [x for v in values for x in v]
         if kind == "ints":
             return kind, {"data": _compact(np.array(flat, dtype=np.int64)), "rows": offsets}
-        codes, table = _dictionary(flat)
-        return kind, {"codes": codes, "rows": offsets, **_text_table(table)}
+        texts = _dictionary(flat)
+        return kind, {"codes": texts.pop("codes"), "rows": offsets, **texts}
     blob = pickle.dumps(list(values), protocol=pickle.HIGHEST_PROTOCOL)
     return kind, {"pickle": np.frombuffer(blob, dtype=np.uint8)}
 
@@ -339,14 +341,6 @@ def _joined(kind: str, chunks: list[dict[str, np.ndarray]]) -> dict[str, np.ndar
 
 def distinct_text_column(strings: Sequence[str]) -> dict[str, np.ndarray]:
     """:func:`encode_column`'s arrays of a text column whose rows all differ (sorted file paths),
-    encoded a block of rows at a time: no dictionary of a million strings, no list of their bytes."""
-    lengths, blocks = [], []
-    for first in range(0, len(strings), 65536):
-        encoded = [s.encode("utf-8", TEXT_ERRORS) for s in strings[first:first + 65536]]
-        lengths.append(np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded)))
-        blocks.append(np.frombuffer(b"".join(encoded), dtype=np.uint8))
-    offsets = np.zeros(len(strings) + 1, dtype=np.int64)
-    if lengths:
-        np.cumsum(np.concatenate(lengths), out=offsets[1:])
-    utf8 = np.concatenate(blocks) if blocks else np.zeros(0, dtype=np.uint8)
-    return {"codes": _compact(np.arange(len(strings), dtype=np.int64)), "utf8": utf8, "offsets": offsets}
+    without a dictionary of a million strings: each row is its own code."""
+    return {"codes": _compact(np.arange(len(strings), dtype=np.int64)),
+            **_text_parts(TextColumn.encode(strings, TEXT_ERRORS))}

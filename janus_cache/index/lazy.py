@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from janus_cache.index.columns import TABLES, TEXT_ERRORS, decode_column, decode_table, load_parts, read_scalars
+from janus_cache.index.columns import TABLES, decode_column, decode_table, load_parts, read_scalars, stored_texts
 from janus_cache.index.identity import EpisodeIdentity
 from janus_cache.index.model import DatasetIndex, Episode, Frame, Sample
 
@@ -85,11 +85,10 @@ def _text_decoder(utf8: np.ndarray, offsets: np.ndarray, codes: np.ndarray, n_ro
     if len(offsets) - 1 <= max(1, n_rows // 2):
         table: list[str | None] = [*decode_table(utf8, offsets), None]  # code -1 is None
         return lambda code: table[code]
+    texts = stored_texts(utf8, offsets)
 
     def text(code: int) -> str | None:
-        if code < 0:
-            return None
-        return bytes(utf8[offsets[code]:offsets[code + 1]]).decode("utf-8", TEXT_ERRORS)
+        return None if code < 0 else texts.text(code)
 
     return text
 

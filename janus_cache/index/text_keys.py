@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-TEXT_ERRORS = "surrogatepass"  # lone surrogates (odd file names) round-trip, as the index stores them
+from janus_cache.index.columns import TEXT_ERRORS  # lone surrogates (odd file names) round-trip, as the index stores them
 
 
 class TextKeys:

@@ -18,7 +18,6 @@ import json
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +41,7 @@ from janus_cache.store.layout import (
 )
 from janus_cache.store.features import from_stored
 from janus_cache.store.manifest import ShardEntry
-from janus_cache.store.text_column import TextColumn
+from janus_cache.text_column import TextColumn
 
 ColumnData = np.ndarray | TextColumn | Sequence[str]
 """A table column to write: numeric rows, or text (stored form, or any sequence of str)."""
@@ -343,9 +342,9 @@ class ZarrGroup:
             return self._column_array(table, column)
         offsets = self._column_array(table, column, TEXT_OFFSETS)
         path = table_column(table, column, TEXT_PAYLOAD)
-        payload = self.read_rows(path, 0, self._array(path).shape[0]).tobytes()
+        payload = self.read_rows(path, 0, self._array(path).shape[0])
         try:
-            return [payload[a:b].decode("utf-8") for a, b in pairwise(offsets)]
+            return list(TextColumn(offsets, payload))
         except UnicodeDecodeError as err:
             raise DamagedData(self.shard_file(path, 0), f"text column {table}.{column} is not UTF-8 "
                               f"({err.reason})") from None

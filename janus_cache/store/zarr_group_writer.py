@@ -49,7 +49,7 @@ from janus_cache.store.layout import (
     table_group,
     vit_array,
 )
-from janus_cache.store.text_column import NotText, TextColumn
+from janus_cache.text_column import NotText, TextColumn
 from janus_cache.store.zarr_group import ColumnData, ZarrGroup, _check_name
 
 TABLE_CHUNK_ROWS = 65536

@@ -35,7 +35,7 @@ from janus_cache.store import (
 )
 from janus_cache.store.commit import read_record
 from janus_cache.store.layout import features_array, frames_array, table_column
-from janus_cache.store.text_column import TEXT_BLOCK_ROWS, NotText, TextColumn
+from janus_cache.text_column import TEXT_BLOCK_ROWS, NotText, TextColumn
 
 FRAMES = frames_array(RESOLUTION)
 FEATURES = features_array(VARIANT.name, RESOLUTION)
