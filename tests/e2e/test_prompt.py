@@ -1,5 +1,5 @@
 """The training sample, token for token as the reference JanusVLN trainer builds it
-(README "The training sample"): the exact user and target texts, labels through the closing
+(docs/train.md "The training sample"): the exact user and target texts, labels through the closing
 ``<|im_end|>\\n``, per-token loss weights, segment ids, the action-head position, and janus's own
 wording as an opt-in template."""
 
@@ -28,7 +28,7 @@ from janus_train.prompt import (
 from janus_train.prompt_template import PromptTemplate, TemplateError
 from janus_train.sample_view import describe_sample
 
-# The reference's user text, copied from README "The training sample" ({H}: one <image> per history image).
+# The reference's user text, copied from docs/train.md "The training sample" ({H}: one <image> per history image).
 REFERENCE_USER = (
     "You are a visual language navigation model, and your should go to the locations to complete the given task. "
     "Compare the observation and instruction to infer your current progress, and then select the correct direction "

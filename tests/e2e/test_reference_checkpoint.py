@@ -41,7 +41,7 @@ from janus_train.reference_checkpoint import (
 from helpers.reference import FEATURE_DIM, HIDDEN, LAM, MERGER_HIDDEN, RESOLUTION, dpt_head_shapes, reference_config, reference_names_of_qwen, reference_shapes, vggt_head_shapes, write_reference_dir  # noqa: F401
 
 
-# the reference checkpoint layout (README "Reference JanusVLN checkpoints, both ways"): the top-level fields of the reference config.json.
+# the reference checkpoint layout (docs/train.md "Reference JanusVLN checkpoints, both ways"): the top-level fields of the reference config.json.
 DOCUMENTED_CONFIG_FIELDS = {
     "model_type", "architectures", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
     "intermediate_size", "vocab_size", "rope_theta", "rope_scaling", "max_position_embeddings", "rms_norm_eps",

@@ -1,6 +1,6 @@
 """A cache holding two resolutions trains on the profile's one and verifies (issue 11, bug 2).
 
-The README's way of adding a resolution: precompute the same data again with another
+The way docs/precompute.md gives of adding a resolution: precompute the same data again with another
 ``--resolution``. Then a real 2-process torchrun of ``pipelines.train`` (tiny profile, DeepSpeed
 ZeRO-3 on the CPU) trains a few steps on the profile's resolution, and ``janus-cache verify``
 (the console script) passes on the cache.
