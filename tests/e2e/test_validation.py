@@ -35,15 +35,15 @@ from janus_train.data import CachedSamples, LiveSamples, collate
 from janus_train.export import load_exported
 from janus_train.holdout import HoldoutError, heldout_count, split_by_episode
 from janus_train.logs import step_line
-from janus_train.prompt import SEGMENT_NAMES, collate_prompts
+from janus_train.prompt import PromptFields, collate_prompts
+from janus_train.segments import SEGMENT_NAMES
 from janus_train.trainer import CHECKPOINTS, EXPORT_DIR, open_training_cache, prompt_builder
+from janus_train.val_metric_names import BEST_METRICS, better
 from janus_train.validation import (
-    BEST_METRICS,
     ActionSpan,
     action_tokens_correct,
     ValidationError,
     ValidationSet,
-    better,
     episode_ids,
     plan_validation,
 )
@@ -332,7 +332,7 @@ def test_the_action_token_accuracy_needs_every_token_of_the_action_name() -> Non
     sample counts as right only when the argmax is right at each (TURN_LEFT: ``ĠTURN`` and
     ``_LEFT``; ``ĠTURN`` alone cannot tell left from right)."""
     builder = prompt_builder(load_profile("tiny"))
-    prompts = [builder.build("Go to the door.", "Walk ahead.", "A door.", "2 m away.", action, n_images=1)
+    prompts = [builder.build(PromptFields("Go to the door.", "Walk ahead.", "A door.", "2 m away.", action), n_images=1)
                for action in ("TURN_LEFT", "STOP")]
     batch = collate_prompts(prompts, builder.pad_token_id)
     labels = batch["labels"]
