@@ -35,6 +35,7 @@ from janus_cache.precompute_job import PrecomputeError, PrecomputeJob, Prepared,
 from janus_cache.profile import SET_HELP, SET_OPTION, Profile, load_profile
 from janus_cache.device import process_device
 from janus_cache.resolution import Resolution
+from janus_cache.store.formats import DEFAULT_FORMAT, FORMATS, FORMATS_HELP
 from janus_cache.store.commit import CHECKSUM_MODES, is_committed
 from janus_cache.store.manifest import read_manifest
 from janus_cache.store.layout import REPORT_NAME, CacheLayout
@@ -53,7 +54,7 @@ class Options:
     path or string is one value (a string may list several sources separated by spaces)."""
     out: Path
     profile: str = "tiny"
-    cache_format: str = "zarr"
+    cache_format: str = DEFAULT_FORMAT
     resolution: Resolution | str | None = None  # a name is parsed by run()
     overwrite: bool = False
     force: bool = False
@@ -287,7 +288,7 @@ def command(
     image_root: Annotated[
         Optional[Path], typer.Option(help="Image root of an annotation file (default: its folder).")
     ] = None,
-    cache_format: Annotated[str, typer.Option("--format", help="zarr (random access) or wds (streaming).")] = "zarr",
+    cache_format: Annotated[str, typer.Option("--format", help=f"{FORMATS_HELP}.")] = DEFAULT_FORMAT,
     resolution: Annotated[Optional[str], typer.Option(help="e.g. pad644; default: the profile's.")] = None,
     overwrite: Annotated[bool, typer.Option(help="Delete an existing cache at --out and start over.")] = False,
     force: Annotated[bool, typer.Option(help="Start even if the disk has less free space than planned.")] = False,
@@ -299,8 +300,8 @@ def command(
              "sample (1 shard in 16 + tables) or all.")] = "none",
 ) -> None:
     """Precompute a cache of frozen-VGGT features and uint8 frames (resumable)."""
-    if cache_format not in ("zarr", "wds"):
-        raise typer.BadParameter(f"--format must be zarr or wds, got {cache_format!r}")
+    if cache_format not in FORMATS:
+        raise typer.BadParameter(f"--format must be one of {', '.join(FORMATS)}, got {cache_format!r}")
     if checksums not in CHECKSUM_MODES:
         raise typer.BadParameter(f"--checksums must be one of {', '.join(CHECKSUM_MODES)}, got {checksums!r}")
     try:  # parsed at the edge: a bad name is a one-line error before any rank starts work

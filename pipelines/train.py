@@ -140,9 +140,10 @@ def dataset_refusal(cache: Path, data: str, profile: Profile) -> str | None:
     completeness check against the dataset indexed now, with the cache's window history (the
     cache's index store is reused while the dataset's files are unchanged)."""
     from janus_cache.store.layout import CacheLayout
-    from janus_cache.verify import CheckedCache, check_completeness, dataset_indexes, failure_message
+    from janus_cache.store import load_manifest
+    from janus_cache.verify import check_completeness, dataset_indexes, failure_message
 
-    manifest = CheckedCache(cache).manifest
+    manifest = load_manifest(cache)
     history = manifest.window.history
     index, _ = dataset_indexes(data, history, history, profile.cache.subinstruction_rule,
                                cache_dir=CacheLayout(cache).index_store, recorded_names=manifest.dataset.sources)

@@ -30,6 +30,7 @@ from janus_cache.device import process_device
 from janus_cache.dtypes import TORCH_DTYPES
 from janus_cache.index import DatasetIndex
 from janus_cache.encoder import EncoderIdentity, WindowEncoder
+from janus_cache.store import CacheOpenError, load_manifest
 from janus_cache.store.layout import CacheLayout
 from janus_cache.store.split import share
 from janus_cache.profile import SET_HELP, SET_OPTION, Profile, load_profile
@@ -41,8 +42,6 @@ from janus_cache.verify import (
     DEFAULT_SEED,
     INTEGRITY,
     LIVE,
-    CacheProblem,
-    CheckedCache,
     CheckResult,
     ImageEmbeddings,
     LiveChecker,
@@ -221,13 +220,13 @@ def run_checks(opts: Options, ranks: Ranks, control: Control, progress: Progress
         raise ValueError(f"--checksums must be one of {', '.join(CHECKSUM_MODES)}, got {opts.checksums!r}")
     results: list[CheckResult] = [control.on_main(lambda: check_schema(opts.cache))]
 
-    def open_cache() -> int | str:
+    def cache_history() -> int | str:
         try:
-            return CheckedCache(opts.cache).manifest.window.history
-        except CacheProblem as err:
+            return load_manifest(opts.cache).window.history
+        except CacheOpenError as err:
             return str(err)
 
-    history = control.on_main(open_cache)
+    history = control.on_main(cache_history)
     if isinstance(history, str):
         return results + [skipped(name, "not run: the cache cannot be opened") for name in CHECK_NAMES[1:]]
     profile: Profile = control.on_main(lambda: load_profile(opts.profile, opts.overrides))
@@ -245,7 +244,7 @@ def run_checks(opts: Options, ranks: Ranks, control: Control, progress: Progress
         def build() -> tuple[DatasetIndex, DatasetIndex] | None:
             built.append(dataset_indexes(opts.data, history, profile.cache.history,
                                          profile.cache.subinstruction_rule, CacheLayout(opts.cache).index_store,
-                                         CheckedCache(opts.cache).manifest.dataset.sources, live=live_wanted))
+                                         load_manifest(opts.cache).dataset.sources, live=live_wanted))
             return built[0] if live_wanted else None
 
         indexes = control.on_main(build) or (built[0] if built else (None, None))

@@ -55,8 +55,8 @@ from janus_cache.store.commit import (
     verify_shard,
 )
 from janus_cache.store.damage import DamagedData, MissingChunk
+from janus_cache.store.formats import FORMATS, cache_format
 from janus_cache.store.manifest import (
-    FORMATS,
     DatasetIdentity,
     FieldDiff,
     Layout,
@@ -168,14 +168,9 @@ class CacheWriter(Protocol):
         """Per array, every planned shard and its commit state (for the manifest)."""
 
 
-_WRITERS: dict[str, str] = {"zarr": "ZarrCacheWriter", "wds": "WdsCacheWriter"}
-
-
 def open_writer(format: str, root: Path | str, variant: str) -> CacheWriter:
-    """The writer of cache format ``format`` ("zarr" or "wds") for the cache directory ``root``."""
-    if format not in _WRITERS:
-        raise ValueError(f"cache format must be one of {FORMATS}, got {format!r}")
-    writer: type[ZarrCacheWriter | WdsCacheWriter] = __getattr__(_WRITERS[format])
+    """The writer of cache format ``format`` (one of :data:`FORMATS`) for the cache directory ``root``."""
+    writer: type[ZarrCacheWriter | WdsCacheWriter] = cache_format(format).writer_class()
     return writer(root, variant)
 
 

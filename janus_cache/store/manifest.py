@@ -39,6 +39,7 @@ from janus_cache.store.features import STORED_DTYPES
 from janus_cache.store.layout import CacheLayout
 from janus_cache.windows import ATTENTION_MODES, REFERENCE_FRAMES
 
+from janus_cache.store.formats import cache_format
 SCHEMA_VERSION = 3
 """Version of the cache layout and manifest schema; bumped on any incompatible change.
 2: sample texts follow the reference's normalisation and the keyed ``dataset.subinstruction_rule``.
@@ -48,7 +49,6 @@ SCHEMA_VERSION = 3
 ``source``. Older caches are refused (they cannot be checked on read): rebuild them with
 ``precompute --overwrite``."""
 
-FORMATS = ("zarr", "wds")
 
 KEYED_FIELDS: tuple[str, ...] = (
     "schema_version",
@@ -272,8 +272,7 @@ class Manifest:
     schema_version: int = SCHEMA_VERSION
 
     def __post_init__(self) -> None:
-        if self.format not in FORMATS:
-            raise ValueError(f"cache format must be one of {FORMATS}, got {self.format!r}")
+        cache_format(self.format)  # a ValueError naming the known formats
         if self.feature_dtype not in STORED_DTYPES:
             raise ValueError(f"feature_dtype must be one of {sorted(STORED_DTYPES)}, got {self.feature_dtype!r}")
         for key, entry in self.resolutions.items():

@@ -20,7 +20,7 @@ Splitting work over processes, and building the model whose embeddings the live 
 is the caller's business (``pipelines/verify.py``).
 """
 
-from janus_cache.verify.cache import CacheProblem, CheckedCache
+from janus_cache.verify.cache import open_for_checks
 from janus_cache.verify.comparison import (
     EMBEDDING_TOLERANCES,
     FEATURE_TOLERANCES,
@@ -94,10 +94,8 @@ __all__ = [
     "REPORT_SCHEMA_VERSION",
     "SCHEMA",
     "STORAGE_ULP",
-    "CacheProblem",
     "CacheVerificationError",
     "CheckResult",
-    "CheckedCache",
     "Comparison",
     "ImageEmbeddings",
     "IntegrityPlan",
@@ -125,6 +123,7 @@ __all__ = [
     "format_table",
     "integrity_result",
     "live_result",
+    "open_for_checks",
     "plan_integrity",
     "profile_differences",
     "profile_encoder",

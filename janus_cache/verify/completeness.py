@@ -36,7 +36,8 @@ from janus_cache.store import DatasetIdentity, ManifestError, StoreError
 from janus_cache.store.manifest import read_episodes
 from janus_cache.store.wds_store import FEATURE_MEMBER, FRAMES_MEMBER, META_MEMBER, decode_key, planned_tar_shards
 from janus_cache.store.layout import FRAMES_TABLE, REPORT_NAME, SAMPLES_TABLE, WINDOW_ROWS_COLUMN
-from janus_cache.verify.cache import CheckedCache, open_checked
+from janus_cache.store.open import OpenedCache
+from janus_cache.verify.cache import open_checked, wds_reader
 from janus_cache.verify.results import COMPLETENESS, LISTED, CheckResult, guarded, listed, result, short, timer
 
 SAMPLE_MEMBERS = frozenset({FRAMES_MEMBER, FEATURE_MEMBER, META_MEMBER})
@@ -92,7 +93,7 @@ def _duplicates(keys: TextKeys, kind: str, problems: list[str], data: dict[str, 
         problems.append(f"{len(repeated)} {kind} key(s) appear more than once: {listed(repeated)}")
 
 
-def _window_frames_exist(cache: CheckedCache, sample_keys: Sequence[str], frame_keys: Sequence[str],
+def _window_frames_exist(cache: OpenedCache, sample_keys: Sequence[str], frame_keys: Sequence[str],
                          window_rows: np.ndarray, problems: list[str]) -> None:
     if window_rows.size == 0:
         return
@@ -111,11 +112,11 @@ def _window_frames_exist(cache: CheckedCache, sample_keys: Sequence[str], frame_
                             f"decode at precompute: {failed[row]}")
 
 
-def _tar_members(cache: CheckedCache, sample_keys: Sequence[str], problems: list[str]) -> None:
+def _tar_members(cache: OpenedCache, sample_keys: Sequence[str], problems: list[str]) -> None:
     """Each sample's three members in the tar shard of its row, every key once."""
     for resolution in cache.manifest.resolutions:
         try:
-            reader = cache.wds_reader(resolution)
+            reader = wds_reader(cache, resolution)
         except StoreError:
             continue  # schema reports a missing layout
         seen: Counter[str] = Counter()
@@ -148,7 +149,7 @@ def _tar_members(cache: CheckedCache, sample_keys: Sequence[str], problems: list
             problems.append(f"samples in more than one tar shard: {listed(repeated)}")
 
 
-def _against_index(cache: CheckedCache, index: DatasetIndex, sample_keys: TextKeys, frame_keys: TextKeys,
+def _against_index(cache: OpenedCache, index: DatasetIndex, sample_keys: TextKeys, frame_keys: TextKeys,
                    window_rows: np.ndarray, failed: Mapping[str, str], problems: list[str],
                    data: dict[str, Any]) -> None:
     indexed = TextKeys.of(index.iter_text("samples", "key"))
@@ -190,7 +191,7 @@ def _index_frame_keys(index: DatasetIndex) -> TextKeys:
     return TextKeys.of(f"{ep}/{i}" for ep, i in zip(index.iter_text("frames", "episode_id"), numbers, strict=True))
 
 
-def _changed_episodes(cache: CheckedCache, index: DatasetIndex, failed: Mapping[str, str], problems: list[str],
+def _changed_episodes(cache: OpenedCache, index: DatasetIndex, failed: Mapping[str, str], problems: list[str],
                       data: dict[str, Any]) -> None:
     """Per episode: changed (naming the file), removed or new, against the cache's episode table.
 
@@ -266,7 +267,7 @@ def _index_windows(index: DatasetIndex, rows: np.ndarray, width: int) -> tuple[n
     return matrix, fits
 
 
-def _changed_sources(cache: CheckedCache, index: DatasetIndex, frame_keys: TextKeys, index_frames: TextKeys,
+def _changed_sources(cache: OpenedCache, index: DatasetIndex, frame_keys: TextKeys, index_frames: TextKeys,
                      problems: list[str], data: dict[str, Any]) -> None:
     """Source files: path, size and content hash of every frame; new files of the dataset."""
     group = cache.group

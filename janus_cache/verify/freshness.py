@@ -21,7 +21,8 @@ from janus_cache.store.manifest import (
     version_differences,
 )
 from janus_cache.store.layout import FRAMES_TABLE
-from janus_cache.verify.cache import CheckedCache, open_checked
+from janus_cache.store.open import OpenedCache
+from janus_cache.verify.cache import open_checked
 from janus_cache.vit_encoder import ViTEncoder
 from janus_cache.verify.results import FRESHNESS, CheckResult, guarded, result, short, timer
 
@@ -42,7 +43,7 @@ def profile_vit(profile: Profile) -> ViTEncoder | None:
     return ViTEncoder.from_profile(profile, "cpu") if profile.cache.vit_features else None
 
 
-def profile_differences(cache: CheckedCache, profile: Profile, encoder: EncoderIdentity,
+def profile_differences(cache: OpenedCache, profile: Profile, encoder: EncoderIdentity,
                         vit: ViTEncoder | None = None) -> list[FieldDiff]:
     """Keyed fields in which the cache differs from what ``profile`` (with its ``encoder`` and, for
     ``cache.vit_features``, its frozen ``vit``) makes."""
@@ -78,7 +79,7 @@ def profile_differences(cache: CheckedCache, profile: Profile, encoder: EncoderI
     return differences + keyed_differences(m, wanted)
 
 
-def _frame_shape(cache: CheckedCache, resolution: Resolution) -> tuple[int, int]:
+def _frame_shape(cache: OpenedCache, resolution: Resolution) -> tuple[int, int]:
     if resolution.mode == "pad":
         return resolution.frame_shape()
     first = cache.group.table_row(FRAMES_TABLE, 0)  # crop: the frame height follows the sources

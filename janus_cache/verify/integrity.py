@@ -23,7 +23,8 @@ from janus_cache.store.commit import CHECKSUM_MODES, SAMPLE_STRIDE, check_record
 from janus_cache.store.layout import FRAMES_GROUP, FRAMES_TABLE, SAMPLES_TABLE, TABLES_GROUP, VIT_GROUP, WDS_DIR
 from janus_cache.store.wds_store import planned_tar_shards
 from janus_cache.store.zarr_group import PlannedShard
-from janus_cache.verify.cache import CheckedCache, open_checked
+from janus_cache.store.open import OpenedCache
+from janus_cache.verify.cache import open_checked, open_for_checks, wds_reader
 from janus_cache.verify.results import DEFAULT_SEED, INTEGRITY, CheckResult, guarded, listed, result, timer
 
 CHECKSUM_SAMPLE_FRACTION = 1 / SAMPLE_STRIDE
@@ -76,7 +77,7 @@ def plan_integrity(root: Path | str, checksums: str = "all", seed: int = DEFAULT
     """Which shards to check and which to hash (see :data:`CHECKSUM_SAMPLE_FRACTION`)."""
     if checksums not in CHECKSUM_MODES:
         raise ValueError(f"checksums must be one of {CHECKSUM_MODES}, got {checksums!r}")
-    cache = CheckedCache(root)
+    cache = open_for_checks(root)
     problems: list[str] = []
     planned = _planned(cache, problems)
     manifest_sha = {(a, e.shard): e.sha256 for a, entries in cache.manifest.shards.items() for e in entries
@@ -98,7 +99,7 @@ def _size(path: Path) -> int:
         return 0
 
 
-def _planned(cache: CheckedCache, problems: list[str]) -> list[PlannedShard]:
+def _planned(cache: OpenedCache, problems: list[str]) -> list[PlannedShard]:
     """Every shard the cache should hold, committed or not: the arrays of the manifest's shard
     table (of the arrays on disk when the precompute did not finish) and the tar layouts' shards.
     An array that is gone or cannot be opened is a problem naming what it held."""
@@ -132,7 +133,7 @@ def _planned(cache: CheckedCache, problems: list[str]) -> list[PlannedShard]:
     if cache.format == "wds":
         for name in cache.manifest.resolutions:
             try:
-                planned += planned_tar_shards(cache.root, cache.wds_layout(name))
+                planned += planned_tar_shards(cache.root, wds_reader(cache, name).layout)
             except StoreError as err:
                 problems.append(str(err))
     return planned
@@ -183,7 +184,7 @@ def check_shards(root: Path | str, targets: Sequence[ShardTarget],
 class Contents:
     """Names what a shard holds: the frame keys, sample keys or table column of its rows."""
 
-    def __init__(self, cache: CheckedCache) -> None:
+    def __init__(self, cache: OpenedCache) -> None:
         self.cache = cache
 
     def keys(self, array: str, rows: range) -> tuple[str, list[str]]:
@@ -219,7 +220,7 @@ def _named(target: ShardTarget, problem: str) -> str:
 def integrity_result(root: Path | str, plan: IntegrityPlan, findings: Sequence[ShardFinding],
                      seconds: float) -> CheckResult:
     """One result from the plan and the findings of every process."""
-    contents = Contents(CheckedCache(root))
+    contents = Contents(open_for_checks(root))
     problems = list(plan.problems)
     bad = []
     for f in sorted(findings, key=lambda f: (f.target.array, f.target.shard)):

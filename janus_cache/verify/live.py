@@ -30,7 +30,8 @@ from janus_cache.store import StoreError
 from janus_cache.store.wds_store import decode_key, decode_sample
 from janus_cache.store.layout import SAMPLES_TABLE
 from janus_cache.store.zarr_group import ZarrGroup
-from janus_cache.verify.cache import CheckedCache
+from janus_cache.store.open import OpenedCache
+from janus_cache.verify.cache import open_for_checks, wds_reader, zarr_reader
 from janus_cache.verify.comparison import (
     EMBEDDING_TOLERANCES,
     STORAGE_ULP,
@@ -77,7 +78,7 @@ def choose_live_rows(root: Path | str, n: int, seed: int = DEFAULT_SEED) -> list
     return sorted(random.Random(seed).sample(range(total), min(n, total)))
 
 
-def read_cached_samples(cache: CheckedCache, resolution: str, rows: Sequence[int],
+def read_cached_samples(cache: OpenedCache, resolution: str, rows: Sequence[int],
                         variant: str | None = None) -> dict[int, dict[str, Any] | str]:
     """Row -> the cache's sample dict (frames, feature, key) or the reason it cannot be read,
     through the store's reader of the cache's format."""
@@ -89,9 +90,9 @@ def read_cached_samples(cache: CheckedCache, resolution: str, rows: Sequence[int
         return {row: f"cannot read the cached sample: {type(err).__name__}: {err}" for row in rows}
 
 
-def _zarr_samples(cache: CheckedCache, resolution: str, rows: Sequence[int],
+def _zarr_samples(cache: OpenedCache, resolution: str, rows: Sequence[int],
                   variant: str | None) -> dict[int, dict[str, Any] | str]:
-    reader = cache.zarr_reader(resolution, variant)
+    reader = zarr_reader(cache, resolution, variant)
     out: dict[int, dict[str, Any] | str] = {}
     for row in rows:
         try:
@@ -101,10 +102,10 @@ def _zarr_samples(cache: CheckedCache, resolution: str, rows: Sequence[int],
     return out
 
 
-def _wds_samples(cache: CheckedCache, resolution: str, rows: Sequence[int],
+def _wds_samples(cache: OpenedCache, resolution: str, rows: Sequence[int],
                  variant: str | None) -> dict[int, dict[str, Any] | str]:
     """Each row's sample decoded from the tar shard its row belongs to, as the stream decodes it."""
-    reader = cache.wds_reader(resolution, variant)
+    reader = wds_reader(cache, resolution, variant)
     keys = cache.keys(SAMPLES_TABLE)
     plan = reader.layout.plan()
     per_shard: dict[int, list[int]] = {}
@@ -143,7 +144,7 @@ class LiveChecker:
     def __init__(self, root: Path | str, profile: Profile, index: DatasetIndex, device: torch.device | str,
                  encoder: WindowEncoder | None = None, embed: ImageEmbeddings | None = None,
                  embed_note: str = "", vit: ViTEncoder | None = None) -> None:
-        self.cache = CheckedCache(root)
+        self.cache = open_for_checks(root)
         self.profile = profile
         self.index = index
         self.device = torch.device(device)

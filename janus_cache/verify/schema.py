@@ -23,7 +23,8 @@ from janus_cache.store.layout import (
     frames_array,
     vit_array,
 )
-from janus_cache.verify.cache import CheckedCache, open_checked
+from janus_cache.store.open import OpenedCache
+from janus_cache.verify.cache import open_checked, wds_reader
 from janus_cache.verify.results import SCHEMA, CheckResult, guarded, result, timer
 
 
@@ -67,7 +68,7 @@ def check_schema(root: Path | str) -> CheckResult:
                       feature_dtype=m.feature_dtype)
 
 
-def _tables(cache: CheckedCache, problems: list[str]) -> tuple[int, int]:
+def _tables(cache: OpenedCache, problems: list[str]) -> tuple[int, int]:
     """Row counts of the frames and samples tables (-1 when unreadable), checked against the manifest."""
     counts = {FRAMES_TABLE: -1, SAMPLES_TABLE: -1}
     expected = {FRAMES_TABLE: cache.manifest.counts.get("frames"),
@@ -97,7 +98,7 @@ def _tables(cache: CheckedCache, problems: list[str]) -> tuple[int, int]:
     return counts[FRAMES_TABLE], counts[SAMPLES_TABLE]
 
 
-def _column(cache: CheckedCache, table: str, column: str, kind: str, n_rows: int, problems: list[str]) -> None:
+def _column(cache: OpenedCache, table: str, column: str, kind: str, n_rows: int, problems: list[str]) -> None:
     """A numeric column has ``n_rows`` rows of its dtype; a text column ``n_rows + 1`` offsets."""
     base = f"{TABLES_GROUP}/{table}/{column}"
     want = {f"{base}/offsets": (n_rows + 1, "int64"), f"{base}/utf8": (None, "uint8")} if kind == "utf8" else {
@@ -113,23 +114,23 @@ def _column(cache: CheckedCache, table: str, column: str, kind: str, n_rows: int
                             f"with {rows if rows is not None else 'any number of'} rows")
 
 
-def _frames(cache: CheckedCache, name: str, entry: ResolutionEntry, n_frames: int, problems: list[str]) -> None:
+def _frames(cache: OpenedCache, name: str, entry: ResolutionEntry, n_frames: int, problems: list[str]) -> None:
     _array(cache, frames_array(name), (n_frames, *entry.frame_shape), "uint8", None, problems)
 
 
-def _vit(cache: CheckedCache, entry: ViTFeaturesEntry, n_frames: int, problems: list[str]) -> None:
+def _vit(cache: OpenedCache, entry: ViTFeaturesEntry, n_frames: int, problems: list[str]) -> None:
     """The cached ViT output of a resolution: one row per frame, of the manifest's shape and dtype."""
     _array(cache, vit_array(entry.name), (n_frames, *entry.feature_shape), entry.stored_dtype, entry.dtype,
            problems)
 
 
-def _features(cache: CheckedCache, name: str, entry: ResolutionEntry, n_samples: int, problems: list[str]) -> None:
+def _features(cache: OpenedCache, name: str, entry: ResolutionEntry, n_samples: int, problems: list[str]) -> None:
     m = cache.manifest
     _array(cache, cache.samples_array(name), (n_samples, *entry.feature_shape), m.stored_dtype, m.feature_dtype,
            problems)
 
 
-def _array(cache: CheckedCache, path: str, want: tuple[int, ...], stored_dtype: str, logical_dtype: str | None,
+def _array(cache: OpenedCache, path: str, want: tuple[int, ...], stored_dtype: str, logical_dtype: str | None,
            problems: list[str]) -> None:
     """An array of the manifest's shape and stored dtype; a bf16-as-uint16 array also names its
     ``logical_dtype`` (``None``: the array has no logical dtype to check)."""
@@ -145,10 +146,10 @@ def _array(cache: CheckedCache, path: str, want: tuple[int, ...], stored_dtype: 
                         f"{logical_dtype!r}")
 
 
-def _wds(cache: CheckedCache, name: str, entry: ResolutionEntry, n_samples: int, problems: list[str]) -> None:
+def _wds(cache: OpenedCache, name: str, entry: ResolutionEntry, n_samples: int, problems: list[str]) -> None:
     m = cache.manifest
     try:
-        layout = cache.wds_layout(name)
+        layout = wds_reader(cache, name).layout
     except StoreError as err:
         problems.append(str(err))
         return

@@ -27,11 +27,10 @@ from helpers.sources import (
     tail,
 )
 
-from janus_cache.store import read_manifest
+from janus_cache.store import FORMATS, read_manifest
 from janus_cache.store.commit import read_record
 from janus_cache.store.layout import CacheLayout, features_array, frames_array, wds_samples
 
-FORMATS = ("zarr", "wds")
 
 
 @pytest.fixture(scope="module")

@@ -49,14 +49,13 @@ from janus_cache.precompute_job import (
 )
 from janus_cache.profile import Profile, load_profile
 from janus_cache.resolution import Resolution
-from janus_cache.store import CacheLayout, CacheReader, open_cache, read_manifest
+from janus_cache.store import FORMATS, CacheLayout, CacheReader, open_cache, read_manifest
 from janus_cache.store.commit import read_record
 from janus_cache.store.layout import features_array as features_array_path
 from janus_cache.store.layout import frames_array as frames_array_path
 from janus_cache.store.layout import wds_samples as wds_array_path
 from helpers.precompute_runs import FRAMES_PER_SHARD, RESOLUTION, RUN_TIMEOUT, SAMPLES_PER_SHARD, copy_cache, flip_byte, output, precompute_command, profile, run, run_env, succeeded, tail, workdir  # noqa: F401
 
-FORMATS = ("zarr", "wds")
 
 
 # ------------------------------------------------------------------------------------ running

@@ -41,10 +41,10 @@ from janus_cache.verify import (
     LISTED,
     REPORT_SCHEMA_VERSION,
     CacheVerificationError,
-    CheckedCache,
     check_cache_for_training,
     choose_live_rows,
     compare,
+    open_for_checks,
 )
 from pipelines import precompute
 from pipelines.cache_cli import app
@@ -144,7 +144,7 @@ def shard_rows(cache: Path, array: str, shard: int) -> range:
 
 
 def keys_of(cache: Path, table: str, rows: range) -> list[str]:
-    return CheckedCache(cache).keys(table)[rows.start:rows.stop]
+    return open_for_checks(cache).keys(table)[rows.start:rows.stop]
 
 
 def features_array(cache: Path) -> str:
@@ -371,7 +371,7 @@ def test_a_source_image_changed_after_precompute_fails_completeness_and_the_live
         built: Built, dataset_copy: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     # Change the newest frame of a sample the live check picks, so both checks see it.
     row = choose_live_rows(built.zarr, 1, seed=0)[0]
-    key = CheckedCache(built.zarr).keys(SAMPLES_TABLE)[row]
+    key = open_for_checks(built.zarr).keys(SAMPLES_TABLE)[row]
     episode, step = key.split("/")
     source = next(p for p in (dataset_copy / episode).glob("step_*.png") if _step(p) == int(step))
     _change_image(source)
@@ -541,7 +541,7 @@ def test_the_library_checks_run_in_one_process_on_an_explicit_subset(built: Buil
     integrity = check_integrity(built.zarr, checksums="sample", seed=3)
     assert integrity.passed and integrity.data["hashed"] < integrity.data["shards"]
     index = build_index(built.data, history=load_profile("tiny").cache.history)
-    n = len(CheckedCache(built.wds).keys(SAMPLES_TABLE))
+    n = len(open_for_checks(built.wds).keys(SAMPLES_TABLE))
     live = check_live(built.wds, "tiny", index, rows=[0, n - 1])
     assert live.passed, live.problems
     assert [s["row"] for s in live.data["samples"]] == [0, n - 1]
@@ -576,6 +576,6 @@ def test_torchrun_splits_the_live_check_over_ranks_and_prints_the_json_report(bu
     assert report["world_size"] == 2 and report["passed"] is True
     live = next(c for c in report["checks"] if c["name"] == "live")
     keys = [s["key"] for s in live["data"]["samples"]]
-    cache_keys = CheckedCache(built.zarr).keys(SAMPLES_TABLE)
+    cache_keys = open_for_checks(built.zarr).keys(SAMPLES_TABLE)
     assert keys == [cache_keys[r] for r in choose_live_rows(built.zarr, 4, seed=0)]
     assert "check" in result.stderr and "live" in result.stderr  # the table went to stderr

@@ -23,7 +23,8 @@ from janus_cache.index.lazy import LazyIndex, LazyRows
 from janus_cache.index.text_keys import TextKeys
 from janus_cache.sample_data import write_sample_data
 from janus_cache.store.layout import CacheLayout
-from janus_cache.verify import CheckedCache, check_completeness, dataset_indexes
+from janus_cache.store import load_manifest
+from janus_cache.verify import check_completeness, dataset_indexes
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +39,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 
 def index_of(data: Path, cache: Path) -> LazyIndex:
-    manifest = CheckedCache(cache).manifest
+    manifest = load_manifest(cache)
     history = manifest.window.history
     index, _ = dataset_indexes(data, history, history, cache_dir=CacheLayout(cache).index_store,
                                recorded_names=manifest.dataset.sources)

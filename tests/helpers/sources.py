@@ -12,7 +12,7 @@ import pytest
 from helpers.profiles import REPO_ROOT, write_test_profile
 from janus_cache.sample_data import write_sample_data
 from janus_cache.store.layout import SAMPLES_TABLE
-from janus_cache.verify import CheckedCache
+from janus_cache.verify import open_for_checks
 
 ROWS_PER_SHARD = 4
 
@@ -61,7 +61,7 @@ def assert_one_line_error(result: subprocess.CompletedProcess[str], *named: str)
 
 def cache_keys(cache: Path) -> list[str]:
     """The sample keys of a cache of either format, in row order (its samples table)."""
-    return CheckedCache(cache).keys(SAMPLES_TABLE)
+    return open_for_checks(cache).keys(SAMPLES_TABLE)
 
 
 @pytest.fixture(scope="session")

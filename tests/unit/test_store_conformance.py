@@ -22,10 +22,9 @@ from helpers.store_cases import (
     write_sample_shards,
 )
 
-from janus_cache.store import CacheOpenError, CacheSample, OpenedCache, open_cache
+from janus_cache.store import FORMATS, CacheOpenError, CacheSample, OpenedCache, open_cache
 from janus_cache.store.commit import read_record
-
-FORMATS = ("zarr", "wds")
+from janus_cache.store.layout import FRAMES_TABLE, SAMPLES_TABLE
 OTHER = "pad56"
 
 
@@ -112,6 +111,39 @@ def test_a_cache_holds_several_resolutions_and_reads_exactly_the_asked_one(fmt: 
         assert len(samples) == content.n_samples
         for sample in samples:
             assert_sample_equal(sample, content, sample.row, name)
+
+
+def test_a_cache_opened_whole_reads_any_resolution_and_its_tables_once(fmt: str, content: Content,
+                                                                       tmp_path: Path) -> None:
+    """verify opens a cache whole (``open_cache(path)``): the same manifest and samples as a cache
+    opened for one resolution, a reader of each resolution on request, its key columns read once;
+    with ``check_metadata=False`` a damaged metadata file is left to the integrity check to name."""
+    write_cache(fmt, tmp_path, content, RESOLUTION)
+    writer = write_cache(fmt, tmp_path, content, OTHER)
+    write_cache_manifest(writer, content, [RESOLUTION, OTHER])
+    whole = open_cache(tmp_path)
+    assert (whole.resolution, whole.variant, whole.format) == (None, VARIANT.name, fmt)
+    assert whole.manifest == open_cache(tmp_path, resolution=OTHER, variant=VARIANT.name).manifest
+    with pytest.raises(CacheOpenError, match="opened whole"):
+        whole.reader  # noqa: B018 - the property is what is tested
+    for name in (RESOLUTION, OTHER):
+        reader = whole.reader_at(name)
+        samples = list(reader) if whole.streaming else [reader[row] for row in range(len(reader))]
+        assert [s.row for s in samples] == list(range(content.n_samples))
+        for sample in samples:
+            assert_sample_equal(sample, content, sample.row, name)
+    keys = whole.keys(SAMPLES_TABLE)
+    assert keys == content.sample_keys and whole.keys(SAMPLES_TABLE) is keys
+    assert whole.name_of(FRAMES_TABLE, 1) == content.frame_keys[1] and whole.name_of(FRAMES_TABLE, -1) == "row -1"
+    assert whole.table(SAMPLES_TABLE)["instruction"] == content.instructions
+    with pytest.raises(ValueError, match="name both, or neither"):
+        open_cache(tmp_path, resolution=RESOLUTION)
+
+    edited = whole.layout.manifest
+    edited.write_text(edited.read_text().replace('"schema_version"', '"schema_version" ', 1))
+    with pytest.raises(CacheOpenError, match="manifest.json"):
+        open_cache(tmp_path)
+    assert open_cache(tmp_path, check_metadata=False).manifest == whole.manifest
 
 
 def test_a_missing_resolution_or_variant_is_one_line_naming_what_the_cache_holds(fmt: str, content: Content,
