@@ -41,7 +41,7 @@ def data_path(work: Path, repeats: int, workers: int) -> dict[str, Any]:
     from transformers import AutoTokenizer
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
-    from janus_train.prompt import PromptBuilder
+    from janus_train.prompt import PromptBuilder, PromptFields
 
     data = work / "data644"
     write_sample_data(data, episodes=1, steps=8, seed=1)
@@ -70,9 +70,7 @@ def data_path(work: Path, repeats: int, workers: int) -> dict[str, Any]:
     def cached_sample(row: int) -> None:
         item = reader.sample(row)
         qwen_pixel_values(torch.from_numpy(item.frames))
-        meta = item.meta
-        builder.build(meta.instruction, meta.subinstruction, meta.description_2d, meta.description_3d,
-                      meta.action, n_images=item.frames.shape[0], key=item.key)
+        builder.build(PromptFields.of(item.meta), n_images=item.frames.shape[0], key=item.key)
 
     def per_core(fn: Callable[[int], None]) -> Callable[[], int]:
         def run() -> int:

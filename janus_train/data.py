@@ -37,7 +37,7 @@ from janus_cache.imaging import load_frame
 from janus_cache.resolution import Resolution
 from janus_cache.store import CacheSample, DamagedData, WdsCacheReader, ZarrCacheReader
 from janus_cache.store.split import epoch_rows
-from janus_train.prompt import EncodedPrompt, PromptBuilder
+from janus_train.prompt import EncodedPrompt, PromptBuilder, PromptFields
 from janus_train.rope import RopeIndex
 
 
@@ -69,16 +69,7 @@ class DamagedItem:
 def cached_item(builder: PromptBuilder, sample: CacheSample) -> TrainItem:
     """The training item of a cached sample (the cache's typed record, straight into the prompt)."""
     frames = torch.from_numpy(np.ascontiguousarray(sample.frames))
-    meta = sample.meta
-    prompt = builder.build(
-        meta.instruction,
-        meta.subinstruction,
-        meta.description_2d,
-        meta.description_3d,
-        meta.action,
-        n_images=frames.shape[0],
-        key=sample.key,
-    )
+    prompt = builder.build(PromptFields.of(sample.meta), n_images=frames.shape[0], key=sample.key)
     return TrainItem(key=sample.key, prompt=prompt, frames=frames, features=sample.feature,
                      vit_features=sample.vit_features)
 

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -47,6 +47,9 @@ from janus_cache.index import ACTION_IDS, ACTIONS, Sample, parse_action
 from janus_cache.qwen_vision import IM_END, IM_START, IMAGE_PAD, VISION_END, VISION_START
 from janus_train.prompt_template import IMAGE_TAG, PromptTemplate
 from janus_train.segments import ANSWER_LABELS, N_SEGMENTS, SEGMENT_NAMES
+
+if TYPE_CHECKING:
+    from janus_cache.store import SampleMeta
 
 IGNORE_INDEX = -100
 """Label of positions without loss (the value PyTorch's cross-entropy ignores)."""
@@ -61,18 +64,41 @@ _MAX_CACHED_HEADS = 64
 # The reference looks for each marker preceded by one of these (the first match wins).
 _MARKER_PREFIXES = ("", "\n", " ", "\n\n")
 
-# Texts of the probe sample the constructor checks the piecewise tokenisation on: punctuation,
-# digits and an inner newline at the ends of the variable texts, where a boundary could merge.
-_PROBE_TEXTS = (
-    "Walk past the 2 chairs, then stop.",
-    "Turn left at the door.",
-    '"Red" wall ahead;\n3 doors to the left...',
-    "1.5 m to the wall (left side).",
-)
 
 
 class PromptError(ValueError):
     """A sample cannot be turned into a prompt; the message names the sample and the field."""
+
+
+@dataclass(frozen=True, slots=True)
+class PromptFields:
+    """What a sample's prompt is made of: its instruction (the user turn), and the subinstruction,
+    2D and 3D descriptions and action of its target. Texts as the dataset holds them: a str, or a
+    list whose first element is read (see :func:`clean_text`)."""
+
+    instruction: Any
+    subinstruction: Any
+    description_2d: Any
+    description_3d: Any
+    action: str | int
+    """An action name or id (:data:`janus_cache.index.ACTIONS`)."""
+
+    @classmethod
+    def of(cls, sample: Sample | SampleMeta) -> PromptFields:
+        """The fields of a dataset-index sample or of a cached sample's meta (named alike)."""
+        return cls(sample.instruction, sample.subinstruction, sample.description_2d, sample.description_3d,
+                   sample.action)
+
+
+# The probe sample the constructor checks the piecewise tokenisation on: punctuation, digits and
+# an inner newline at the ends of the variable texts, where a boundary could merge.
+_PROBE = PromptFields(
+    instruction="Walk past the 2 chairs, then stop.",
+    subinstruction="Turn left at the door.",
+    description_2d='"Red" wall ahead;\n3 doors to the left...',
+    description_3d="1.5 m to the wall (left side).",
+    action="STOP",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,29 +249,20 @@ class PromptBuilder:
 
     # ------------------------------------------------------------------------------- building
 
-    def texts(
-        self,
-        instruction: Any,
-        subinstruction: Any,
-        description_2d: Any,
-        description_3d: Any,
-        action: str | int,
-        n_images: int,
-        key: str | None = None,
-    ) -> SampleText:
+    def texts(self, fields: PromptFields, n_images: int, key: str | None = None) -> SampleText:
         """The exact user text (images as ``<image>``) and target text of a sample."""
-        action_id = action_index(action, key)
+        action_id = action_index(fields.action, key)
         if n_images < 1:
             raise PromptError(f"a sample needs at least one image (the current view), got {n_images}")
-        lines = self._lines(subinstruction, description_2d, description_3d, action_id, key)
-        user = self.template.user_text(clean_text(instruction, "instruction", key), n_images - 1)
+        lines = self._lines(fields, action_id, key)
+        user = self.template.user_text(clean_text(fields.instruction, "instruction", key), n_images - 1)
         return SampleText(user=user, lines=tuple(lines), action_id=action_id)
 
-    def _lines(self, sub: Any, d2: Any, d3: Any, action_id: int, key: str | None) -> list[str]:
+    def _lines(self, fields: PromptFields, action_id: int, key: str | None) -> list[str]:
         values = (
-            clean_text(sub, "subinstruction", key),
-            clean_text(d2, "2D description", key),
-            clean_text(d3, "3D description", key),
+            clean_text(fields.subinstruction, "subinstruction", key),
+            clean_text(fields.description_2d, "2D description", key),
+            clean_text(fields.description_3d, "3D description", key),
             ACTIONS[action_id],
         )
         return [f"{label} {value}" for label, value in zip(ANSWER_LABELS, values, strict=True)]
@@ -255,19 +272,10 @@ class PromptBuilder:
         user = user.replace(IMAGE_TAG, self._image_block)
         return f"{IM_START}system\n{self.template.system}{IM_END}\n{IM_START}user\n{user}{IM_END}\n"
 
-    def build(
-        self,
-        instruction: Any,
-        subinstruction: Any,
-        description_2d: Any,
-        description_3d: Any,
-        action: str | int,
-        n_images: int,
-        key: str | None = None,
-    ) -> EncodedPrompt:
-        """Encode one sample; ``key`` (the sample key) only serves error messages."""
+    def build(self, fields: PromptFields, n_images: int, key: str | None = None) -> EncodedPrompt:
+        """Encode one sample of ``n_images`` images; ``key`` (the sample key) only serves error messages."""
         visual = self.visual_tokens(n_images)
-        text = self.texts(instruction, subinstruction, description_2d, description_3d, action, n_images, key)
+        text = self.texts(fields, n_images, key)
         # Growing prefixes "line1\n", "line1\nline2\n", "line1\nline2\nline3\n": segment ends.
         prefixes = ["\n".join(text.lines[: k + 1]) + "\n" for k in range(N_SEGMENTS - 1)]
         # The question up to its last image is the same for every sample of a window length: its
@@ -355,36 +363,19 @@ class PromptBuilder:
 
     def build_sample(self, sample: Sample) -> EncodedPrompt:
         """Encode a dataset-index sample (its window length is the number of images)."""
-        return self.build(
-            sample.instruction,
-            sample.subinstruction,
-            sample.description_2d,
-            sample.description_3d,
-            sample.action,
-            n_images=len(sample.window),
-            key=sample.key,
-        )
+        return self.build(PromptFields.of(sample), n_images=len(sample.window), key=sample.key)
 
     def sample_texts(self, sample: Sample) -> SampleText:
         """The user and target texts of a dataset-index sample."""
-        return self.texts(sample.instruction, sample.subinstruction, sample.description_2d,
-                          sample.description_3d, sample.action, len(sample.window), sample.key)
+        return self.texts(PromptFields.of(sample), len(sample.window), sample.key)
 
     def collate(self, prompts: Sequence[EncodedPrompt]) -> dict[str, torch.Tensor]:
         """Right-pad a micro-batch with this tokenizer's pad id (see :func:`collate_prompts`)."""
         return collate_prompts(prompts, self.pad_token_id)
 
-    def render_text(
-        self,
-        instruction: Any,
-        subinstruction: Any,
-        description_2d: Any,
-        description_3d: Any,
-        action: str | int,
-        n_images: int,
-    ) -> str:
+    def render_text(self, fields: PromptFields, n_images: int) -> str:
         """The whole conversation as text, image pads expanded (for inspection; ``build`` never uses it)."""
-        text = self.texts(instruction, subinstruction, description_2d, description_3d, action, n_images)
+        text = self.texts(fields, n_images)
         pieces = self._question_text(text.user).split(IMAGE_PAD)
         counts = self.visual_tokens(n_images)
         question = pieces[0] + "".join(IMAGE_PAD * n + piece for n, piece in zip(counts, pieces[1:], strict=True))
@@ -395,12 +386,11 @@ class PromptBuilder:
         it never sees at inference."""
         layouts = (len(self._per_image),) if self._per_image is not None else (1, 2)
         for n_images in layouts:
-            probe = (*_PROBE_TEXTS, "STOP", n_images)
             try:
-                built = self.build(*probe).input_ids.numpy()
+                built = self.build(_PROBE, n_images).input_ids.numpy()
             except PromptError:
                 built = None  # e.g. its markers do not come out as whole tokens
-            whole = self._ids(self.render_text(*probe))
+            whole = self._ids(self.render_text(_PROBE, n_images))
             if built is None or not np.array_equal(built, whole):
                 raise PromptError(
                     f"{type(self.tokenizer).__name__} tokenises the conversation differently in pieces "

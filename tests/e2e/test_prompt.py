@@ -23,6 +23,7 @@ from janus_train.prompt import (
     EncodedPrompt,
     PromptBuilder,
     PromptError,
+    PromptFields,
     collate_prompts,
 )
 from janus_train.prompt_template import PromptTemplate, TemplateError
@@ -162,14 +163,14 @@ def test_the_action_head_reads_the_position_before_the_first_supervised_token(sa
 
 
 def test_texts_are_stripped_keep_inner_newlines_and_lists_use_their_first_element() -> None:
-    texts = builder().texts("  Go to the hall.\nThen stop. ", ["  Walk\non. ", "ignored"], ("A wall.",),
-                            "Near\n\nthe door.", 2, n_images=2)
+    fields = PromptFields("  Go to the hall.\nThen stop. ", ["  Walk\non. ", "ignored"], ("A wall.",),
+                          "Near\n\nthe door.", 2)
+    texts = builder().texts(fields, n_images=2)
     assert texts.user == REFERENCE_USER.format(H="<image>", instruction="Go to the hall.\nThen stop.")
     assert texts.target == (
         "SUBINSTRUCTION: Walk\non.\n2D_DESCRIPTION: A wall.\n3D_DESCRIPTION: Near\n\nthe door.\nACTION: TURN_LEFT"
     )
-    p = builder().build("  Go to the hall.\nThen stop. ", ["  Walk\non. ", "ignored"], ("A wall.",),
-                        "Near\n\nthe door.", 2, n_images=2)
+    p = builder().build(fields, n_images=2)
     first, _ = supervised_span(p)
     assert decode(p.input_ids[first:]) == texts.target + "<|im_end|>\n"
     assert decode(p.input_ids[p.segment_ids == 1]) == "SUBINSTRUCTION: Walk\non.\n"
@@ -220,11 +221,11 @@ def test_janus_wording_is_an_opt_in_template_with_the_same_supervision(samples: 
     first, _ = supervised_span(p)
     assert decode(p.input_ids[first:]) == target_text(sample) + "<|im_end|>\n"
     # Without history the janus wording drops its history sentence.
-    alone = janus.texts(sample.instruction, "Walk.", "A wall.", "Near.", "STOP", n_images=1).user
+    alone = janus.texts(PromptFields(sample.instruction, "Walk.", "A wall.", "Near.", "STOP"), n_images=1).user
     assert alone == (f"{JANUS_ROLE}\nThis is your current observation:\n<image>\n"
                      f"Your task is to: {sample.instruction}\n{JANUS_QUESTION}")
-    assert builder().texts("Go.", "Walk.", "A wall.", "Near.", "STOP", n_images=1).user == REFERENCE_USER.format(
-        H="", instruction="Go.")
+    go = PromptFields("Go.", "Walk.", "A wall.", "Near.", "STOP")
+    assert builder().texts(go, n_images=1).user == REFERENCE_USER.format(H="", instruction="Go.")
 
 
 @pytest.mark.parametrize(
@@ -256,13 +257,13 @@ def test_a_wrong_template_file_is_named(tmp_path: Path, text: str, message: str)
 )
 def test_bad_sample_fields_are_named_in_the_error(args: tuple, message: str) -> None:
     with pytest.raises(PromptError, match=message):
-        builder().build(*args, n_images=9, key="ep/3")
+        builder().build(PromptFields(*args), n_images=9, key="ep/3")
 
 
 def test_builder_settings_are_checked() -> None:
     b = PromptBuilder(tiny_tokenizer(), [4, 4, 4])
     with pytest.raises(PromptError, match="made for 3 images per sample, got 9"):
-        b.build("Go.", "Walk.", "A wall.", "Near.", "STOP", n_images=9)
+        b.build(PromptFields("Go.", "Walk.", "A wall.", "Near.", "STOP"), n_images=9)
     with pytest.raises(PromptError, match=">= 1"):
         PromptBuilder(tiny_tokenizer(), 0)
     with pytest.raises(PromptError, match=r"segment_weights needs 4 numbers > 0"):
