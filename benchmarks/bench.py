@@ -8,7 +8,8 @@ prints the table.
 Sections: (1) data path at the real shape (:mod:`benchmarks.data_path`); (2) storage per sample and
 extrapolated to the real set; (3) precompute throughput per phase; (4) training step cached vs
 live (tiny profile, 2 processes); (5) FLOPs per sample of a janus and a reference step at the real
-7B / VGGT-1B shapes, counted on the meta device (:mod:`janus_train.flops`); (6) the GPU bench
+shapes of each base, Qwen2.5-VL-7B and Qwen3-VL-8B with VGGT-1B, counted on the meta device
+(:mod:`janus_train.flops`); (6) the GPU bench
 (:mod:`benchmarks.bench_gpu`) where CUDA is available.
 """
 
@@ -177,14 +178,17 @@ def training(work: Path, steps: int) -> dict[str, Any]:
     return results
 
 
-def flops_section() -> dict[str, Any]:
-    """FLOPs per sample of one janus and one reference step at the real shapes (meta device)."""
-    from benchmarks.bench_gpu import REAL
+def flops_section() -> dict[str, dict[str, Any]]:
+    """FLOPs per sample of one janus and one reference step at the real shapes of each base (meta
+    device), by model directory name (qwen2_5_vl_7b, qwen3_vl_8b)."""
+    from benchmarks.bench_gpu import REAL_BY_BASE
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # meta tensors do no arithmetic; one thread avoids contention
     try:
-        return count_flops(REAL.qwen_dir, REAL.vggt_config, REAL.shape, merger_hidden=REAL.merger_hidden).to_dict()
+        return {real.qwen_dir.name: count_flops(real.qwen_dir, real.vggt_config, real.shape,
+                                                merger_hidden=real.merger_hidden).to_dict()
+                for real in REAL_BY_BASE.values()}
     finally:
         torch.set_num_threads(threads)
 
@@ -235,10 +239,10 @@ def markdown(results: dict[str, Any]) -> str:
         f"frame writes {st(p['frames_per_s_write'])} frames/s, encode {st(p['samples_per_s_encode'])} samples/s, "
         f"feature writes {st(p['samples_per_s_write'])} samples/s.",
     ]
-    from benchmarks.bench_report import flops_markdown, gpu_markdown
+    from benchmarks.bench_report import flops_by_base_markdown, flops_markdown, gpu_markdown
 
     gpu = results["gpu"]
-    tail = [flops_markdown(results["flops"])]
+    tail = [flops_markdown(results["flops"]), flops_by_base_markdown(results["flops_by_base"])]
     if "skipped" in gpu:
         tail.append(f"GPU section: skipped ({gpu['skipped']}).")
     else:
@@ -278,8 +282,12 @@ def command(
     results["precompute"] = precompute_phases(work, repeats)
     print("[4/6] training step, cached vs live...", flush=True)
     results["training"] = training(work, steps)
-    print("[5/6] FLOPs per sample at the real shapes (meta device)...", flush=True)
-    results["flops"] = flops_section()
+    print("[5/6] FLOPs per sample at the real shapes of each base (meta device)...", flush=True)
+    results["flops_by_base"] = flops_section()
+    # Qwen2.5-VL-7B's table, JanusVLN's own base, stays where earlier results have it.
+    from benchmarks.bench_gpu import REAL
+
+    results["flops"] = results["flops_by_base"][REAL.qwen_dir.name]
     print("[6/6] GPU section...", flush=True)
     results["gpu"] = gpu_section()
     results["seconds"] = time.perf_counter() - started

@@ -17,6 +17,10 @@ warm-up:
 * the data path at the real shape on the host's cores (``--no-data-path`` skips it).
 
 ``--smoke`` runs every code path at tiny shapes on the CPU in float32 (the test suite does).
+``--base qwen3_vl`` measures Qwen3-VL-8B (``configs/models/qwen3_vl_8b``) instead of Qwen2.5-VL-7B,
+at the same VGGT-1B window and visual tokens (its frames at 736 px, janus's grid rule): its ViT
+with DeepStack, its LLM; the ViT-cache row says it does not apply (Qwen3-VL's DeepStack inputs are
+not cached), the Liger row that janus applies Liger's Qwen2.5-VL kernels only.
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ from benchmarks.bench_projection import (
     zero_options,
 )
 from benchmarks.measure import RESULTS_DIR, Stat
+from janus_cache.bases import BASES, DEFAULT_BASE, QwenBase, base_of_qwen_dir
 from janus_cache.encoder import LEVER_BATCH, WindowEncoder, distinct_frames, lever_batches, lever_settings
 from janus_cache.vggt import VGGTAggregator, window_flops
 from janus_cache.vggt.attention import BENCH_KERNELS
@@ -82,6 +87,15 @@ REAL = GpuBenchSettings(MODELS / "qwen2_5_vl_7b", MODELS / "vggt_1b.json", Sampl
 SMOKE = GpuBenchSettings(MODELS / "tiny-qwen2_5_vl", MODELS / "tiny-vggt.json", SampleShape(side=56), "cpu",
                          torch.float32, merger_hidden=96, repeats=1, warmup=1, vggt_batches=(1, 2),
                          checkpointing=("full", "none", "every_2"), threads=1, compile=False)
+REAL_BY_BASE: dict[str, GpuBenchSettings] = {
+    "qwen2_5_vl": REAL,
+    "qwen3_vl": replace(REAL, qwen_dir=MODELS / "qwen3_vl_8b"),
+}
+"""The real architectures per base (``--base``): Qwen2.5-VL-7B, Qwen3-VL-8B, each with VGGT-1B."""
+SMOKE_BY_BASE: dict[str, GpuBenchSettings] = {
+    "qwen2_5_vl": SMOKE,
+    "qwen3_vl": replace(SMOKE, qwen_dir=MODELS / "tiny-qwen3_vl"),
+}
 
 
 # ------------------------------------------------------------------------------ measuring
@@ -235,12 +249,24 @@ class Levers:
         return "".join(f"_{name}" for name in ("vit_cache", "compile", "liger") if getattr(self, name))
 
 
-def lever_rows(compile_rows: bool) -> list[Levers]:
-    """Each lever on its own, then all that apply here together (Liger where installed; compile
-    unless ``compile_rows`` is off), measured on the fastest checkpointing policy."""
+def lever_rows(compile_rows: bool, base: QwenBase = DEFAULT_BASE) -> list[Levers]:
+    """Each lever on its own, then all that apply here together (the ViT cache and Liger where they
+    apply to ``base``, Liger where installed; compile unless ``compile_rows`` is off), measured on
+    the fastest checkpointing policy."""
     alone = [Levers(vit_cache=True), Levers(compile=True), Levers(liger=True)]
-    together = Levers(vit_cache=True, compile=compile_rows, liger=liger_missing() is None)
-    return [levers for levers in (*alone, together) if compile_rows or not levers.compile]
+    together = Levers(vit_cache=not base.deepstack, compile=compile_rows,
+                      liger=liger_missing() is None and base is DEFAULT_BASE)
+    return [levers for levers in (*alone, together) if (compile_rows or not levers.compile) and levers != Levers()]
+
+
+def lever_missing(levers: Levers, model: JanusVLNModel) -> str | None:
+    """Why a lever does not apply to the model's base, or None (Qwen2.5-VL takes every lever)."""
+    base = model.base
+    if levers.vit_cache and base.deepstack:
+        return f"the ViT cache does not cover {base.name} (its DeepStack layer outputs are not cached)"
+    if levers.liger and base is not DEFAULT_BASE:
+        return f"janus applies Liger's {DEFAULT_BASE.name} kernels only, not {base.name}'s"
+    return None
 
 
 def training(settings: GpuBenchSettings, device: Device, flops: FlopTable) -> dict[str, Any]:
@@ -262,6 +288,8 @@ def training(settings: GpuBenchSettings, device: Device, flops: FlopTable) -> di
         if not sizes:
             sizes["params"] = sum(p.numel() for p in model.parameters())
             sizes["trainable"] = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        if (missing := lever_missing(levers, model)) is not None:
+            return model, missing
         if levers.liger:
             if (missing := liger_missing()) is not None:
                 return model, missing
@@ -326,7 +354,7 @@ def training(settings: GpuBenchSettings, device: Device, flops: FlopTable) -> di
     measure(f"reference_{settings.reference_checkpointing}", "reference", settings.reference_checkpointing)
     best_policy_row = fastest([f"janus_{policy}" for policy in settings.checkpointing])
     lever_policy = rows[best_policy_row]["checkpointing"] if best_policy_row else settings.reference_checkpointing
-    for levers in lever_rows(settings.compile):
+    for levers in lever_rows(settings.compile, base_of_qwen_dir(settings.qwen_dir)):
         name = f"janus_{lever_policy}{levers.suffix()}"
         if name not in rows:
             measure(name, "janus", lever_policy, levers)
@@ -431,6 +459,8 @@ def _run(settings: GpuBenchSettings, device: Device, started: float) -> dict[str
 def command(
     out: Annotated[Path, typer.Option(help="Where gpu.json, gpu.md and the plots go.")] = RESULTS_DIR,
     smoke: Annotated[bool, typer.Option(help="Tiny models on the CPU: checks the code paths, measures nothing real.")] = False,
+    base: Annotated[str, typer.Option(help="The Qwen base: qwen2_5_vl (Qwen2.5-VL-7B) or qwen3_vl (Qwen3-VL-8B; "
+                                      "--smoke: the tiny Qwen3-VL).")] = DEFAULT_BASE.model_type,
     repeats: Annotated[int, typer.Option(min=1, help="Timed repeats per row (after warm-up).")] = 3,
     data: Annotated[bool, typer.Option("--data-path/--no-data-path",
                                        help="Also measure the data path on the host's cores (not in --smoke).")] = True,
@@ -439,7 +469,9 @@ def command(
                                           "a trace (<stem>_profile_trace.json) and a top-ops table.")] = False,
 ) -> None:
     """Measure precompute and training compute of janus vs the reference on one GPU."""
-    settings = SMOKE if smoke else REAL
+    if base not in BASES:
+        raise typer.BadParameter(f"--base must be one of {', '.join(BASES)}, got {base!r}")
+    settings = (SMOKE_BY_BASE if smoke else REAL_BY_BASE)[base]
     if not smoke and not torch.cuda.is_available():
         raise typer.BadParameter("no CUDA device here; `make bench-gpu` needs a GPU (`--smoke` runs tiny shapes on the CPU)")
     settings = replace(settings, repeats=repeats if not smoke else settings.repeats)
@@ -455,7 +487,8 @@ def command(
         shutil.rmtree(work, ignore_errors=True)
         results["data_path"] = data_path(work, repeats, workers)
         shutil.rmtree(work, ignore_errors=True)
-    stem = "gpu_smoke" if smoke else "gpu"
+    # Qwen2.5-VL keeps its file names; another base's results sit beside them.
+    stem = ("gpu_smoke" if smoke else "gpu") + ("" if base == DEFAULT_BASE.model_type else f"_{base}")
     if profile:
         print("[gpu] profiling one janus step...", flush=True)
         results["profile"] = profile_step(settings, Device(settings.device), results["training"]["lever_checkpointing"],

@@ -20,7 +20,7 @@ COMPONENT_LABELS = {
     "vggt": "VGGT (in the step)",
     "vit": "Qwen ViT blocks (frozen)",
     "vit_backward": "Qwen ViT blocks in the backward",
-    "merger": "ViT patch merger + VGGT merger + fusion",
+    "merger": "ViT patch merger (+ DeepStack mergers) + VGGT merger + fusion",
     "llm_forward": "LLM forward",
     "logits": "logits + losses",
     "backward": "backward",
@@ -33,32 +33,67 @@ def _st(x: dict[str, float], fmt: str = ".3g") -> str:
     return f"{x['median']:{fmt}} ({x['min']:{fmt}}–{x['max']:{fmt}})"
 
 
-def flops_markdown(flops: dict[str, Any]) -> str:
-    """The per-component FLOP table of one janus and one reference step (TFLOP per sample)."""
+def _frames(flops: dict[str, Any]) -> str:
+    """The sample's images: VGGT's side, and the base's own where it differs (janus's grid rule)."""
     shape = flops["shape"]
+    qwen_side = shape.get("qwen_side", shape["side"])
+    sides = f"{shape['side']}²" if qwen_side == shape["side"] else f"{qwen_side}² (VGGT at {shape['side']}²)"
+    return f"{shape['images']} images of {sides}, {shape['sequence_length']} tokens"
+
+
+def flops_markdown(flops: dict[str, Any]) -> str:
+    """The per-component FLOP table of one janus and one reference step (TFLOP per sample); without
+    a ViT-cache column for a base the ViT cache does not cover (Qwen3-VL)."""
+    vit_cache = flops.get("janus_vit_cache") is not None
+    columns = ("janus", *(("janus_vit_cache",) if vit_cache else ()), "reference")
     lines = [
         f"FLOPs per training sample, counted with PyTorch's FLOP counter on the meta device "
-        f"({flops['models'].get('qwen', '')} + {flops['models'].get('vggt', '')}; {shape['images']} images of "
-        f"{shape['side']}², {shape['sequence_length']} tokens, activation checkpointing {flops['checkpointing']}):",
+        f"({flops['models'].get('qwen', '')} + {flops['models'].get('vggt', '')}; {_frames(flops)}, "
+        f"activation checkpointing {flops['checkpointing']}):",
         "",
-        "| component (TFLOP per sample) | janus | janus + ViT cache | reference |",
-        "|---|---|---|---|",
+        "| component (TFLOP per sample) | " + " | ".join(c.replace("janus_vit_cache", "janus + ViT cache")
+                                                     for c in columns) + " |",
+        "|---|" + "---|" * len(columns),
     ]
     for name in COMPONENTS:
-        lines.append(f"| {COMPONENT_LABELS[name]} | {flops['janus'][name] / 1e12:.2f} | "
-                     f"{flops['janus_vit_cache'][name] / 1e12:.2f} | {flops['reference'][name] / 1e12:.2f} |")
+        lines.append(f"| {COMPONENT_LABELS[name]} | " + " | ".join(f"{flops[c][name] / 1e12:.2f}" for c in columns) + " |")
     lines += [
-        f"| **total** | **{flops['janus_total'] / 1e12:.1f}** | **{flops['janus_vit_cache_total'] / 1e12:.1f}** | "
-        f"**{flops['reference_total'] / 1e12:.1f}** |",
+        "| **total** | " + " | ".join(f"**{flops[f'{c}_total'] / 1e12:.1f}**" for c in columns) + " |",
         "",
         f"Reference / janus FLOPs per step: **{flops['ratio']:.2f}×**. The frozen ViT runs outside autograd "
         "(nothing of it in the backward); with the ViT cache (cache.vit_features) its blocks do not run in the step "
-        "at all, only its trainable patch merger on the cached output. janus pays its VGGT window once per "
+        "at all, only its trainable patch merger on the cached output"
+        + ("" if vit_cache else f" (the ViT cache does not cover {flops.get('base', 'this base')}: its DeepStack "
+           "layer outputs are not cached)") + ". janus pays its VGGT window once per "
         f"sample in precompute ({flops['precompute_vggt_per_sample'] / 1e12:.1f} TFLOP, reused every epoch); the "
         "reference runs VGGT frame by frame through all block pairs in every step and computes full-vocabulary "
         "float32 logits at every position. Attention is counted dense; non-reentrant recomputation stops once the "
         "saved tensors are rebuilt, so it skips each layer's last projection.",
     ]
+    return "\n".join(lines) + "\n"
+
+
+def flops_by_base_markdown(tables: dict[str, dict[str, Any]]) -> str:
+    """The FLOP tables of several bases side by side (TFLOP per sample of the janus and the reference
+    step): ``tables`` maps a model name (e.g. qwen2_5_vl_7b) to :meth:`FlopTable.to_dict`."""
+    names = list(tables)
+    header = " | ".join(f"{name} janus | {name} reference" for name in names)
+    lines = [
+        "FLOPs per training sample by base model, counted on the meta device (same VGGT-1B window and visual "
+        "tokens; " + "; ".join(f"{name}: {_frames(t)}" for name, t in tables.items()) + "):",
+        "",
+        f"| component (TFLOP per sample) | {header} |",
+        "|---|" + "---|---|" * len(names),
+    ]
+    for component in COMPONENTS:
+        cells = " | ".join(f"{t['janus'][component] / 1e12:.2f} | {t['reference'][component] / 1e12:.2f}"
+                           for t in tables.values())
+        lines.append(f"| {COMPONENT_LABELS[component]} | {cells} |")
+    totals = " | ".join(f"**{t['janus_total'] / 1e12:.1f}** | **{t['reference_total'] / 1e12:.1f}**"
+                        for t in tables.values())
+    lines += [f"| **total** | {totals} |", "",
+              "Reference / janus FLOPs per step: " + ", ".join(f"{n} **{t['ratio']:.2f}×**" for n, t in tables.items())
+              + ". A Qwen3-VL merger row holds its DeepStack mergers too (trainable, the projector's learning rate)."]
     return "\n".join(lines) + "\n"
 
 
@@ -184,7 +219,7 @@ def _title(ax: Any, what: str, machine: str, when: str) -> None:
 def plot_flops(flops: dict[str, Any], what: str, path: Path, machine: str, when: str) -> None:
     """Stacked horizontal bars: TFLOP per sample of each component, janus vs reference."""
     fig, ax = plt.subplots(figsize=(9, 3.4))
-    paths = ("janus", "janus_vit_cache", "reference")
+    paths = ("janus", "janus_vit_cache", "reference") if flops.get("janus_vit_cache") else ("janus", "reference")
     left = [0.0] * len(paths)
     colours = plt.get_cmap("tab10")
     for i, name in enumerate(COMPONENTS):

@@ -1,13 +1,15 @@
 """Export a ZeRO-3 checkpoint as consolidated weights, in one of two formats (:data:`FORMATS`).
 
-``janus``: ``<out>/`` becomes a transformers-5 Qwen2.5-VL directory (config, tokenizer,
-safetensors) that ``Qwen2_5_VLForConditionalGeneration.from_pretrained`` loads, plus
-``janus_heads.safetensors`` with the VGGT merger and the action head, which ``load_exported``
-puts back on a JanusVLNModel.
+``janus``: ``<out>/`` becomes a transformers-5 directory of the run's base (config, tokenizer,
+processor settings, safetensors) that the base's own class loads
+(``Qwen2_5_VLForConditionalGeneration`` or ``Qwen3VLForConditionalGeneration.from_pretrained``,
+DeepStack mergers included), plus ``janus_heads.safetensors`` with the VGGT merger and the action
+head, which ``load_exported`` puts back on a JanusVLNModel.
 
 ``janusvln``: ``<out>/`` becomes a reference JanusVLN checkpoint directory (transformers-4.50
 config with the JanusVLN fields, one state dict with the frozen VGGT encoder included), which the
 reference evaluation loads and ``init_from`` reads back (:mod:`janus_train.reference_checkpoint`).
+That layout is Qwen2.5-VL's: a run on another base is refused in one line.
 """
 
 from __future__ import annotations
@@ -120,10 +122,10 @@ def export_janusvln(checkpoint_dir: Path, out: Path, profile: Profile, settings:
 
 
 def load_exported(out: Path, profile: Profile, config: JanusModelConfig, device: str = "cpu") -> JanusVLNModel:
-    """A JanusVLNModel whose Qwen part transformers loaded from ``out`` and whose heads come from it too."""
-    from transformers import Qwen2_5_VLForConditionalGeneration
-
-    qwen = Qwen2_5_VLForConditionalGeneration.from_pretrained(str(out), dtype=TORCH_DTYPES[profile.compute_dtype])
+    """A JanusVLNModel whose Qwen part transformers loaded from ``out`` (the class of the base its
+    config names) and whose heads come from it too."""
+    model_class = base_of_qwen_dir(out).transformers_class()
+    qwen = model_class.from_pretrained(str(out), dtype=TORCH_DTYPES[profile.compute_dtype], local_files_only=True)
     model = JanusVLNModel(qwen, vggt_feature_dim(profile.vggt), config).to(device)
     missing, unexpected = model.load_state_dict(load_file(str(out / HEADS_FILE)), strict=False)
     unexpected_heads = [k for k in unexpected]

@@ -21,25 +21,43 @@ at one image, with the layout computed on the CPU, and multiplied by the images 
 (images never attend to each other, so this is exact); inside the step the ViT contributes its
 patch merger only, run on the blocks' output as the ViT cache gives it. Attention is counted as
 PyTorch's counter counts it: dense (a causal mask's skipped half is not subtracted).
+
+Either base (:mod:`janus_cache.bases`) is counted from its config: for Qwen3-VL the ViT (16-px
+patches, no windows, learned position embeddings resampled to the grid) is counted the same way,
+with its layout (position ids, interpolation taps, sequence boundaries) computed on the CPU, and
+its DeepStack mergers, trainable like the patch merger, count in ``merger`` (run in the step on
+hidden states of the blocks' shape) with their backward in ``backward``; the LLM adds their
+output at the image positions of its first layers. The ViT cache does not cover Qwen3-VL (its
+DeepStack inputs are not cached): its table has no ViT-cache column.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import types
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
+from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
-from transformers import AutoConfig, PretrainedConfig, Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
-from transformers.vision_utils import get_vision_cu_seqlens, get_vision_position_ids, get_vision_window_index
+from transformers import AutoConfig, PretrainedConfig
+from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+from transformers.vision_utils import (
+    get_vision_cu_seqlens,
+    get_vision_interpolation_indices_and_weights,
+    get_vision_position_ids,
+    get_vision_window_index,
+)
+
+from janus_cache.bases import DEFAULT_BASE, QwenBase, base_of_config
 
 from janus_cache.vggt import AggregatorConfig, VGGTAggregator, window_flops
 from janus_train.activation_checkpointing import FULL, NONE, ActivationCheckpointing
 from janus_train.model import JanusModelConfig, JanusVLNModel, TrainableParts, vit_embeddings, vit_merge
-from janus_train.workload import VGGT_LAYER, SampleShape, StepRunner, make_batch, stream_window_features
+from janus_train.workload import VGGT_LAYER, SampleShape, StepRunner, VisionOutput, make_batch, stream_window_features
 
 COMPONENTS: tuple[str, ...] = ("vggt", "vit", "vit_backward", "merger", "llm_forward", "logits", "backward",
                                "recompute")
@@ -76,6 +94,13 @@ class FlopTable:
     precompute_vggt: float
     """janus's VGGT window per sample, paid once in precompute (layer -2, batched, block-causal)."""
     models: dict[str, str] = field(default_factory=dict)
+    base: QwenBase = DEFAULT_BASE
+
+    @property
+    def vit_cache(self) -> bool:
+        """Whether the ViT cache applies to the base (Qwen2.5-VL; not Qwen3-VL, whose DeepStack
+        inputs it does not hold)."""
+        return not self.base.deepstack
 
     @property
     def janus_vit_cache(self) -> StepFlops:
@@ -91,14 +116,16 @@ class FlopTable:
 
     def to_dict(self) -> dict[str, object]:
         return {
-            "shape": {**self.shape.__dict__, "sequence_length": self.shape.sequence_length},
+            "shape": {**self.shape.__dict__, "sequence_length": self.shape.sequence_length,
+                      "qwen_side": self.shape.frame_side(self.base)},
+            "base": self.base.name,
             "checkpointing": self.checkpointing,
             "models": self.models,
             "janus": self.janus.components,
-            "janus_vit_cache": self.janus_vit_cache.components,
+            "janus_vit_cache": self.janus_vit_cache.components if self.vit_cache else None,
             "reference": self.reference.components,
             "janus_total": self.janus.total,
-            "janus_vit_cache_total": self.janus_vit_cache.total,
+            "janus_vit_cache_total": self.janus_vit_cache.total if self.vit_cache else None,
             "reference_total": self.reference.total,
             "precompute_vggt_per_sample": self.precompute_vggt,
             "ratio": self.ratio,
@@ -124,14 +151,28 @@ def build_model(
     dtype: torch.dtype = torch.bfloat16, attn_implementation: str = "sdpa",
     trainable: TrainableParts | None = None,
 ) -> JanusVLNModel:
-    """A JanusVLN model of the Qwen2.5-VL architecture ``qwen`` (a config, or a directory with its
-    ``config.json``), built directly on ``device`` (random weights; none on the meta device)."""
+    """A JanusVLN model of the Qwen architecture ``qwen`` (a config, or a directory with its
+    ``config.json``; either base), built directly on ``device`` (random weights; none on the meta
+    device)."""
     config = qwen if isinstance(qwen, PretrainedConfig) else AutoConfig.from_pretrained(qwen, local_files_only=True)
     with torch.device(device):
-        qwen = Qwen2_5_VLForConditionalGeneration._from_config(config, dtype=dtype,
-                                                                attn_implementation=attn_implementation)
+        qwen = base_of_config(config).transformers_class()._from_config(config, dtype=dtype,
+                                                                         attn_implementation=attn_implementation)
         model_config = JanusModelConfig(merger_hidden=merger_hidden, trainable=trainable or TrainableParts())
-        return JanusVLNModel(qwen, feature_dim, model_config)
+        model = JanusVLNModel(qwen, feature_dim, model_config)
+    if device.type == "meta" and model.base.deepstack:
+        text = model.qwen.model.language_model
+        text._deepstack_process = types.MethodType(_meta_deepstack_process, text)
+    return model
+
+
+def _meta_deepstack_process(self: nn.Module, hidden_states: torch.Tensor, visual_pos_masks: torch.Tensor,
+                            visual_embeds: torch.Tensor) -> torch.Tensor:
+    """Qwen3-VL's DeepStack addition on the meta device, where a boolean mask has no values to select
+    rows with: the embeddings are added to as many rows (one sample), so their gradient reaches the
+    DeepStack mergers as in the real step. The addition itself is elementwise (no FLOPs counted)."""
+    rows = torch.arange(visual_embeds.shape[0], device=hidden_states.device)
+    return hidden_states.index_add(1, rows, visual_embeds.to(hidden_states.dtype)[None])
 
 
 def build_vggt(config: AggregatorConfig, device: torch.device = META) -> VGGTAggregator:
@@ -143,16 +184,25 @@ def load_vggt_config(path: Path) -> AggregatorConfig:
     return AggregatorConfig.from_dict(json.loads(Path(path).read_text()))
 
 
-def qwen_config(qwen_dir: Path, layers: int | None = None, vision_full: tuple[bool, ...] | None = None) -> Qwen2_5_VLConfig:
-    """The Qwen2.5-VL config of ``qwen_dir``, optionally with ``layers`` decoder layers and ViT blocks
-    ``vision_full`` (True: a full-attention block, False: a window-attention block)."""
+def qwen_config(qwen_dir: Path, layers: int | None = None, vision: dict[str, object] | None = None) -> PretrainedConfig:
+    """The config of ``qwen_dir`` (its base's config class), optionally with ``layers`` decoder
+    layers and the ``vision`` entries of its vision config replaced (e.g. ``depth``)."""
     values = json.loads((Path(qwen_dir) / "config.json").read_text())
     if layers is not None:
         values["text_config"] = {**values["text_config"], "num_hidden_layers": layers}
-    if vision_full is not None:
-        values["vision_config"] = {**values["vision_config"], "depth": len(vision_full),
-                                   "fullatt_block_indexes": [i for i, full in enumerate(vision_full) if full]}
-    return Qwen2_5_VLConfig.from_dict(values)
+    if vision is not None:
+        values["vision_config"] = {**values["vision_config"], **vision}
+    return CONFIG_MAPPING[values["model_type"]].from_dict(values)
+
+
+def window_blocks(full: tuple[bool, ...]) -> dict[str, object]:
+    """Qwen2.5-VL vision-config entries for ViT blocks ``full`` (True: a full-attention block, False:
+    a window-attention block)."""
+    return {"depth": len(full), "fullatt_block_indexes": [i for i, is_full in enumerate(full) if is_full]}
+
+
+def qwen_base(qwen_dir: Path) -> QwenBase:
+    return base_of_config(qwen_config(qwen_dir))
 
 
 @dataclass(frozen=True)
@@ -178,31 +228,41 @@ def vit_block_flops(qwen_dir: Path, shape: SampleShape, checkpointing: Activatio
     """FLOPs of Qwen's ViT without its merger for the images of one sample, as a training step of a
     model with ``trainable`` parts under ``checkpointing`` runs it.
 
-    Counted at one image (images never attend to each other) with the window layout computed on
-    the CPU, for 1 window + 1 full-attention block, 2 + 1 and 1 + 2, and extrapolated to the real
-    numbers of each kind of block.
+    Counted at one image (images never attend to each other) with the layout computed on the CPU.
+    Qwen2.5-VL: for 1 window + 1 full-attention block, 2 + 1 and 1 + 2, extrapolated to the real
+    numbers of each kind of block. Qwen3-VL (every block alike): for 1 and 2 blocks without
+    DeepStack taps (their mergers are counted in the step), extrapolated to the real depth.
     """
     real = qwen_config(qwen_dir).vision_config
-    n_full = len(real.fullatt_block_indexes)
 
-    def count(blocks: tuple[bool, ...]) -> VitFlops:
-        model = build_model(qwen_config(qwen_dir, layers=1, vision_full=blocks), 2, trainable=trainable)
+    def count(vision: dict[str, object]) -> VitFlops:
+        model = build_model(qwen_config(qwen_dir, layers=1, vision=vision), 2, trainable=trainable)
         model.set_gradient_checkpointing(checkpointing)
         return vit_flops_one_image(model, shape)
 
-    one_each = count((False, True))
-    window, full = count((False, False, True)) - one_each, count((False, True, True)) - one_each
+    if qwen_base(qwen_dir).deepstack:
+        one = count({"depth": 1, "deepstack_visual_indexes": []})
+        per_block = count({"depth": 2, "deepstack_visual_indexes": []}) - one
+        return (one + per_block * (real.depth - 1)) * shape.images
+    n_full = len(real.fullatt_block_indexes)
+    one_each = count(window_blocks((False, True)))
+    window = count(window_blocks((False, False, True))) - one_each
+    full = count(window_blocks((False, True, True))) - one_each
     return (one_each + window * (real.depth - n_full - 1) + full * (n_full - 1)) * shape.images
 
 
 def vit_flops_one_image(model: JanusVLNModel, shape: SampleShape) -> VitFlops:
     """One image through the model's ViT in training mode (:func:`janus_train.model.vit_embeddings`,
-    the trainer's code): forward and backward FLOPs less those of the patch merger alone."""
+    the trainer's code; for Qwen3-VL the whole tower, as the model runs it): forward and backward
+    FLOPs less those of the patch merger alone."""
     visual = model.qwen.model.visual
     model.train()
     vc = visual.config
-    gh, gw = shape.side // vc.patch_size, shape.side // vc.patch_size
+    side = shape.frame_side(model.base)
+    gh, gw = side // vc.patch_size, side // vc.patch_size
     grid = torch.tensor([[1, gh, gw]])
+    if model.base.deepstack:
+        return _deepstack_vit_flops_one_image(model, grid)
     window_index, cu_window_seqlens = get_vision_window_index(grid, vc.spatial_merge_size, vc.window_size, vc.patch_size)
     layout = {
         # Values the ViT would compute from grid_thw, given precomputed: index tensors on the model's
@@ -221,6 +281,38 @@ def vit_flops_one_image(model: JanusVLNModel, shape: SampleShape) -> VitFlops:
     return whole - merger
 
 
+def _deepstack_vit_flops_one_image(model: JanusVLNModel, grid: torch.Tensor) -> VitFlops:
+    """:func:`vit_flops_one_image` for Qwen3-VL's tower: its layout (interpolation taps of the
+    learned position embeddings, rotary position ids, sequence boundaries) computed on the CPU,
+    since meta tensors have no values."""
+    visual = model.qwen.model.visual
+    vc = visual.config
+    indices, weights = get_vision_interpolation_indices_and_weights(
+        grid, num_grid_per_side=visual.num_grid_per_side, mode=visual.interpolation_mode,
+        align_corners=visual.interpolation_align_corners, spatial_merge_size=vc.spatial_merge_size)
+    cu_seqlens = get_vision_cu_seqlens(grid)
+    layout = {
+        "interp_indices": indices.to(visual.device),
+        "interp_weights": weights.to(visual.device, visual.dtype),
+        "position_ids": get_vision_position_ids(grid, vc.spatial_merge_size).to(visual.device),
+        "cu_seqlens": cu_seqlens,
+        "max_seqlen": int((cu_seqlens[1:] - cu_seqlens[:-1]).max()),
+    }
+    rows = int(grid.prod())
+    pixel_values = torch.empty(rows, vc.in_channels * vc.temporal_patch_size * vc.patch_size**2,
+                               device=visual.device, dtype=visual.dtype)
+    hidden = torch.empty(rows, vc.hidden_size, device=visual.device, dtype=visual.dtype)
+    whole = _forward_backward_flops(lambda: visual(pixel_values, grid_thw=grid, **layout).pooler_output)
+    merger = _forward_backward_flops(lambda: visual.merger(hidden))
+    # The DeepStack mergers ran in the tower's forward; like the patch merger they are counted in the
+    # step (merger_only), not here.
+    with FlopCounterMode(display=False) as deepstack:
+        for deepstack_merger in visual.deepstack_merger_list:
+            deepstack_merger(hidden)
+    model.zero_grad(set_to_none=True)
+    return whole - merger - VitFlops(float(deepstack.get_total_flops()), 0.0)
+
+
 def _forward_backward_flops(forward: Callable[[], torch.Tensor]) -> VitFlops:
     with FlopCounterMode(display=False) as counted_forward:
         out = forward()
@@ -230,12 +322,15 @@ def _forward_backward_flops(forward: Callable[[], torch.Tensor]) -> VitFlops:
     return VitFlops(float(counted_forward.get_total_flops()), float(counted_backward.get_total_flops()))
 
 
-def merger_only(model: JanusVLNModel, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> torch.Tensor:
-    """The ViT inside a meta-device step as the ViT cache runs it: its patch merger on hidden
-    states of the right shape (the blocks are counted by :func:`vit_block_flops`)."""
+def merger_only(model: JanusVLNModel, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> VisionOutput:
+    """The ViT inside a meta-device step as the ViT cache runs it: its patch merger (and a Qwen3-VL
+    tower's DeepStack mergers) on hidden states of the right shape (the blocks are counted by
+    :func:`vit_block_flops`)."""
     visual = model.qwen.model.visual
-    rows = pixel_values.shape[0]
-    return visual.merger(torch.empty(rows, visual.config.hidden_size, device=pixel_values.device, dtype=visual.dtype))
+    hidden = torch.empty(pixel_values.shape[0], visual.config.hidden_size, device=pixel_values.device,
+                         dtype=visual.dtype)
+    deepstack = [merger(hidden) for merger in visual.deepstack_merger_list] if model.base.deepstack else None
+    return visual.merger(hidden), deepstack
 
 
 def vggt_stream_flops(config: AggregatorConfig, shape: SampleShape) -> float:
@@ -296,9 +391,13 @@ def count_flops(
     aggregator = load_vggt_config(vggt_config)
     layers = qwen_config(qwen_dir).text_config.num_hidden_layers
     patches = (shape.side // aggregator.patch_size) ** 2
+    base = qwen_base(qwen_dir)
+    # One ViT block (the step runs its mergers only); a DeepStack tower keeps its real taps and so
+    # all its DeepStack mergers.
+    vision = {"depth": 1} if base.deepstack else window_blocks((True,))
 
     def counted(n_layers: int) -> dict[str, dict[str, float]]:
-        model = build_model(qwen_config(qwen_dir, layers=n_layers, vision_full=(True,)), 2 * aggregator.embed_dim,
+        model = build_model(qwen_config(qwen_dir, layers=n_layers, vision=vision), 2 * aggregator.embed_dim,
                             merger_hidden)
 
         def features(frames: torch.Tensor) -> torch.Tensor:  # counted by vggt_stream_flops
@@ -319,4 +418,4 @@ def count_flops(
         steps[path] = StepFlops(path, flops)
     precompute = window_flops(aggregator, shape.side, shape.side, shape.images, last_layer=VGGT_LAYER)
     return FlopTable(shape, str(checkpointing), steps["janus"], steps["reference"], precompute,
-                     {"qwen": Path(qwen_dir).name, "vggt": Path(vggt_config).name})
+                     {"qwen": Path(qwen_dir).name, "vggt": Path(vggt_config).name}, base)

@@ -8,6 +8,12 @@
   (all block pairs, as the reference forward does); ``pixel_values`` are built on the CPU and
   copied to the device; logits over the full vocabulary for every position, in float32.
 
+For a Qwen3-VL base the Qwen frames are at the base's own resolution of the same source frame
+(:meth:`SampleShape.frame_side`: 16-px patches on VGGT's 14-px patch grid), the ViT also returns
+its DeepStack embeddings, which the LLM adds at the image positions of its first layers, and the
+reference path's VGGT runs on frames at VGGT's resolution (``vggt_frames``), as the base's own
+model and janus's grid rule do (docs/bases.md).
+
 Both steps are composed from the real modules of a :class:`~janus_train.model.JanusVLNModel` and
 report each phase through a ``phase(name)`` context manager, so the same code is timed on a GPU
 (``benchmarks.bench_gpu``) and FLOP-counted on the meta device (:mod:`janus_train.flops`). The
@@ -25,20 +31,25 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from janus_cache.bases import VGGT_PATCH_SIZE, QwenBase
 from janus_cache.imaging import qwen_pixel_values
-from janus_cache.resolution import grid_shape, visual_tokens_for_shape
+from janus_cache.resolution import visual_tokens_for_shape
 from janus_cache.vggt import VGGTAggregator
 from janus_cache.vit_encoder import merge_cached
 from janus_train.loss import action_cross_entropy, token_cross_entropy
 from janus_train.prompt import IGNORE_INDEX, N_SEGMENTS
-from janus_train.model import JanusVLNModel, vit_embeddings
+from janus_train.model import JanusVLNModel, ModelInputError, vit_embeddings
 from janus_train.rope import RopeIndex
 
 Phase = Callable[[str], contextlib.AbstractContextManager[None]]
 """``phase(name)``: a context manager around one phase of a step (timing, FLOP counting, nothing)."""
 
-VitRunner = Callable[[JanusVLNModel, torch.Tensor, torch.Tensor], torch.Tensor]
-"""Runs Qwen's ViT: ``(model, pixel_values, image_grid_thw) -> image embeddings [n*T, hidden]``."""
+VisionOutput = tuple[torch.Tensor, list[torch.Tensor] | None]
+"""Image embeddings [n*T, hidden] and, for a DeepStack base (Qwen3-VL), the ViT's DeepStack
+embeddings (one [n*T, hidden] per LLM layer they join; None for Qwen2.5-VL)."""
+
+VitRunner = Callable[[JanusVLNModel, torch.Tensor, torch.Tensor], VisionOutput]
+"""Runs Qwen's ViT: ``(model, pixel_values, image_grid_thw) -> (image embeddings, DeepStack embeddings)``."""
 
 VggtRunner = Callable[[torch.Tensor], torch.Tensor]
 """The reference step's VGGT: uint8 frames [1, S, H, W, 3] on the device -> feature [1, N, 2C]."""
@@ -51,7 +62,9 @@ VGGT_LAYER = -2
 @dataclass(frozen=True)
 class SampleShape:
     """The real sample: 9 images of 644x644 (529 visual tokens each) and ~300 text tokens, of which
-    ``answer_tokens`` are supervised: ~5.1k tokens in all."""
+    ``answer_tokens`` are supervised: ~5.1k tokens in all. ``side`` is VGGT's frame side (and
+    Qwen2.5-VL's); a base with other patches sees the same source at :meth:`frame_side`, with the
+    same visual tokens (janus's grid rule, docs/bases.md)."""
 
     images: int = 9
     side: int = 644
@@ -62,6 +75,11 @@ class SampleShape:
     @property
     def visual_tokens(self) -> int:
         return visual_tokens_for_shape(self.side, self.side)
+
+    def frame_side(self, base: QwenBase) -> int:
+        """The Qwen frame side of ``base`` for VGGT frames of ``side``: one Qwen patch per VGGT
+        patch (644 for Qwen2.5-VL, 736 for Qwen3-VL at the real shape)."""
+        return self.side // VGGT_PATCH_SIZE * base.patch_size
 
     @property
     def sequence_length(self) -> int:
@@ -76,8 +94,13 @@ def make_batch(model: JanusVLNModel, shape: SampleShape, seed: int = 0, vit_cach
     """A one-sample micro-batch of the layout :meth:`JanusVLNModel.forward` takes, on the CPU (as a
     loader delivers it): random uint8 frames and VGGT feature, token ids with the model's special
     tokens, an answer of ``N_SEGMENTS`` equal segments; ``vit_cache``: the frames' ViT output too
-    (``vit_features`` [1, S, grid tokens, ViT hidden], as the ViT cache delivers it)."""
-    config = model.qwen.config
+    (``vit_features`` [1, S, grid tokens, ViT hidden], as the ViT cache delivers it). Frames are at
+    the model's base's :meth:`SampleShape.frame_side`; where that is not VGGT's side, the batch
+    also holds ``vggt_frames`` at VGGT's side (what the reference path's VGGT runs on)."""
+    config, base = model.qwen.config, model.base
+    if vit_cache and base.deepstack:
+        raise ModelInputError(f"the ViT cache does not cover {base.name} (its DeepStack layers are not cached)")
+    side = shape.frame_side(base)
     generator = torch.Generator().manual_seed(seed)
     # Ordinary text ids stay below the special tokens, which sit at the top of Qwen's vocabulary.
     text_top = min(config.image_token_id, config.vision_start_token_id, config.vision_end_token_id)
@@ -96,8 +119,8 @@ def make_batch(model: JanusVLNModel, shape: SampleShape, seed: int = 0, vit_cach
     segment_ids = torch.zeros(length, dtype=torch.int64)
     segment_ids[start:] = 1 + torch.arange(shape.answer_tokens) * N_SEGMENTS // shape.answer_tokens
     loss_weights = (labels != IGNORE_INDEX).float()
-    grid = grid_shape(shape.side, shape.side)
-    features = torch.randn(1, grid[0] * grid[1], model.feature_dim, generator=generator)
+    grid, vggt_grid = base.patch_grid(side, side), base.vggt_grid(side, side)
+    features = torch.randn(1, vggt_grid[0] * vggt_grid[1], model.feature_dim, generator=generator)
     attention_mask = torch.ones(1, length, dtype=torch.int64)
     mm_token_type_ids = (ids == config.image_token_id).long()[None]
     extra = {}
@@ -105,6 +128,9 @@ def make_batch(model: JanusVLNModel, shape: SampleShape, seed: int = 0, vit_cach
         visual = model.qwen.model.visual
         extra["vit_features"] = torch.randn(1, shape.images, grid[0] * grid[1], visual.config.hidden_size,
                                             generator=generator).to(visual.dtype)
+    if side != shape.side:
+        extra["vggt_frames"] = torch.randint(0, 256, (1, shape.images, shape.side, shape.side, 3), dtype=torch.uint8,
+                                             generator=generator)
     return {
         **extra,
         "input_ids": ids[None],
@@ -117,23 +143,27 @@ def make_batch(model: JanusVLNModel, shape: SampleShape, seed: int = 0, vit_cach
         "position_ids": RopeIndex(config)(ids[None], mm_token_type_ids, attention_mask, grid, shape.images),
         "action_positions": torch.tensor([start - 1]),
         "action_ids": torch.tensor([0]),
-        "frames": torch.randint(0, 256, (1, shape.images, shape.side, shape.side, 3), dtype=torch.uint8,
-                                generator=generator),
+        "frames": torch.randint(0, 256, (1, shape.images, side, side, 3), dtype=torch.uint8, generator=generator),
         "features": features.to(torch.bfloat16),
     }
 
 
-def run_vit(model: JanusVLNModel, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> torch.Tensor:
-    """Qwen's ViT as the model runs it (frozen blocks outside autograd, window attention, 2x2
-    merger): [n*T, hidden]."""
+def run_vit(model: JanusVLNModel, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> VisionOutput:
+    """Qwen's ViT as the model runs it: Qwen2.5-VL's frozen blocks outside autograd, window
+    attention, 2x2 merger; Qwen3-VL's whole tower as ``Qwen3VLModel.get_image_features`` runs it
+    (:func:`janus_train.model.fuse_deepstack_image_embeddings`), with its DeepStack embeddings."""
     visual = model.qwen.model.visual
-    return vit_embeddings(visual, pixel_values.type(visual.dtype), grid_thw)
+    if model.base.deepstack:
+        out = visual(pixel_values.type(visual.dtype), grid_thw=grid_thw, return_dict=True)
+        return out.pooler_output, list(out.deepstack_features)
+    return vit_embeddings(visual, pixel_values.type(visual.dtype), grid_thw), None
 
 
-def merge_vit_cache(model: JanusVLNModel, vit_features: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
+def merge_vit_cache(model: JanusVLNModel, vit_features: torch.Tensor, grid: tuple[int, int]) -> VisionOutput:
     """The ViT cache's path as the model runs it (:func:`janus_cache.vit_encoder.merge_cached`): only
-    the patch merger, on cached ViT output [B, S, grid tokens, D]: [B*S*T, hidden]."""
-    return merge_cached(model.qwen.model.visual, vit_features.flatten(0, 1).to(model.device, non_blocking=True), grid)
+    the patch merger, on cached ViT output [B, S, grid tokens, D]: [B*S*T, hidden] (Qwen2.5-VL)."""
+    visual = model.qwen.model.visual
+    return merge_cached(visual, vit_features.flatten(0, 1).to(model.device, non_blocking=True), grid), None
 
 
 @dataclass
@@ -171,13 +201,14 @@ class StepRunner:
     def janus_loss(self, batch: dict[str, torch.Tensor], phase: Phase = no_phase) -> torch.Tensor:
         features = batch["features"]
         vit_features = batch.get("vit_features")
+        base = self.model.base
         if vit_features is not None:  # the ViT cache: no pixel values, no ViT blocks
-            grid = grid_shape(*batch["frames"].shape[2:4])
+            grid = base.patch_grid(*batch["frames"].shape[2:4])
             return self._language_loss(batch, lambda: merge_vit_cache(self.model, vit_features, grid), features, phase,
                                        full_vocab=False)
         with phase("pixel_values"):
             frames = batch["frames"].to(self.device, non_blocking=True)
-            pixel_values, grid_thw = qwen_pixel_values(frames.flatten(0, 1))
+            pixel_values, grid_thw = qwen_pixel_values(frames.flatten(0, 1), base=base)
         return self._language_loss(batch, lambda: self.vit(self.model, pixel_values, grid_thw), features, phase,
                                    full_vocab=False)
 
@@ -185,10 +216,11 @@ class StepRunner:
         if self.vggt is None and self.reference_vggt is None:
             raise ValueError("the reference path needs a VGGT aggregator (StepRunner.vggt)")
         with phase("vggt"):
-            features = self.stream_vggt(batch["frames"].to(self.device, non_blocking=True))
+            vggt_frames = batch.get("vggt_frames", batch["frames"])  # VGGT's own resolution
+            features = self.stream_vggt(vggt_frames.to(self.device, non_blocking=True))
         with phase("pixel_values"):
             # The reference builds pixel_values on the CPU (its processor) and copies them over.
-            pixel_values, grid_thw = qwen_pixel_values(batch["frames"].flatten(0, 1).cpu())
+            pixel_values, grid_thw = qwen_pixel_values(batch["frames"].flatten(0, 1).cpu(), base=self.model.base)
             pixel_values = pixel_values.to(self.device, non_blocking=True)
             grid_thw = grid_thw.to(self.device)
         return self._language_loss(batch, lambda: self.vit(self.model, pixel_values, grid_thw), features, phase,
@@ -203,25 +235,32 @@ class StepRunner:
     def _language_loss(
         self,
         batch: dict[str, torch.Tensor],
-        vit: Callable[[], torch.Tensor],
+        vit: Callable[[], VisionOutput],
         features: torch.Tensor,
         phase: Phase,
         full_vocab: bool,
     ) -> torch.Tensor:
         model, device = self.model, self.device
         b, s, height, width, _ = batch["frames"].shape
-        grid = grid_shape(height, width)
+        grid = model.base.patch_grid(height, width)
         with phase("vit"):
-            image_embeds = vit()
+            image_embeds, deepstack = vit()
         with phase("merger"):
             merger_dtype = model.vggt_merger.norm.weight.dtype
-            vggt_embeds = model.vggt_merger(features.to(device, merger_dtype, non_blocking=True), grid)
+            vggt_embeds = model.vggt_merger(features.to(device, merger_dtype, non_blocking=True),
+                                            model.base.vggt_grid(height, width))
             per_image = image_embeds.shape[0] // (b * s)
             fused = image_embeds.view(b, s, per_image, -1) + model.config.lam * vggt_embeds.unsqueeze(1).to(image_embeds.dtype)
             ids = batch["input_ids"].to(device, non_blocking=True)
             embeds = model.qwen.model.get_input_embeddings()(ids)
             mask = (ids == model.image_token_id).unsqueeze(-1)
             inputs_embeds = embeds.masked_scatter(mask, fused.reshape(-1, fused.shape[-1]).to(embeds.dtype))
+            # DeepStack (Qwen3-VL): the ViT's intermediate embeddings join the first LLM layers at the
+            # image positions, as JanusVLNModel.forward passes them.
+            deepstack_inputs = {} if deepstack is None else {
+                "visual_pos_masks": mask.squeeze(-1),
+                "deepstack_visual_embeds": [d.to(inputs_embeds.dtype) for d in deepstack],
+            }
         with phase("llm_forward"):
             # janus's loader workers build the M-RoPE positions with the batch; the reference's forward does.
             position_ids = batch.get("position_ids") if not full_vocab else None
@@ -230,7 +269,8 @@ class StepRunner:
                                                             batch["attention_mask"], grid, s)
             # No padding in a one-sample batch: a causal mask without a padding mask.
             hidden = model.qwen.model.language_model(
-                inputs_embeds=inputs_embeds, position_ids=position_ids.to(device), attention_mask=None, use_cache=False
+                inputs_embeds=inputs_embeds, position_ids=position_ids.to(device), attention_mask=None, use_cache=False,
+                **deepstack_inputs,
             ).last_hidden_state
         with phase("logits"):
             if full_vocab:

@@ -454,8 +454,7 @@ def test_what_the_qwen3_path_cannot_take_yet_is_one_line(pair_batch: dict[str, t
 # them fails here.
 QWEN2_5_ONLY: dict[str, str] = {
     "janus_cache/vit_encoder.py": "the per-frame ViT-output cache (the Qwen3-VL model refuses it)",
-    "janus_train/flops.py": "the FLOP table (no Qwen3-VL-8B row yet)",
-    "janus_train/export.py": "export (--format janus for Qwen3-VL not yet)",
+    "janus_train/export.py": "--format janusvln writes JanusVLN's reference config, Qwen2.5-VL's by definition",
     "janus_train/reference_checkpoint.py": "JanusVLN's reference checkpoint layout is Qwen2.5-VL's by definition",
     "janus_train/model.py": "JanusVLN's VGGT merger normalises with Qwen2.5-VL's RMSNorm, whatever the base",
 }
