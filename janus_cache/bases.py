@@ -123,6 +123,15 @@ class QwenBase:
                              f"got {qwen_side}")
         return qwen_side // self.patch_size * VGGT_PATCH_SIZE
 
+    def frame_shape(self, vggt_height: int, vggt_width: int) -> tuple[int, int]:
+        """The base's frame ``(H, W)`` paired with a VGGT frame of ``vggt_height x vggt_width`` (the
+        grid rule above: the same patch counts, in the base's patches; 224x224 -> 256x256 for
+        Qwen3-VL), checked to be whole visual tokens."""
+        height = vggt_height // VGGT_PATCH_SIZE * self.patch_size
+        width = vggt_width // VGGT_PATCH_SIZE * self.patch_size
+        self.patch_grid(height, width)
+        return height, width
+
     def transformers_class(self, which: str = "model") -> Any:
         """The transformers class: ``model`` (for-conditional-generation), ``inner`` or ``vision``."""
         import transformers  # noqa: PLC0415 - heavy; only model code needs it
@@ -174,11 +183,6 @@ BASES: dict[str, QwenBase] = {base.model_type: base for base in (QWEN2_5_VL, QWE
 DEFAULT_BASE: QwenBase = QWEN2_5_VL
 """The base of JanusVLN's released checkpoints (and of the ``tiny`` profile)."""
 
-CACHED_BASES: tuple[QwenBase, ...] = (QWEN2_5_VL,)
-"""Bases a cache serves so far: it stores one frame per VGGT resolution, which is Qwen2.5-VL's own
-frame; Qwen3-VL's frames (its own resolution, docs/bases.md) are not stored yet."""
-
-
 def base_of_model_type(model_type: str, where: str = "the Qwen config") -> QwenBase:
     """The base of a ``model_type``; an unknown one is one line naming the known ones."""
     base = BASES.get(model_type)
@@ -206,15 +210,10 @@ def base_of_qwen_dir(qwen_dir: str | Path) -> QwenBase:
     return base_of_model_type(str(model_type), str(path))
 
 
-def check_cached_base(qwen_dir: str | Path, where: str) -> None:
-    """Refuse, in one line, a precompute or a training from a cache for a base no cache serves yet
-    (a Qwen3-VL model would get Qwen2.5-VL's frames, whose grid is not its own). A directory without
-    a config says nothing here: what needs the model reports that itself."""
+def cache_base(qwen_dir: str | Path) -> QwenBase:
+    """The base whose frames a cache for ``qwen.path`` holds (precompute) or must hold (training,
+    verify): :func:`base_of_qwen_dir`, or Qwen2.5-VL when the directory has no ``config.json`` (a
+    precompute needs no Qwen model; what does need it reports a missing one itself)."""
     if not (Path(qwen_dir) / "config.json").is_file():
-        return
-    base = base_of_qwen_dir(qwen_dir)
-    if base not in CACHED_BASES:
-        served = ", ".join(b.name for b in CACHED_BASES)
-        raise BaseError(f"{where}: qwen.path {qwen_dir} is a {base.name} model, but caches hold {served} frames only "
-                        f"so far ({base.name} runs in janus's model code, not yet from a cache: docs/bases.md); "
-                        f"set qwen.path to a {served} directory")
+        return DEFAULT_BASE
+    return base_of_qwen_dir(qwen_dir)

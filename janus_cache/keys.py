@@ -4,6 +4,12 @@ manifest a run with given settings must find (:func:`wanted_manifest`).
 Precompute (to refuse or resume a cache), verify (freshness, completeness) and the trainer (which
 window variant's arrays to open) all derive the keys from here, so a cache made by one reads as
 "the same" in the others.
+
+A cache is made for one base model (:mod:`janus_cache.bases`). A resolution names VGGT's frame
+(``pad224``); the stored uint8 frames are the base's own frame of the same source at the paired
+size (:meth:`QwenBase.frame_shape`: VGGT's frame itself for Qwen2.5-VL, 256x256 for Qwen3-VL at
+pad224), and the VGGT features are computed from VGGT's frame. The base, both frame sizes and the
+pairing rule are keyed (``base``, ``resolutions.<name>.frame_shape`` and ``.preprocessing``).
 """
 
 from __future__ import annotations
@@ -11,13 +17,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from janus_cache.bases import DEFAULT_BASE, VGGT_PATCH_SIZE, QwenBase
 from janus_cache.encoder import WindowEncoder, encoder_fingerprint
 from janus_cache.index import DatasetIndex, EpisodeIdentity, episode_identities
 from janus_cache.profile import CacheSettings
 from janus_cache.resolution import Resolution
-from janus_cache.store import DatasetIdentity, Layout, Manifest, ResolutionEntry, WindowVariant
 from janus_cache.store.compression import FEATURES_COMPRESSION, FRAMES_COMPRESSION
-from janus_cache.store.manifest import ViTFeaturesEntry, library_versions
+from janus_cache.store.manifest import (DatasetIdentity, Layout, Manifest, ResolutionEntry, ViTFeaturesEntry,
+                                        WindowVariant, library_versions)
 from janus_cache.vit_encoder import ViTEncoder
 
 SAMPLING_RULE = "linspace"
@@ -36,17 +43,41 @@ def window_variant(cache: CacheSettings) -> WindowVariant:
     )
 
 
-def preprocessing(resolution: Resolution) -> dict[str, Any]:
-    """How stored frames are made from source images (keyed in the manifest)."""
-    return {"mode": resolution.mode, "target": resolution.target, "resample": RESAMPLING, "pad_value": 255}
+def preprocessing(resolution: Resolution, base: QwenBase = DEFAULT_BASE) -> dict[str, Any]:
+    """How stored frames are made from source images (keyed in the manifest): VGGT's preprocessing
+    at ``resolution``; for a base with other patches than VGGT's, with every side counted in the
+    base's ``frame_patch``-px patches (``frame_target``: the pad/crop side of the stored frame)."""
+    made = {"mode": resolution.mode, "target": resolution.target, "resample": RESAMPLING, "pad_value": 255}
+    if base.patch_size != VGGT_PATCH_SIZE:  # Qwen2.5-VL's entry stays as caches before a second base have it
+        made.update(frame_patch=base.patch_size, frame_target=resolution.target // VGGT_PATCH_SIZE * base.patch_size)
+    return made
 
 
 def frame_shape(index: DatasetIndex, resolution: Resolution) -> tuple[int, int]:
-    """(H, W) of every stored frame: fixed for pad mode, from the first source for crop mode."""
+    """(H, W) of VGGT's frame at ``resolution``: fixed for pad mode, from the first source for crop mode."""
     if not index.frames:
         raise ValueError(f"{index.source}: the dataset has no usable frames")
     first = index.frames[0]
     return resolution.frame_shape(first.width, first.height)
+
+
+def stored_frame_shape(vggt_shape: tuple[int, int], base: QwenBase = DEFAULT_BASE) -> tuple[int, int]:
+    """(H, W) of the frames a cache for ``base`` stores, paired with VGGT's frame of ``vggt_shape``."""
+    if base.patch_size == VGGT_PATCH_SIZE:
+        return vggt_shape
+    return base.frame_shape(*vggt_shape)
+
+
+def resolution_entry(resolution: Resolution, vggt_shape: tuple[int, int], encoder: Any,
+                     base: QwenBase = DEFAULT_BASE) -> ResolutionEntry:
+    """The manifest's keyed entry of ``resolution`` whose VGGT frames are ``vggt_shape`` (H, W);
+    ``encoder``: anything with ``feature_shape(H, W)`` (a :class:`WindowEncoder` or its identity)."""
+    return ResolutionEntry(
+        name=resolution.name,
+        preprocessing=preprocessing(resolution, base),
+        frame_shape=(*stored_frame_shape(vggt_shape, base), 3),
+        feature_shape=encoder.feature_shape(*vggt_shape),
+    )
 
 
 def dataset_identity(index: DatasetIndex, episodes: Sequence[EpisodeIdentity] | None = None) -> DatasetIdentity:
@@ -64,20 +95,18 @@ def wanted_manifest(
     encoder: WindowEncoder,
     episodes: Sequence[EpisodeIdentity] | None = None,
     vit: ViTEncoder | None = None,
+    base: QwenBase = DEFAULT_BASE,
 ) -> Manifest:
     """The manifest a cache built from ``index`` with these settings must have (no shards yet);
     ``episodes``: the index's episode identities, when already computed; ``vit``: the frozen ViT
-    whose output the cache holds per frame (``cache.vit_features``)."""
-    height, width = frame_shape(index, resolution)
-    vit_features = {} if vit is None else {resolution.name: vit_entry(vit, resolution.name, (height, width))}
-    entry = ResolutionEntry(
-        name=resolution.name,
-        preprocessing=preprocessing(resolution),
-        frame_shape=(height, width, 3),
-        feature_shape=encoder.feature_shape(height, width),
-    )
+    whose output the cache holds per frame (``cache.vit_features``); ``base``: the base model whose
+    frames the cache stores."""
+    shape = frame_shape(index, resolution)
+    vit_features = {} if vit is None else {resolution.name: vit_entry(vit, resolution.name, shape)}
+    entry = resolution_entry(resolution, shape, encoder, base)
     return Manifest(
         format=cache_format,
+        base=base.model_type,
         window=window_variant(cache),
         encoder_fingerprint=encoder_fingerprint(encoder.model),
         feature_dtype=cache.feature_dtype,

@@ -25,9 +25,9 @@ import torch
 from janus_cache.index import DatasetIndex
 from janus_cache.encoder import WindowEncoder
 from janus_cache.imaging import FrameError, load_frame
-from janus_cache.keys import frame_shape
+from janus_cache.keys import frame_shape, stored_frame_shape
 from janus_cache.precompute import encode_windows
-from janus_cache.bases import QWEN2_5_VL
+from janus_cache.bases import QWEN2_5_VL, QwenBase
 from janus_cache.resolution import Resolution, grid_shape
 from janus_cache.threads import PIPELINE_THREADS, usable_cores
 from janus_cache.store.compression import FEATURES_COMPRESSION, FRAMES_COMPRESSION
@@ -243,21 +243,25 @@ def _decodable_probe(
 
 def make_plan(
     index: DatasetIndex, encoder: WindowEncoder, resolution: Resolution, batch: int, probe: int = 4,
-    vit: ViTEncoder | None = None,
+    vit: ViTEncoder | None = None, base: QwenBase = QWEN2_5_VL,
 ) -> Plan:
     """Measure ``probe`` samples of ``index`` and extrapolate to the whole dataset; with ``vit`` (the
     profile sets ``cache.vit_features``) the frozen ViT's per-frame output too. The encoder runs
-    with the caller's torch threads (set them as precompute does: :mod:`janus_cache.threads`)."""
+    with the caller's torch threads (set them as precompute does: :mod:`janus_cache.threads`).
+    ``base``: whose frames the cache stores (a Qwen3-VL frame holds the VGGT frame's patches at
+    16 px: its bytes are estimated from VGGT's frame by the area)."""
     started = time.perf_counter()
     age = process_age()
     shape = frame_shape(index, resolution)
+    stored_shape = stored_frame_shape(shape, base)
+    area = stored_shape[0] * stored_shape[1] / (shape[0] * shape[1])
     feature_shape = encoder.feature_shape(*shape)
     if not index.samples:
         raise ValueError(f"{index.source}: the dataset has no samples to plan for")
     rows, decoded, decode_seconds = _decodable_probe(index, resolution, probe)
     window_rows = np.array([index.samples[r].window_rows for r in rows], dtype=np.int64)
     start = time.perf_counter()
-    frame_bytes = float(np.mean([len(FRAMES_COMPRESSION.encode(f)) for f in decoded.values()]))
+    frame_bytes = area * float(np.mean([len(FRAMES_COMPRESSION.encode(f)) for f in decoded.values()]))
     store_seconds = (time.perf_counter() - start) / len(decoded)
 
     windows = np.stack([np.stack([decoded[int(r)] for r in w]) for w in window_rows])
@@ -297,7 +301,7 @@ def make_plan(
         frame_shape=shape,
         feature_shape=feature_shape,
         probe_samples=len(rows),
-        frame_bytes_raw=shape[0] * shape[1] * 3,
+        frame_bytes_raw=stored_shape[0] * stored_shape[1] * 3,
         frame_bytes=frame_bytes,
         feature_bytes_raw=stored[0].nbytes,
         feature_bytes=feature_bytes,

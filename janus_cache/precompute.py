@@ -18,6 +18,11 @@ Order of work (per resolution):
    stored pixels and the stored features come from the same bytes), runs the frozen encoder in
    batches and is written and committed, reading the next shard while this one computes and
    writing the previous one in the background.
+
+For a base whose frame is not VGGT's (Qwen3-VL, :mod:`janus_cache.keys`), the frames phase stores
+the base's frames (:func:`~janus_cache.imaging.load_qwen_frame`) and the features phase decodes
+each window's VGGT frames from the same source files (:func:`~janus_cache.imaging.load_frame`, the
+deterministic decode of the frames phase), as VGGT's frame cannot be made from the stored one.
 """
 
 from __future__ import annotations
@@ -36,8 +41,9 @@ import torch
 
 from janus_cache.index import ACTION_IDS, DatasetIndex, Frame
 from janus_cache.encoder import WindowEncoder
-from janus_cache.imaging import FrameError, load_frame
-from janus_cache.keys import frame_shape
+from janus_cache.bases import BASES, DEFAULT_BASE, VGGT_PATCH_SIZE, QwenBase
+from janus_cache.imaging import FrameError, load_frame, load_qwen_frame
+from janus_cache.keys import frame_shape, stored_frame_shape
 from janus_cache.resolution import Resolution
 from janus_cache.store import CacheWriter, TextColumn
 from janus_cache.store.commit import atomic_write_bytes
@@ -126,12 +132,14 @@ class FrameJob:
     path: str
     resolution: str
     shape: tuple[int, int]
+    base: str = DEFAULT_BASE.model_type
+    """``model_type`` of the base whose frame is made (VGGT's own for Qwen2.5-VL)."""
 
 
 def decode_frame(job: FrameJob) -> tuple[int, np.ndarray | None, str | None]:
     """(row, uint8 frame, None) or (row, None, reason): a bad image never stops the shard."""
     try:
-        frame = load_frame(job.path, Resolution.parse(job.resolution))
+        frame = load_qwen_frame(job.path, Resolution.parse(job.resolution), BASES[job.base])
     except (FrameError, OSError) as err:
         return job.row, None, str(err)
     if frame.shape[:2] != job.shape:
@@ -153,10 +161,12 @@ def read_frame_failures(root: Path, resolution: str) -> dict[int, str]:
 
 
 def compute_frame_shard(
-    frames: Sequence[Frame], rows: range, resolution: Resolution, shape: tuple[int, int], pool: Pool | None
+    frames: Sequence[Frame], rows: range, resolution: Resolution, shape: tuple[int, int], pool: Pool | None,
+    base: QwenBase = DEFAULT_BASE,
 ) -> tuple[np.ndarray, dict[int, str]]:
-    """Decode the frames of ``rows``: uint8 [len(rows), H, W, 3] and {row: reason} of failures."""
-    jobs = [FrameJob(r, str(frames[r].path), resolution.name, shape) for r in rows]
+    """Decode the ``base``'s frames of ``rows`` (``shape``: their (H, W)): uint8 [len(rows), H, W, 3]
+    and {row: reason} of failures."""
+    jobs = [FrameJob(r, str(frames[r].path), resolution.name, shape, base.model_type) for r in rows]
     results = pool.map(decode_frame, jobs, chunksize=4) if pool is not None else map(decode_frame, jobs)
     out = np.zeros((len(rows), *shape, 3), dtype=np.uint8)  # a failed frame's row is never referenced
     failures: dict[int, str] = {}
@@ -169,12 +179,14 @@ def compute_frame_shard(
 
 
 def write_frame_shard(
-    writer: CacheWriter, index: DatasetIndex, resolution: Resolution, shard: int, pool: Pool | None
+    writer: CacheWriter, index: DatasetIndex, resolution: Resolution, shard: int, pool: Pool | None,
+    base: QwenBase = DEFAULT_BASE,
 ) -> dict[int, str]:
-    """Decode, write and commit one frame shard; returns its failures (recorded before the commit)."""
+    """Decode, write and commit one frame shard of ``base``'s frames; returns its failures
+    (recorded before the commit)."""
     rows = writer.frame_shard_plan(resolution.name)[shard]
-    shape = frame_shape(index, resolution)
-    frames, failures = compute_frame_shard(index.frames, rows, resolution, shape, pool)
+    shape = stored_frame_shape(frame_shape(index, resolution), base)
+    frames, failures = compute_frame_shard(index.frames, rows, resolution, shape, pool, base)
     path = failures_path(writer.root, resolution.name, shard)
     if failures:
         atomic_write_bytes(path, json.dumps({str(r): m for r, m in sorted(failures.items())}, indent=1).encode())
@@ -217,6 +229,38 @@ def read_windows(writer: CacheWriter, resolution: str, window_rows: np.ndarray) 
     return frames[inverse.reshape(window_rows.shape)]
 
 
+FrameSource = Callable[[np.ndarray], np.ndarray]
+"""``frames(rows)``: uint8 frames [len(rows), H, W, 3] of frame rows ``rows``."""
+
+
+def vggt_frame_source(index: DatasetIndex, resolution: Resolution, base: QwenBase) -> FrameSource | None:
+    """Where the features phase gets VGGT's frames: None when they are the stored frames (a base
+    with VGGT's patches), else a decode of the rows' source files at ``resolution``. A file that
+    decoded in the frames phase and no longer does was changed or removed meanwhile: an error
+    naming it (the samples using it were kept, so the features cannot be left out)."""
+    if base.patch_size == VGGT_PATCH_SIZE:
+        return None
+
+    def frames(rows: np.ndarray) -> np.ndarray:
+        out = []
+        for row in rows.tolist():
+            path = index.frames[row].path
+            try:
+                out.append(load_frame(path, resolution))
+            except (FrameError, OSError) as err:
+                raise FrameError(f"{path} decoded when its {base.name} frame was stored but not now ({err}); "
+                                 "restore it, or rebuild the cache with --overwrite") from None
+        return np.stack(out) if out else np.zeros((0, *frame_shape(index, resolution), 3), np.uint8)
+
+    return frames
+
+
+def read_vggt_windows(frames: FrameSource, window_rows: np.ndarray) -> np.ndarray:
+    """VGGT's uint8 windows [n, S, H, W, 3] for window rows [n, S], each distinct frame made once."""
+    unique, inverse = np.unique(window_rows, return_inverse=True)
+    return frames(unique)[inverse.reshape(window_rows.shape)]
+
+
 def encode_windows(encoder: WindowEncoder, windows: np.ndarray, batch: int) -> torch.Tensor:
     """Features [n, N, 2C] of windows [n, S, H, W, 3], ``batch`` windows per encoder call."""
     parts = [encoder.encode(torch.from_numpy(windows[i : i + batch])) for i in range(0, len(windows), batch)]
@@ -231,23 +275,26 @@ def write_feature_shards(
     window_rows: np.ndarray,
     batch: int,
     on_done: Callable[[int, int], None] = lambda shard, n: None,
+    vggt_frames: FrameSource | None = None,
 ) -> None:
-    """Compute and commit the given sample shards, overlapping reads and writes with compute."""
+    """Compute and commit the given sample shards, overlapping reads and writes with compute.
+    ``vggt_frames``: VGGT's frames when they are not the stored ones (:func:`vggt_frame_source`)."""
     plan = writer.sample_shard_plan(resolution)
 
-    def load(shard: int) -> np.ndarray:
-        rows = plan[shard]
-        return read_windows(writer, resolution, window_rows[rows.start : rows.stop])
+    def load(shard: int) -> tuple[np.ndarray, np.ndarray]:
+        rows = window_rows[plan[shard].start : plan[shard].stop]
+        stored = read_windows(writer, resolution, rows)
+        return stored, stored if vggt_frames is None else read_vggt_windows(vggt_frames, rows)
 
     with ThreadPoolExecutor(max_workers=1) as reader, ThreadPoolExecutor(max_workers=1) as saver:
         pending_write: Future[Any] | None = None
         next_windows = reader.submit(load, shards[0]) if shards else None
         for position, shard in enumerate(shards):
             assert next_windows is not None
-            windows = next_windows.result()
+            windows, encoded = next_windows.result()  # the stored frames (written with wds), VGGT's
             if position + 1 < len(shards):
                 next_windows = reader.submit(load, shards[position + 1])
-            features = encode_windows(encoder, windows, batch)
+            features = encode_windows(encoder, encoded, batch)
             if pending_write is not None:
                 pending_write.result()  # surfaces a failed write before more work piles up
             pending_write = saver.submit(writer.write_samples_shard, resolution, shard, features, windows)

@@ -55,19 +55,21 @@ from janus_cache.index import (
 from janus_cache.lock import LOCK_NAME
 from janus_cache.encoder import WindowEncoder
 from janus_cache.plan import Plan, format_bytes, make_plan
-from janus_cache.keys import frame_shape, wanted_manifest, window_variant
+from janus_cache.bases import BASES, DEFAULT_BASE, QwenBase, cache_base
+from janus_cache.keys import frame_shape, stored_frame_shape, wanted_manifest, window_variant
 from janus_cache.precompute import (
     check_windows,
     frame_table,
     read_frame_failures,
     sample_table,
     usable_samples,
+    vggt_frame_source,
     window_matrix,
     write_feature_shards,
     write_frame_shard,
     write_vit_shard,
 )
-from janus_cache.profile import CacheSettings
+from janus_cache.profile import CacheSettings, Profile
 from janus_cache.resolution import Resolution
 from janus_cache.store import (CacheWriter, DatasetIdentity, Manifest, ManifestError, StoreError, open_writer,
                                read_manifest, write_manifest)
@@ -248,6 +250,22 @@ def _first_ten(files: Sequence[str]) -> str:
     return ", ".join(files[:10]) + (f" and {len(files) - 10} more" if len(files) > 10 else "")
 
 
+def refuse_vit_features_of(base: QwenBase, settings: CacheSettings) -> None:
+    """Refuse (one line) ``cache.vit_features`` for a base whose ViT output is not cached yet: a
+    Qwen3-VL ViT also feeds DeepStack layers, which the cached output does not hold."""
+    if settings.vit_features and base is not DEFAULT_BASE:
+        raise PrecomputeError(f"cache.vit_features caches {DEFAULT_BASE.name}'s ViT output only so far (a "
+                              f"{base.name} ViT also feeds DeepStack layers); set cache.vit_features: false")
+
+
+def precompute_base(profile: Profile) -> QwenBase:
+    """The base whose frames a precompute with ``profile`` stores (its ``qwen.path``'s), refused in
+    one line where the profile asks for what that base's cache cannot hold."""
+    base = cache_base(profile.qwen.path)
+    refuse_vit_features_of(base, profile.cache)
+    return base
+
+
 class PrecomputeJob:
     """Build resolution ``resolution`` of the ``cache_format`` cache at ``out`` from ``index``.
 
@@ -256,9 +274,13 @@ class PrecomputeJob:
     """
 
     def __init__(self, index: DatasetIndex, out: Path, cache_format: str, settings: CacheSettings,
-                 resolution: Resolution, encoder: WindowEncoder, vit: ViTEncoder | None = None) -> None:
+                 resolution: Resolution, encoder: WindowEncoder, vit: ViTEncoder | None = None,
+                 base: QwenBase = DEFAULT_BASE) -> None:
         if settings.vit_features and vit is None:
             raise ValueError("cache.vit_features is set: the job needs the frozen ViT (vit=ViTEncoder...)")
+        refuse_vit_features_of(base, settings)
+        self.base = base
+        """The base model whose frames the cache stores (``qwen.path``'s, :func:`janus_cache.bases.cache_base`)."""
         self.index = index
         self.vit = vit if settings.vit_features else None
         self.out = Path(out)
@@ -382,7 +404,7 @@ class PrecomputeJob:
         check_windows(self.index)
         episodes = episode_identities(self.index)
         wanted = wanted_manifest(self.index, self.settings, self.resolution, self.cache_format, self.encoder,
-                                 episodes, self.vit)
+                                 episodes, self.vit, self.base)
         self._started, self._wanted, self._episodes = time.time(), wanted, episodes
         out = self.out
         # Checked before --overwrite: it deletes the directory, which must be an earlier cache.
@@ -392,6 +414,8 @@ class PrecomputeJob:
             for entry in cache_contents(out):
                 shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
         existing, repairs = self._existing_manifest(wanted) if out.exists() else (None, [])
+        if existing is not None:
+            self._check_base(existing)
         notes: tuple[str, ...] = ()
         if existing is not None and existing.dataset != wanted.dataset:
             # Every other keyed field must be equal; the dataset may only have grown.
@@ -407,7 +431,8 @@ class PrecomputeJob:
                 and self._complete(existing, wanted, done_check):
             return Prepared(existing, None, complete=True)
 
-        plan = make_plan(self.index, self.encoder, self.resolution, self.settings.vggt_batch, vit=self.vit)
+        plan = make_plan(self.index, self.encoder, self.resolution, self.settings.vggt_batch, vit=self.vit,
+                         base=self.base)
         self.planned_bytes = plan.needed_bytes(self.cache_format)
         on_plan(plan)
         out.mkdir(parents=True, exist_ok=True)
@@ -417,7 +442,8 @@ class PrecomputeJob:
         # array that is a prefix of this one can only be the old rows of an append (or of an
         # append interrupted before its manifest was written).
         self.writer.write_table("frames", frame_table(self.index), append=True)
-        self.writer.prepare_frames(self.resolution.name, frame_shape(self.index, self.resolution),
+        self.writer.prepare_frames(self.resolution.name,
+                                   stored_frame_shape(frame_shape(self.index, self.resolution), self.base),
                                    self.settings.frames_per_shard, grow=True)
         if self.vit is not None:
             entry = wanted.vit_features[self.resolution.name]
@@ -464,6 +490,15 @@ class PrecomputeJob:
         except StoreError:
             return False
         return record is not None and (record.sha256, record.nbytes) == (entry.sha256, entry.nbytes)
+
+    def _check_base(self, existing: Manifest) -> None:
+        """Refuse (one line) a cache whose frames are another base's: none of its frames or features
+        would be reused, and mixing them would train one base on the other's frames."""
+        if existing.base != self.base.model_type:
+            made_for = BASES[existing.base].name
+            raise PrecomputeError(f"{self.out} is a cache for {made_for} (its frames are {made_for}'s), the profile's "
+                                  f"qwen.path is a {self.base.name} model: precompute into another --out, or rebuild "
+                                  f"this cache with --overwrite")
 
     def _cached_rows(self) -> CachedRows:
         """The cache's frame and sample tables (what its episodes were), for naming changed files."""
@@ -555,7 +590,7 @@ class PrecomputeJob:
     def frame_shard(self, shard: int, pool: Pool | None = None) -> dict[int, str]:
         """Step 2 (any process): decode, write and commit frame shard ``shard``, decoding in
         ``pool``'s worker processes when given; returns {frame row: reason} of frames that failed."""
-        return write_frame_shard(self.writer, self.index, self.resolution, shard, pool)
+        return write_frame_shard(self.writer, self.index, self.resolution, shard, pool, self.base)
 
     @_disk_full_is_one_line("writing ViT-features shard {0}")
     def vit_shard(self, shard: int) -> None:
@@ -579,7 +614,8 @@ class PrecomputeJob:
         """Step 4 (any process, after ``prepare_features()``): encode, write and commit the given
         sample shards; ``on_done(shard, n_samples)`` follows each commit."""
         write_feature_shards(self.writer, self.encoder, self.resolution.name, shards,
-                             window_matrix(self.index)[self.usable_rows], self.settings.vggt_batch, on_done)
+                             window_matrix(self.index)[self.usable_rows], self.settings.vggt_batch, on_done,
+                             vggt_frame_source(self.index, self.resolution, self.base))
 
     @_disk_full_is_one_line("writing the manifest and report")
     def finish(self) -> Outcome:
@@ -589,7 +625,7 @@ class PrecomputeJob:
             raise PrecomputeError(f"{self.out} has no {MANIFEST_NAME}: finish() runs after prepare()")
         episodes = self._episodes if self._episodes is not None else episode_identities(self.index)
         wanted = self._wanted or wanted_manifest(self.index, self.settings, self.resolution, self.cache_format,
-                                                 self.encoder, episodes, self.vit)
+                                                 self.encoder, episodes, self.vit, self.base)
         if current.dataset != wanted.dataset:  # an append, checked by prepare(): the cache grew
             current = replace(current, dataset=wanted.dataset)
         index, dropped = self.index, self.dropped

@@ -27,11 +27,10 @@ from typing import Annotated, Optional
 import typer
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from janus_cache.bases import check_cached_base
 from janus_cache.index import DatasetIndex, StoredSources
 from janus_cache.encoder import WindowEncoder
 from janus_cache.plan import Plan
-from janus_cache.precompute_job import PrecomputeError, PrecomputeJob, Prepared, refuse_foreign_directory
+from janus_cache.precompute_job import PrecomputeError, PrecomputeJob, Prepared, precompute_base, refuse_foreign_directory
 from janus_cache.profile import SET_HELP, SET_OPTION, Profile, load_profile
 from janus_cache.device import process_device
 from janus_cache.resolution import Resolution
@@ -200,7 +199,7 @@ def run(opts: Options) -> int:
         # One writer per cache, for the whole run: taken before anything is read or deleted.
         cache_lock = lock_on_main(control, opts.out)
         profile = control.on_main(lambda: load_profile(opts.profile, opts.overrides))
-        control.on_main(lambda: check_cached_base(profile.qwen.path, str(profile.source)))
+        base = control.on_main(lambda: precompute_base(profile))
         resolution = Resolution.parse(opts.resolution or profile.cache.resolution)
         workers = opts.workers or default_workers(ranks.local_world)
         # Before any model is built: torch's threads sized from this process's share of the node's cores.
@@ -210,7 +209,7 @@ def run(opts: Options) -> int:
         # Built on every rank inside an exchange: a Qwen directory without a loadable ViT is one line.
         vits: list[ViTEncoder | None] = []
         control.gather(lambda: vits.append(frozen_vit(profile, _device(profile, ranks))), (ValueError,))
-        job = PrecomputeJob(index, opts.out, opts.cache_format, profile.cache, resolution, encoder, vits[0])
+        job = PrecomputeJob(index, opts.out, opts.cache_format, profile.cache, resolution, encoder, vits[0], base)
         prepared = control.on_main(lambda: _prepare(job, opts, resolution, ranks.world, workers))
         if prepared.complete:  # nothing measured, nothing written
             return control.on_main(lambda: _complete(opts, prepared, resolution))

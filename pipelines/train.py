@@ -49,7 +49,7 @@ import torch.distributed as dist
 import typer
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from janus_cache.bases import BaseError, check_cached_base
+from janus_cache.bases import BaseError, cache_base
 from janus_cache.lock import DirectoryLock
 from janus_cache.profile import SET_HELP, SET_OPTION, Profile, ProfileError
 from janus_cache.store import DamagedData
@@ -203,7 +203,7 @@ def command(
         sources = parse_cache_sources(cache) if cache else None
         prof = run_profile(out, profile, overrides or ())
         settings = load_train_settings(prof)
-        check_cached_base(prof.qwen.path, str(prof.source))
+        cache_base(prof.qwen.path)  # an unknown model_type is one line before any rank starts work
         if settings.init_from is not None:
             check_reference_checkpoint(settings.init_from, prof)
             init_note = unused_heads_note(settings.init_from)

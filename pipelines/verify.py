@@ -97,8 +97,8 @@ class LiveModels:
 
 
 def load_image_embeddings(profile: Profile, device: torch.device | str) -> tuple[ImageEmbeddings | None, str]:
-    """The fused image embeddings of the profile's JanusVLN model (cached-feature path) for the
-    live check, or None and why it cannot be built.
+    """The fused image embeddings (with a DeepStack base, and its DeepStack inputs) of the profile's
+    JanusVLN model (cached-feature path) for the live check, or None and why it cannot be built.
 
     The model lives in the ``janus_train`` package (the ``train`` extra); without it the
     embeddings part of the live check is reported as not run.
@@ -108,7 +108,7 @@ def load_image_embeddings(profile: Profile, device: torch.device | str) -> tuple
     except ImportError as err:
         return None, f"janus_train.model is not importable ({err}); install the train extra"
     model = JanusVLNModel.from_profile(profile, live=False, device=device)
-    return model.eval().image_embeddings, ""
+    return model.eval().visual_embeddings, ""
 
 
 def load_reference_models(directory: Path, profile: Profile, device: torch.device) -> LiveModels:

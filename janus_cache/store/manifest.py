@@ -3,7 +3,9 @@
 A manifest is ``<cache>/manifest.json`` (:mod:`janus_cache.store.layout`): stable JSON (sorted keys) of a :class:`Manifest`. Its
 fields are of two kinds:
 
-* **keyed** (:data:`KEYED_FIELDS`): the schema version, format, window variant, encoder
+* **keyed** (:data:`KEYED_FIELDS`): the schema version, format, the base model whose frames the
+  cache stores (``base``, a ``model_type`` of :mod:`janus_cache.bases`; a manifest without it was
+  made before there was a second base and is Qwen2.5-VL's), window variant, encoder
   fingerprint, feature dtypes, dataset identity, shard layout, the definition of every
   resolution and, per resolution, the cached frozen-ViT output (``vit_features``: the ViT weights'
   fingerprint, the base model, dtype and shape; optional, compared like resolutions). A cache is only reused (resumed, extended, trained from) when these equal the
@@ -31,6 +33,7 @@ from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from janus_cache.bases import BASES, DEFAULT_BASE
 from janus_cache.index.identity import EpisodeIdentity
 from janus_cache.index.subinstructions import DEFAULT_SUBINSTRUCTION_RULE
 from janus_cache.store.checksums import record_metadata
@@ -53,6 +56,7 @@ SCHEMA_VERSION = 3
 KEYED_FIELDS: tuple[str, ...] = (
     "schema_version",
     "format",
+    "base",
     "window",
     "encoder_fingerprint",
     "feature_dtype",
@@ -269,12 +273,17 @@ class Manifest:
     versions: Mapping[str, str] = field(default_factory=dict)
     vit_features: Mapping[str, ViTFeaturesEntry] = field(default_factory=dict)
     """Resolution -> its cached ViT features (``cache.vit_features``); none for most caches."""
+    base: str = DEFAULT_BASE.model_type
+    """``model_type`` of the base whose frames the cache stores (docs/bases.md): its frame size and
+    the VGGT frame the features come from follow from it and the resolution."""
     schema_version: int = SCHEMA_VERSION
 
     def __post_init__(self) -> None:
         cache_format(self.format)  # a ValueError naming the known formats
         if self.feature_dtype not in STORED_DTYPES:
             raise ValueError(f"feature_dtype must be one of {sorted(STORED_DTYPES)}, got {self.feature_dtype!r}")
+        if self.base not in BASES:
+            raise ValueError(f"base must be one of {sorted(BASES)}, got {self.base!r}")
         for key, entry in self.resolutions.items():
             if key != entry.name:
                 raise ValueError(f"resolution entry {entry.name!r} is filed under {key!r}")
@@ -302,6 +311,8 @@ class Manifest:
         data = asdict(self)
         data["stored_dtype"] = self.stored_dtype
         data["shards"] = {name: [asdict(e) for e in entries] for name, entries in self.shards.items()}
+        if self.base == DEFAULT_BASE.model_type:  # written as before a second base existed
+            del data["base"]
         return data
 
     def to_json(self) -> str:
@@ -336,6 +347,7 @@ class Manifest:
                 versions=dict(data["versions"]),
                 vit_features={name: ViTFeaturesEntry(**entry)
                               for name, entry in data.get("vit_features", {}).items()},
+                base=data.get("base", DEFAULT_BASE.model_type),
             )
             stored = data["stored_dtype"]
         except KeyError as exc:
@@ -396,10 +408,18 @@ def keyed_differences(existing: Manifest, wanted: Manifest) -> list[FieldDiff]:
 def keyed_digest(manifest: Manifest) -> str:
     """sha256 of the manifest's keyed fields (recorded in ``checksums.json``): equal digests, equal
     keyed settings, so a damaged manifest can be rebuilt from settings that have its digest."""
-    # A cache without ViT features digests as it did before the field existed.
-    flat = {k: v for name in KEYED_FIELDS if name != "vit_features" or manifest.vit_features
+    # A cache without ViT features, or of the first base, digests as it did before the field existed.
+    flat = {k: v for name in KEYED_FIELDS if _digested(manifest, name)
             for k, v in _flatten(getattr(manifest, name), name).items()}
     return hashlib.sha256(json.dumps(flat, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _digested(manifest: Manifest, name: str) -> bool:
+    if name == "vit_features":
+        return bool(manifest.vit_features)
+    if name == "base":
+        return manifest.base != DEFAULT_BASE.model_type
+    return True
 
 
 def check_compatible(existing: Manifest, wanted: Manifest, source: str = "the cache") -> None:

@@ -9,7 +9,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from janus_cache.encoder import EncoderIdentity, encoder_identity
-from janus_cache.keys import preprocessing, vit_entry, window_variant
+from janus_cache.bases import BASES, QwenBase, cache_base
+from janus_cache.keys import resolution_entry, vit_entry, window_variant
 from janus_cache.profile import Profile, load_profile
 from janus_cache.resolution import Resolution
 from janus_cache.store.manifest import (
@@ -48,6 +49,9 @@ def profile_differences(cache: OpenedCache, profile: Profile, encoder: EncoderId
     """Keyed fields in which the cache differs from what ``profile`` (with its ``encoder`` and, for
     ``cache.vit_features``, its frozen ``vit``) makes."""
     m = cache.manifest
+    base = cache_base(profile.qwen.path)
+    if m.base != base.model_type:  # every frame differs then: the base is the one difference to name
+        return [FieldDiff("base", m.base, base.model_type)]
     resolution = profile.cache.resolution
     differences: list[FieldDiff] = []
     wanted_resolutions: dict[str, ResolutionEntry] = {}
@@ -56,10 +60,7 @@ def profile_differences(cache: OpenedCache, profile: Profile, encoder: EncoderId
         differences.append(FieldDiff("resolution", sorted(m.resolutions), resolution.name))
     else:
         height, width = _frame_shape(cache, resolution)
-        wanted_resolutions[resolution.name] = ResolutionEntry(
-            name=resolution.name, preprocessing=preprocessing(resolution), frame_shape=(height, width, 3),
-            feature_shape=encoder.feature_shape(height, width),
-        )
+        wanted_resolutions[resolution.name] = resolution_entry(resolution, (height, width), encoder, base)
         if vit is not None:
             wanted_vit[resolution.name] = vit_entry(vit, resolution.name, (height, width))
             if resolution.name not in m.vit_features:
@@ -77,6 +78,13 @@ def profile_differences(cache: OpenedCache, profile: Profile, encoder: EncoderId
     # Dataset, layout and format are the same by construction: the dataset is completeness's job,
     # and shard sizes change no stored value.
     return differences + keyed_differences(m, wanted)
+
+
+def base_problem(root: Path | str, profile: Profile, made_for: QwenBase, wanted: QwenBase) -> str:
+    """The line refusing a cache made for another base than the profile's ``qwen.path``."""
+    return (f"{root} is a cache for {made_for.name} (its frames are {made_for.name}'s), profile {profile.name}'s "
+            f"qwen.path {profile.qwen.path} is a {wanted.name} model: use a profile whose qwen.path is a "
+            f"{made_for.name} model, or precompute a cache with this profile into another --out")
 
 
 def _frame_shape(cache: OpenedCache, resolution: Resolution) -> tuple[int, int]:
@@ -98,7 +106,8 @@ def check_freshness(root: Path | str, profile: Profile | str | Path,
             return cache
         profile = as_profile(profile)
         differences = profile_differences(cache, profile, encoder or profile_encoder(profile), profile_vit(profile))
-        problems = [f"{d.name}: cache has {d.existing!r}, profile {profile.name} has {d.wanted!r}" for d in differences]
+        problems = [base_problem(root, profile, BASES[d.existing], BASES[d.wanted]) if d.name == "base" else
+                    f"{d.name}: cache has {d.existing!r}, profile {profile.name} has {d.wanted!r}" for d in differences]
         current = replace(cache.manifest, versions=library_versions())
         versions = version_differences(cache.manifest, current)
         m = cache.manifest

@@ -1,7 +1,10 @@
 """The live check: for chosen samples, recompute from the source images with a profile's live
-path and compare with the cache: uint8 frames and Qwen ``pixel_values`` bit-identical, VGGT
-features, fused image embeddings and (a cache with ``vit_features``) the frozen ViT's output of the
-window's frames within the tolerances of :mod:`janus_cache.verify.comparison`.
+path and compare with the cache: uint8 frames and the base's ``pixel_values`` bit-identical, VGGT
+features, fused image embeddings (with a DeepStack base, Qwen3-VL, its DeepStack inputs too) and
+(a cache with ``vit_features``) the frozen ViT's output of the window's frames within the
+tolerances of :mod:`janus_cache.verify.comparison`. The live frames are the base's own (for
+Qwen3-VL, :func:`~janus_cache.imaging.load_qwen_frame`) and the live features come from VGGT's
+frames of the same sources (:mod:`janus_cache.keys`).
 
 The fused embeddings come from a model this package does not know: the caller passes the
 embedding function (``pipelines/verify.py`` builds the JanusVLN model), or none, and the
@@ -23,7 +26,8 @@ import torch
 from janus_cache.device import process_device
 from janus_cache.index import DatasetIndex
 from janus_cache.encoder import WindowEncoder
-from janus_cache.imaging import FrameError, load_frame, qwen_pixel_values
+from janus_cache.bases import BASES, VGGT_PATCH_SIZE, cache_base
+from janus_cache.imaging import FrameError, load_frame, load_qwen_frame, qwen_pixel_values
 from janus_cache.keys import window_variant
 from janus_cache.profile import Profile
 from janus_cache.store import StoreError
@@ -41,15 +45,17 @@ from janus_cache.verify.comparison import (
     encoder_compute_dtype,
     feature_tolerance,
 )
-from janus_cache.verify.freshness import as_profile
+from janus_cache.verify.freshness import as_profile, base_problem
 from janus_cache.vit_encoder import ViTEncoder
 from janus_cache.verify.results import DEFAULT_SEED, LIVE, CheckResult, guarded, listed, result, skipped, timer
 
 DEFAULT_LIVE_SAMPLES = 4
 
-ImageEmbeddings = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+Embedded = torch.Tensor | tuple[torch.Tensor, Sequence[torch.Tensor] | None]
+ImageEmbeddings = Callable[[torch.Tensor, torch.Tensor], Embedded]
 """``embed(frames, features)``: the fused image embeddings of uint8 windows ``[B, S, H, W, 3]``
-and their VGGT features ``[B, N, 2C]`` (e.g. ``JanusVLNModel.image_embeddings``)."""
+and their VGGT features ``[B, N, 2C]`` (e.g. ``JanusVLNModel.image_embeddings``), or those and a
+DeepStack base's per-layer DeepStack embeddings (``JanusVLNModel.visual_embeddings``)."""
 
 NOT_ASKED = "not asked for"
 """The embeddings note when no embedding function is given."""
@@ -150,6 +156,8 @@ class LiveChecker:
         self.device = torch.device(device)
         self.resolution = profile.cache.resolution
         self.variant = window_variant(profile.cache).name
+        # The live frames are the cache's base's (a profile of another base is refused: unavailable()).
+        self.base = BASES[self.cache.manifest.base]
         self.encoder = encoder or WindowEncoder.from_settings(profile.vggt, profile.cache, self.device)
         self.embed, self.embed_note = embed, embed_note
         self.feature_tolerance = feature_tolerance(self.device)
@@ -164,6 +172,9 @@ class LiveChecker:
     def unavailable(self) -> str | None:
         """Why the profile's samples cannot be read from this cache at all (None if they can)."""
         m = self.cache.manifest
+        wanted = cache_base(self.profile.qwen.path)
+        if wanted is not self.base:
+            return base_problem(self.cache.root, self.profile, self.base, wanted)
         if self.resolution.name not in m.resolutions:
             return (f"the cache holds no frames at the profile's resolution {self.resolution.name} "
                     f"(it holds {', '.join(m.resolutions)})")
@@ -178,7 +189,7 @@ class LiveChecker:
             raise ValueError(f"sample rows {outside} are out of range for the {n_samples} samples of {self.cache.root}")
         cached = read_cached_samples(self.cache, self.resolution.name, rows, self.variant)
         results: dict[int, LiveSample] = {}
-        windows: dict[int, tuple[np.ndarray, dict[str, Any]]] = {}
+        windows: dict[int, tuple[tuple[np.ndarray, np.ndarray], dict[str, Any]]] = {}
         for row in rows:
             got = cached[row]
             if isinstance(got, str):
@@ -196,16 +207,18 @@ class LiveChecker:
         done = len(results)
         for start in range(0, len(ready), batch):
             chunk = ready[start:start + batch]
-            live_frames = np.stack([windows[r][0] for r in chunk])
-            features = self.encoder.encode(torch.from_numpy(live_frames))
+            vggt_frames = np.stack([windows[r][0][1] for r in chunk])
+            features = self.encoder.encode(torch.from_numpy(vggt_frames))
             for row, feature in zip(chunk, features):
-                results[row] = self._compare(row, windows[row][0], windows[row][1], feature)
+                results[row] = self._compare(row, windows[row][0][0], windows[row][1], feature)
                 done += 1
                 if on_progress is not None:
                     on_progress(done)
         return [results[r] for r in rows]
 
-    def _frames(self, row: int, cached: dict[str, Any]) -> np.ndarray | LiveSample:
+    def _frames(self, row: int, cached: dict[str, Any]) -> tuple[np.ndarray, np.ndarray] | LiveSample:
+        """The live window: the base's frames (what the cache stores) and VGGT's frames (what the
+        features come from; the same array for a base with VGGT's patches)."""
         key = cached.key
         try:
             sample = self.index.sample(key)
@@ -213,14 +226,16 @@ class LiveChecker:
             return LiveSample(key, row, problem=f"sample {key} is not in the dataset index of {self.index.source}")
         window = self.index.window(sample)
         try:
-            live = np.stack([load_frame(f.path, self.resolution) for f in window])
+            vggt = np.stack([load_frame(f.path, self.resolution) for f in window])
+            live = vggt if self.base.patch_size == VGGT_PATCH_SIZE else \
+                np.stack([load_qwen_frame(f.path, self.resolution, self.base) for f in window])
         except FrameError as err:
             return LiveSample(key, row, problem=f"sample {key}: {err}")
         stored = np.asarray(cached.frames)
         if live.shape != stored.shape:
             return LiveSample(key, row, problem=f"sample {key}: live window frames are {live.shape}, "
                                                 f"cached {stored.shape}")
-        return live
+        return live, vggt
 
     def _compare(self, row: int, live_frames: np.ndarray, cached: dict[str, Any],
                  live_feature: torch.Tensor) -> LiveSample:
@@ -229,8 +244,8 @@ class LiveChecker:
         differing = live_frames != stored
         sources = tuple(f.relpath for f, bad in zip(self.index.window(self.index.sample(key)),
                                                     differing.reshape(len(stored), -1).any(axis=1)) if bad)
-        pixels_live, _ = qwen_pixel_values(live_frames)
-        pixels_cached, _ = qwen_pixel_values(stored)
+        pixels_live, _ = qwen_pixel_values(live_frames, base=self.base)
+        pixels_cached, _ = qwen_pixel_values(stored, base=self.base)
         pixels_identical = bool(torch.equal(pixels_live, pixels_cached))
         cached_feature = cached.feature
         if tuple(cached_feature.shape) != tuple(live_feature.shape):
@@ -248,8 +263,8 @@ class LiveChecker:
         embeddings = None
         if self.embed is not None:
             with torch.no_grad():
-                live_embeds = self.embed(torch.as_tensor(live_frames)[None], live_feature[None])[0]
-                cached_embeds = self.embed(torch.as_tensor(stored)[None], cached_feature[None])[0]
+                live_embeds = _embedded(self.embed(torch.as_tensor(live_frames)[None], live_feature[None]))
+                cached_embeds = _embedded(self.embed(torch.as_tensor(stored)[None], cached_feature[None]))
             embeddings = compare(live_embeds, cached_embeds, self.embedding_tolerance, self.profile.cache.feature_dtype)
         return LiveSample(
             key, row,
@@ -261,6 +276,14 @@ class LiveChecker:
             embeddings=embeddings,
             vit=vit,
         )
+
+
+def _embedded(out: Embedded) -> torch.Tensor:
+    """One sample's embeddings as rows [n, hidden]: the fused image embeddings, then (a DeepStack
+    base) each DeepStack layer's input, so one comparison covers everything the LLM is given."""
+    main, deepstack = out if isinstance(out, tuple) else (out, None)
+    width = main.shape[-1]
+    return torch.cat([main.reshape(-1, width), *(layer.reshape(-1, width) for layer in deepstack or ())])
 
 
 def live_result(samples: Sequence[LiveSample], profile: Profile, device: torch.device | str, seed: int,
