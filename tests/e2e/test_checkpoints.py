@@ -2,9 +2,10 @@
 checkpoints; a resume verifies them and falls back past a damaged one in one line; rotation never
 deletes the checkpoint ``latest`` names; ``metrics.jsonl`` holds each step once after kills.
 
-The runs: real 2-process torchrun launches (DeepSpeed ZeRO-3 over gloo) of the tiny profile on a
-precomputed cache of 2 episodes x 4 steps (8 samples, 2 optimizer steps per epoch), 6 steps with a
-checkpoint every 2. Damage is done to copies of the reference run's checkpoints.
+The runs: real 2-process torchrun launches (DeepSpeed ZeRO-3 over gloo) of the tiny profile on the
+session's float32 cache of 2 episodes x 4 steps (8 samples, 2 optimizer steps per epoch). The
+reference is the session's reference run (helpers.shared_runs): 10 steps with a checkpoint every 3
+(tags 3, 6, 9 and the final 10). Damage is done to copies of its checkpoints.
 """
 
 from __future__ import annotations
@@ -21,41 +22,41 @@ from typing import Any
 
 import pytest
 from helpers.profiles import REPO_ROOT
-from helpers.training import assert_succeeded, precompute, read_metrics, torchrun_train, write_train_profile
+from helpers.shared_runs import ReferenceRun, TinyTraining
+from helpers.training import MAX_STEPS, SAVE_EVERY, assert_succeeded, read_metrics, torchrun_train
 
-from janus_cache.sample_data import write_sample_data
 from janus_train.checkpoints import CHECKSUMS_FILE, LATEST_FILE, Checkpoints, NoIntactCheckpoint, sha256_file
 from janus_train.trainer import CHECKPOINTS, METRICS_FILE
 
-STEPS = 6
-SAVE_EVERY = 2
-TAGS = [f"step{s:08d}" for s in (2, 4, 6)]
-TRAIN = {"max_steps": STEPS, "save_every": SAVE_EVERY, "save_total_limit": 10, "live_check_every": 0}
+STEPS = MAX_STEPS
+TAGS = [f"step{s:08d}" for s in (*range(SAVE_EVERY, STEPS, SAVE_EVERY), STEPS)]  # 3, 6, 9 and the final 10
 RUN_TIMEOUT = 300
 
 
 class Setup:
-    def __init__(self, root: Path) -> None:
-        data = write_sample_data(root / "data", episodes=2, steps=4, seed=0)
-        self.profile = write_train_profile(root / "profile.yaml", cache={"feature_dtype": "float32"}, train=TRAIN)
-        self.cache = precompute(data, root / "cache", self.profile)
-        self.reference = root / "reference"
-        assert_succeeded(self.train(self.reference))
-        self.records = read_metrics(self.reference)
+    def __init__(self, training: TinyTraining, reference: ReferenceRun) -> None:
+        self.profile = training.fp32_profile
+        self.cache = training.fp32_cache
+        self.reference = reference.out
+        self.records = reference.records
 
     def train(self, out: Path, *extra: str | int) -> subprocess.CompletedProcess[str]:
         return torchrun_train("--out", out, "--cache", self.cache, "--profile", self.profile, "--no-export", *extra)
 
     def copy_run(self, out: Path, up_to_step: int) -> Path:
-        """The reference run directory as a run that ended after step ``up_to_step`` leaves it."""
-        shutil.copytree(self.reference / CHECKPOINTS, out / CHECKPOINTS)
+        """The reference run directory as a run that ended after step ``up_to_step`` leaves it: the
+        checkpoints saved up to that step, ``latest`` naming the newest."""
+        tags = [tag for tag in TAGS if int(tag.removeprefix("step")) <= up_to_step]
+        for tag in tags:
+            shutil.copytree(self.reference / CHECKPOINTS / tag, out / CHECKPOINTS / tag)
+        (out / CHECKPOINTS / LATEST_FILE).write_text(tags[-1])
         (out / METRICS_FILE).write_text("".join(json.dumps(r) + "\n" for r in self.records[:up_to_step]))
         return out
 
 
-@pytest.fixture(scope="module")
-def setup(tmp_path_factory: pytest.TempPathFactory) -> Setup:
-    return Setup(tmp_path_factory.mktemp("checkpoints"))
+@pytest.fixture
+def setup(tiny_training: TinyTraining, reference_run: ReferenceRun) -> Setup:
+    return Setup(tiny_training, reference_run)
 
 
 def largest_file(tag_dir: Path) -> Path:
@@ -106,11 +107,11 @@ def test_rotation_keeps_the_newest_and_never_the_tag_latest_does_not_name(setup:
     """Keep 2: the tag ``latest`` names and the one before it stay; older ones go, and so does a
     leftover newer than ``latest`` (a run abandoned at a resume)."""
     checkpoints = setup.copy_run(tmp_path / "run", STEPS) / CHECKPOINTS
-    (checkpoints / LATEST_FILE).write_text(TAGS[1])
-    assert Checkpoints(checkpoints).rotate(keep=2) == [TAGS[2]]
-    assert sorted(p.name for p in checkpoints.glob("step*")) == TAGS[:2]
-    assert Checkpoints(checkpoints).rotate(keep=1) == [TAGS[0]]
-    assert sorted(p.name for p in checkpoints.glob("step*")) == [TAGS[1]]
+    (checkpoints / LATEST_FILE).write_text(TAGS[2])
+    assert Checkpoints(checkpoints).rotate(keep=2) == [TAGS[3], TAGS[0]]
+    assert sorted(p.name for p in checkpoints.glob("step*")) == TAGS[1:3]
+    assert Checkpoints(checkpoints).rotate(keep=1) == [TAGS[1]]
+    assert sorted(p.name for p in checkpoints.glob("step*")) == [TAGS[2]]
     (checkpoints / LATEST_FILE).write_text("")
     assert Checkpoints(checkpoints).rotate(keep=1) == [], "with no intact tag known, nothing may go"
 
@@ -129,12 +130,12 @@ def test_a_damaged_latest_falls_back_to_the_newest_intact_tag_and_repoints_lates
     setup: Setup, tmp_path: Path, damage: Any, reason: str,
 ) -> None:
     checkpoints = setup.copy_run(tmp_path / "run", STEPS) / CHECKPOINTS
-    damage(checkpoints / TAGS[2])
+    damage(checkpoints / TAGS[-1])
     chosen = Checkpoints(checkpoints).resumable()
-    assert chosen is not None and chosen.tag == TAGS[1] and chosen.step == 4
-    assert chosen.note is not None and chosen.note.startswith(f"checkpoint {TAGS[2]} is damaged (")
-    assert reason in chosen.note and chosen.note.endswith(f"); resuming from {TAGS[1]}")
-    assert (checkpoints / LATEST_FILE).read_text() == TAGS[1]
+    assert chosen is not None and chosen.tag == TAGS[-2] and chosen.step == 9
+    assert chosen.note is not None and chosen.note.startswith(f"checkpoint {TAGS[-1]} is damaged (")
+    assert reason in chosen.note and chosen.note.endswith(f"); resuming from {TAGS[-2]}")
+    assert (checkpoints / LATEST_FILE).read_text() == TAGS[-2]
 
 
 @pytest.mark.parametrize("latest", ["", "  \n", None, "step00000099"])
@@ -147,9 +148,9 @@ def test_an_empty_missing_or_dangling_latest_falls_back_to_the_newest_intact_tag
     else:
         (checkpoints / LATEST_FILE).write_text(latest)
     chosen = Checkpoints(checkpoints).resumable()
-    assert chosen is not None and chosen.tag == TAGS[2]
+    assert chosen is not None and chosen.tag == TAGS[-1]
     expected = {None: "is missing", "step00000099": "names 'step00000099', which does not exist"}.get(latest, "is empty")
-    assert chosen.note == f"{checkpoints / LATEST_FILE} {expected}; resuming from {TAGS[2]}"
+    assert chosen.note == f"{checkpoints / LATEST_FILE} {expected}; resuming from {TAGS[-1]}"
 
 
 def test_an_intact_latest_is_resumed_without_a_note_and_no_checkpoint_means_a_fresh_start(
@@ -157,7 +158,7 @@ def test_an_intact_latest_is_resumed_without_a_note_and_no_checkpoint_means_a_fr
 ) -> None:
     checkpoints = setup.copy_run(tmp_path / "run", STEPS) / CHECKPOINTS
     chosen = Checkpoints(checkpoints).resumable()
-    assert chosen is not None and (chosen.tag, chosen.note) == (TAGS[2], None)
+    assert chosen is not None and (chosen.tag, chosen.note) == (TAGS[-1], None)
     assert Checkpoints(tmp_path / "none").resumable() is None
 
 
@@ -179,10 +180,10 @@ def test_no_intact_checkpoint_is_an_error_naming_each_problem(setup: Setup, tmp_
 def test_training_resumes_past_a_damaged_latest_in_one_line_and_continues(
     setup: Setup, tmp_path: Path, damage: str,
 ) -> None:
-    """The run directory of a run killed after step 6 with its last checkpoint damaged: a new launch
-    prints one line naming the damage, resumes from step 4 and repeats the reference's steps 5 and 6
-    (so it really loaded step 4's weights, optimizer and data position); each step logged once."""
-    out = setup.copy_run(tmp_path / "run", STEPS)
+    """The run directory of a run killed after step 9 with its last checkpoint damaged: a new launch
+    prints one line naming the damage, resumes from step 6 and repeats the reference's steps 7 to 10
+    (so it really loaded step 6's weights, optimizer and data position); each step logged once."""
+    out = setup.copy_run(tmp_path / "run", 9)
     checkpoints = out / CHECKPOINTS
     if damage == "empty latest":
         (checkpoints / LATEST_FILE).write_text("")
@@ -202,12 +203,12 @@ def test_training_resumes_past_a_damaged_latest_in_one_line_and_continues(
     if damage != "empty latest":
         assert problem in notes[0] and notes[0].endswith(f"resuming from {TAGS[1]}")
     assert "Traceback" not in result.stderr
-    assert "resumed at step 4 " in result.stdout
+    assert "resumed at step 6 " in result.stdout
     records = read_metrics(out)
     assert [r["step"] for r in records] == list(range(1, STEPS + 1))
-    assert_steps_match_the_reference(setup, records, range(5, STEPS + 1))
-    assert (checkpoints / LATEST_FILE).read_text() == TAGS[2]
-    assert Checkpoints(checkpoints).damage(TAGS[2]) is None, "step 6 was saved afresh"
+    assert_steps_match_the_reference(setup, records, range(7, STEPS + 1))
+    assert (checkpoints / LATEST_FILE).read_text() == TAGS[3]
+    assert Checkpoints(checkpoints).damage(TAGS[2]) is None, "step 9 was saved afresh"
 
 
 def test_a_run_with_no_intact_checkpoint_ends_in_one_error_line(setup: Setup, tmp_path: Path) -> None:
@@ -247,48 +248,14 @@ def launch_until(out: Path, setup: Setup, log: Path, step: int) -> None:
 
 
 def test_metrics_hold_each_step_once_after_two_kills(setup: Setup, tmp_path: Path) -> None:
-    """Killed after step 3 (checkpoint at 2) and again after step 5 (checkpoint at 4): steps 3 and 5
-    were logged twice by the killed runs; the finished run's metrics hold steps 1..6 once each,
+    """Killed after step 4 (checkpoint at 3) and again after step 7 (checkpoint at 6): steps 4 and 7
+    were logged twice by the killed runs; the finished run's metrics hold steps 1..10 once each,
     with the uninterrupted run's values."""
     out = tmp_path / "run"
-    launch_until(out, setup, tmp_path / "first.log", step=3)
-    launch_until(out, setup, tmp_path / "second.log", step=5)
+    launch_until(out, setup, tmp_path / "first.log", step=4)
+    launch_until(out, setup, tmp_path / "second.log", step=7)
     assert "resumed at step " in (tmp_path / "second.log").read_text()
     assert_succeeded(setup.train(out))
     records = read_metrics(out)
     assert [r["step"] for r in records] == list(range(1, STEPS + 1))
     assert_steps_match_the_reference(setup, records, range(1, STEPS + 1))
-
-
-def logged_record(step: int, loss: float) -> dict[str, Any]:
-    """A record with the fields of the console line (what the trainer logs)."""
-    return {"step": step, "epoch": 0, "loss": loss, "token_loss": loss, "action_loss": 0.0, "grad_norm": 1.0,
-            "lr": 1e-3, "samples_per_s": 1.0, "data_wait_share": 0.0, "step_s": 1.0}
-
-
-def test_a_resumed_log_drops_later_records_from_metrics_and_tensorboard(tmp_path: Path) -> None:
-    """A run logged steps 1..5 (the last line cut short by a kill) and resumes after step 3: steps
-    4 and 5 are logged again, and both metrics.jsonl and TensorBoard hold each step once, with the
-    values of the resumed run."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    from janus_train.logs import RunLog
-
-    killed = RunLog(tmp_path, tmp_path / METRICS_FILE, total_steps=5)
-    for step in range(1, 6):
-        killed.write(logged_record(step, loss=10.0 + step))
-    killed.close()
-    with open(tmp_path / METRICS_FILE, "a") as f:
-        f.write('{"step": 6, "loss')  # a record the kill cut short
-    resumed = RunLog(tmp_path, tmp_path / METRICS_FILE, total_steps=5)
-    resumed.resume_at(3)
-    for step in (4, 5):
-        resumed.write(logged_record(step, loss=20.0 + step))
-    resumed.close()
-
-    records = read_metrics(tmp_path)
-    assert [(r["step"], r["loss"]) for r in records] == [(1, 11.0), (2, 12.0), (3, 13.0), (4, 24.0), (5, 25.0)]
-    events = EventAccumulator(str(tmp_path / "tensorboard"))
-    events.Reload()
-    assert [(e.step, e.value) for e in events.Scalars("loss")] == [(1, 11.0), (2, 12.0), (3, 13.0), (4, 24.0),
-                                                                    (5, 25.0)]
