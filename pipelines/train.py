@@ -49,7 +49,7 @@ import torch.distributed as dist
 import typer
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from janus_cache.bases import BaseError, cache_base
+from janus_cache.bases import VGGT_PATCH_SIZE, BaseError, cache_base
 from janus_cache.lock import DirectoryLock
 from janus_cache.profile import SET_HELP, SET_OPTION, Profile, ProfileError
 from janus_cache.store import DamagedData
@@ -123,6 +123,23 @@ def cache_refusal(cache: Path, profile: Profile) -> str | None:
         check_cache_for_training(cache, profile)
     except CacheVerificationError as err:
         return str(err)
+    return None
+
+
+def base_refusal(profile: Profile, settings: TrainSettings, live_data: Path | None) -> str | None:
+    """What a run cannot do on a base whose frames are not VGGT's (Qwen3-VL: docs/bases.md), where
+    VGGT would have to run on a batch's frames: train live, or recompute cached features live."""
+    base = cache_base(profile.qwen.path)
+    if base.patch_size == VGGT_PATCH_SIZE:
+        return None
+    if live_data is not None:
+        return (f"--live-data: a {base.name} model ({profile.qwen.path}) trains from a cache, whose frames are "
+                f"{base.name}'s and whose VGGT features come from VGGT's own frames; precompute one with this profile "
+                "and train with --cache")
+    if settings.live_check_every:
+        return (f"{profile.source}: train.live_check_every recomputes VGGT features from a batch's frames, but a "
+                f"{base.name} cache holds {base.name}'s frames, not VGGT's; set train.live_check_every: 0 "
+                "(janus-cache verify --live compares the features with VGGT's)")
     return None
 
 
@@ -204,6 +221,8 @@ def command(
         prof = run_profile(out, profile, overrides or ())
         settings = load_train_settings(prof)
         cache_base(prof.qwen.path)  # an unknown model_type is one line before any rank starts work
+        if (refusal := base_refusal(prof, settings, live_data)) is not None:
+            fail_alike(ranks, refusal)
         if settings.init_from is not None:
             check_reference_checkpoint(settings.init_from, prof)
             init_note = unused_heads_note(settings.init_from)

@@ -1,0 +1,167 @@
+"""Training a Qwen3-VL base from its cache (issue 27): torchrun + DeepSpeed ZeRO-3, 2 processes on the
+CPU (gloo), the tiny Qwen3-VL; the base comes from qwen.path alone.
+
+The data: 2 episodes x 4 steps of sample data = 8 samples (and a second set of 6 for a mixture),
+precomputed into Qwen3-VL caches (256x256 Qwen3-VL frames paired with pad224 VGGT features, float32
+features). The reference run: micro-batch 1 x accumulation 2 x 2 processes, 10 steps, a checkpoint
+every 3, its final outputs recorded on two samples, the end-of-run export."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from helpers.training import MAX_STEPS, SAVE_EVERY, assert_succeeded, precompute, read_metrics, torchrun_train, write_train_profile
+from safetensors import safe_open
+from safetensors.torch import load_file
+from transformers import Qwen3VLForConditionalGeneration
+
+from janus_cache.bases import QWEN3_VL
+from janus_cache.profile import load_profile
+from janus_cache.sample_data import write_sample_data
+from janus_cache.store import load_manifest
+from janus_train.config import load_train_settings
+from janus_train.data import CachedSamples, collate
+from janus_train.export import HEADS_FILE, load_exported
+from janus_train.trainer import CHECKPOINTS, EXPORT_DIR, METRICS_FILE, answer_logits, open_training_cache, prompt_builder
+
+QWEN3_DIR = Path(__file__).resolve().parents[2] / "configs" / "models" / "tiny-qwen3_vl"
+RECORDED_SAMPLES = 2
+
+
+def qwen3_profile(path: Path, train: dict | None = None) -> Path:
+    """The tests' training profile (tests/helpers/training.py) on the tiny Qwen3-VL, float32 features,
+    without the live feature check (a Qwen3-VL cache holds no VGGT frames to recompute from)."""
+    write_train_profile(path, cache={"feature_dtype": "float32"}, train={"live_check_every": 0, **(train or {})})
+    data = yaml.safe_load(path.read_text())
+    data["qwen"]["path"] = str(QWEN3_DIR)
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+@pytest.fixture(scope="module")
+def qwen3(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("qwen3-train")
+    profile = qwen3_profile(root / "qwen3.yaml")
+    data = write_sample_data(root / "data", episodes=2, steps=4, seed=0)
+    other = write_sample_data(root / "data-b", episodes=2, steps=3, seed=1)
+    cache = precompute(data, root / "cache", profile)
+    out = root / "run"
+    outputs = out / "final_outputs.safetensors"
+    assert_succeeded(torchrun_train("--out", out, "--cache", cache, "--profile", profile,
+                                    "--record-outputs", outputs, "--record-samples", RECORDED_SAMPLES))
+    return {"root": root, "profile": profile, "data": data, "cache": cache, "cache_b": precompute(other, root / "cache-b",
+                                                                                                   profile),
+            "run": out, "outputs": outputs}
+
+
+def test_a_two_process_zero3_run_trains_qwen3_vl_from_its_own_frames(qwen3: dict[str, Path]) -> None:
+    manifest = load_manifest(qwen3["cache"])
+    assert manifest.base == QWEN3_VL.model_type
+    assert next(iter(manifest.resolutions.values())).frame_shape == (256, 256, 3)  # pad224's paired frame
+    records = read_metrics(qwen3["run"])
+    assert [r["step"] for r in records] == list(range(1, MAX_STEPS + 1))
+    assert all(math.isfinite(r["loss"]) and math.isfinite(r["grad_norm"]) for r in records)
+    first, last = sum(r["loss"] for r in records[:2]) / 2, sum(r["loss"] for r in records[-2:]) / 2
+    assert last < first - 0.5, f"loss went from {first:.3f} to {last:.3f}"
+
+
+def test_a_qwen3_run_resumed_after_step_k_repeats_the_uninterrupted_run_bit_for_bit(
+    qwen3: dict[str, Path], tmp_path: Path,
+) -> None:
+    """Only the step-3 checkpoint (mid-epoch) of the run: a new launch resumes there and its steps
+    4..10 equal the uninterrupted run's losses, gradient norms and LRs exactly."""
+    out = tmp_path / "run"
+    tag = f"step{SAVE_EVERY:08d}"
+    (out / CHECKPOINTS).mkdir(parents=True)
+    shutil.copytree(qwen3["run"] / CHECKPOINTS / tag, out / CHECKPOINTS / tag)
+    (out / CHECKPOINTS / "latest").write_text(tag)
+    reference = read_metrics(qwen3["run"])
+    (out / METRICS_FILE).write_text("".join(json.dumps(r) + "\n" for r in reference[:SAVE_EVERY]))
+    result = torchrun_train("--out", out, "--cache", qwen3["cache"], "--profile", qwen3["profile"], "--no-export")
+    assert_succeeded(result)
+    assert f"resumed at step {SAVE_EVERY} (epoch 1, sample 4 of the epoch)" in result.stdout
+    resumed = read_metrics(out)[SAVE_EVERY:]
+    assert [r["step"] for r in resumed] == list(range(SAVE_EVERY + 1, MAX_STEPS + 1))
+    for got, want in zip(resumed, reference[SAVE_EVERY:], strict=True):
+        for name in ("loss", "token_loss", "action_loss", "grad_norm", "lr", "epoch"):
+            assert got[name] == want[name], (got["step"], name)
+
+
+def test_the_qwen3_export_loads_as_qwen3_vl_and_reproduces_the_trained_engine(qwen3: dict[str, Path]) -> None:
+    """The end-of-run export (--format janus) loads with Qwen3VLForConditionalGeneration with no
+    missing or unexpected weight; with its heads (load_exported) it gives the outputs the ZeRO-3
+    engine recorded on the same samples."""
+    export_dir = qwen3["run"] / EXPORT_DIR
+    _, info = Qwen3VLForConditionalGeneration.from_pretrained(str(export_dir), output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    assert (export_dir / HEADS_FILE).is_file()
+
+    profile = load_profile(qwen3["profile"])
+    recorded = load_file(str(qwen3["outputs"]))
+    with safe_open(str(qwen3["outputs"]), "pt") as f:
+        rows = json.loads(f.metadata()["rows"])
+    dataset = CachedSamples(open_training_cache(profile, qwen3["cache"]).reader, prompt_builder(profile))
+    batch = collate([dataset[row] for row in rows], pad_token_id=dataset.builder.pad_token_id)
+    model = load_exported(export_dir, profile, load_train_settings(profile).model_config())
+    assert model.base is QWEN3_VL
+    with torch.no_grad():
+        out = model(batch, return_hidden=True)
+    exported = {"action_logits": out.action_logits, "segment_ce_sum": out.loss_parts.segment_ce_sum,
+                "segment_tokens": out.loss_parts.segment_tokens,
+                "answer_logits": answer_logits(out.hidden_states, batch["labels"], model.qwen.lm_head.weight)}
+    for name, value in recorded.items():
+        assert torch.allclose(exported[name].to(value.dtype), value, rtol=1e-5, atol=1e-5), name
+
+
+def test_the_reference_layout_export_of_a_qwen3_run_is_one_line(qwen3: dict[str, Path], tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from pipelines.train_cli import app
+
+    out = tmp_path / "janusvln"
+    result = CliRunner().invoke(app, ["export", str(qwen3["run"]), "--out", str(out), "--profile",
+                                      str(qwen3["profile"]), "--format", "janusvln"])
+    assert result.exit_code == 1 and not out.exists()
+    assert result.output.strip().splitlines()[-1].endswith("is Qwen3-VL; export it with --format janus")
+
+
+def test_a_qwen3_mixture_with_validation_trains_and_validates(qwen3: dict[str, Path], tmp_path: Path) -> None:
+    """Two Qwen3-VL caches weighted 3:1, one episode held out for validation every 2 steps."""
+    profile = qwen3_profile(tmp_path / "mixture.yaml", train={
+        "max_steps": 4, "log_sample_keys": True, "val_episodes": 1, "val_max_samples": 4, "eval_every": 2,
+        "best_metric": "val_loss"})
+    out = tmp_path / "run"
+    result = torchrun_train("--out", out, "--cache", f"a={qwen3['cache']}:3", "--cache", f"b={qwen3['cache_b']}:1",
+                            "--profile", profile, "--no-export")
+    assert_succeeded(result)
+    assert "from a (weight 3), b (weight 1)" in result.stdout
+    records = read_metrics(out)
+    assert [r["step"] for r in records if "val_loss" in r] == [2, 4]
+    assert all(math.isfinite(r["val_loss"]) for r in records if "val_loss" in r)
+    sources = {key.split("/")[0] for r in records for key in r["sample_keys"]}
+    assert sources == {"a", "b"}
+
+
+def test_what_needs_vggt_on_a_batchs_frames_is_refused_for_qwen3_in_one_line(
+    qwen3: dict[str, Path], tmp_path: Path,
+) -> None:
+    """Training live and the periodic live feature check run VGGT on a batch's frames, which for
+    Qwen3-VL are not VGGT's: each is refused at start, in one line, with no run directory left."""
+    checked = qwen3_profile(tmp_path / "checked.yaml", train={"live_check_every": 5})
+    refused = torchrun_train("--out", tmp_path / "checked", "--cache", qwen3["cache"], "--profile", checked, nproc=1)
+    assert refused.returncode != 0
+    assert [line for line in refused.stderr.splitlines() if line.startswith("error:")] == [
+        f"error: {checked}: train.live_check_every recomputes VGGT features from a batch's frames, but a Qwen3-VL "
+        "cache holds Qwen3-VL's frames, not VGGT's; set train.live_check_every: 0 (janus-cache verify --live "
+        "compares the features with VGGT's)"]
+    live = torchrun_train("--out", tmp_path / "live", "--live-data", qwen3["data"], "--profile", qwen3["profile"],
+                          nproc=1)
+    errors = [line for line in live.stderr.splitlines() if line.startswith("error:")]
+    assert live.returncode != 0 and len(errors) == 1 and errors[0].startswith("error: --live-data: a Qwen3-VL model")
+    assert not (tmp_path / "checked").exists() and not (tmp_path / "live").exists()
