@@ -30,13 +30,12 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset, IterableDataset, Sampler
+from torch.utils.data import Dataset, IterableDataset
 
 from janus_cache.index import DatasetIndex
 from janus_cache.imaging import load_frame
 from janus_cache.resolution import Resolution
 from janus_cache.store import CacheSample, DamagedData, WdsCacheReader, ZarrCacheReader
-from janus_cache.store.split import epoch_rows
 from janus_train.prompt import EncodedPrompt, PromptBuilder, PromptFields
 from janus_train.rope import RopeIndex
 
@@ -160,26 +159,3 @@ def collate(items: Sequence[TrainItem | DamagedItem], pad_token_id: int, rope: R
         batch["damaged"] = damaged
     return batch
 
-
-class EpochSampler(Sampler[int]):
-    """This rank's sample rows of one epoch (:func:`janus_cache.store.split.epoch_rows`), from ``start``.
-
-    The permutation depends only on (seed, epoch), so resuming at position ``start`` continues
-    with the next unseen sample at once, without iterating over the ones already trained on.
-    Positions count this rank's samples. Over all ranks an epoch holds every sample exactly once
-    (ranks' shares differ by at most one); the trainer takes the same number of steps on every
-    rank.
-    """
-
-    def __init__(self, n_samples: int, rank: int, world: int, seed: int, epoch: int, start: int = 0) -> None:
-        self.n_samples, self.rank, self.world = n_samples, rank, world
-        self.seed, self.epoch, self.start = seed, epoch, start
-
-    def rows(self) -> list[int]:
-        return epoch_rows(self.n_samples, self.rank, self.world, self.seed, self.epoch)
-
-    def __len__(self) -> int:
-        return max(0, len(range(self.rank, self.n_samples, self.world)) - self.start)
-
-    def __iter__(self) -> Iterator[int]:
-        return iter(self.rows()[self.start :])

@@ -35,7 +35,7 @@ import numpy as np
 from torch.utils.data import Dataset
 
 from janus_cache.store import OpenedCache
-from janus_cache.store.split import epoch_order
+from janus_cache.store.split import epoch_order, rank_share_from
 from janus_train.data import CachedSamples, DamagedItem
 from janus_train.prompt import PromptBuilder
 
@@ -147,6 +147,12 @@ class Mixture:
         for source, count in enumerate(draws):
             sequence[labels == source] = offsets[source] + self._stream(source, epoch * count, count)
         return sequence.tolist()
+
+    def rank_rows(self, epoch: int, rank: int, world: int, start: int = 0, stop: int | None = None) -> list[int]:
+        """What rank ``rank`` of ``world`` reads of the epoch: its round-robin share of the epoch's
+        sequence from global position ``start`` (the samples all ranks together have consumed) up
+        to ``stop`` (:func:`~janus_cache.store.split.rank_share_from`). The trainer's sampler."""
+        return rank_share_from(self.epoch_sequence(epoch), rank, world, start, stop)
 
 
 class MixedSamples(Dataset):

@@ -37,7 +37,7 @@ from janus_cache.profile import Profile
 from janus_cache.device import process_device
 from janus_cache.resolution import visual_tokens
 from janus_cache.store import OpenedCache, open_cache
-from janus_cache.store.split import merge_rank_shares, rank_share_from
+from janus_cache.store.split import merge_rank_shares
 from janus_train.best_checkpoint import BestCheckpoint
 from janus_train.checkpoints import Checkpoints, tag_name
 from janus_train.config import TrainSettings, deepspeed_config, load_train_settings
@@ -346,8 +346,8 @@ class Trainer:
         while True:
             # A map-style cache starts the epoch's sequence at ``position`` directly; a stream
             # has no random access and reads past the samples this rank already trained on.
-            sampler = None if self.streaming else rank_share_from(
-                self.order.epoch_sequence(epoch), self.rank, self.world, start=position, stop=end
+            sampler = None if self.streaming else self.order.rank_rows(
+                epoch, self.rank, self.world, start=position, stop=end
             )
             loader = DataLoader(
                 self.dataset,

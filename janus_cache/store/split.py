@@ -9,7 +9,7 @@ ranks passes ``rank`` and ``world``; the worker is the current DataLoader worker
   of webdataset's own splitters, so shards are split exactly once.
 * **zarr** (random access): an epoch is a seeded permutation of the sample rows, one global
   sequence for all ranks; rank ``r`` of ``world`` reads its items ``G + r, G + r + world, ...``
-  from the global offset ``G`` on (:func:`rank_share_from`, :func:`epoch_rows`); the DataLoader
+  from the global offset ``G`` on (:func:`epoch_order`, :func:`rank_share_from`); the DataLoader
   hands a rank's rows to its workers itself (a map-style dataset is indexed, never split again).
   Because the position is a global offset into a sequence that does not depend on the world, a
   run resumed on another number of ranks continues the same sequence (elastic resume).
@@ -95,9 +95,3 @@ def merge_rank_shares(shares: Sequence[Sequence[T]]) -> list[T]:
     """The inverse of :func:`rank_share_from` over equal shares: the ranks' items back in the
     global sequence's order (rank ``r``'s ``j``-th item is item ``r + j * world``)."""
     return [share_[j] for j in range(len(shares[0])) for share_ in shares] if shares else []
-
-
-def epoch_rows(n_samples: int, rank: int, world: int, seed: int, epoch: int, start: int = 0) -> list[int]:
-    """Rank ``rank``'s sample rows of an epoch, in order, from global offset ``start`` (samples of the
-    epoch's permutation that all ranks together have consumed): its round-robin share."""
-    return rank_share_from(epoch_order(n_samples, seed, epoch), rank, world, start)

@@ -35,13 +35,16 @@ from janus_cache.store.damage import REPAIR_HINT
 from janus_cache.store.layout import SAMPLES_TABLE, TEXT_OFFSETS, TEXT_PAYLOAD, table_group, wds_shard_name
 from janus_cache.store.wds_store import encode_key
 from janus_train.damaged import DamagedSample, draw_step
-from janus_train.data import CachedSamples, EpochSampler, collate
+from janus_train.data import CachedSamples, collate
+from janus_train.mixture import Mixture
 from janus_train.trainer import CHECKPOINTS, METRICS_FILE, open_training_cache
 from pipelines.precompute import Options, run
 from helpers.damage import N_PROC, MAX_STEPS, OneProcess, RUN_TIMEOUT_S, STOP_GRACE_S, error_lines, flip_byte, launch, launch_train, start_time, write_profile  # noqa: F401
 
 PER_RANK_STEP, N_SAMPLES = 2, 8
 DAMAGED_RANK, DAMAGED_STEP = 1, 2
+ORDER = Mixture((N_SAMPLES,), (1.0,), seed=0)
+"""The trainer's sample order of the cache (seed 0)."""
 
 
 @dataclass(frozen=True)
@@ -76,7 +79,7 @@ def damaged_zarr(workdir: tuple[Path, Path], clean_zarr: tuple[Path, Path]) -> D
     cache = Path(shutil.copytree(clean, root / "zarr"))
     reader = open_training_cache(load_profile(profile), cache).reader
     assert len(reader) == N_SAMPLES
-    row = EpochSampler(N_SAMPLES, DAMAGED_RANK, N_PROC, seed=0, epoch=0).rows()[PER_RANK_STEP]
+    row = ORDER.rank_rows(0, DAMAGED_RANK, N_PROC)[PER_RANK_STEP]
     key = reader.sample(row).key
     file = reader.shard_file(reader.features_array, row)  # one sample per shard
     flip_byte(file, 20)
@@ -141,7 +144,7 @@ def damaged_draws(row: int, step: int) -> int:
     total = 0
     for rank in range(N_PROC):
         rows = itertools.chain.from_iterable(
-            EpochSampler(N_SAMPLES, rank, N_PROC, seed=0, epoch=epoch).rows() for epoch in itertools.count())
+            ORDER.rank_rows(epoch, rank, N_PROC) for epoch in itertools.count())
         good = 0
         while good < step * PER_RANK_STEP:
             if next(rows) == row:

@@ -29,7 +29,7 @@ from janus_cache.profile import load_profile
 from janus_cache.resolution import Resolution
 from janus_cache.sample_data import write_sample_data
 from janus_cache.store.zarr_store import ZarrCacheWriter
-from janus_train.data import EpochSampler
+from janus_train.mixture import Mixture
 from janus_train.trainer import CHECKPOINTS, METRICS_FILE, open_training_cache
 
 N_PROC, PER_RANK_STEP, STEPS_PER_EPOCH = 2, 2, 2
@@ -83,7 +83,7 @@ def steps_with(row: int, n_samples: int, max_steps: int) -> list[int]:
     for step in range(1, max_steps + 1):
         epoch, in_epoch = divmod(step - 1, STEPS_PER_EPOCH)
         for rank in range(N_PROC):
-            rows = EpochSampler(n_samples, rank, N_PROC, seed=0, epoch=epoch).rows()
+            rows = Mixture((n_samples,), (1.0,), seed=0).rank_rows(epoch, rank, N_PROC)
             if row in rows[in_epoch * PER_RANK_STEP : (in_epoch + 1) * PER_RANK_STEP]:
                 steps.append(step)
     return steps
@@ -97,7 +97,7 @@ def poisoned(tmp_path_factory: pytest.TempPathFactory) -> Poisoned:
     cache = precompute(data, root / "cache", profile)
     n_samples = len(open_training_cache(load_profile(profile), cache).reader)
     # Rank 1's first micro-batch of step 2 (its rows of epoch 0 from position 2).
-    row = EpochSampler(n_samples, POISONED_RANK, N_PROC, seed=0, epoch=0).rows()[PER_RANK_STEP]
+    row = Mixture((n_samples,), (1.0,), seed=0).rank_rows(0, POISONED_RANK, N_PROC)[PER_RANK_STEP]
     assert steps_with(row, n_samples, STEPS_PER_EPOCH)[0] == POISONED_STEP
     poison_feature(cache, data, profile, row)
     key = open_training_cache(load_profile(profile), cache).reader.sample(row).key

@@ -14,8 +14,8 @@ import torch
 from helpers.store_cases import RESOLUTION, VARIANT, assert_sample_equal, make_content, write_cache
 
 from janus_cache.store import ZarrCacheReader, WdsCacheReader
-from janus_cache.store.split import epoch_rows, shards_for
-from janus_train.data import EpochSampler
+from janus_cache.store.split import epoch_order, shards_for
+from janus_train.mixture import Mixture
 
 WORLD = 2
 
@@ -49,7 +49,7 @@ def streamed_rows(reader: WdsCacheReader, rank: int, workers: int) -> list[int]:
 
 
 def indexed_rows(reader: ZarrCacheReader, rank: int, workers: int, epoch: int) -> list[int]:
-    sampler = EpochSampler(len(reader), rank, WORLD, seed=5, epoch=epoch)
+    sampler = Mixture((len(reader),), (1.0,), seed=5).rank_rows(epoch, rank, WORLD)  # the trainer's
     loader = torch.utils.data.DataLoader(reader, sampler=sampler, batch_size=None, num_workers=workers)
     return [sample.row for sample in loader]
 
@@ -87,16 +87,21 @@ def test_two_ranks_with_loader_workers_index_every_sample_exactly_once_per_epoch
         assert [len(rows) for rows in per_rank] == [14, 13]  # an odd count: ranks differ by one sample
         # Workers keep the sampler's order; without workers the epoch is the same.
         assert per_rank == [indexed_rows(zarr_reader, rank, 0, epoch) for rank in range(WORLD)]
-        assert per_rank == [epoch_rows(content.n_samples, rank, WORLD, seed=5, epoch=epoch) for rank in range(WORLD)]
+        # One cache's epoch is the plain seeded permutation, dealt round-robin.
+        assert per_rank == [epoch_order(content.n_samples, 5, epoch)[rank::WORLD] for rank in range(WORLD)]
 
 
 def test_epoch_order_depends_on_seed_and_epoch_only_and_a_resume_continues_at_its_position() -> None:
-    ranks = [list(EpochSampler(11, rank, 2, seed=3, epoch=1)) for rank in range(2)]
+    order = Mixture((11,), (1.0,), seed=3)
+    ranks = [order.rank_rows(1, rank, 2) for rank in range(2)]
     assert sorted(ranks[0] + ranks[1]) == list(range(11))
-    assert ranks == [list(EpochSampler(11, rank, 2, seed=3, epoch=1)) for rank in range(2)]
-    assert list(EpochSampler(11, 0, 2, seed=3, epoch=2)) != ranks[0]
-    resumed = EpochSampler(11, 1, 2, seed=3, epoch=1, start=3)
-    assert list(resumed) == ranks[1][3:] and len(resumed) == len(ranks[1]) - 3
+    assert ranks == [Mixture((11,), (1.0,), seed=3).rank_rows(1, rank, 2) for rank in range(2)]
+    assert order.rank_rows(2, 0, 2) != ranks[0]
+    resumed = order.rank_rows(1, 1, 2, start=6)  # after 3 samples on each of the 2 ranks
+    assert resumed == ranks[1][3:] and len(resumed) == len(ranks[1]) - 3
+    # Resumed on 3 ranks instead (elastic): the same sequence goes on, every sample still once.
+    on_three = [order.rank_rows(1, rank, 3, start=6) for rank in range(3)]
+    assert sorted(ranks[0][:3] + ranks[1][:3] + [row for rows in on_three for row in rows]) == list(range(11))
 
 
 def test_a_reader_needs_an_existing_resolution_and_variant(tmp_path: Path, content) -> None:

@@ -14,7 +14,8 @@ from helpers.profiles import write_test_profile
 from janus_cache.index import build_index
 from janus_cache.profile import load_profile
 from janus_cache.resolution import Resolution
-from janus_train.data import CachedSamples, EpochSampler, LiveSamples, StreamedSamples, TrainItem, collate
+from janus_train.data import CachedSamples, LiveSamples, StreamedSamples, TrainItem, collate
+from janus_train.mixture import Mixture
 from janus_train.trainer import open_training_cache, prompt_builder
 from pipelines.precompute import Options, run
 
@@ -84,7 +85,8 @@ def test_two_ranks_with_loader_workers_stream_every_sample_once_the_same_epoch_a
 def test_two_ranks_with_loader_workers_index_every_sample_once_per_epoch_the_same_as_without(caches) -> None:
     _, builder, zarr_reader, _ = readers(caches)
     dataset = CachedSamples(zarr_reader, builder)
-    keys = {n: [epoch_keys(dataset, EpochSampler(len(dataset), r, 2, seed=1, epoch=4), n, builder.pad_token_id)
+    order = Mixture((len(dataset),), (1.0,), seed=1)  # the trainer's sample order of one cache
+    keys = {n: [epoch_keys(dataset, order.rank_rows(4, r, 2), n, builder.pad_token_id)
                 for r in range(2)]
             for n in (0, 2, 16)}  # 16: the h800 profile's loader workers
     for n in (2, 16):
@@ -113,12 +115,15 @@ def test_collate_stacks_frames_and_features_and_pads_prompts(caches) -> None:
     assert batch["keys"] == [cached[0].key, cached[10].key]
 
 
-def test_epoch_sampler_splits_a_seeded_permutation_and_resumes_at_a_position() -> None:
-    ranks = [list(EpochSampler(10, rank, 2, seed=3, epoch=1)) for rank in range(2)]
+def test_the_trainers_sampler_splits_a_seeded_permutation_and_resumes_at_a_global_position() -> None:
+    order = Mixture((10,), (1.0,), seed=3)
+    ranks = [order.rank_rows(1, rank, 2) for rank in range(2)]
     assert sorted(ranks[0] + ranks[1]) == list(range(10))
-    assert ranks == [list(EpochSampler(10, rank, 2, seed=3, epoch=1)) for rank in range(2)]
-    assert list(EpochSampler(10, 0, 2, seed=3, epoch=2)) != ranks[0]
-    assert list(EpochSampler(10, 1, 2, seed=3, epoch=1, start=3)) == ranks[1][3:]
-    # An odd count: every sample once, the ranks' shares differ by one (the trainer steps both
-    # ranks the same number of times).
-    assert [len(EpochSampler(11, rank, 2, seed=0, epoch=0)) for rank in range(2)] == [6, 5]
+    assert ranks == [Mixture((10,), (1.0,), seed=3).rank_rows(1, rank, 2) for rank in range(2)]
+    assert order.rank_rows(2, 0, 2) != ranks[0]
+    # Resumed after 3 samples on each of the 2 ranks: global position 6, this rank's 4th sample on.
+    assert order.rank_rows(1, 1, 2, start=6) == ranks[1][3:]
+    # An odd count: every sample once, the ranks' shares differ by one (the trainer stops the
+    # epoch at its last whole step, so both ranks step the same number of times).
+    assert [len(Mixture((11,), (1.0,), seed=0).rank_rows(0, rank, 2)) for rank in range(2)] == [6, 5]
+    assert [len(Mixture((11,), (1.0,), seed=0).rank_rows(0, rank, 2, stop=10)) for rank in range(2)] == [5, 5]
