@@ -40,7 +40,7 @@ import time
 from pathlib import Path
 
 from janus_train.preemption import PREEMPTED_EXIT_CODE, STOP_SIGNAL_CHOICES, signal_numbers
-from pipelines.launcher import LAUNCHER_PID_VARIABLE
+from pipelines.parent_death import LAUNCHER_PID_VARIABLE
 
 LOG_OPTION = "--launcher-log"
 LOGGER = "torch.distributed"
@@ -247,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     if MakeWatch.parent_is_make():
         MakeWatch(forwarder, os.getppid()).start()
     # The ranks are this process's children: told its pid, a rank notices a launcher that was
-    # killed before the rank could arm its parent-death signal (``pipelines.launcher``).
+    # killed before the rank could arm its parent-death signal (``pipelines.parent_death``).
     os.environ[LAUNCHER_PID_VARIABLE] = str(os.getpid())
     try:
         run(args)

@@ -43,7 +43,7 @@ from janus_cache.threads import default_decode_workers, set_compute_threads
 from janus_cache.vit_encoder import ViTEncoder
 from pipelines.distributed import CommitTally, Control, Progress, RankFailed, Ranks, fail_alike, lock_on_main
 from pipelines.index_worker import store_index_in_worker
-from pipelines.launcher import spawn_pool
+from pipelines.parent_death import spawn_pool
 
 
 @dataclass(frozen=True)

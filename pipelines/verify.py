@@ -50,7 +50,7 @@ from janus_cache.verify import (
     check_completeness,
     check_freshness,
     check_schema,
-    check_shards,
+    check_targets,
     choose_live_rows,
     crashed,
     dataset_indexes,
@@ -165,7 +165,7 @@ def _integrity(opts: Options, ranks: Ranks, control: Control, progress: Progress
         done[0] += finding.target.nbytes if to_read else 1
         progress.update(done[0])
 
-    parts = gather(control, lambda: check_shards(opts.cache, mine, advance, opts.threads))
+    parts = gather(control, lambda: check_targets(opts.cache, mine, advance, opts.threads))
     findings: list[ShardFinding] = [f for part in parts for f in part]
     progress.close()
     return control.on_main(lambda: integrity_result(opts.cache, plan, findings, time.perf_counter() - started))

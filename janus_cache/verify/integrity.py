@@ -5,7 +5,7 @@ the frame or sample keys it holds.
 The shard rule itself is the store's (:func:`janus_cache.store.commit.check_record`), and so is the
 rule of which shards each ``checksums`` mode hashes (:func:`janus_cache.store.commit.hashed`); this module
 plans which shards to check and hash, and turns findings into one result. The work splits over
-processes: :func:`plan_integrity` once, :func:`check_shards` on any share of the targets,
+processes: :func:`plan_integrity` once, :func:`check_targets` on any share of the targets,
 :func:`integrity_result` on all findings.
 """
 
@@ -139,7 +139,7 @@ def _planned(cache: OpenedCache, problems: list[str]) -> list[PlannedShard]:
     return planned
 
 
-def check_shard(root: Path | str, target: ShardTarget) -> ShardFinding:
+def check_target(root: Path | str, target: ShardTarget) -> ShardFinding:
     """The store's shard check (record matching the plan, file present with the recorded size and,
     when ``target.hashed``, sha256), plus the record agreeing with the manifest's shard table."""
     root = Path(root)
@@ -157,16 +157,16 @@ def check_shard(root: Path | str, target: ShardTarget) -> ShardFinding:
     return ShardFinding(target, None)
 
 
-def check_shards(root: Path | str, targets: Sequence[ShardTarget],
+def check_targets(root: Path | str, targets: Sequence[ShardTarget],
                  on_progress: Callable[[ShardFinding], None] | None = None,
                  threads: int = DEFAULT_HASH_THREADS) -> list[ShardFinding]:
-    """:func:`check_shard` for each target, on ``threads`` threads when any target is hashed (record
+    """:func:`check_target` for each target, on ``threads`` threads when any target is hashed (record
     and size checks alone are Python-bound: threads only add GIL contention); ``on_progress(finding)``
     after each, in this thread. Findings come back in the order of ``targets``."""
     if threads <= 1 or len(targets) <= 1 or not any(t.hashed for t in targets):
         findings = []
         for target in targets:
-            findings.append(check_shard(root, target))
+            findings.append(check_target(root, target))
             if on_progress is not None:
                 on_progress(findings[-1])
         return findings
@@ -174,7 +174,7 @@ def check_shards(root: Path | str, targets: Sequence[ShardTarget],
         findings = []
         # map() submits every target up front and yields in order, so progress follows the slowest
         # shard in flight by at most ``threads`` shards.
-        for finding in pool.map(lambda target: check_shard(root, target), targets):
+        for finding in pool.map(lambda target: check_target(root, target), targets):
             findings.append(finding)
             if on_progress is not None:
                 on_progress(finding)
@@ -250,5 +250,5 @@ def check_integrity(root: Path | str, checksums: str = "all", seed: int = DEFAUL
         if isinstance(opened, CheckResult):
             return opened
         plan = plan_integrity(root, checksums, seed)
-        findings = check_shards(root, plan.targets, on_progress, threads)
+        findings = check_targets(root, plan.targets, on_progress, threads)
         return integrity_result(root, plan, findings, elapsed())
