@@ -96,6 +96,8 @@ class Plan:
     """Cores the plan's process may run on, shared by the node's precompute processes (0: not recorded)."""
     encoder_on_cpu: bool = True
     """The encoder ran on the CPU: then the processes share the cores for it too, not a device each."""
+    stored_frame_shape: tuple[int, int] | None = None
+    """The stored frame's (H, W) where it is not VGGT's ``frame_shape`` (a Qwen3-VL cache)."""
 
     def busy_at_once(self, processes: int) -> int:
         """How many of ``processes`` processes do their per-row CPU work at once: each keeps its
@@ -173,10 +175,11 @@ class Plan:
     def format(self, processes: int = 1, decode_workers: int = 1) -> str:
         size = format_bytes
         seconds = self.seconds(processes, decode_workers)
+        stored = self.stored_frame_shape or self.frame_shape
         lines = [
             f"  episodes {self.episodes}, unique frames {self.frames}, samples {self.samples} "
             f"({self.frames_per_sample} frames each)",
-            f"  frame {self.frame_shape[0]}x{self.frame_shape[1]}: {size(self.frame_bytes_raw)} raw, "
+            f"  frame {stored[0]}x{stored[1]}: {size(self.frame_bytes_raw)} raw, "
             f"{size(self.frame_bytes)} compressed ({self.frame_bytes_raw / self.frame_bytes:.1f}x)",
             f"  feature {self.feature_shape[0]}x{self.feature_shape[1]}: {size(self.feature_bytes_raw)} raw, "
             f"{size(self.feature_bytes)} compressed ({self.feature_bytes_raw / self.feature_bytes:.2f}x)",
@@ -299,6 +302,7 @@ def make_plan(
         samples=len(index.samples),
         frames_per_sample=index.history + 1,
         frame_shape=shape,
+        stored_frame_shape=None if stored_shape == shape else stored_shape,
         feature_shape=feature_shape,
         probe_samples=len(rows),
         frame_bytes_raw=stored_shape[0] * stored_shape[1] * 3,

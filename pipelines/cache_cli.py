@@ -212,6 +212,7 @@ def plan_cmd(
     the dataset's problems (the samples precompute would skip) are summarised as ``index`` does."""
     from janus_cache.index import DatasetError, build_sources_index, source_values, user_index_dir
     from janus_cache.encoder import WindowEncoder
+    from janus_cache.bases import cache_base
     from janus_cache.plan import make_plan
     from janus_cache.profile import ProfileError, load_profile
     from janus_cache.resolution import Resolution
@@ -230,7 +231,8 @@ def plan_cmd(
         device = "cuda" if prof.device == "cuda" else "cpu"
         encoder = WindowEncoder.from_settings(prof.vggt, prof.cache, device)
         vit = ViTEncoder.from_profile(prof, device) if prof.cache.vit_features else None
-        result = make_plan(idx, encoder, res, prof.cache.vggt_batch, probe=probe, vit=vit)
+        result = make_plan(idx, encoder, res, prof.cache.vggt_batch, probe=probe, vit=vit,
+                           base=cache_base(prof.qwen.path))
     except (ProfileError, DatasetError, FileNotFoundError, ValueError) as err:
         fail(str(err))
     where = full_report(idx.report, report)
@@ -252,6 +254,7 @@ def info_cmd(
 ) -> None:
     """Show what a cache holds: format, resolutions, window variant, counts and shard state."""
     from janus_cache.store import StoreError, load_manifest, open_cache
+    from janus_cache.bases import BASES
     from janus_cache.store.layout import vit_array
 
     try:
@@ -267,6 +270,7 @@ def info_cmd(
     size = sum(p.stat().st_size for p in cache.rglob("*") if p.is_file())
     w = manifest.window
     typer.echo(f"cache {cache} ({manifest.format}, schema {manifest.schema_version}), {size / 1e6:.1f} MB on disk")
+    typer.echo(f"  base: {BASES[manifest.base].name} (the stored frames are its own)")
     typer.echo(f"  window: {w.history} history frames ({w.sampling}), reference frame {w.reference_frame}, "
                f"layer {w.layer}, {w.attention} attention")
     typer.echo(f"  features: {manifest.feature_dtype} (stored as {manifest.stored_dtype}), "

@@ -24,7 +24,7 @@ import yaml
 from helpers.profiles import write_test_profile
 from helpers.training import assert_succeeded, precompute, torchrun_train
 
-from janus_cache.precompute import window_variant
+from janus_cache.keys import window_variant
 from janus_cache.profile import load_profile
 from janus_cache.resolution import Resolution
 from janus_cache.sample_data import write_sample_data

@@ -226,7 +226,7 @@ def test_the_subinstruction_rule_is_a_cache_setting_keyed_in_the_dataset_identit
 ) -> None:
     from dataclasses import replace
 
-    from janus_cache.precompute import dataset_identity
+    from janus_cache.keys import dataset_identity
     from janus_cache.profile import ProfileError, load_profile
     from janus_cache.store.manifest import DatasetIdentity, Layout, Manifest, WindowVariant, keyed_differences
     from helpers.profiles import write_test_profile
