@@ -44,13 +44,16 @@ LAUNCH = $(PY) -m pipelines.launch
 LAUNCH_ENV = $(if $(filter-out 1,$(NPROC)),OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1})
 PRECOMPUTE_ARGS ?=
 VERIFY_ARGS ?=
+# The demo's export: JanusVLN's reference layout (janusvln) for a Qwen2.5-VL profile; that layout is
+# Qwen2.5-VL's, so a profile on another base (PROFILE=tiny-qwen3) exports transformers' own (janus).
+DEMO_FORMAT = $(shell $(PY) -c "import sys; from janus_cache.profile import load_profile; from janus_cache.bases import DEFAULT_BASE, base_of_qwen_dir; print('janusvln' if base_of_qwen_dir(load_profile(sys.argv[1]).qwen.path) is DEFAULT_BASE else 'janus')" '$(PROFILE)' 2>/dev/null || echo janusvln)
 STAMP := $(VENV)/.janus-setup
 
 .PHONY: help setup test test-fast demo precompute train verify bench bench-gpu bench-scale clean-demo
 
 help:
 	@echo "make setup       install janus and its dependencies into $(VENV)"
-	@echo "make demo        run janus on generated sample data (tiny profile, CPU)"
+	@echo "make demo [PROFILE=tiny|tiny-qwen3]  run janus on generated sample data (tiny profile, CPU; tiny-qwen3: Qwen3-VL)"
 	@echo "make test        run the test suite (both tiers: tests/unit and tests/e2e)"
 	@echo "make test-fast   run the unit tier only (in-process tests, no CLI/torchrun/make)"
 	@echo "make precompute DATA=dir [PROFILE=tiny] [SET='cache.resolution=pad448 ...'] [OUT=cache] [NPROC=n] [FORMAT=zarr|wds]  (DATA=\"r2r=dir1 rxr=dir2\": several sources)"
@@ -84,8 +87,8 @@ demo: $(STAMP)
 	$(JANUS_CACHE) info $(DEMO_DIR)/cache
 	$(MAKE) --no-print-directory verify CACHE=$(DEMO_DIR)/cache DATA=$(DEMO_DIR)/data PROFILE=$(PROFILE) NPROC=2
 	$(MAKE) --no-print-directory train CACHE=$(DEMO_DIR)/cache DATA=$(DEMO_DIR)/data RUN=$(DEMO_DIR)/run PROFILE=$(PROFILE) NPROC=2
-	$(JANUS_TRAIN) export $(DEMO_DIR)/run --out $(DEMO_DIR)/janusvln --profile $(PROFILE) --format janusvln
-	@echo "demo done: data $(DEMO_DIR)/data, cache $(DEMO_DIR)/cache, run $(DEMO_DIR)/run (metrics.jsonl, export/), reference JanusVLN checkpoint $(DEMO_DIR)/janusvln"
+	$(JANUS_TRAIN) export $(DEMO_DIR)/run --out $(DEMO_DIR)/$(DEMO_FORMAT) --profile $(PROFILE) --format $(DEMO_FORMAT)
+	@echo "demo done: data $(DEMO_DIR)/data, cache $(DEMO_DIR)/cache, run $(DEMO_DIR)/run (metrics.jsonl, export/), $(if $(filter janusvln,$(DEMO_FORMAT)),reference JanusVLN checkpoint,transformers export) $(DEMO_DIR)/$(DEMO_FORMAT)"
 
 precompute: $(STAMP)
 	@test -n $(DATA_ARG) || { echo "make precompute: set DATA=<dataset folder or annotation file>" >&2; exit 2; }

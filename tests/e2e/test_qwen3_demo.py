@@ -1,0 +1,30 @@
+"""`make demo PROFILE=tiny-qwen3`: sample data -> precompute -> verify -> train -> export on the CPU with
+the tiny Qwen3-VL; the export is transformers' own layout (--format janus: JanusVLN's reference
+layout is Qwen2.5-VL's)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+from helpers.profiles import REPO_ROOT
+from transformers import Qwen3VLForConditionalGeneration
+
+from janus_cache.bases import QWEN3_VL
+from janus_cache.store import load_manifest
+from janus_train.export import HEADS_FILE
+
+
+def test_make_demo_with_the_qwen3_profile_runs_every_stage_and_exports_a_qwen3_vl_directory(tmp_path: Path) -> None:
+    demo = tmp_path / "demo"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MAKE")}
+    result = subprocess.run(["make", "--no-print-directory", "demo", "PROFILE=tiny-qwen3", f"DEMO_DIR={demo}"],
+                            cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=1800)
+    assert result.returncode == 0, f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+    assert load_manifest(demo / "cache").base == QWEN3_VL.model_type
+    assert (demo / "run" / "metrics.jsonl").is_file()
+    _, info = Qwen3VLForConditionalGeneration.from_pretrained(str(demo / "janus"), output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    assert (demo / "janus" / HEADS_FILE).is_file() and not (demo / "janusvln").exists()
+    assert result.stdout.rstrip().endswith(f"transformers export {demo}/janus")
