@@ -3,8 +3,6 @@ wrong or missing setting is named in one line with the file."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -240,22 +238,6 @@ def test_the_reader_validates_any_settings_dataclass(tmp_path: Path) -> None:
         read_settings(Toy, {"mode": "c"}, "toy", source)
     with pytest.raises(SettingsError, match=r"unknown setting 'toy.sise' \(did you mean 'toy.size'\?\)"):
         read_settings(Toy, {"sise": 3}, "toy", source)
-
-
-def test_the_profile_command_validates_the_train_section_in_one_line(tmp_path: Path) -> None:
-    janus_cache = Path(sys.executable).parent / "janus-cache"
-    good = subprocess.run([janus_cache, "profile", "tiny"], capture_output=True, text=True)
-    assert good.returncode == 0, good.stderr
-    assert "train: micro-batch 1 x accumulation 2" in good.stdout and "template janusvln.yaml" in good.stdout
-    for train, cache, message in (
-        ({"num_workers": -1}, {}, "setting 'train.num_workers' is -1; it must be >= 0"),
-        ({}, {"history": 0}, "setting 'cache.history' is 0; it must be >= 1"),
-    ):
-        data_cache = tiny_data()["cache"] | cache
-        bad = subprocess.run([janus_cache, "profile", str(shipped_tiny(tmp_path, train, cache=data_cache))],
-                             capture_output=True, text=True)
-        assert bad.returncode == 1 and bad.stdout == ""
-        assert bad.stderr.strip().splitlines() == [f"error: {tmp_path / 'p.yaml'}: {message}"]
 
 
 def test_the_ramp_keys_of_the_train_section_make_the_loss_schedule(tmp_path: Path) -> None:

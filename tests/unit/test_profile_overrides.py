@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
+
 from pathlib import Path
 
 import pytest
@@ -20,6 +20,7 @@ from janus_cache.sample_data import write_sample_data
 from janus_cache.store import load_manifest
 from janus_train.config import load_train_settings
 from pipelines.cache_cli import app
+
 
 MODELS = REPO_ROOT / "configs" / "models"
 
@@ -89,18 +90,6 @@ def test_set_reaches_precompute_and_verify(tmp_path: Path) -> None:
     assert code == 0 and "verify passed" in out
     code, _, err = janus_cache("verify", cache, "--live", "0")
     assert code == 1 and any("pad224" in line for line in err)
-
-
-def test_make_passes_set_to_every_profile_command() -> None:
-    """``make … SET="a=1 b=2"``: each word one ``--set`` of precompute, verify and train; the
-    process count follows an overridden nproc_per_node."""
-    for target in ("precompute DATA=d", "verify CACHE=c", "train CACHE=c"):
-        dry = subprocess.run(["make", "-n", *target.split(), "SET=train.grad_accum=4 cache.resolution=pad448"],
-                             cwd=REPO_ROOT, capture_output=True, text=True, check=True).stdout
-        assert "--profile tiny --set train.grad_accum=4 --set cache.resolution=pad448" in dry, dry
-    dry = subprocess.run(["make", "-n", "train", "CACHE=c", "SET=nproc_per_node=3"], cwd=REPO_ROOT,
-                         capture_output=True, text=True, check=True).stdout
-    assert "--nproc_per_node 3" in dry
 
 
 # --------------------------------------------------------------------------------------- extends

@@ -1,36 +1,17 @@
-"""The `janus-cache` command line: the installed entry point, exit codes and one-line reasons."""
+"""The `janus-cache` command line, run in this process: exit codes and one-line reasons. (The
+installed entry point as a process: tests/e2e/test_cli_installed.py.)"""
 
 from __future__ import annotations
 
-import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 from typer.testing import CliRunner
 
 from pipelines.cache_cli import app
 
+
 runner = CliRunner()
-
-
-def janus_cache(*args: str) -> subprocess.CompletedProcess[str]:
-    exe = Path(sys.executable).parent / "janus-cache"
-    return subprocess.run([str(exe), *args], capture_output=True, text=True, timeout=300)
-
-
-def test_sample_data_then_index_through_the_installed_command(tmp_path: Path) -> None:
-    data = tmp_path / "data"
-    made = janus_cache("sample-data", str(data), "--episodes", "2", "--steps", "11", "--seed", "3")
-    assert made.returncode == 0, made.stderr
-    shown = janus_cache("index", str(data), "--json")
-    assert shown.returncode == 0, shown.stderr
-    summary = json.loads(shown.stdout)
-    assert summary["episodes"] == 2
-    assert summary["frames"] == 22
-    assert summary["samples"] == 22
-    assert summary["images_per_sample"] == 9
 
 
 def test_sample_data_refuses_a_non_empty_folder(tmp_path: Path) -> None:

@@ -5,8 +5,6 @@ wording as an opt-in template."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -330,9 +328,7 @@ def test_collate_right_pads_with_the_tokenizer_pad_id(samples: list[Sample]) -> 
         collate_prompts([], pad_id)
 
 
-def test_show_sample_prints_texts_counts_and_every_supervised_token(
-    samples: list[Sample], sample_dataset: Path
-) -> None:
+def test_show_sample_prints_texts_counts_and_every_supervised_token(samples: list[Sample]) -> None:
     sample = samples[4]
     b = PromptBuilder(tiny_tokenizer(), VISUAL_TOKENS, segment_weights=(1.0, 1.0, 1.0, 3.0))
     p = b.build_sample(sample)
@@ -349,13 +345,4 @@ def test_show_sample_prints_texts_counts_and_every_supervised_token(
     assert rows[-2].split() == [str(len(p) - 2), "'<|im_end|>'", "1", "4", "action"]
     assert rows[-1].split() == [str(len(p) - 1), "'\\n'", "1", "4", "action"]
     assert [r.split()[-3] for r in rows if r.split()[-1] == "action"][:-2] == ["3"] * int((p.loss_weights == 3).sum())
-
-    janus_train = Path(sys.executable).parent / "janus-train"
-    shown = subprocess.run([janus_train, "show-sample", "--profile", "tiny", "--data", str(sample_dataset),
-                            "--key", sample.key], capture_output=True, text=True)
-    assert shown.returncode == 0, shown.stderr
-    assert shown.stdout.splitlines()[:3] == [f"sample {sample.key}", lines[1], lines[2]]
-    missing = subprocess.run([janus_train, "show-sample", "--data", str(sample_dataset), "--key", "nowhere/0"],
-                             capture_output=True, text=True)
-    assert missing.returncode == 1 and missing.stderr.startswith("error: ") and "nowhere/0" in missing.stderr
-    assert len(missing.stderr.strip().splitlines()) == 1
+    # The command prints this description: tests/e2e/test_prompt_command.py.

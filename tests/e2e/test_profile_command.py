@@ -1,0 +1,30 @@
+"""The ``janus-cache profile`` command, as the installed process: it shows a profile's settings and
+names a wrong one in one line with the file. (Reading and checking profiles in process:
+tests/unit/test_profile.py.)"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+from helpers.profiles import write_test_profile
+
+
+def test_the_profile_command_validates_the_train_section_in_one_line(tmp_path: Path) -> None:
+    janus_cache = Path(sys.executable).parent / "janus-cache"
+    good = subprocess.run([janus_cache, "profile", "tiny"], capture_output=True, text=True)
+    assert good.returncode == 0, good.stderr
+    assert "train: micro-batch 1 x accumulation 2" in good.stdout and "template janusvln.yaml" in good.stdout
+    for train, cache, message in (
+        ({"num_workers": -1}, {}, "setting 'train.num_workers' is -1; it must be >= 0"),
+        ({}, {"history": 0}, "setting 'cache.history' is 0; it must be >= 1"),
+    ):
+        profile = write_test_profile(tmp_path / "p.yaml", cache=cache)  # tiny, its model paths absolute
+        data = yaml.safe_load(profile.read_text())
+        data["train"].update(train)
+        profile.write_text(yaml.safe_dump(data, sort_keys=False))
+        bad = subprocess.run([janus_cache, "profile", str(profile)], capture_output=True, text=True)
+        assert bad.returncode == 1 and bad.stdout == ""
+        assert bad.stderr.strip().splitlines() == [f"error: {tmp_path / 'p.yaml'}: {message}"]
