@@ -20,7 +20,7 @@ from transformers import AutoImageProcessor
 
 from janus_cache.bases import QWEN2_5_VL, QWEN3_VL
 from janus_cache.encoder import WindowEncoder
-from janus_cache.imaging import load_frame, load_qwen_frame, qwen_pixel_values
+from janus_cache.imaging import FrameError, load_frame, load_qwen_frame, qwen_pixel_values
 from janus_cache.index import DatasetIndex, build_index
 from janus_cache.keys import window_variant
 from janus_cache.precompute import encode_windows, window_matrix
@@ -201,3 +201,26 @@ def test_verify_live_passes_on_a_qwen3_cache_and_fails_on_a_damaged_feature(
     result = check_live(damaged, qwen3_profile, index, rows, device="cpu", embed=embed)
     assert not result.passed
     assert any(p.startswith(f"sample {reader.sample(0).key}: VGGT feature max abs error") for p in result.problems)
+
+
+def test_a_source_that_vanishes_before_the_features_phase_is_one_line_naming_it(
+    index: DatasetIndex, qwen3_profile: Profile, tmp_path: Path,
+) -> None:
+    """VGGT's frames of a Qwen3-VL cache are decoded again from the sources in the features phase:
+    a file removed after its Qwen3-VL frame was stored stops the run with its name and the fix."""
+    data = Path(shutil.copytree(index.source, tmp_path / "data"))
+    copy = build_index(data, history=3)
+    encoder = WindowEncoder.from_settings(qwen3_profile.vggt, qwen3_profile.cache)
+    job = PrecomputeJob(copy, tmp_path / "cache", "zarr", qwen3_profile.cache, qwen3_profile.cache.resolution,
+                        encoder, base=QWEN3_VL)
+    job.prepare()
+    for shard in range(job.n_frame_shards):
+        job.frame_shard(shard)
+    job.prepare_features()
+    vanished = copy.frames[int(window_matrix(copy)[0][-1])].path
+    vanished.unlink()
+    with pytest.raises(FrameError) as stopped:
+        job.feature_shards([0])
+    line = str(stopped.value)
+    assert "\n" not in line and line.startswith(f"{vanished} decoded when its Qwen3-VL frame was stored but not now")
+    assert line.endswith("restore it, or rebuild the cache with --overwrite")
