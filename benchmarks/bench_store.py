@@ -42,6 +42,7 @@ from janus_cache.bases import QWEN2_5_VL
 from janus_cache.resolution import Resolution
 from janus_cache.sample_data import write_sample_data
 from janus_cache.store import (
+    FORMATS,
     WdsCacheReader,
     WindowVariant,
     ZarrCacheReader,
@@ -155,7 +156,7 @@ def main() -> None:
             raw_frame = frames[0].nbytes
             raw_feature = features[0].numel() * 2
             naive = variant.frames * height * width * 3 * QWEN2_5_VL.temporal_patch * 4 + features[0].numel() * 4
-            for fmt in ("zarr", "wds"):
+            for fmt in FORMATS:
                 root = work / f"cache_{fmt}_{name}"
                 writer = open_writer(fmt, root, variant.name)
                 t0 = time.perf_counter()
