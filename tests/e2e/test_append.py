@@ -3,8 +3,9 @@ episodes writes only the new rows, keeps the old shards as they are, and gives e
 build from scratch on the union gives; a changed, removed or misplaced episode is refused in one
 line naming it and its file, leaving the cache untouched.
 
-Real PNG datasets, real ``janus-cache precompute`` processes; source A (2 episodes, 10 frames and
-samples) fills 2 shards of 4 rows and half of a third, which the append must rewrite.
+Real PNG datasets, real ``janus-cache precompute`` commands (their CLI, run in this process; the
+caches built from scratch are the session's shared ``source_caches``); source A (2 episodes, 10
+frames and samples) fills 2 shards of 4 rows and half of a third, which the append must rewrite.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -21,9 +23,7 @@ from helpers.sources import (
     STEPS,
     assert_one_line_error,
     cache_keys,
-    precompute,
-    source_profile,  # noqa: F401 - fixture
-    sources,  # noqa: F401 - fixture
+    precompute_in_process,
     tail,
 )
 
@@ -34,17 +34,9 @@ from janus_cache.store.layout import CacheLayout, features_array, frames_array, 
 
 
 @pytest.fixture(scope="module")
-def base_caches(sources: tuple[Path, Path], source_profile: Path, tmp_path_factory: pytest.TempPathFactory
-                ) -> dict[str, Path]:
-    """Per format, the cache of source A alone, named ``r2r`` (read-only; copy it to append)."""
-    root = tmp_path_factory.mktemp("append")
-    built = {}
-    for cache_format in FORMATS:
-        out = root / f"base-{cache_format}"
-        result = precompute(out, source_profile, f"r2r={sources[0]}", cache_format=cache_format)
-        assert result.returncode == 0, tail(result)
-        built[cache_format] = out
-    return built
+def base_caches(source_caches: Callable[[str, str], Path]) -> dict[str, Path]:
+    """Per format, the cache of source A alone, named ``r2r`` (the session's: read-only, copy it to append)."""
+    return {cache_format: source_caches(cache_format, "a") for cache_format in FORMATS}
 
 
 def sample_array(cache: Path) -> str:
@@ -67,8 +59,8 @@ def full_shard_files(cache: Path, array: str, rows: int) -> dict[Path, tuple[int
 
 @pytest.mark.parametrize("cache_format", FORMATS)
 def test_an_appended_cache_equals_a_cache_built_from_scratch_on_the_union(
-    cache_format: str, base_caches: dict[str, Path], sources: tuple[Path, Path], source_profile: Path,
-    tmp_path: Path
+    cache_format: str, base_caches: dict[str, Path], source_caches: Callable[[str, str], Path],
+    sources: tuple[Path, Path], source_profile: Path, tmp_path: Path
 ) -> None:
     a, b = sources
     appended = Path(shutil.copytree(base_caches[cache_format], tmp_path / "appended"))
@@ -77,7 +69,7 @@ def test_an_appended_cache_equals_a_cache_built_from_scratch_on_the_union(
                  **full_shard_files(appended, sample_array(appended), old_rows)}
     assert len(untouched) == 2 * (old_rows // ROWS_PER_SHARD)
 
-    result = precompute(appended, source_profile, f"r2r={a}", f"d1={b}", cache_format=cache_format)
+    result = precompute_in_process(appended, source_profile, f"r2r={a}", f"d1={b}", cache_format=cache_format)
     assert result.returncode == 0, tail(result)
     assert f"appending 1 new episode(s) ({STEPS} frames, {STEPS} samples) after the cache's 2" in result.stdout
     # The half-filled last shards (frames, samples) grew: said as growth, not as damage repaired.
@@ -88,9 +80,7 @@ def test_an_appended_cache_equals_a_cache_built_from_scratch_on_the_union(
     assert all(record is not None and record.file in said for record in grown), said
     assert "repaired" not in result.stdout + result.stderr
 
-    scratch = tmp_path / "scratch"
-    built = precompute(scratch, source_profile, f"r2r={a}", f"d1={b}", cache_format=cache_format)
-    assert built.returncode == 0, tail(built)
+    scratch = source_caches(cache_format, "ab")  # the session's build from scratch of r2r=A d1=B
 
     # Every file is the same, byte for byte: frame and feature (or tar) shards, their zarr.json,
     # tables, commit records, the manifest and the episode table.
@@ -122,7 +112,7 @@ def test_a_changed_episode_is_refused_naming_it_and_its_file_and_the_cache_is_un
     cache = Path(shutil.copytree(base_caches["zarr"], tmp_path / "cache"))
     before = file_digests(cache)
     changed, json_file = edited(sources[0], tmp_path / "A")
-    result = precompute(cache, source_profile, f"r2r={changed}", f"d1={sources[1]}")
+    result = precompute_in_process(cache, source_profile, f"r2r={changed}", f"d1={sources[1]}")
     assert_one_line_error(result, "episode r2r/episode_0001", "description_2d of sample r2r/episode_0001/2",
                           str(json_file))
     assert file_digests(cache) == before
@@ -135,7 +125,7 @@ def test_a_removed_episode_is_refused_naming_it(
     before = file_digests(cache)
     smaller = Path(shutil.copytree(sources[0], tmp_path / "A"))
     shutil.rmtree(smaller / "episode_0000")
-    result = precompute(cache, source_profile, f"r2r={smaller}", f"d1={sources[1]}")
+    result = precompute_in_process(cache, source_profile, f"r2r={smaller}", f"d1={sources[1]}")
     assert_one_line_error(result, "episode r2r/episode_0000: gone from the dataset",
                           f"restore {smaller / 'episode_0000'} or")
     assert file_digests(cache) == before
@@ -149,7 +139,7 @@ def test_a_new_episode_that_would_land_before_cached_ones_is_refused(
     before = file_digests(cache)
     grown = Path(shutil.copytree(sources[0], tmp_path / "A"))
     shutil.copytree(sources[1] / "episode_0000", grown / "episode_0000b")  # sorts between the two
-    result = precompute(cache, source_profile, f"r2r={grown}")
+    result = precompute_in_process(cache, source_profile, f"r2r={grown}")
     assert_one_line_error(result, "new episode r2r/episode_0000b comes before cached episode r2r/episode_0001",
                           "new source")
     assert file_digests(cache) == before
@@ -161,7 +151,7 @@ def test_a_cache_of_one_unnamed_source_cannot_grow_by_a_second_source(
 ) -> None:
     """A bare path keeps the dataset's keys; with a second source they would need a prefix."""
     cache = tmp_path / "cache"
-    assert precompute(cache, source_profile, sources[0]).returncode == 0
-    result = precompute(cache, source_profile, sources[0], f"d1={sources[1]}")
+    assert precompute_in_process(cache, source_profile, sources[0]).returncode == 0
+    result = precompute_in_process(cache, source_profile, sources[0], f"d1={sources[1]}")
     assert_one_line_error(result, "needs named sources (NAME=PATH) from its first build", "--overwrite")
     assert CacheLayout(cache).episodes.is_file()

@@ -1,7 +1,8 @@
 """Bad input that used to escape the index's problem report (issue 28 items 3 and 5): a symbolic-link
 loop in a dataset, annotation records whose image list is not one window, and an annotation file
 whose image paths lie under another root. Each is reported naming the path (skipped; ``--strict``
-fails in one line), through the CLIs on real PNG datasets and real symbolic links.
+fails in one line), through the CLIs on real PNG datasets and real symbolic links: ``janus-cache
+index`` as a process once, the other commands' CLI run in this process.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from helpers.profiles import write_test_profile
-from helpers.sources import assert_one_line_error, janus_cache, precompute, tail
+from helpers.sources import assert_one_line_error, janus_cache, janus_cache_in_process, precompute_in_process, tail
 
 from janus_cache.index import build_index
 from janus_cache.sample_data import write_sample_data
@@ -64,7 +65,7 @@ def test_index_reports_symlink_loops_naming_each_path_and_keeps_every_sample(
 def test_index_strict_fails_in_one_line_naming_the_loop(small_dataset: Path, tmp_path: Path) -> None:
     data = looped(small_dataset, tmp_path)
     (data / "episode").unlink()
-    assert_one_line_error(janus_cache("index", data, "--strict"), "symlink_loop", str(data / "x"))
+    assert_one_line_error(janus_cache_in_process("index", data, "--strict"), "symlink_loop", str(data / "x"))
 
 
 def test_an_annotation_image_behind_a_symlink_loop_is_reported(small_dataset: Path, tmp_path: Path) -> None:
@@ -73,7 +74,7 @@ def test_an_annotation_image_behind_a_symlink_loop_is_reported(small_dataset: Pa
     records = annotation_records(small_dataset)
     records[0]["images"][-1] = "loop/step_0000_STOP.png"
     annotation = write_jsonl(tmp_path / "train.jsonl", records)
-    result = janus_cache("index", annotation, "--image-root", images)
+    result = janus_cache_in_process("index", annotation, "--image-root", images)
     assert result.returncode == 0 and "Traceback" not in output(result), tail(result)
     assert f"{images / 'loop/step_0000_STOP.png'} [sample {records[0]['id']}]: symlink_loop" in result.stdout
 
@@ -81,9 +82,9 @@ def test_an_annotation_image_behind_a_symlink_loop_is_reported(small_dataset: Pa
 def test_precompute_skips_a_symlink_loop_and_strict_refuses_it_in_one_line(
         small_dataset: Path, profile: Path, tmp_path: Path) -> None:
     data = looped(small_dataset, tmp_path)
-    refused = precompute(tmp_path / "strict", profile, data, "--strict")
+    refused = precompute_in_process(tmp_path / "strict", profile, data, "--strict")
     assert_one_line_error(refused, "symlink_loop", str(data / "x"), str(data / "episode"))
-    result = precompute(tmp_path / "cache", profile, data)
+    result = precompute_in_process(tmp_path / "cache", profile, data)
     assert result.returncode == 0, tail(result)
     assert "Traceback" not in output(result) and "Errno" not in output(result), tail(result)
     assert read_manifest(tmp_path / "cache").counts["samples"] == 6
@@ -112,14 +113,14 @@ def test_a_record_with_fewer_images_than_a_window_is_reported_by_index_and_skipp
     assert len(records[1]["images"]) == HISTORY_PLUS_ONE
     records[0]["images"] = records[0]["images"][-4:]
     annotation = write_jsonl(tmp_path / "train.jsonl", records)
-    report = janus_cache("index", annotation, "--image-root", small_dataset)
+    report = janus_cache_in_process("index", annotation, "--image-root", small_dataset)
     assert report.returncode == 0, tail(report)
     assert (f"{annotation}:1 [sample {records[0]['id']}]: window_length: 4 images; a window is history + 1 = 9"
             in report.stdout), tail(report)
     assert "samples           1" in report.stdout
-    strict = janus_cache("index", annotation, "--image-root", small_dataset, "--strict")
+    strict = janus_cache_in_process("index", annotation, "--image-root", small_dataset, "--strict")
     assert_one_line_error(strict, "window_length", f"{annotation}:1")
-    built = precompute(tmp_path / "cache", profile, annotation, "--image-root", small_dataset)
+    built = precompute_in_process(tmp_path / "cache", profile, annotation, "--image-root", small_dataset)
     assert built.returncode == 0, tail(built)
     assert read_manifest(tmp_path / "cache").counts["samples"] == 1
 
@@ -129,6 +130,6 @@ def test_an_annotation_file_away_from_its_images_names_the_root_and_a_missing_pa
     annotation = write_jsonl(tmp_path / "elsewhere" / "train.jsonl", annotation_records(small_dataset))
     first = sorted({p for r in annotation_records(small_dataset) for p in r["images"]})[0]
     named = ("none of the", f"image root {annotation.parent}", f"no file {annotation.parent / first}", "--image-root")
-    assert_one_line_error(janus_cache("index", annotation), *named)
-    assert_one_line_error(precompute(tmp_path / "cache", profile, annotation), *named)
+    assert_one_line_error(janus_cache_in_process("index", annotation), *named)
+    assert_one_line_error(precompute_in_process(tmp_path / "cache", profile, annotation), *named)
     assert not (tmp_path / "cache" / "manifest.json").exists()

@@ -3,8 +3,9 @@ and a non-ASCII folder name are the same dataset. A bare path takes the source n
 recorded, so the identity follows the content (episode ids, texts, frame hashes), not the folder's
 name; ``DATA`` reaches the commands unsplit, whatever characters the path holds.
 
-Real PNG datasets, real ``janus-cache`` processes and real ``make verify`` / ``make train`` /
-``make precompute`` runs (torchrun) on copies of the dataset a cache was built from.
+Real PNG datasets, real ``janus-cache`` commands (their CLI, run in this process) and real ``make
+verify`` / ``make train`` / ``make precompute`` runs (torchrun) on copies of the dataset a cache was
+built from. (How such a path is read as one source: tests/unit/test_source_parsing.py.)
 """
 
 from __future__ import annotations
@@ -17,9 +18,8 @@ from pathlib import Path
 
 import pytest
 from helpers.profiles import REPO_ROOT, file_digests, write_test_profile
-from helpers.sources import assert_one_line_error, precompute, tail, verify
+from helpers.sources import assert_one_line_error, precompute_in_process, tail, verify_in_process
 
-from janus_cache.index import parse_sources
 from janus_cache.sample_data import write_sample_data
 
 AWKWARD = "it's \"my\" données $HOME"
@@ -32,7 +32,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
     root = tmp_path_factory.mktemp("moved")
     profile = write_test_profile(root / "tiny.yaml")
     data = write_sample_data(root / "data", episodes=2, steps=3, seed=0)
-    result = precompute(root / "cache", profile, data)
+    result = precompute_in_process(root / "cache", profile, data)
     assert result.returncode == 0, tail(result)
     return data, root / "cache", profile
 
@@ -57,24 +57,6 @@ def make(target: str, *settings: str) -> subprocess.CompletedProcess[str]:
                           check=False)
 
 
-# ------------------------------------------------------------------------------------ naming
-
-
-def test_one_value_naming_an_existing_path_is_one_source_whatever_its_characters(tmp_path: Path) -> None:
-    spaced, accented, plain = (tmp_path / "my data", tmp_path / "données", tmp_path / "r2r")
-    for folder in (spaced, accented, plain):
-        folder.mkdir()
-    (source,) = parse_sources([str(spaced)])
-    assert (source.name, source.path) == ("my_data", spaced)  # a space cannot be in a key: '_'
-    (source,) = parse_sources([str(accented)])
-    assert (source.name, source.path) == ("données", accented)
-    (source,) = parse_sources([f"r2r={spaced}"])
-    assert (source.name, source.path, source.named) == ("r2r", spaced, True)
-    # Several sources in one value: quote the path with a space.
-    a, b = parse_sources([f'a="{spaced}" {plain}'])
-    assert (a.name, a.path, b.name, b.path) == ("a", spaced, "r2r", plain)
-
-
 # ------------------------------------------------------------------------------------ verify
 
 
@@ -85,7 +67,7 @@ def test_verify_passes_on_a_copied_or_renamed_dataset(
     target = tmp_path / "d2" if moved == "renamed" else tmp_path / "elsewhere" / moved
     target.parent.mkdir(exist_ok=True)
     copy = copy_of(data, tmp_path / "copy").rename(target)
-    result = verify(cache, profile, copy, "--live", "0")
+    result = verify_in_process(cache, profile, copy, "--live", "0")
     assert result.returncode == 0, tail(result)
     assert "changed" not in result.stdout + result.stderr
 
@@ -95,8 +77,8 @@ def test_an_edit_in_a_moved_copy_fails_verify_naming_only_that_episode_and_file(
     data, cache, profile = built
     copy = copy_of(data, tmp_path / "moved data")
     edited = edit_description(copy, "episode_0001")
-    line = assert_one_line_error(verify(cache, profile, copy, "--live", "0"), "changed episode episode_0001",
-                                 str(edited))
+    line = assert_one_line_error(verify_in_process(cache, profile, copy, "--live", "0"),
+                                 "changed episode episode_0001", str(edited))
     assert "episode_0000" not in line
 
 

@@ -4,7 +4,8 @@ Every run here is the installed pipeline started as a subprocess (``torchrun -m 
 or ``janus-cache precompute``) on the session's sample dataset (3 episodes x 12 frames), with the
 tiny profile cut into small shards (4 frames, 2 samples per shard: 9 frame shards, 18 sample
 shards), so that shards are spread over both ranks and a run can be killed between two commits.
-One uninterrupted 2-process cache per format is the reference that the other runs must equal.
+The session's shared uninterrupted cache per format (``small_shards_cache``, one process) is the
+reference that the other runs must equal; a 2-process run writes it byte for byte.
 """
 
 from __future__ import annotations
@@ -27,26 +28,12 @@ import torch
 from helpers.profiles import REPO_ROOT, file_digests, write_test_profile
 from PIL import Image, ImageOps
 
-from janus_cache.index import DatasetIndex, build_index, build_sources_index, store_sources_index
+from janus_cache.index import DatasetIndex, build_index, build_sources_index
 from janus_cache.encoder import WindowEncoder
 from janus_cache.imaging import load_frame
 from janus_cache.plan import Plan
-from janus_cache.precompute import (
-    check_windows,
-    compute_frame_shard,
-    encode_windows,
-    frame_table,
-    sample_table,
-    usable_samples,
-    window_variant,
-)
-from janus_cache.precompute_job import (
-    REPORT_NAME,
-    PrecomputeError,
-    PrecomputeJob,
-    check_free_space,
-    free_space_problem,
-)
+from janus_cache.precompute import encode_windows, window_variant
+from janus_cache.precompute_job import REPORT_NAME, PrecomputeJob
 from janus_cache.profile import Profile, load_profile
 from janus_cache.resolution import Resolution
 from janus_cache.store import FORMATS, CacheLayout, CacheReader, open_cache, read_manifest
@@ -54,8 +41,23 @@ from janus_cache.store.commit import read_record
 from janus_cache.store.layout import features_array as features_array_path
 from janus_cache.store.layout import frames_array as frames_array_path
 from janus_cache.store.layout import wds_samples as wds_array_path
-from helpers.precompute_runs import FRAMES_PER_SHARD, RESOLUTION, RUN_TIMEOUT, SAMPLES_PER_SHARD, copy_cache, flip_byte, output, precompute_command, profile, run, run_env, succeeded, tail, workdir  # noqa: F401
-
+from helpers.precompute_runs import (
+    FRAMES_PER_SHARD,
+    RESOLUTION,
+    RUN_TIMEOUT,
+    SAMPLES_PER_SHARD,
+    copy_cache,
+    flip_byte,
+    output,
+    precompute_command,
+    profile,
+    run,
+    run_env,
+    run_in_process,
+    succeeded,
+    tail,
+    workdir,
+)
 
 
 # ------------------------------------------------------------------------------------ running
@@ -127,14 +129,21 @@ def variant(settings: Profile) -> str:
 
 
 @pytest.fixture(scope="module")
-def references(sample_dataset: Path, profile: Path, workdir: Path) -> Callable[[str], Path]:
-    """The uninterrupted 2-process cache of a format, built on first use; its output is saved next
-    to it as ``<cache>.log``."""
+def references(small_shards_cache: Callable[[str], Path]) -> Callable[[str], Path]:
+    """The uninterrupted cache of a format: the session's shared one, made by one process (a
+    2-process run writes the same bytes: the first test below)."""
+    return small_shards_cache
+
+
+@pytest.fixture(scope="module")
+def two_process_runs(sample_dataset: Path, profile: Path, workdir: Path) -> Callable[[str], Path]:
+    """The uninterrupted 2-process cache of a format (torchrun), built on first use; its output is
+    saved next to it as ``<cache>.log``."""
     built: dict[str, Path] = {}
 
     def reference(cache_format: str) -> Path:
         if cache_format not in built:
-            out = workdir / f"reference-{cache_format}"
+            out = workdir / f"two-processes-{cache_format}"
             result = run(precompute_command(sample_dataset, out, profile, cache_format=cache_format))
             assert succeeded(result), tail(result)
             out.with_suffix(".log").write_text(output(result))
@@ -170,28 +179,27 @@ def expected_features(sample_index: DatasetIndex, settings: Profile) -> dict[int
 
 
 def test_one_and_two_processes_write_byte_identical_caches(
-    references: Callable[[str], Path], sample_dataset: Path, profile: Path, tmp_path: Path
+    references: Callable[[str], Path], two_process_runs: Callable[[str], Path]
 ) -> None:
-    """Work assignment does not depend on the process count: every file is the same, byte for byte.
+    """Work assignment does not depend on the process count: every file is the same, byte for byte,
+    in both formats.
 
-    The 1-process run is a plain process (``janus-cache precompute``) decoding with a pool of 2
-    worker processes; the 2-process reference decodes in its ranks. (For wds, every tar shard of
-    the killed-then-resumed test below is written by one process and compared to the 2-process
-    reference the same way.)
+    The 1-process caches are the session's shared ones (the precompute entry point in one
+    process); the 2-process runs are torchrun launches whose ranks decode and write their own
+    shards. (A plain ``janus-cache precompute`` process decoding with a pool of 2 worker processes
+    writes the same cache too: the annotation-file test below.)
     """
-    out = tmp_path / "cache"
-    result = run(precompute_command(sample_dataset, out, profile, nproc=None, workers=2))
-    assert succeeded(result), tail(result)
-    reference = references("zarr")
-    assert (out / "manifest.json").read_text() == (reference / "manifest.json").read_text()
-    assert file_digests(out) == file_digests(reference)
+    for cache_format in FORMATS:
+        one, two = references(cache_format), two_process_runs(cache_format)
+        assert (one / "manifest.json").read_text() == (two / "manifest.json").read_text()
+        assert file_digests(one) == file_digests(two), cache_format
 
 
-def test_the_reference_run_prints_the_plan_and_a_summary(references: Callable[[str], Path]) -> None:
+def test_the_reference_run_prints_the_plan_and_a_summary(two_process_runs: Callable[[str], Path]) -> None:
     """Both formats print the plan first and a summary last, hold every sample with every shard
     committed, and report no problem."""
     for cache_format in FORMATS:
-        cache = references(cache_format)
+        cache = two_process_runs(cache_format)
         printed = cache.with_suffix(".log").read_text()
         for line in ("unique frames 36, samples 36", "zarr cache", "wds cache", "naive layout", "time  "):
             assert line in printed
@@ -210,7 +218,7 @@ def test_the_job_run_step_by_step_in_one_process_builds_the_reference_cache(
     references: Callable[[str], Path], sample_dataset: Path, settings: Profile, tmp_path: Path
 ) -> None:
     """The library's precompute job driven by hand, every shard in reverse order, writes the
-    2-process reference cache byte for byte; afterwards no shard is pending."""
+    reference cache byte for byte; afterwards no shard is pending."""
     encoder = WindowEncoder.from_settings(settings.vggt, settings.cache)
     index = build_sources_index(sample_dataset)  # as precompute indexes its DATA (the source's name is stored)
     job = PrecomputeJob(index, tmp_path / "cache", "zarr", settings.cache, Resolution.parse(RESOLUTION), encoder)
@@ -318,12 +326,14 @@ def changed_source_dataset(sample_dataset: Path, target: Path) -> tuple[Path, st
     ids=["encoder-weights", "window-history"],
 )
 def test_a_keyed_field_change_is_refused_with_the_field_named(
-    change: dict[str, dict], field: str, references: Callable[[str], Path], sample_dataset: Path, tmp_path: Path
+    change: dict[str, dict], field: str, references: Callable[[str], Path], sample_dataset: Path, tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     """The run exits non-zero naming the field, and leaves every file of the cache as it was.
 
     The encoder change runs under torchrun (rank 0's refusal must stop rank 1 too), the window
-    change as one plain process. (A changed source image: see the ``--overwrite`` test.)
+    change as one process (the entry point in this one). (A changed source image: see the
+    ``--overwrite`` test.)
     """
     cache = copy_cache(references("zarr"), tmp_path / "cache")
     before = file_digests(cache)
@@ -334,7 +344,8 @@ def test_a_keyed_field_change_is_refused_with_the_field_named(
         vggt=change.get("vggt"),
     )
 
-    refused = run(precompute_command(sample_dataset, cache, profile, nproc=2 if "vggt" in change else None))
+    refused = (run(precompute_command(sample_dataset, cache, profile)) if "vggt" in change
+               else run_in_process(capsys, sample_dataset, cache, profile))
     assert refused.returncode != 0
     assert field in output(refused), tail(refused)
     assert "different settings" in output(refused)
@@ -342,7 +353,8 @@ def test_a_keyed_field_change_is_refused_with_the_field_named(
 
 
 def test_overwrite_starts_over_with_the_new_settings(
-    references: Callable[[str], Path], sample_dataset: Path, profile: Path, variant: str, tmp_path: Path
+    references: Callable[[str], Path], sample_dataset: Path, profile: Path, variant: str, tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     """A changed source image is refused naming its episode and file (nothing written); ``--overwrite``
     then rebuilds the cache from the changed source, even with its manifest damaged: of all the
@@ -351,14 +363,14 @@ def test_overwrite_starts_over_with_the_new_settings(
     reference = references("zarr")
     cache = copy_cache(reference, tmp_path / "cache")
     data, changed_frame = changed_source_dataset(sample_dataset, tmp_path / "data")
-    refused = run(precompute_command(data, cache, profile, nproc=None))
+    refused = run_in_process(capsys, data, cache, profile)
     assert refused.returncode != 0 and f"changed source file {data / changed_frame}" in output(refused) \
         and "episode episode_0001" in output(refused), tail(refused)
     assert file_digests(cache) == file_digests(reference)
 
     manifest = cache / "manifest.json"
     manifest.write_text(manifest.read_text()[:100])
-    result = run(precompute_command(data, cache, profile, "--overwrite", nproc=None))
+    result = run_in_process(capsys, data, cache, profile, overwrite=True)
     assert succeeded(result), tail(result)
     old, new = read_manifest(reference), read_manifest(cache)
     assert old is not None and new is not None
@@ -380,12 +392,12 @@ def test_overwrite_starts_over_with_the_new_settings(
 
 
 def test_overwrite_never_deletes_a_directory_that_is_not_a_cache(
-    sample_dataset: Path, profile: Path, tmp_path: Path
+    sample_dataset: Path, profile: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "my-data"
     out.mkdir()
     (out / "notes.txt").write_text("keep me")
-    refused = run(precompute_command(sample_dataset, out, profile, "--overwrite", nproc=None))
+    refused = run_in_process(capsys, sample_dataset, out, profile, overwrite=True)
     assert refused.returncode != 0 and "is not a janus cache" in output(refused), tail(refused)
     assert [p.name for p in out.iterdir()] == ["notes.txt"]
 
@@ -394,7 +406,8 @@ def test_overwrite_never_deletes_a_directory_that_is_not_a_cache(
 
 
 def test_images_that_fail_to_decode_are_reported_and_their_samples_left_out(
-    references: Callable[[str], Path], sample_dataset: Path, profile: Path, tmp_path: Path
+    references: Callable[[str], Path], sample_dataset: Path, profile: Path, tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     """Two frames pass indexing but fail to decode: the first frame of episode 0 (in every window of
     that episode, and in the plan's probe) and the last frame of episode 2 (only its own sample).
@@ -433,50 +446,9 @@ def test_images_that_fail_to_decode_are_reported_and_their_samples_left_out(
         assert torch.equal(got.feature, expected.feature)
 
     # The exit code is rank 0's decision: a 1-process resume of the finished cache is enough here.
-    allowed = run(precompute_command(data, cache, profile, "--allow-failures", str(len(failed)), nproc=None))
+    allowed = run_in_process(capsys, data, cache, profile, allow_failures=len(failed))
     assert succeeded(allowed), tail(allowed)
     assert "13 samples failed" in output(allowed)
-
-
-def test_a_frame_that_vanished_after_indexing_is_a_failure_of_its_samples(dataset_copy: Path) -> None:
-    """Decoding records the missing file per frame; the samples whose windows need it are dropped."""
-    index = build_index(dataset_copy)
-    vanished = index.frames[5]
-    vanished.path.unlink()
-    resolution = Resolution.parse(RESOLUTION)
-    frames, failures = compute_frame_shard(index.frames, range(4, 8), resolution, (224, 224), None)
-    assert list(failures) == [5] and "no such file" in failures[5] and vanished.relpath in failures[5]
-    assert frames.shape == (4, 224, 224, 3)
-    rows, dropped = usable_samples(index, failures)
-    kept = [index.samples[row] for row in rows]
-    assert dropped and all(vanished.relpath in reason for reason in dropped.values())
-    assert {s.key for s in kept} | set(dropped) == {s.key for s in index.samples}
-    assert all(5 not in s.window_rows for s in kept)
-
-
-def tables_equal(a: dict, b: dict) -> bool:
-    return a.keys() == b.keys() and all(
-        np.array_equal(a[k], b[k]) if isinstance(a[k], np.ndarray) else a[k] == b[k] for k in a)
-
-
-def test_the_tables_and_windows_of_a_stored_index_are_those_of_the_index_in_memory(
-    dataset_copy: Path, tmp_path: Path
-) -> None:
-    """Every precompute rank reads the stored index lazily and builds tables from its columns: the
-    same tables, usable rows and dropped samples as the index in memory (two named sources, a
-    frame that failed to decode)."""
-    sources = [f"a={dataset_copy}", f"b={dataset_copy}"]
-    fresh = build_sources_index(sources)
-    lazy = store_sources_index(sources, tmp_path / "store").load()
-    check_windows(lazy)
-    assert tables_equal(frame_table(lazy), frame_table(fresh))
-    failed = [3, len(fresh.frames) - 2]
-    rows, dropped = usable_samples(lazy, failed)
-    fresh_rows, fresh_dropped = usable_samples(fresh, failed)
-    assert (rows == fresh_rows).all() and dropped == fresh_dropped and len(dropped) > 1
-    assert list(dropped)[0].startswith("a/") and list(dropped)[-1].startswith("b/")
-    assert tables_equal(sample_table(lazy, rows), sample_table(fresh, fresh_rows))
-    assert tables_equal(sample_table(lazy), sample_table(fresh))
 
 
 # ------------------------------------------------------------------------------- round trip
@@ -515,13 +487,13 @@ def test_the_reader_returns_exactly_what_was_computed(
 
 def test_a_second_resolution_leaves_the_first_untouched(
     references: Callable[[str], Path], sample_dataset: Path, sample_index: DatasetIndex, profile: Path,
-    tmp_path: Path,
+    tmp_path: Path, capsys: pytest.CaptureFixture[str],
 ) -> None:
     """Every file but the manifest is unchanged; the manifest keeps the first resolution's entry
     and shard table and adds the second's."""
     cache = copy_cache(references("zarr"), tmp_path / "cache")
     before, first = file_digests(cache), read_manifest(cache)
-    result = run(precompute_command(sample_dataset, cache, profile, "--resolution", "crop112", nproc=None))
+    result = run_in_process(capsys, sample_dataset, cache, profile, resolution="crop112")
     assert succeeded(result), tail(result)
     after = file_digests(cache)
     # The manifest gains the resolution; checksums.json records the metadata files' new checksums.
@@ -565,26 +537,6 @@ def test_plan_prints_sizes_per_format_and_a_time_estimate(
     assert 0.7 < plan["zarr_bytes"] / actual < 1.3, (plan["zarr_bytes"], actual)
 
 
-def test_the_free_space_check_refuses_unless_forced(tmp_path: Path) -> None:
-    """A plan that needs more than the filesystem's free space is refused, naming --force."""
-    needed = shutil.disk_usage(tmp_path).free + 10**15
-    with pytest.raises(PrecomputeError, match="--force"):
-        check_free_space(tmp_path, needed, force=False)
-    assert "starting anyway (--force)" in (check_free_space(tmp_path, needed, force=True) or "")
-    assert check_free_space(tmp_path, 1, force=False) is None
-
-
-def test_the_free_space_refusal_names_both_sizes_in_readable_units(tmp_path: Path) -> None:
-    """Sizes are shown in the unit that fits them: a small shortfall never reads "0.0 GB"."""
-    assert free_space_problem(tmp_path, free_bytes=3_200_000_000, needed_bytes=5_100_000_000) == (
-        f"{tmp_path} has 3.2 GB free, the plan needs 5.1 GB more")
-    assert free_space_problem(tmp_path, free_bytes=250_000, needed_bytes=4_000_000) == (
-        f"{tmp_path} has 250.0 KB free, the plan needs 4.0 MB more")
-    assert free_space_problem(tmp_path, free_bytes=4_000_000, needed_bytes=4_000_000) is None
-    with pytest.raises(PrecomputeError, match=r" free, the plan needs [0-9.]+ [KMGT]?B more; free space or pass"):
-        check_free_space(tmp_path, shutil.disk_usage(tmp_path).free + 10**15, force=False)
-
-
 # ------------------------------------------------------------------------ annotation files
 
 
@@ -593,7 +545,8 @@ def test_an_annotation_file_with_an_image_root_gives_the_folder_cache(
     tmp_path: Path,
 ) -> None:
     """A JSONL annotation file kept away from its images (``--image-root`` names them) that lists
-    the sample data's samples precomputes to the same cache as the episode folders, byte for byte."""
+    the sample data's samples precomputes to the same cache as the episode folders, byte for byte
+    (in a plain ``janus-cache precompute`` process decoding with a pool of 2 worker processes)."""
     records = [
         {"id": s.key, "instruction": s.instruction, "subinstruction": s.subinstruction,
          "2D_description": s.description_2d, "3D_description": s.description_3d, "action": s.action,
@@ -604,7 +557,8 @@ def test_an_annotation_file_with_an_image_root_gives_the_folder_cache(
     annotation.parent.mkdir()
     annotation.write_text("".join(json.dumps(r) + "\n" for r in records))
     out = tmp_path / "cache"
-    result = run(precompute_command(annotation, out, profile, "--image-root", str(sample_dataset), nproc=None))
+    result = run(precompute_command(annotation, out, profile, "--image-root", str(sample_dataset), nproc=None,
+                                    workers=2))
     assert succeeded(result), tail(result)
     assert file_digests(out) == file_digests(references("zarr"))
 

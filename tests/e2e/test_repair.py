@@ -1,20 +1,23 @@
 """Repair, never harm: re-running precompute repairs a damaged cache and says what it rewrote; a
 failed run leaves a good cache exactly as it was.
 
-Real precompute runs (``janus-cache precompute``, one process) on the sample data; the repaired
-cache must be byte-identical to the undamaged one, so nothing is "repaired" into another state.
+Real precompute runs (the ``janus-cache precompute`` entry point, in this process) on copies of
+the session's shared sample-data cache; the repaired cache must be byte-identical to the undamaged
+one, so nothing is "repaired" into another state.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from helpers.profiles import file_digests, write_test_profile
-from helpers.precompute_runs import RESOLUTION, copy_cache, output, precompute_command, run, succeeded, tail
+from helpers.shared_caches import SMALL_SHARDS
+from helpers.precompute_runs import RESOLUTION, copy_cache, output, run_in_process, succeeded, tail
 
 from janus_cache.store import CacheLayout, ZarrCacheReader, read_manifest
 from janus_cache.store.layout import features_array, frames_array, table_column
@@ -24,30 +27,28 @@ FRAMES = frames_array(RESOLUTION)
 
 
 @pytest.fixture(scope="module")
-def profile(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def profile(small_shards_profile: Path) -> Path:
     """The tiny profile with small shards (several shards per array), as in test_precompute."""
-    return write_test_profile(tmp_path_factory.mktemp("repair") / "small-shards.yaml",
-                              cache={"frames_per_shard": 4, "samples_per_shard": 2})
+    return small_shards_profile
 
 
 @pytest.fixture(scope="module")
-def reference(sample_dataset: Path, profile: Path, tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
-    """An intact cache per format, built on first use (never modified: tests damage copies)."""
-    built: dict[str, Path] = {}
-
-    def build(cache_format: str) -> Path:
-        if cache_format not in built:
-            out = tmp_path_factory.mktemp("reference") / cache_format
-            result = run(precompute_command(sample_dataset, out, profile, nproc=None, cache_format=cache_format))
-            assert succeeded(result), tail(result)
-            built[cache_format] = out
-        return built[cache_format]
-
-    return build
+def reference(small_shards_cache: Callable[[str], Path]) -> Callable[[str], Path]:
+    """An intact cache per format: the session's shared one (never modified: tests damage copies)."""
+    return small_shards_cache
 
 
-def rerun(sample_dataset: Path, cache: Path, profile: Path, cache_format: str = "zarr"):
-    return run(precompute_command(sample_dataset, cache, profile, nproc=None, cache_format=cache_format))
+Rerun = Callable[..., subprocess.CompletedProcess[str]]
+
+
+@pytest.fixture
+def rerun(capsys: pytest.CaptureFixture[str]) -> Rerun:
+    """The precompute again over a cache: the entry point ``janus-cache precompute`` runs, in this
+    process (exit code and output as a finished process's; the command itself: test_precompute)."""
+    def again(data: Path, cache: Path, profile: Path, cache_format: str = "zarr") -> subprocess.CompletedProcess[str]:
+        return run_in_process(capsys, data, cache, profile, cache_format=cache_format)
+
+    return again
 
 
 def assert_verifies(cache: Path) -> None:
@@ -62,7 +63,7 @@ def variant_of(cache: Path) -> str:
 
 
 def test_a_rerun_repairs_damaged_shards_records_and_zarr_json_and_says_what_it_rewrote(
-    reference: Callable[[str], Path], sample_dataset: Path, profile: Path, tmp_path: Path,
+    reference: Callable[[str], Path], rerun: Rerun, sample_dataset: Path, profile: Path, tmp_path: Path,
 ) -> None:
     """A truncated frames shard, a deleted features shard, a commit record that is not JSON and an
     edited ``"endian"``: the re-run rewrites exactly those and the cache is byte-identical again."""
@@ -93,7 +94,7 @@ def test_a_rerun_repairs_damaged_shards_records_and_zarr_json_and_says_what_it_r
 
 
 def test_a_rerun_rewrites_a_table_with_a_flipped_byte(
-    reference: Callable[[str], Path], sample_dataset: Path, profile: Path, tmp_path: Path,
+    reference: Callable[[str], Path], rerun: Rerun, sample_dataset: Path, profile: Path, tmp_path: Path,
 ) -> None:
     intact = reference("zarr")
     cache = copy_cache(intact, tmp_path / "cache")
@@ -111,7 +112,7 @@ def test_a_rerun_rewrites_a_table_with_a_flipped_byte(
 
 
 def test_a_rerun_rebuilds_a_damaged_manifest_whose_settings_the_checksums_prove(
-    reference: Callable[[str], Path], sample_dataset: Path, profile: Path, tmp_path: Path,
+    reference: Callable[[str], Path], rerun: Rerun, sample_dataset: Path, profile: Path, tmp_path: Path,
 ) -> None:
     intact = reference("zarr")
     cache = copy_cache(intact, tmp_path / "cache")
@@ -125,7 +126,7 @@ def test_a_rerun_rebuilds_a_damaged_manifest_whose_settings_the_checksums_prove(
 
 
 def test_a_rerun_restores_a_manifest_edited_outside_its_keyed_settings(
-    reference: Callable[[str], Path], sample_dataset: Path, profile: Path, tmp_path: Path,
+    reference: Callable[[str], Path], rerun: Rerun, sample_dataset: Path, profile: Path, tmp_path: Path,
 ) -> None:
     intact = reference("zarr")
     cache = copy_cache(intact, tmp_path / "cache")
@@ -142,7 +143,7 @@ def test_a_rerun_restores_a_manifest_edited_outside_its_keyed_settings(
 
 
 def test_a_damaged_manifest_of_other_settings_is_one_line_naming_it_and_the_fix(
-    reference: Callable[[str], Path], sample_dataset: Path, tmp_path: Path,
+    reference: Callable[[str], Path], rerun: Rerun, sample_dataset: Path, tmp_path: Path,
 ) -> None:
     """The checksums record the damaged manifest's keyed settings; a run with other settings cannot
     prove them, so it neither guesses nor touches the cache."""
@@ -150,8 +151,7 @@ def test_a_damaged_manifest_of_other_settings_is_one_line_naming_it_and_the_fix(
     manifest = cache / "manifest.json"
     manifest.write_text(manifest.read_text()[:200])
     before = file_digests(cache)
-    other = write_test_profile(tmp_path / "other.yaml",
-                              cache={"frames_per_shard": 4, "samples_per_shard": 2}, vggt={"seed": 1})
+    other = write_test_profile(tmp_path / "other.yaml", cache=SMALL_SHARDS, vggt={"seed": 1})
 
     result = rerun(sample_dataset, cache, other)
     assert not succeeded(result)
@@ -162,7 +162,7 @@ def test_a_damaged_manifest_of_other_settings_is_one_line_naming_it_and_the_fix(
 
 
 def test_a_failed_rerun_after_a_text_edit_leaves_the_good_cache_as_it_was(
-    reference: Callable[[str], Path], sample_dataset: Path, profile: Path, tmp_path: Path,
+    reference: Callable[[str], Path], rerun: Rerun, sample_dataset: Path, profile: Path, tmp_path: Path,
 ) -> None:
     """Before: the failed run rewrote the manifest without its shard table, and the good cache then
     failed its schema check."""
@@ -182,7 +182,7 @@ def test_a_failed_rerun_after_a_text_edit_leaves_the_good_cache_as_it_was(
 
 
 def test_a_wds_rerun_repairs_a_truncated_tar_and_an_edited_layout(
-    reference: Callable[[str], Path], sample_dataset: Path, profile: Path, tmp_path: Path,
+    reference: Callable[[str], Path], rerun: Rerun, sample_dataset: Path, profile: Path, tmp_path: Path,
 ) -> None:
     intact = reference("wds")
     cache = copy_cache(intact, tmp_path / "cache")

@@ -3,7 +3,8 @@ episode's frames, texts and actions, so ``verify --data`` fails naming the episo
 file (a description JSON, the milestones file, an annotation record, a PNG), and ``make train
 DATA=...`` runs the same check before training and refuses the cache.
 
-Real PNG datasets, real ``janus-cache`` processes and a real ``make train`` (torchrun).
+Real PNG datasets, real ``janus-cache`` commands (their CLI, run in this process) and real ``make
+verify`` / ``make train`` runs (torchrun).
 """
 
 from __future__ import annotations
@@ -19,11 +20,9 @@ from helpers.profiles import REPO_ROOT
 from PIL import Image, ImageOps
 from helpers.sources import (
     assert_one_line_error,
-    precompute,
-    source_profile,  # noqa: F401 - fixture
-    sources,  # noqa: F401 - fixture
+    precompute_in_process,
     tail,
-    verify,
+    verify_in_process,
 )
 
 from janus_cache.index import build_index
@@ -36,9 +35,9 @@ def stale_setup(sources: tuple[Path, Path], source_profile: Path, tmp_path_facto
     root = tmp_path_factory.mktemp("stale")
     data = Path(shutil.copytree(sources[0], root / "data"))
     cache = root / "cache"
-    result = precompute(cache, source_profile, data)
+    result = precompute_in_process(cache, source_profile, data)
     assert result.returncode == 0, tail(result)
-    fresh = verify(cache, source_profile, data, "--live", "0")
+    fresh = verify_in_process(cache, source_profile, data, "--live", "0")
     assert fresh.returncode == 0, tail(fresh)
     return data, cache
 
@@ -69,7 +68,7 @@ def test_an_edited_description_fails_verify_naming_the_episode_and_the_json_file
     data, cache = stale_setup
     with Edited(min((data / "episode_0001").glob("step_0003_*.json"))) as path:
         edit_json(path, "spatial_description", "The kitchen is now on the left.")
-        result = verify(cache, source_profile, data, "--live", "0")
+        result = verify_in_process(cache, source_profile, data, "--live", "0")
     assert_one_line_error(result, "completeness", "changed episode episode_0001",
                           "description_3d of sample episode_0001/3", str(path))
 
@@ -80,7 +79,7 @@ def test_an_edited_instruction_fails_verify_naming_the_milestones_file(
     data, cache = stale_setup
     with Edited(data / "episode_0000" / "milestones_result.json") as path:
         edit_json(path, "instruction_text", "Walk to the garden instead.")
-        result = verify(cache, source_profile, data, "--live", "0")
+        result = verify_in_process(cache, source_profile, data, "--live", "0")
     assert_one_line_error(result, "changed episode episode_0000", "instruction of sample episode_0000/0", str(path))
 
 
@@ -89,7 +88,7 @@ def test_an_edited_png_fails_verify_naming_it(stale_setup: tuple[Path, Path], so
     with Edited(min((data / "episode_0001").glob("step_0004_*.png"))) as path:
         with Image.open(path) as image:  # a valid PNG of the same size, other pixels
             ImageOps.invert(image.convert("RGB")).save(path)
-        result = verify(cache, source_profile, data, "--live", "0")
+        result = verify_in_process(cache, source_profile, data, "--live", "0")
     assert_one_line_error(result, "changed episode episode_0001", f"changed source file {path}", "content hash")
 
 
@@ -132,12 +131,12 @@ def test_an_edited_annotation_record_fails_verify_naming_its_line(
     ]
     annotation.write_text("".join(json.dumps(r) + "\n" for r in records))
     cache = tmp_path / "cache"
-    built = precompute(cache, source_profile, annotation)
+    built = precompute_in_process(cache, source_profile, annotation)
     assert built.returncode == 0, tail(built)
 
     records[6]["subinstruction"] = "Turn around."
     annotation.write_text("".join(json.dumps(r) + "\n" for r in records))
-    result = verify(cache, source_profile, annotation, "--live", "0")
+    result = verify_in_process(cache, source_profile, annotation, "--live", "0")
     assert_one_line_error(result, f"subinstruction of sample {records[6]['id']} changed in {annotation}:7")
 
 

@@ -1,14 +1,12 @@
-"""The frozen Qwen ViT's output cached per frame (issue 23 item 2, ``cache.vit_features``).
+"""The frozen Qwen ViT's output cached per frame (issue 23 item 2, ``cache.vit_features``): the cache side.
 
-Model side (in process, the tiny model at pad56): a step whose batch carries the frames' cached ViT
-output equals the live step bit for bit (loss and every trainable gradient, CPU float32) without
-running a ViT block; a model whose vision tower trains refuses it, and so does a profile.
-
-Cache side (real ``janus-cache precompute`` / ``verify`` processes on real PNG datasets, both
-formats): precompute stores ``vit/<resolution>`` once per frame, keyed in the manifest by the ViT's
-fingerprint, base model and resolution; the reader gives every sample its window's rows, equal to
-the ViT run on the stored frames; ``verify --live`` compares them with the live ViT, a flipped byte
-in a ViT shard is named by verify; an append and a resume give the cache a build from scratch gives.
+Real ``janus-cache precompute`` / ``verify`` commands (their CLI run in this process) on real PNG
+datasets, both formats: precompute stores ``vit/<resolution>`` once per frame, keyed in the manifest
+by the ViT's fingerprint, base model and resolution; the reader gives every sample its window's
+rows, equal to the ViT run on the stored frames; ``verify --live`` compares them with the live ViT,
+a flipped byte in a ViT shard is named by verify; an append and a resume give the cache a build
+from scratch gives; a 2-process training (torchrun) from the cache trains exactly as the live ViT.
+(The model side, in process: tests/unit/test_vit_features.py.)
 """
 
 from __future__ import annotations
@@ -17,7 +15,6 @@ import json
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -25,141 +22,28 @@ import pytest
 import torch
 import yaml
 from helpers.profiles import REPO_ROOT, file_digests, write_test_profile
-from helpers.model_cases import QWEN_DIR, make_batch, tiny_model
+from helpers.model_cases import QWEN_DIR
 from helpers.precompute_runs import flip_byte
 from helpers.sources import (
     ROWS_PER_SHARD,
     STEPS,
     assert_one_line_error,
-    janus_cache,
-    precompute,
-    sources,  # noqa: F401 - fixture
+    janus_cache_in_process,
+    precompute_in_process,
     tail,
 )
 
-from janus_cache.index import DatasetIndex
-from janus_cache.profile import LanguageModelSettings, load_profile
+from janus_cache.profile import load_profile
 from janus_cache.store import CacheOpenError, open_cache, read_manifest
 from janus_cache.store.open import reader_of
 from janus_cache.store.commit import read_record
 from janus_cache.store.layout import CacheLayout, vit_array
 from janus_cache.store.zarr_group import ZarrGroup
-from janus_cache.imaging import qwen_pixel_values
-from janus_cache.vit_encoder import ViTEncoder, load_vision_tower, merge_cached, vit_blocks, vit_fingerprint
-from janus_cache.vit_encoder import merge as vit_merge
-from janus_train.config import load_train_settings
-from janus_train.model import ModelInputError, TrainableParts
+from janus_cache.vit_encoder import ViTEncoder
 from janus_train.trainer import open_training_cache
 
 RESOLUTION = "pad224"
 TOKENS, VIT_DIM = 16 * 16, 32  # pad224: a 16x16 patch grid; the tiny ViT's hidden size (config.json)
-
-
-# ------------------------------------------------------------------------------ model side
-
-
-def tiny_vit() -> ViTEncoder:
-    """The tiny profile's frozen ViT as precompute builds it (seed 0, float32), one window per call."""
-    visual = load_vision_tower(LanguageModelSettings(path=QWEN_DIR, random_init=True, seed=0))
-    return ViTEncoder(visual, "float32", 9, vit_fingerprint(visual), QWEN_DIR.name)
-
-
-def cached_vit_features(batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    b, s, h, w, _ = batch["frames"].shape
-    return tiny_vit().encode(batch["frames"].reshape(b * s, h, w, 3)).reshape(b, s, -1, VIT_DIM)
-
-
-def step(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Loss of one micro-batch and the gradient of every trainable parameter after its backward."""
-    model.zero_grad(set_to_none=True)
-    parts = model(batch).loss_parts
-    loss = parts.weighted_ce_sum.sum() + parts.action_ce.sum()
-    loss.backward()
-    return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
-
-
-def test_a_step_from_cached_vit_features_equals_the_live_step_without_running_the_vit(
-    sample_index: DatasetIndex
-) -> None:
-    batch = make_batch(sample_index, sample_index.samples[10:12])
-    model = tiny_model()
-    vit = cached_vit_features(batch)
-    assert vit.shape == (2, 9, 4 * 4, VIT_DIM)  # pad56: 4x4 patches per frame
-
-    live_loss, live_grads = step(model, batch)
-    ran: list[str] = []
-    visual = model.qwen.model.visual
-    hooks = [visual.patch_embed.register_forward_hook(lambda *_: ran.append("patch_embed")),
-             visual.blocks[0].register_forward_hook(lambda *_: ran.append("block 0")),
-             visual.merger.register_forward_hook(lambda *_: ran.append("merger"))]
-    cached_loss, cached_grads = step(model, {**batch, "vit_features": vit})
-    for hook in hooks:
-        hook.remove()
-
-    assert ran == ["merger"]  # no pixel values, no patch embedding, no ViT block
-    assert torch.equal(live_loss, cached_loss)
-    assert live_grads.keys() == cached_grads.keys()
-    assert any(name.startswith("qwen.model.visual.merger.") for name in cached_grads)
-    for name, grad in live_grads.items():
-        assert torch.equal(grad, cached_grads[name]), name
-
-
-def test_at_pad224_the_merger_sees_cached_rows_in_the_live_order_and_its_gradients_are_bit_identical() -> None:
-    """At 224 px a frame's 64 merge groups span 4 attention windows, so the blocks' window order is
-    not the patch order: the merger must run on the cached rows in the live order, or the token sums
-    of its weight gradients (and so training) would differ in the last bits."""
-    vit = tiny_vit()
-    visual = vit.visual
-    frames = torch.randint(0, 256, (3, 224, 224, 3), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
-    pixel_values, grid_thw = qwen_pixel_values(frames)
-    _, window_index = vit_blocks(visual, pixel_values, grid_thw)
-    assert not torch.equal(window_index, torch.arange(len(window_index)))  # the orders differ here
-    probe = torch.randn(3 * 64, 64, generator=torch.Generator().manual_seed(1))
-
-    def merger_grads(embeddings: Callable[[], torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        visual.merger.requires_grad_(True)
-        visual.zero_grad(set_to_none=True)
-        out = embeddings()
-        (out * probe).sum().backward()
-        return out.detach(), [p.grad.clone() for p in visual.merger.parameters()]
-
-    live_out, live = merger_grads(lambda: vit_merge(visual, *vit_blocks(visual, pixel_values, grid_thw)))
-    cached_out, cached = merger_grads(lambda: merge_cached(visual, vit.encode(frames), (16, 16)))
-    assert torch.equal(live_out, cached_out)
-    assert all(torch.equal(a, b) for a, b in zip(live, cached, strict=True))
-
-
-def test_cached_vit_features_are_refused_when_the_vision_tower_trains(sample_index: DatasetIndex) -> None:
-    batch = make_batch(sample_index, sample_index.samples[10:11])
-    model = tiny_model(trainable=TrainableParts(vision_tower=True))
-    with pytest.raises(ModelInputError, match="the vision tower trains"):
-        model({**batch, "vit_features": cached_vit_features(batch)})
-    with pytest.raises(ModelInputError, match=r"vit_features have shape \(1, 9, 16, 31\)"):
-        tiny_model()({**batch, "vit_features": cached_vit_features(batch)[..., :31]})
-
-
-def test_a_profile_training_the_vision_tower_from_cached_vit_features_is_refused_in_one_line(tmp_path: Path) -> None:
-    profile = write_test_profile(tmp_path / "p.yaml", cache={"vit_features": True})
-    text = profile.read_text().replace("train:\n", "train:\n  train_vision: true\n", 1)
-    profile.write_text(text)
-    with pytest.raises(ValueError) as caught:
-        load_train_settings(load_profile(profile))
-    message = str(caught.value)
-    assert "\n" not in message and str(profile) in message
-    assert "'train.train_vision'" in message and "'cache.vit_features'" in message
-
-
-def test_the_vision_tower_of_a_checkpoint_loads_alone_as_the_model_holds_it(tmp_path: Path) -> None:
-    """Precompute reads only the checkpoint's ``visual.*`` tensors (never the language model): the
-    tower it builds has the weights (fingerprint) and the output of the trained model's tower."""
-    qwen = tiny_model().qwen
-    qwen.save_pretrained(tmp_path / "qwen")
-    for extra in ("preprocessor_config.json", "tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(QWEN_DIR / extra, tmp_path / "qwen" / extra)
-    alone = load_vision_tower(LanguageModelSettings(path=tmp_path / "qwen", random_init=False))
-    assert vit_fingerprint(alone) == vit_fingerprint(qwen.model.visual) == tiny_vit().fingerprint
-    frames = torch.randint(0, 256, (3, 56, 56, 3), dtype=torch.uint8)
-    assert torch.equal(ViTEncoder(alone, "float32", 9, "", "").encode(frames), tiny_vit().encode(frames))
 
 
 # ------------------------------------------------------------------------------ cache side
@@ -174,7 +58,7 @@ def vit_profile(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def caches(sources: tuple[Path, Path], vit_profile: Path,  # noqa: F811 - fixture
+def caches(sources: tuple[Path, Path], vit_profile: Path,
            tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Per format, the cache of source A alone (``<format>-a``) and of A and B (``<format>-ab``), built
     from scratch (read-only: copy one to change it)."""
@@ -184,7 +68,7 @@ def caches(sources: tuple[Path, Path], vit_profile: Path,  # noqa: F811 - fixtur
     for cache_format in ("zarr", "wds"):
         for name, data in (("a", [f"r2r={a}"]), ("ab", [f"r2r={a}", f"d1={b}"])):
             out = root / f"{cache_format}-{name}"
-            result = precompute(out, vit_profile, *data, cache_format=cache_format)
+            result = precompute_in_process(out, vit_profile, *data, cache_format=cache_format)
             assert result.returncode == 0, tail(result)
             if (cache_format, name) == ("zarr", "a"):
                 assert "ViT features 256x32 per frame" in result.stdout  # the plan reports their bytes
@@ -234,10 +118,10 @@ def test_a_cache_without_vit_features_is_refused_in_one_line_for_a_profile_that_
 
 @pytest.mark.parametrize("cache_format", ["zarr", "wds"])
 def test_verify_live_compares_the_cached_vit_output_with_the_live_vit(
-    cache_format: str, caches: dict[str, Path], vit_profile: Path, sources: tuple[Path, Path],  # noqa: F811
+    cache_format: str, caches: dict[str, Path], vit_profile: Path, sources: tuple[Path, Path],
 ) -> None:
     a, b = sources
-    result = janus_cache("verify", caches[f"{cache_format}-ab"], "--profile", vit_profile,
+    result = janus_cache_in_process("verify", caches[f"{cache_format}-ab"], "--profile", vit_profile,
                          "--data", f"r2r={a} d1={b}", "--live", "3")
     assert result.returncode == 0, tail(result)
     live = next(line for line in result.stdout.splitlines() if line.startswith("live"))
@@ -247,14 +131,14 @@ def test_verify_live_compares_the_cached_vit_output_with_the_live_vit(
 
 
 def test_a_flipped_byte_in_a_vit_shard_is_named_by_verify_and_repaired_by_precompute(
-    caches: dict[str, Path], vit_profile: Path, sources: tuple[Path, Path], tmp_path: Path  # noqa: F811
+    caches: dict[str, Path], vit_profile: Path, sources: tuple[Path, Path], tmp_path: Path
 ) -> None:
     cache = Path(shutil.copytree(caches["wds-a"], tmp_path / "cache"))
     record = read_record(cache, vit_array(RESOLUTION), 1)
     assert record is not None
     shard = cache / record.file
     flip_byte(shard)
-    result = janus_cache("verify", cache, "--profile", vit_profile)
+    result = janus_cache_in_process("verify", cache, "--profile", vit_profile)
     assert result.returncode != 0, tail(result)
     integrity = next(line for line in result.stdout.splitlines() if line.startswith("integrity"))
     assert "FAIL" in integrity, tail(result)
@@ -263,14 +147,14 @@ def test_a_flipped_byte_in_a_vit_shard_is_named_by_verify_and_repaired_by_precom
     assert "4 frames r2r/episode_0000/4, r2r/episode_0001/0" in named[0]  # rows 4-7 of the frames table
 
     # Repair: the same precompute, hashing committed shards, rewrites it from the stored frames.
-    repaired = janus_cache("precompute", f"r2r={sources[0]}", "--out", cache, "--profile", vit_profile,
+    repaired = janus_cache_in_process("precompute", f"r2r={sources[0]}", "--out", cache, "--profile", vit_profile,
                            "--format", "wds", "--workers", "1", "--checksums", "all")
     assert repaired.returncode == 0, tail(repaired)
     assert file_digests(cache) == file_digests(caches["wds-a"])
 
 
 def test_a_different_vit_is_refused_by_precompute_and_named_by_freshness(
-    caches: dict[str, Path], vit_profile: Path, sources: tuple[Path, Path], tmp_path: Path  # noqa: F811
+    caches: dict[str, Path], vit_profile: Path, sources: tuple[Path, Path], tmp_path: Path
 ) -> None:
     settings = yaml.safe_load(vit_profile.read_text())
     settings["qwen"]["seed"] = 1  # another random ViT (the profile's base model, other weights)
@@ -278,23 +162,23 @@ def test_a_different_vit_is_refused_by_precompute_and_named_by_freshness(
     other.write_text(yaml.safe_dump(settings, sort_keys=False))
     cache = Path(shutil.copytree(caches["zarr-a"], tmp_path / "cache"))
     before = file_digests(cache)
-    refused = precompute(cache, other, f"r2r={sources[0]}")
+    refused = precompute_in_process(cache, other, f"r2r={sources[0]}")
     assert_one_line_error(refused, "vit_features.pad224.fingerprint")
     assert file_digests(cache) == before
-    stale = janus_cache("verify", cache, "--profile", other)
+    stale = janus_cache_in_process("verify", cache, "--profile", other)
     assert stale.returncode != 0 and "vit_features.pad224.fingerprint" in stale.stdout, tail(stale)
 
 
 @pytest.mark.parametrize("cache_format", ["zarr", "wds"])
 def test_appending_episodes_grows_the_vit_features_as_a_build_from_scratch(
-    cache_format: str, caches: dict[str, Path], vit_profile: Path, sources: tuple[Path, Path],  # noqa: F811
+    cache_format: str, caches: dict[str, Path], vit_profile: Path, sources: tuple[Path, Path],
     tmp_path: Path
 ) -> None:
     a, b = sources
     appended = Path(shutil.copytree(caches[f"{cache_format}-a"], tmp_path / "appended"))
     first = ZarrGroup(appended, read_only=True).shard_file(vit_array(RESOLUTION), 0)  # rows 0-3: a full shard
     kept = (first.stat().st_mtime_ns, first.read_bytes())
-    result = precompute(appended, vit_profile, f"r2r={a}", f"d1={b}", cache_format=cache_format)
+    result = precompute_in_process(appended, vit_profile, f"r2r={a}", f"d1={b}", cache_format=cache_format)
     assert result.returncode == 0, tail(result)
     assert "appending 1 new episode(s)" in result.stdout
     assert file_digests(appended) == file_digests(caches[f"{cache_format}-ab"])
@@ -302,7 +186,7 @@ def test_appending_episodes_grows_the_vit_features_as_a_build_from_scratch(
 
 
 def test_a_run_resumed_after_losing_vit_shards_rewrites_them_and_equals_an_uninterrupted_run(
-    caches: dict[str, Path], vit_profile: Path, sources: tuple[Path, Path], tmp_path: Path  # noqa: F811
+    caches: dict[str, Path], vit_profile: Path, sources: tuple[Path, Path], tmp_path: Path
 ) -> None:
     a, b = sources
     cache = Path(shutil.copytree(caches["zarr-ab"], tmp_path / "cache"))
@@ -312,7 +196,7 @@ def test_a_run_resumed_after_losing_vit_shards_rewrites_them_and_equals_an_unint
         assert record is not None
         (cache / record.file).unlink()
         layout.commit_record(vit_array(RESOLUTION), shard).unlink()
-    result = precompute(cache, vit_profile, f"r2r={a}", f"d1={b}")
+    result = precompute_in_process(cache, vit_profile, f"r2r={a}", f"d1={b}")
     assert result.returncode == 0, tail(result)
     assert "[ViT features]" in result.stdout + result.stderr
     assert file_digests(cache) == file_digests(caches["zarr-ab"])
@@ -344,12 +228,12 @@ def test_a_two_process_run_from_the_vit_cache_trains_exactly_as_the_live_vit(
 
 
 def test_a_qwen_directory_without_weights_is_refused_in_one_line_by_a_precompute_caching_the_vit(
-    vit_profile: Path, sources: tuple[Path, Path], tmp_path: Path  # noqa: F811
+    vit_profile: Path, sources: tuple[Path, Path], tmp_path: Path
 ) -> None:
     qwen = Path(shutil.copytree(QWEN_DIR, tmp_path / "qwen-config-only"))
     settings = yaml.safe_load(vit_profile.read_text())
     settings["qwen"].update({"path": str(qwen), "random_init": False})
     profile = tmp_path / "no-weights.yaml"
     profile.write_text(yaml.safe_dump(settings, sort_keys=False))
-    result = precompute(tmp_path / "cache", profile, f"r2r={sources[0]}")
+    result = precompute_in_process(tmp_path / "cache", profile, f"r2r={sources[0]}")
     assert_one_line_error(result, str(qwen), "no *.safetensors weights", "qwen.random_init: true")

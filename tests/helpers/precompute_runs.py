@@ -1,4 +1,5 @@
-"""Helpers shared by several test modules (moved from tests/test_precompute.py)."""
+"""Precompute runs as processes (``torchrun -m pipelines.precompute`` or ``janus-cache precompute``)
+and what their tests share: the small-shards profile of the session's shared caches."""
 
 from __future__ import annotations
 
@@ -10,12 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from helpers.profiles import REPO_ROOT, write_test_profile
+from helpers.profiles import REPO_ROOT
+from helpers.shared_caches import SMALL_SHARDS
 
-FRAMES_PER_SHARD = 4
+FRAMES_PER_SHARD = SMALL_SHARDS["frames_per_shard"]
 
 
-SAMPLES_PER_SHARD = 2
+SAMPLES_PER_SHARD = SMALL_SHARDS["samples_per_shard"]
 
 
 RESOLUTION = "pad224"
@@ -49,6 +51,19 @@ def run(command: list[str]) -> subprocess.CompletedProcess[str]:
                           timeout=RUN_TIMEOUT, check=False)
 
 
+def run_in_process(capsys: pytest.CaptureFixture[str], data: Path | str, out: Path, profile: Path,
+                   **options: object) -> subprocess.CompletedProcess[str]:
+    """What ``janus-cache precompute DATA --out OUT --profile PROFILE --workers 1`` does, run in this
+    process (the same entry point, without the start of a process): its exit code and what it printed."""
+    from pipelines.precompute import Options
+    from pipelines.precompute import run as precompute
+
+    capsys.readouterr()
+    code = precompute(Options(data, out, profile=str(profile), workers=1, **options))
+    printed = capsys.readouterr()
+    return subprocess.CompletedProcess(["janus-cache", "precompute", str(data)], code, printed.out, printed.err)
+
+
 def output(result: subprocess.CompletedProcess[str]) -> str:
     return result.stdout + result.stderr
 
@@ -75,12 +90,9 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def profile(workdir: Path) -> Path:
-    """The tiny profile with small shards."""
-    return write_test_profile(
-        workdir / "profiles" / "small-shards.yaml",
-        cache={"frames_per_shard": FRAMES_PER_SHARD, "samples_per_shard": SAMPLES_PER_SHARD},
-    )
+def profile(small_shards_profile: Path) -> Path:
+    """The tiny profile with small shards: the one the session's shared ``small_shards_cache`` is made with."""
+    return small_shards_profile
 
 
 def copy_cache(cache: Path, target: Path) -> Path:

@@ -1,4 +1,4 @@
-"""Helpers shared by several test modules (moved from tests/test_sources.py)."""
+"""Datasets of several sources and ``janus-cache`` commands over them, shared by several test modules."""
 
 from __future__ import annotations
 
@@ -7,10 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
-from helpers.profiles import REPO_ROOT, write_test_profile
-from janus_cache.sample_data import write_sample_data
+from helpers.profiles import REPO_ROOT
 from janus_cache.store.layout import SAMPLES_TABLE
 from janus_cache.verify import open_for_checks
 
@@ -30,14 +27,45 @@ def janus_cache(*args: str | Path) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=RUN_TIMEOUT, check=False)
 
 
+def janus_cache_in_process(*args: str | Path) -> subprocess.CompletedProcess[str]:
+    """The same ``janus-cache`` command run in this process (its CLI, without the start of a
+    process): exit code, stdout and stderr as a finished process's. An exception the command does
+    not turn into an ``error:`` line is raised here, as the process would print its traceback."""
+    from typer.testing import CliRunner
+
+    from pipelines.cache_cli import app
+
+    result = CliRunner().invoke(app, [str(a) for a in args])
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return subprocess.CompletedProcess(["janus-cache", *map(str, args)], result.exit_code, result.stdout,
+                                       result.stderr)
+
+
+def precompute_args(out: Path, profile: Path, *sources: str | Path, cache_format: str = "zarr") -> list[str | Path]:
+    return ["precompute", *sources, "--out", out, "--profile", profile, "--format", cache_format, "--workers", "1"]
+
+
 def precompute(out: Path, profile: Path, *sources: str | Path, cache_format: str = "zarr",
                ) -> subprocess.CompletedProcess[str]:
-    return janus_cache("precompute", *sources, "--out", out, "--profile", profile, "--format", cache_format,
-                       "--workers", "1")
+    return janus_cache(*precompute_args(out, profile, *sources, cache_format=cache_format))
+
+
+def precompute_in_process(out: Path, profile: Path, *sources: str | Path, cache_format: str = "zarr",
+                          ) -> subprocess.CompletedProcess[str]:
+    return janus_cache_in_process(*precompute_args(out, profile, *sources, cache_format=cache_format))
+
+
+def verify_args(cache: Path, profile: Path, data: str | Path, *args: str) -> list[str | Path]:
+    return ["verify", cache, "--profile", profile, "--data", data, "--checksums", "none", *args]
 
 
 def verify(cache: Path, profile: Path, data: str | Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return janus_cache("verify", cache, "--profile", profile, "--data", data, "--checksums", "none", *args)
+    return janus_cache(*verify_args(cache, profile, data, *args))
+
+
+def verify_in_process(cache: Path, profile: Path, data: str | Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return janus_cache_in_process(*verify_args(cache, profile, data, *args))
 
 
 def tail(result: subprocess.CompletedProcess[str]) -> str:
@@ -62,21 +90,3 @@ def assert_one_line_error(result: subprocess.CompletedProcess[str], *named: str)
 def cache_keys(cache: Path) -> list[str]:
     """The sample keys of a cache of either format, in row order (its samples table)."""
     return open_for_checks(cache).keys(SAMPLES_TABLE)
-
-
-@pytest.fixture(scope="session")
-def source_profile(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny profile with 4 rows per shard: the 10 frames and samples of source A end in a
-    partially filled shard (rows 8-9), which an append must rewrite."""
-    return write_test_profile(tmp_path_factory.mktemp("profiles") / "sources.yaml",
-                              cache={"frames_per_shard": ROWS_PER_SHARD, "samples_per_shard": ROWS_PER_SHARD})
-
-
-@pytest.fixture(scope="session")
-def sources(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """Two small datasets (read-only; copy to change one): A with 2 episodes, B with 1, 5 frames each.
-    Both name their episodes ``episode_0000``...: only the source name keeps their keys apart."""
-    root = tmp_path_factory.mktemp("sources")
-    return (write_sample_data(root / "A", episodes=2, steps=STEPS, seed=0),
-            write_sample_data(root / "B", episodes=1, steps=STEPS, seed=1))
-

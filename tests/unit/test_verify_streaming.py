@@ -4,7 +4,8 @@ At the real set's 612,560 samples, holding the dataset index as a row object per
 took rank 0 of `verify --data` to 2.4 GB. The comparison now reads the index the cache's index
 store holds, lazily (memory-mapped columns), and matches keys, windows and sources as arrays: no
 row is made for an unchanged dataset, and only the changed episode's rows for a changed one.
-A real precomputed cache (tiny profile) and a real PNG dataset on disk.
+A real precomputed cache (tiny profile; ``janus-cache precompute``'s CLI run in this process) and a
+real PNG dataset on disk.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from helpers.profiles import write_test_profile
-from helpers.sources import precompute, tail
+from helpers.sources import precompute_in_process, tail
 
 from janus_cache.index import Frame, Sample
 from janus_cache.index.lazy import LazyIndex, LazyRows
@@ -33,7 +34,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     root = tmp_path_factory.mktemp("streaming")
     profile = write_test_profile(root / "tiny.yaml")
     data = write_sample_data(root / "data", episodes=3, steps=4, seed=0)
-    result = precompute(root / "cache", profile, data)
+    result = precompute_in_process(root / "cache", profile, data)
     assert result.returncode == 0, tail(result)
     return data, root / "cache"
 
