@@ -51,9 +51,6 @@ from janus_cache.store.layout import KEY_COLUMN, WINDOW_ROWS_COLUMN, CacheLayout
 from janus_cache.store.records import ACTION_COLUMN, EPISODE_COLUMN, SOURCE_COLUMN, TEXT_COLUMNS
 from janus_cache.vit_encoder import ViTEncoder
 
-# Moved to janus_cache.keys; still importable from here for the tests that have not moved yet.
-from janus_cache.keys import dataset_identity, window_variant  # noqa: E402,F401
-
 # ------------------------------------------------------------------------------------ tables
 
 

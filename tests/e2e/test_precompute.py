@@ -32,7 +32,8 @@ from janus_cache.index import DatasetIndex, build_index, build_sources_index
 from janus_cache.encoder import WindowEncoder
 from janus_cache.imaging import load_frame
 from janus_cache.plan import Plan
-from janus_cache.precompute import encode_windows, window_variant
+from janus_cache.keys import window_variant
+from janus_cache.precompute import encode_windows
 from janus_cache.precompute_job import REPORT_NAME, PrecomputeJob
 from janus_cache.profile import Profile, load_profile
 from janus_cache.resolution import Resolution
