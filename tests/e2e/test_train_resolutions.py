@@ -1,7 +1,7 @@
 """A cache holding two resolutions trains on the profile's one and verifies (issue 11, bug 2).
 
 The way docs/precompute.md gives of adding a resolution: precompute the same data again with another
-``--resolution``. Then a real 2-process torchrun of ``pipelines.train`` (tiny profile, DeepSpeed
+``--resolution`` (here into a copy of the session's cache, helpers.shared_runs). Then a real 2-process torchrun of ``pipelines.train`` (tiny profile, DeepSpeed
 ZeRO-3 on the CPU) trains a few steps on the profile's resolution, and ``janus-cache verify``
 (the console script) passes on the cache.
 """
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -17,10 +18,10 @@ from pathlib import Path
 import pytest
 import yaml
 from helpers.profiles import REPO_ROOT, write_test_profile
+from helpers.shared_runs import TinyTraining
 
 from janus_cache.profile import load_profile
 from janus_cache.resolution import Resolution, visual_tokens
-from janus_cache.sample_data import write_sample_data
 from janus_cache.store import read_manifest
 from janus_train.trainer import METRICS_FILE, open_training_cache
 from pipelines.precompute import Options, run
@@ -31,18 +32,19 @@ TIMEOUT_S = 400
 
 
 @pytest.fixture(scope="module")
-def two_resolution_cache(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
-    """(data, profile, cache): 8 samples precomputed at pad112, then at the profile's resolution."""
+def two_resolution_cache(tiny_training: TinyTraining, tmp_path_factory: pytest.TempPathFactory
+                         ) -> tuple[Path, Path, Path]:
+    """(data, profile, cache): the session's 8 samples at the profile's resolution (a copy of its
+    bfloat16 cache), then precomputed again at pad112 into the same cache."""
     root = tmp_path_factory.mktemp("two-resolutions")
-    data = write_sample_data(root / "data", episodes=2, steps=4, seed=0)
+    data = tiny_training.data
     profile = write_test_profile(root / "tiny.yaml")
     settings = yaml.safe_load(profile.read_text())
     settings["train"].update({"micro_batch": 1, "grad_accum": 1, "max_steps": STEPS, "save_every": 0,
                               "log_every": 1, "num_workers": 0, "live_check_every": 0})
     profile.write_text(yaml.safe_dump(settings, sort_keys=False))
-    cache = root / "cache"
+    cache = Path(shutil.copytree(tiny_training.bf16_cache, root / "cache"))
     assert run(Options(data, cache, str(profile), resolution=OTHER, workers=1)) == 0
-    assert run(Options(data, cache, str(profile), workers=1)) == 0
     return data, profile, cache
 
 

@@ -118,3 +118,11 @@ def launch_train(*args: str | Path, timeout: float = RUN_TIMEOUT_S) -> subproces
     """``python -m pipelines.launch`` (what ``make train`` runs) on 2 processes (:func:`launch`)."""
     return launch("pipelines.launch", *args, timeout=timeout)
 
+
+
+def copies(clean_caches: tuple[Path, Path, Path], dest: Path) -> tuple[Path, Path]:
+    """Writable copies of caches a and b of ``(profile, a, b)`` under ``dest``."""
+    import shutil
+
+    _, a, b = clean_caches
+    return Path(shutil.copytree(a, dest / "a")), Path(shutil.copytree(b, dest / "b"))

@@ -138,3 +138,29 @@ def reference_dir_with_heads(reference_dir: Path, tmp_path_factory: pytest.TempP
     heads = {key: 0.05 * torch.randn(shape, generator=generator) for key, shape in vggt_head_shapes().items()}
     return write_reference_dir(tmp_path_factory.mktemp("reference-dir") / "janusvln-heads",
                                load_file(reference_dir / "model.safetensors") | heads)
+
+
+class OneSampleShards:
+    """Intact zarr caches of 2 episodes x 4 steps with one sample per feature shard (the damage tests'
+    profile, helpers.damage): ``cache("a")`` of the sample data of seed 0, ``cache("b")`` of seed 1,
+    each precomputed on first use. Read-only: tests damage copies."""
+
+    SEEDS = {"a": 0, "b": 1}
+
+    def __init__(self, root: Path) -> None:
+        from helpers.damage import write_profile
+
+        self.root = root
+        self.profile = write_profile(root / "profile.yaml")
+        self._caches: dict[str, Path] = {}
+
+    def cache(self, name: str) -> Path:
+        if name not in self._caches:
+            data = write_sample_data(self.root / f"data-{name}", episodes=EPISODES, steps=STEPS, seed=self.SEEDS[name])
+            self._caches[name] = precompute(data, self.root / name, self.profile)
+        return self._caches[name]
+
+
+@pytest.fixture(scope="session")
+def one_sample_shards(tmp_path_factory: pytest.TempPathFactory) -> OneSampleShards:
+    return OneSampleShards(tmp_path_factory.mktemp("one-sample-shards"))
