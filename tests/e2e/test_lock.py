@@ -23,9 +23,11 @@ import pytest
 import yaml
 
 from helpers.profiles import REPO_ROOT, file_digests, write_test_profile
-from janus_cache.lock import LOCK_NAME, DirectoryBusy, DirectoryLock, LockError, lock_path
+from janus_cache.lock import LOCK_NAME, DirectoryBusy, DirectoryLock, lock_path
+
 
 RUN_TIMEOUT = 300
+
 
 HOLDER_SCRIPT = """
 import sys, time
@@ -111,33 +113,6 @@ def test_a_lock_left_by_a_killed_holder_is_taken_over_and_named(tmp_path: Path) 
         assert note is not None and holder_pattern(holder.pid).search(note), note
         record = json.loads(lock_path(directory).read_text())
         assert (record["pid"], record["mode"]) == (os.getpid(), "writer")
-
-
-def test_releasing_deletes_the_lock_file_and_the_directories_left_empty(tmp_path: Path) -> None:
-    directory = tmp_path / "new" / "cache"
-    with DirectoryLock.acquire(directory) as lock:
-        assert directory.is_dir() and (directory / LOCK_NAME).is_file()
-        assert lock.takeover_note() is None
-    assert not (tmp_path / "new").exists(), "a writer that wrote nothing left the directories it created"
-    directory.mkdir(parents=True)
-    with DirectoryLock.acquire(directory) as again:
-        assert again.takeover_note() is None, "a released lock is not a dead holder's"
-        (directory / "shard").write_bytes(b"written")
-    assert [p.name for p in directory.iterdir()] == ["shard"]
-
-
-def test_a_reader_locks_nothing_where_it_cannot_write(tmp_path: Path) -> None:
-    missing = tmp_path / "missing"
-    with DirectoryLock.acquire(missing, exclusive=False) as lock:
-        assert not lock.held
-    assert not missing.exists(), "a reader created the directory it was asked to read"
-
-
-def test_a_writer_cannot_lock_a_file(tmp_path: Path) -> None:
-    file = tmp_path / "run"
-    file.write_text("not a directory")
-    with pytest.raises(LockError, match=f"{re.escape(str(file))} is not a directory"):
-        DirectoryLock.acquire(file)
 
 
 # -------------------------------------------------------------------------- the stages

@@ -23,17 +23,29 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from helpers.commands import SLURM_DIR
 from helpers.profiles import REPO_ROOT, file_digests
 from torch.distributed.run import get_args_parser
 
 from janus_train.preemption import PREEMPTED_EXIT_CODE
 
-SLURM_DIR = REPO_ROOT / "examples" / "slurm"
+
+
+
 HOSTS = ("gpu-07", "gpu-08")
+
+
 NODELIST = "gpu-[07-08]"
+
+
 GPUS_PER_NODE = 8
+
+
 CPUS_PER_NODE = 64
+
+
 JOB_ID = 81234
+
 
 # Programs that stand in for SLURM's commands and for torchrun: each records how it was called in
 # $STUB_LOG (JSON). srun runs its command on every node of $STUB_HOSTS at once, as srun does.
@@ -50,6 +62,7 @@ if sys.argv[1:3] != ["show", "hostnames"]:
     sys.exit("scontrol stand-in: only 'show hostnames' and 'requeue' are known")
 print("\\n".join(os.environ["STUB_HOSTS"].split()))
 """
+
 
 SRUN = """
 import json, os, signal, subprocess, sys
@@ -68,12 +81,14 @@ nodes += [
 sys.exit(max(node.wait() for node in nodes))
 """
 
+
 TORCHRUN = """
 import json, os, sys
 names = ("SLURM_NODEID", "SLURMD_NODENAME", "TORCH_EXTENSIONS_DIR", "JANUS_VGGT_PATH", "JANUS_QWEN_PATH")
 with open(os.path.join(os.environ["STUB_LOG"], "torchrun-%s.json" % os.environ["SLURMD_NODENAME"]), "w") as f:
     json.dump({"argv": sys.argv[1:], "env": {name: os.environ.get(name) for name in names}}, f)
 """
+
 
 # The environment's python, for ``python -m pipelines.launch [--launcher-log FILE] TORCHRUN_ARGS``:
 # records torchrun's arguments as TORCHRUN does and exits with $STUB_EXIT (0); with $STUB_STOP_SIGNAL,
@@ -180,24 +195,6 @@ def cluster(tmp_path: Path) -> Cluster:
     return cluster
 
 
-def sbatch_options(script: Path) -> dict[str, str | None]:
-    """The #SBATCH options sbatch reads: those of the comment block before the first command."""
-    lines = script.read_text().splitlines()
-    header = []
-    for line in lines[1:]:
-        if line.strip() and not line.startswith("#"):
-            break
-        header.append(line)
-    options = {}
-    for line in header:
-        if line.startswith("#SBATCH"):
-            name, _, value = line.removeprefix("#SBATCH").strip().partition("=")
-            options[name] = value or None
-    later = [line for line in lines[len(header) + 1:] if line.startswith("#SBATCH")]
-    assert not later, f"{script.name}: #SBATCH lines after the first command are ignored by sbatch: {later}"
-    return options
-
-
 def makefile_command(target: str, **variables: str) -> list[str]:
     """The arguments after ``-m`` of the torchrun command that ``make TARGET`` runs (dry run)."""
     settings = [f"{name}={value}" for name, value in variables.items()]
@@ -210,19 +207,6 @@ def makefile_command(target: str, **variables: str) -> list[str]:
     line = next(line for line in dry.replace("\\\n", " ").splitlines() if "pipelines.launch" in line)
     words = shlex.split(line)
     return words[words.index("-m", words.index("--nproc_per_node")) + 1:]
-
-
-@pytest.mark.parametrize("script", ["precompute.sbatch", "train.sbatch"])
-def test_the_header_asks_for_2_exclusive_nodes_with_8_gpus_and_one_task_each(script: str) -> None:
-    """One task per node (torchrun starts the GPU processes), whole nodes (every core decodes or
-    loads data), all of each node's memory."""
-    options = sbatch_options(SLURM_DIR / script)
-    assert options["--nodes"] == "2"
-    assert options["--ntasks-per-node"] == "1"
-    assert options["--gpus-per-node"] == "8"
-    assert "--exclusive" in options and options["--exclusive"] is None
-    assert options["--mem"] == "0"
-    assert options["--job-name"] == f"janus-{script.removesuffix('.sbatch')}"
 
 
 def check_launch(submission: Submission, module: str, module_args: list[str]) -> None:
@@ -351,14 +335,6 @@ def test_two_nodes_launched_by_precompute_sbatch_build_the_one_process_cache(
 
 
 # ------------------------------------------------------------------------ preemption (issue 25)
-
-
-def test_train_asks_for_sigusr1_ten_minutes_before_the_time_limit_and_may_be_requeued() -> None:
-    options = sbatch_options(SLURM_DIR / "train.sbatch")
-    assert options["--signal"] == "B:USR1@600"
-    assert "--requeue" in options and options["--open-mode"] == "append"
-    # The code it requeues on is the one a stopped run exits with.
-    assert f"PREEMPTED={PREEMPTED_EXIT_CODE}" in (SLURM_DIR / "train.sbatch").read_text()
 
 
 @pytest.mark.parametrize(("code", "requeued"), [(PREEMPTED_EXIT_CODE, True), (0, False), (1, False)])

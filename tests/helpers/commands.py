@@ -12,6 +12,10 @@ from helpers.profiles import REPO_ROOT
 TIMEOUT_S = 300
 
 
+SLURM_DIR = REPO_ROOT / "examples" / "slurm"
+"""The SLURM batch examples."""
+
+
 def make(target: str, **variables: str | Path) -> subprocess.CompletedProcess[str]:
     """``make TARGET NAME=VALUE...`` in the repository, with this test's environment."""
     settings = [f"{name}={value}" for name, value in variables.items()]

@@ -1,7 +1,8 @@
 """`janus-cache verify`: every kind of damage is caught by the check responsible for it.
 
-Real caches are built once per module with the precompute entry point (tiny profile, zarr and
-webdataset) from a small generated dataset (2 episodes x 10 frames: padded and linspace windows);
+Real caches are built once per session with the precompute entry point (tiny profile, zarr and
+webdataset: ``verify_caches``) from a small generated dataset (2 episodes x 10 frames: padded and
+linspace windows); verify runs in this process (two ranks under torchrun: tests/e2e/test_verify_ranks.py);
 each test that damages something works on its own copy of the cache, the dataset or the encoder
 checkpoint.
 """
@@ -10,10 +11,7 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import shutil
-import subprocess
-import sys
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,11 +23,11 @@ import torch
 import yaml
 from PIL import Image
 from safetensors.torch import load_file, save_file
+from helpers.shared_caches import VerifyCaches, step_of
 from typer.testing import CliRunner
 
 from janus_cache.encoder import load_aggregator
 from janus_cache.profile import PROFILES_DIR, load_profile
-from janus_cache.sample_data import write_sample_data
 from janus_cache.store import read_manifest
 from janus_cache.store import CacheLayout
 from janus_cache.store.commit import read_record
@@ -46,47 +44,20 @@ from janus_cache.verify import (
     compare,
     open_for_checks,
 )
-from pipelines import precompute
 from pipelines.cache_cli import app
 from pipelines.verify import Options, run
 
 TINY = PROFILES_DIR / "tiny.yaml"
 
 
-@dataclass(frozen=True)
-class Built:
-    data: Path
-    zarr: Path
-    wds: Path
-    failed: str
-    """The sample whose window frame could not be decoded at precompute (listed in report.json)."""
-
-
 @pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
-    root = tmp_path_factory.mktemp("verify")
-    data = write_sample_data(root / "data", episodes=2, steps=10, seed=0)
-    # As in real data, one source cannot be made into a frame: a valid image too elongated for any
-    # resolution. Its sample fails at precompute and is reported, which verify must accept.
-    episode = sorted(p for p in data.iterdir() if p.is_dir())[1]
-    last = max(episode.glob("step_*.png"), key=_step)
-    Image.new("RGB", (2000, 10), (90, 90, 90)).save(last)
-    caches = {}
-    for fmt in ("zarr", "wds"):
-        caches[fmt] = root / fmt
-        code = precompute.run(precompute.Options(data, caches[fmt], cache_format=fmt, workers=1, allow_failures=1))
-        assert code == 0
-    failed = f"{episode.name}/{_step(last)}"
-    assert list(json.loads((caches["zarr"] / "report.json").read_text())["failed_samples"]) == [failed]
-    return Built(data, caches["zarr"], caches["wds"], failed)
-
-
-def _step(frame: Path) -> int:
-    return int(frame.name.split("_")[1])
+def built(verify_caches: VerifyCaches) -> VerifyCaches:
+    """The session's caches of a small dataset (both formats, one sample failed at precompute)."""
+    return verify_caches
 
 
 @pytest.fixture
-def dataset_copy(built: Built, tmp_path: Path) -> Path:
+def dataset_copy(built: VerifyCaches, tmp_path: Path) -> Path:
     """A private copy of the dataset the caches were built from, for a test to change."""
     return Path(shutil.copytree(built.data, tmp_path / "data"))
 
@@ -157,14 +128,14 @@ def features_array(cache: Path) -> str:
 
 
 @pytest.fixture(scope="module")
-def clean_zarr_run(built: Built, tmp_path_factory: pytest.TempPathFactory) -> Outcome:
+def clean_zarr_run(built: VerifyCaches, tmp_path_factory: pytest.TempPathFactory) -> Outcome:
     """verify on the untouched zarr cache, with the dataset and four live samples."""
     report = tmp_path_factory.mktemp("clean") / "report.json"
     code = run(Options(built.zarr, built.data, "tiny", live=4, json_report=report))
     return Outcome(code, "", "", json.loads(report.read_text()))
 
 
-def test_an_untouched_cache_passes_every_check_including_the_live_one(clean_zarr_run: Outcome, built: Built) -> None:
+def test_an_untouched_cache_passes_every_check_including_the_live_one(clean_zarr_run: Outcome, built: VerifyCaches) -> None:
     assert clean_zarr_run.code == 0
     assert clean_zarr_run.status() == {name: "pass" for name in CHECK_NAMES}
     # The sample that failed at precompute is expected to be absent, and said so.
@@ -183,7 +154,7 @@ def test_an_untouched_cache_passes_every_check_including_the_live_one(clean_zarr
     assert live["embeddings"]["max_abs"] <= live["embeddings"]["min_bound"]
 
 
-def test_json_report_has_the_documented_stable_keys(clean_zarr_run: Outcome, built: Built) -> None:
+def test_json_report_has_the_documented_stable_keys(clean_zarr_run: Outcome, built: VerifyCaches) -> None:
     report = clean_zarr_run.report
     assert set(report) == {"schema_version", "cache", "format", "data", "profile", "options", "world_size",
                            "passed", "seconds", "error", "checks"}
@@ -206,7 +177,7 @@ def test_json_report_has_the_documented_stable_keys(clean_zarr_run: Outcome, bui
 
 
 def test_a_webdataset_cache_passes_the_same_checks_on_its_tar_samples(
-        built: Built, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+        built: VerifyCaches, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     outcome = verify(capsys, tmp_path, built.wds, built.data, live=2)
     assert outcome.code == 0, outcome.out
     assert outcome.report["format"] == "wds"
@@ -216,7 +187,7 @@ def test_a_webdataset_cache_passes_the_same_checks_on_its_tar_samples(
 
 
 def test_without_data_the_dataset_checks_are_reported_as_skipped_not_passed(
-        built: Built, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+        built: VerifyCaches, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     outcome = verify(capsys, tmp_path, built.zarr, live=4)
     assert outcome.code == 0
     assert outcome.status()["live"] == "skip"
@@ -229,7 +200,7 @@ def test_without_data_the_dataset_checks_are_reported_as_skipped_not_passed(
 
 
 def test_a_flipped_byte_in_a_feature_shard_fails_integrity_naming_the_shard_and_its_samples(
-        built: Built, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+        built: VerifyCaches, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     cache = copy_cache(built.zarr, tmp_path)
     array = features_array(cache)
     shard_file = cache / read_record(cache, array, 1).file
@@ -252,7 +223,7 @@ def test_a_flipped_byte_in_a_feature_shard_fails_integrity_naming_the_shard_and_
 
 
 def test_a_truncated_frame_shard_fails_integrity_naming_its_frames(
-        built: Built, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+        built: VerifyCaches, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     cache = copy_cache(built.zarr, tmp_path)
     array = frames_array_path("pad224")
     shard_file = cache / read_record(cache, array, 0).file
@@ -265,7 +236,7 @@ def test_a_truncated_frame_shard_fails_integrity_naming_its_frames(
     assert keys_of(cache, FRAMES_TABLE, shard_rows(cache, array, 0))[0] in problems
 
 
-def test_a_deleted_shard_file_fails_integrity(built: Built, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+def test_a_deleted_shard_file_fails_integrity(built: VerifyCaches, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     cache = copy_cache(built.zarr, tmp_path)
     array = features_array(cache)
     (cache / read_record(cache, array, 2).file).unlink()
@@ -278,7 +249,7 @@ def test_a_deleted_shard_file_fails_integrity(built: Built, capsys: pytest.Captu
 
 
 def test_a_deleted_commit_record_fails_integrity_as_uncommitted(
-        built: Built, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+        built: VerifyCaches, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     cache = copy_cache(built.zarr, tmp_path)
     array = frames_array_path("pad224")
     rows = shard_rows(cache, array, 1)
@@ -292,7 +263,7 @@ def test_a_deleted_commit_record_fails_integrity_as_uncommitted(
 
 
 def test_a_corrupted_tar_shard_of_a_webdataset_cache_is_named_with_its_samples(
-        built: Built, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+        built: VerifyCaches, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     cache = copy_cache(built.wds, tmp_path)
     array = next(a for a in read_manifest(cache).shards if a.startswith("wds/"))
     tar = cache / read_record(cache, array, 1).file
@@ -308,7 +279,7 @@ def test_a_corrupted_tar_shard_of_a_webdataset_cache_is_named_with_its_samples(
 
 
 def test_a_tar_shard_missing_a_member_fails_completeness_naming_the_sample(
-        built: Built, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+        built: VerifyCaches, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     cache = copy_cache(built.wds, tmp_path)
     array = next(a for a in read_manifest(cache).shards if a.startswith("wds/"))
     path = cache / read_record(cache, array, 0).file
@@ -329,7 +300,7 @@ def test_a_tar_shard_missing_a_member_fails_completeness_naming_the_sample(
 
 
 def test_damaged_array_metadata_fails_schema_and_integrity_instead_of_crashing(
-        built: Built, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+        built: VerifyCaches, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     cache = copy_cache(built.zarr, tmp_path)
     (cache / "tables/samples/step/zarr.json").write_text("{not json")
     outcome = verify(capsys, tmp_path, cache)
@@ -339,7 +310,7 @@ def test_damaged_array_metadata_fails_schema_and_integrity_instead_of_crashing(
 
 
 def test_checksum_modes_choose_which_shards_are_hashed_but_all_are_checked_for_presence(
-        built: Built, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+        built: VerifyCaches, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     cache = copy_cache(built.zarr, tmp_path)
     array = features_array(cache)
     shard_file = cache / read_record(cache, array, 0).file
@@ -368,12 +339,12 @@ def _change_image(path: Path) -> None:
 
 
 def test_a_source_image_changed_after_precompute_fails_completeness_and_the_live_check(
-        built: Built, dataset_copy: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+        built: VerifyCaches, dataset_copy: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     # Change the newest frame of a sample the live check picks, so both checks see it.
     row = choose_live_rows(built.zarr, 1, seed=0)[0]
     key = open_for_checks(built.zarr).keys(SAMPLES_TABLE)[row]
     episode, step = key.split("/")
-    source = next(p for p in (dataset_copy / episode).glob("step_*.png") if _step(p) == int(step))
+    source = next(p for p in (dataset_copy / episode).glob("step_*.png") if step_of(p) == int(step))
     _change_image(source)
 
     outcome = verify(capsys, tmp_path, built.zarr, dataset_copy, live=1)
@@ -388,11 +359,11 @@ def test_a_source_image_changed_after_precompute_fails_completeness_and_the_live
     assert relpath in outcome.problems("live")
 
 
-def _add_step(dataset: Path) -> str:
+def _addstep_of(dataset: Path) -> str:
     """Append one more frame (and so one more sample) to the first episode; returns its key."""
     episode = min(p for p in dataset.iterdir() if p.is_dir())
-    last = max(episode.glob("step_*.png"), key=_step)
-    step = _step(last) + 1
+    last = max(episode.glob("step_*.png"), key=step_of)
+    step = step_of(last) + 1
     new = episode / f"step_{step:04d}_{last.stem.split('_', 2)[2]}.png"
     shutil.copyfile(last, new)
     shutil.copyfile(last.with_suffix(".json"), new.with_suffix(".json"))
@@ -400,8 +371,8 @@ def _add_step(dataset: Path) -> str:
 
 
 def test_a_sample_missing_from_the_cache_fails_completeness(
-        built: Built, dataset_copy: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    key = _add_step(dataset_copy)
+        built: VerifyCaches, dataset_copy: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    key = _addstep_of(dataset_copy)
     outcome = verify(capsys, tmp_path, built.zarr, dataset_copy)
     assert outcome.code == 1
     assert outcome.status()["completeness"] == "fail"
@@ -413,9 +384,9 @@ def test_a_sample_missing_from_the_cache_fails_completeness(
 
 
 def test_a_cached_sample_the_dataset_no_longer_has_fails_completeness(
-        built: Built, dataset_copy: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+        built: VerifyCaches, dataset_copy: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     episode = sorted(p for p in dataset_copy.iterdir() if p.is_dir())[1]
-    description = next(p for p in episode.glob("step_*.json") if _step(p) == 5)
+    description = next(p for p in episode.glob("step_*.json") if step_of(p) == 5)
     description.unlink()  # the frame stays (a history frame), the sample is gone
 
     outcome = verify(capsys, tmp_path, built.zarr, dataset_copy)
@@ -435,7 +406,7 @@ def test_a_cached_sample_the_dataset_no_longer_has_fails_completeness(
     ],
 )
 def test_a_profile_with_other_settings_fails_freshness_naming_the_field_and_both_values(
-        built: Built, capsys: pytest.CaptureFixture[str], tmp_path: Path,
+        built: VerifyCaches, capsys: pytest.CaptureFixture[str], tmp_path: Path,
         change: dict[str, Any], field: str, cache_value: str, profile_value: str) -> None:
     profile = write_profile(tmp_path, "changed", cache=change)
     outcome = verify(capsys, tmp_path, built.zarr, profile=profile)
@@ -460,7 +431,7 @@ def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_one_changed_encoder_weight_fails_freshness_and_the_live_features(
-        built: Built, tiny_checkpoint: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+        built: VerifyCaches, tiny_checkpoint: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     # The same weights from a checkpoint file have the same fingerprint: the cache is fresh.
     same = write_profile(tmp_path, "checkpoint", vggt={"path": str(tiny_checkpoint)})
     assert verify(capsys, tmp_path, built.zarr, profile=same).code == 0
@@ -484,7 +455,7 @@ def test_one_changed_encoder_weight_fails_freshness_and_the_live_features(
 
 
 def test_the_trainer_check_accepts_a_fresh_cache_and_refuses_a_stale_one_with_the_cli_message(
-        built: Built, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+        built: VerifyCaches, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     results = check_cache_for_training(built.zarr, "tiny")
     assert [(r.name, r.status) for r in results] == [("schema", "pass"), ("integrity", "pass"), ("freshness", "pass")]
 
@@ -497,7 +468,7 @@ def test_the_trainer_check_accepts_a_fresh_cache_and_refuses_a_stale_one_with_th
 
 
 def test_the_trainer_check_refuses_a_truncated_shard_without_hashing_every_byte(
-        built: Built, tmp_path: Path) -> None:
+        built: VerifyCaches, tmp_path: Path) -> None:
     cache = copy_cache(built.zarr, tmp_path)
     shard = cache / read_record(cache, frames_array_path("pad224"), 0).file
     shard.write_bytes(shard.read_bytes()[:-10])
@@ -533,7 +504,7 @@ def test_the_feature_tolerance_admits_one_bf16_ulp_but_not_a_one_percent_error()
 
 
 
-def test_the_library_checks_run_in_one_process_on_an_explicit_subset(built: Built) -> None:
+def test_the_library_checks_run_in_one_process_on_an_explicit_subset(built: VerifyCaches) -> None:
     from janus_cache.index import build_index
     from janus_cache.verify import check_integrity, check_live, check_schema
 
@@ -553,7 +524,7 @@ def test_the_library_checks_run_in_one_process_on_an_explicit_subset(built: Buil
 # ---------------------------------------------------------------------------------- commands
 
 
-def test_the_cli_command_exits_1_with_a_one_line_reason_on_a_damaged_cache(built: Built, tmp_path: Path) -> None:
+def test_the_cli_command_exits_1_with_a_one_line_reason_on_a_damaged_cache(built: VerifyCaches, tmp_path: Path) -> None:
     cache = copy_cache(built.zarr, tmp_path)
     CacheLayout(cache).commit_record(frames_array_path("pad224"), 0).unlink()
     result = CliRunner().invoke(app, ["verify", str(cache), "--checksums", "none"])
@@ -561,21 +532,3 @@ def test_the_cli_command_exits_1_with_a_one_line_reason_on_a_damaged_cache(built
     assert any(line.startswith("integrity") and "FAIL" in line for line in result.output.splitlines())
     errors = [line for line in result.output.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "frames/pad224#0" in errors[0]
-
-
-def test_torchrun_splits_the_live_check_over_ranks_and_prints_the_json_report(built: Built, tmp_path: Path) -> None:
-    torchrun = Path(sys.executable).parent / "torchrun"
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    result = subprocess.run(
-        [str(torchrun), "--standalone", "--nproc_per_node", "2", "-m", "pipelines.verify", str(built.zarr),
-         "--data", str(built.data), "--live", "4", "--json", "-"],
-        check=False, capture_output=True, text=True, timeout=300, env=env,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    report = json.loads(result.stdout)
-    assert report["world_size"] == 2 and report["passed"] is True
-    live = next(c for c in report["checks"] if c["name"] == "live")
-    keys = [s["key"] for s in live["data"]["samples"]]
-    cache_keys = open_for_checks(built.zarr).keys(SAMPLES_TABLE)
-    assert keys == [cache_keys[r] for r in choose_live_rows(built.zarr, 4, seed=0)]
-    assert "check" in result.stderr and "live" in result.stderr  # the table went to stderr

@@ -6,10 +6,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import time
 from pathlib import Path
 
 import pytest
+from helpers.dataset_files import age, images, scramble_keeping_size_and_mtime
 
 from janus_cache.index import (
     DatasetError,
@@ -23,20 +23,10 @@ from janus_cache.index import (
     load_stored,
     store_sources_index,
 )
-from janus_cache.index.cached import COMBINED_PREFIX
 from janus_cache.index.episode_folders import EpisodeFolderBuilder
-from janus_cache.index.files import IMAGE_SUFFIXES
+
 
 EP, OTHER = "episode_0000", "episode_0001"
-
-
-def age(*paths: Path, seconds: float = 3600) -> None:
-    """Give files (every file under a folder) an mtime ``seconds`` ago: a file modified moments
-    before indexing is re-read next time (its mtime may not move on a quick second change)."""
-    then = time.time_ns() - int(seconds * 1e9)
-    for path in paths:
-        for p in [path, *path.rglob("*")] if path.is_dir() else [path]:
-            os.utime(p, ns=(then, then))
 
 
 @pytest.fixture
@@ -44,19 +34,6 @@ def dataset(dataset_copy: Path) -> Path:
     """A private copy of the sample dataset whose files were last modified an hour ago."""
     age(dataset_copy)
     return dataset_copy
-
-
-def images(root: Path) -> list[Path]:
-    return sorted(p for p in root.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES)
-
-
-def scramble_keeping_size_and_mtime(paths: list[Path]) -> None:
-    """Overwrite each file with other bytes of the same length (not an image any more), then give
-    it back its mtime: a reader of the file would notice, a ``stat`` cannot."""
-    for path in paths:
-        st = path.stat()
-        path.write_bytes(bytes((i * 7 + 3) % 256 for i in range(st.st_size)))
-        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
 
 
 def assert_same_index(a: DatasetIndex, b: DatasetIndex) -> None:
@@ -279,44 +256,6 @@ def test_a_store_that_cannot_be_written_still_gives_the_index(dataset: Path, tmp
     stored = build_stored_index(dataset, store)
     assert not stored.saved and not stored.reused
     assert_same_index(stored.index, build_index(dataset))
-
-
-def test_precompute_resume_and_verify_reuse_the_index_kept_in_the_cache(tmp_path: Path) -> None:
-    """Two ranks: the first run indexes (rank 1 reads the stored columns), a resume and an
-    ``--overwrite`` run reuse the index, and so does ``verify --data``, without opening an image
-    (scrambled behind its back, same size and mtime: trusted, as documented)."""
-    import subprocess
-    import sys
-
-    from helpers.profiles import REPO_ROOT, write_test_profile
-    from janus_cache.sample_data import write_sample_data
-    from janus_cache.store.layout import CacheLayout
-
-    data = write_sample_data(tmp_path / "data", episodes=2, steps=10, seed=1)
-    age(data)
-    profile = write_test_profile(tmp_path / "profile.yaml", cache={"resolution": "pad112"})
-    cache = tmp_path / "cache"
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    precompute = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                  "-m", "pipelines.precompute", str(data), "--out", str(cache), "--profile", str(profile),
-                  "--workers", "1"]
-
-    def run(command: list[str]) -> str:
-        done = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=900,
-                              check=False)
-        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-        return done.stdout + done.stderr
-
-    assert "20 image(s) read and hashed" in run(precompute)
-    stored = sorted(os.listdir(CacheLayout(cache).index_store))  # the source's entry and the job's combined one
-    assert len(stored) == 2 and stored[1].startswith(COMBINED_PREFIX)
-    assert "reused the stored index" in run(precompute)
-    assert "reused the stored index" in run([*precompute, "--overwrite"])  # the index outlives the cache
-    scramble_keeping_size_and_mtime(images(data))
-    verify = [str(Path(sys.executable).parent / "janus-cache"), "verify", str(cache), "--data", str(data),
-              "--profile", str(profile), "--live", "0"]
-    assert "verify passed" in run(verify)  # no image opened: their sizes and mtimes are unchanged
-    assert sorted(os.listdir(CacheLayout(cache).index_store)) == stored
 
 
 def test_the_index_worker_checks_images_in_processes_of_its_own_and_says_why_it_failed(

@@ -3,14 +3,13 @@
 * frames repeated across (and inside) the windows of one encoder call are patch-embedded once,
   with features bit-identical to embedding every window frame;
 * the attention kernel is chosen once per device from a fixed order of exact kernels;
-* ``vggt.compile`` fuses the blocks' elementwise work, within verify's tolerance of the eager path.
+* ``vggt.compile`` fuses the blocks' elementwise work, within verify's tolerance of the eager path
+  (tests/e2e/test_vggt_compile.py: the compiler starts worker processes).
 """
 
 from __future__ import annotations
 
 import importlib.util
-import json
-from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -18,26 +17,11 @@ import torch
 import torch.nn.functional as F
 
 from helpers.profiles import write_test_profile
-import janus_cache.encoder as encoder_module
+from helpers.vggt_cases import CPU, SIDE, episode_windows, tiny_model
 from janus_cache.encoder import PROBE_STRIDE, WindowEncoder, distinct_frames
 from janus_cache.profile import load_profile
-from janus_cache.verify.comparison import compare, feature_tolerance
-from janus_cache.vggt import AggregatorConfig, VGGTAggregator
+from janus_cache.vggt import VGGTAggregator
 from janus_cache.vggt.attention import CUDA_ORDER, SDPA, AttentionKernel, candidate, choose, kernel_for
-
-TINY_VGGT = Path(__file__).resolve().parents[2] / "configs" / "models" / "tiny-vggt.json"
-SIDE = 56
-CPU = torch.device("cpu")
-
-
-def tiny_model() -> VGGTAggregator:
-    torch.manual_seed(0)
-    return VGGTAggregator.from_config(AggregatorConfig.from_dict(json.loads(TINY_VGGT.read_text())))
-
-
-def episode_windows(steps: Sequence[int]) -> torch.Tensor:
-    """uint8 windows [len(steps), 9, SIDE, SIDE, 3] of samples of one random 14-frame episode."""
-    return encoder_module.episode_windows(steps, SIDE, 14)
 
 
 class PatchEmbedCalls:
@@ -170,19 +154,3 @@ def test_compile_setting_fuses_every_block(tmp_path: Path) -> None:
     default = load_profile(write_test_profile(tmp_path / "d.yaml"))
     assert default.vggt.compile is False
     assert not WindowEncoder.from_settings(default.vggt, default.cache).model.fused
-
-
-@pytest.mark.slow
-def test_compiled_blocks_match_the_eager_path_within_verify_tolerance() -> None:
-    from torch._dynamo.utils import counters
-
-    eager, fused = tiny_model(), tiny_model()
-    fused.fuse()
-    graphs = counters["stats"]["unique_graphs"]
-    for windows in (episode_windows([3, 11]), episode_windows([5, 6, 12])):  # a second shape recompiles once
-        expected = WindowEncoder(eager, "last", -2, torch.float32).encode(windows)
-        got = WindowEncoder(fused, "last", -2, torch.float32).encode(windows)
-        for live, cached in zip(got, expected):
-            comparison = compare(live, cached, feature_tolerance(CPU), "float32")
-            assert comparison.ok, comparison
-    assert counters["stats"]["unique_graphs"] > graphs  # the compiled regions did run

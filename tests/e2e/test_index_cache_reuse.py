@@ -1,0 +1,49 @@
+"""A precompute (torchrun, 2 processes), its resume and ``janus-cache verify`` reuse the dataset
+index kept in the cache. (The index store itself, in process: tests/unit/test_index_cache.py.)"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from helpers.dataset_files import age, images, scramble_keeping_size_and_mtime
+
+from janus_cache.index.cached import COMBINED_PREFIX
+
+
+def test_precompute_resume_and_verify_reuse_the_index_kept_in_the_cache(tmp_path: Path) -> None:
+    """Two ranks: the first run indexes (rank 1 reads the stored columns), a resume and an
+    ``--overwrite`` run reuse the index, and so does ``verify --data``, without opening an image
+    (scrambled behind its back, same size and mtime: trusted, as documented)."""
+    import subprocess
+    import sys
+
+    from helpers.profiles import REPO_ROOT, write_test_profile
+    from janus_cache.sample_data import write_sample_data
+    from janus_cache.store.layout import CacheLayout
+
+    data = write_sample_data(tmp_path / "data", episodes=2, steps=10, seed=1)
+    age(data)
+    profile = write_test_profile(tmp_path / "profile.yaml", cache={"resolution": "pad112"})
+    cache = tmp_path / "cache"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    precompute = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                  "-m", "pipelines.precompute", str(data), "--out", str(cache), "--profile", str(profile),
+                  "--workers", "1"]
+
+    def run(command: list[str]) -> str:
+        done = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=900,
+                              check=False)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        return done.stdout + done.stderr
+
+    assert "20 image(s) read and hashed" in run(precompute)
+    stored = sorted(os.listdir(CacheLayout(cache).index_store))  # the source's entry and the job's combined one
+    assert len(stored) == 2 and stored[1].startswith(COMBINED_PREFIX)
+    assert "reused the stored index" in run(precompute)
+    assert "reused the stored index" in run([*precompute, "--overwrite"])  # the index outlives the cache
+    scramble_keeping_size_and_mtime(images(data))
+    verify = [str(Path(sys.executable).parent / "janus-cache"), "verify", str(cache), "--data", str(data),
+              "--profile", str(profile), "--live", "0"]
+    assert "verify passed" in run(verify)  # no image opened: their sizes and mtimes are unchanged
+    assert sorted(os.listdir(CacheLayout(cache).index_store)) == stored
