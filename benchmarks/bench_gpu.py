@@ -49,7 +49,7 @@ from benchmarks.bench_projection import (
     zero_options,
 )
 from benchmarks.measure import RESULTS_DIR, Stat
-from janus_cache.bases import BASES, DEFAULT_BASE, QwenBase, base_of_qwen_dir
+from janus_cache.bases import BASES, DEFAULT_BASE, QWEN2_5_VL, QWEN3_VL, QwenBase, base_of_qwen_dir
 from janus_cache.encoder import LEVER_BATCH, WindowEncoder, distinct_frames, lever_batches, lever_settings
 from janus_cache.vggt import VGGTAggregator, window_flops
 from janus_cache.vggt.attention import BENCH_KERNELS
@@ -88,13 +88,13 @@ SMOKE = GpuBenchSettings(MODELS / "tiny-qwen2_5_vl", MODELS / "tiny-vggt.json", 
                          torch.float32, merger_hidden=96, repeats=1, warmup=1, vggt_batches=(1, 2),
                          checkpointing=("full", "none", "every_2"), threads=1, compile=False)
 REAL_BY_BASE: dict[str, GpuBenchSettings] = {
-    "qwen2_5_vl": REAL,
-    "qwen3_vl": replace(REAL, qwen_dir=MODELS / "qwen3_vl_8b"),
+    QWEN2_5_VL.model_type: REAL,
+    QWEN3_VL.model_type: replace(REAL, qwen_dir=MODELS / "qwen3_vl_8b"),
 }
 """The real architectures per base (``--base``): Qwen2.5-VL-7B, Qwen3-VL-8B, each with VGGT-1B."""
 SMOKE_BY_BASE: dict[str, GpuBenchSettings] = {
-    "qwen2_5_vl": SMOKE,
-    "qwen3_vl": replace(SMOKE, qwen_dir=MODELS / "tiny-qwen3_vl"),
+    QWEN2_5_VL.model_type: SMOKE,
+    QWEN3_VL.model_type: replace(SMOKE, qwen_dir=MODELS / "tiny-qwen3_vl"),
 }
 
 
