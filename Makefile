@@ -124,7 +124,7 @@ bench-gpu: $(STAMP)
 SAMPLES ?= 10000,100000,612560
 PRECOMPUTE_SAMPLES ?= 1000,10000
 bench-scale: $(STAMP)
-	$(PY) benchmarks/bench_scale.py --sizes $(SAMPLES) --precompute-sizes "$(PRECOMPUTE_SAMPLES)" --nproc $(NPROC) $(BENCH_ARGS)
+	$(PY) benchmarks/bench_scale.py --sizes "$(SAMPLES)" --precompute-sizes "$(PRECOMPUTE_SAMPLES)" --nproc $(NPROC) $(BENCH_ARGS)
 
 clean-demo:
 	rm -rf $(DEMO_DIR)
