@@ -298,7 +298,7 @@ def test_a_run_killed_mid_way_then_resumed_equals_an_uninterrupted_run(
     stray.write_bytes(b'{"array": "fra')
 
     # A same-size flip is seen only by hashing, which a resume does on request (by default it
-    # trusts committed shards by record and size: tests/test_resume_verify_cost.py).
+    # trusts committed shards by record and size: tests/e2e/test_resume_verify_cost.py).
     resumed = run([*(command if resume_nproc == 2 else
                      precompute_command(sample_dataset, out, profile, cache_format=cache_format, nproc=resume_nproc)),
                    "--checksums", "all"])

@@ -30,8 +30,6 @@ from torch.distributed.run import get_args_parser
 from janus_train.preemption import PREEMPTED_EXIT_CODE
 
 
-
-
 HOSTS = ("gpu-07", "gpu-08")
 
 

@@ -1,4 +1,4 @@
-"""Helpers shared by several test modules (moved from tests/test_user_errors.py)."""
+"""``make`` as a user runs it, what of its output the user reads, and the SLURM examples' folder."""
 
 from __future__ import annotations
 

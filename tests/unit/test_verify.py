@@ -502,8 +502,6 @@ def test_the_feature_tolerance_admits_one_bf16_ulp_but_not_a_one_percent_error()
     assert not far.ok and far.max_abs > far.bound
 
 
-
-
 def test_the_library_checks_run_in_one_process_on_an_explicit_subset(built: VerifyCaches) -> None:
     from janus_cache.index import build_index
     from janus_cache.verify import check_integrity, check_live, check_schema
