@@ -23,6 +23,7 @@ import pytest
 import yaml
 
 from helpers.profiles import REPO_ROOT, file_digests, write_test_profile
+from helpers.sources import janus_cache_in_process
 from janus_cache.lock import LOCK_NAME, DirectoryBusy, DirectoryLock, lock_path
 
 
@@ -178,17 +179,15 @@ def test_concurrent_precomputes_into_one_cache_run_exactly_one(
     assert "precompute done" not in loser_out
 
     assert not lock_path(out).exists(), "the finished run left its lock file"
-    janus_cache = str(Path(sys.executable).parent / "janus-cache")
-    verify = subprocess.run([janus_cache, "verify", str(out), "--profile", str(profile), "--data", str(sample_dataset),
-                             "--live", "0"], cwd=REPO_ROOT, env=run_env(), capture_output=True, text=True,
-                            timeout=RUN_TIMEOUT)
+    # janus-cache's commands from here on run in this process: the lock holders are other processes.
+    verify = janus_cache_in_process("verify", out, "--profile", profile, "--data", sample_dataset, "--live", "0")
     assert verify.returncode == 0, verify.stdout + verify.stderr
 
     before = file_digests(out)
     writer = start_holder(out)
     try:
-        overwrite = subprocess.run(precompute_command(sample_dataset, out, profile, "--overwrite", nproc=None),
-                                   cwd=REPO_ROOT, env=run_env(), capture_output=True, text=True, timeout=RUN_TIMEOUT)
+        overwrite = janus_cache_in_process(*precompute_command(sample_dataset, out, profile, "--overwrite",
+                                                               nproc=None)[1:])
     finally:
         kill(writer)
     assert overwrite.returncode == 1, overwrite.stdout + overwrite.stderr
@@ -220,9 +219,8 @@ def test_a_precompute_into_a_cache_a_training_run_reads_is_refused_naming_the_ru
              "--out", str(out), "--cache", str(cache), "--profile", str(profile), "--no-export"], cwd=REPO_ROOT, env=run_env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
             reader = wait_for_holder(cache, training, mode="reader")
-            refusals = [subprocess.run(precompute_command(source, cache, profile, *args, nproc=None), cwd=REPO_ROOT,
-                                       env=run_env(), capture_output=True, text=True, timeout=RUN_TIMEOUT)
-                        for source, args in ((data, ("--overwrite",)), (more, ()))]
+            refusals = [janus_cache_in_process(*precompute_command(source, cache, profile, *args, nproc=None)[1:])
+                        for source, args in ((data, ("--overwrite",)), (more, ()))]  # in this process
             assert training.poll() is None, "the training run ended before the precomputes:\n" + (
                 tmp_path / "train.log").read_text()[-3000:]
         finally:

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import pytest
 from helpers.profiles import REPO_ROOT, file_digests, write_test_profile
+from helpers.sources import janus_cache_in_process
 
 from janus_cache.lock import LOCK_NAME
 from janus_cache.store.commit import SAMPLE_STRIDE, commit_shard, hashed, read_record
@@ -131,12 +132,12 @@ def test_a_resume_trusts_committed_shards_by_record_and_size_and_checksums_all_r
         sample_dataset: Path, profile: Path, cache: Path, reference: Path) -> None:
     damaged = shard_file(cache, feature_array(cache), 5)
     flip_byte(damaged)
-    command = [JANUS_CACHE, "precompute", str(sample_dataset), "--out", str(cache), "--profile", str(profile),
-               "--workers", "1"]
-    assert run(command).returncode == 0
+    # The janus-cache precompute command, run in this process (the audit above runs it as one).
+    command = ["precompute", sample_dataset, "--out", cache, "--profile", profile, "--workers", "1"]
+    assert janus_cache_in_process(*command).returncode == 0
     assert digests(cache) != digests(reference), "the default resume trusts record + size: the flip stays"
 
-    result = run([*command, "--checksums", "all"])
+    result = janus_cache_in_process(*command, "--checksums", "all")
     assert result.returncode == 0, result.stderr
     assert "[features] 36 samples, 34 already done" in result.stderr, result.stderr  # the 2 of shard 5 redone
     assert digests(cache) == digests(reference)
@@ -144,14 +145,14 @@ def test_a_resume_trusts_committed_shards_by_record_and_size_and_checksums_all_r
     # A shard whose size differs from its record is rewritten by the default resume.
     truncated = shard_file(cache, frames_array(RESOLUTION), 3)
     truncated.write_bytes(truncated.read_bytes()[:-1])
-    result = run(command)
+    result = janus_cache_in_process(*command)
     assert result.returncode == 0, result.stderr
     assert "[frames] 36 frames, 34 already done" in result.stderr, result.stderr
     assert digests(cache) == digests(reference)
 
     # So is a shard whose commit record is damaged (not JSON): it proves nothing.
     CacheLayout(cache).commit_record(feature_array(cache), 7).write_text("{not json")
-    result = run(command)
+    result = janus_cache_in_process(*command)
     assert result.returncode == 0, result.stderr
     assert "[features] 36 samples, 34 already done" in result.stderr, result.stderr
     assert digests(cache) == digests(reference)
