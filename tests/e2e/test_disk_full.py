@@ -3,8 +3,8 @@ launcher's own log each end in one line naming the path, the bytes free and need
 
 The disks are real, size-limited tmpfs mounts in an unprivileged user+mount namespace of the
 test's own (``unshare -rm``): the writes hit the kernel's own ENOSPC. The runs: real 2-process
-launches through ``pipelines.launch`` (as ``make train`` starts them) of the tiny profile on a
-precomputed cache of 2 episodes x 4 steps, 4 steps with a checkpoint every 2.
+launches through ``pipelines.launch`` (as ``make train`` starts them) of the tiny profile on the
+session's float32 cache of 2 episodes x 4 steps (helpers.shared_runs), 4 steps with a checkpoint every 2.
 
 * A run directory with room for one checkpoint and a half: the step-4 save fails on the full
   disk; one ``error:`` line, no traceback, the partial tag removed, ``latest`` still names step 2.
@@ -36,9 +36,9 @@ import pytest
 import yaml
 from helpers.profiles import REPO_ROOT, file_digests, write_test_profile
 from helpers.training import TRAIN as TRAIN_TEST_SETTINGS
-from helpers.training import precompute, read_metrics, write_train_profile
+from helpers.shared_runs import TinyTraining
+from helpers.training import read_metrics, write_train_profile
 
-from janus_cache.sample_data import write_sample_data
 from janus_train.best_checkpoint import BEST_FILE, BEST_TAG
 from janus_train.checkpoints import CHECKSUMS_FILE, LATEST_FILE
 from janus_train.trainer import CHECKPOINTS
@@ -97,11 +97,11 @@ class Setup:
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory: pytest.TempPathFactory) -> Setup:
+def setup(tiny_training: TinyTraining, tmp_path_factory: pytest.TempPathFactory) -> Setup:
     root = tmp_path_factory.mktemp("disk-full")
-    data = write_sample_data(root / "data", episodes=2, steps=4, seed=0)
+    # The session's float32 cache: these settings train differently, but on the same cache.
     profile = write_train_profile(root / "profile.yaml", cache={"feature_dtype": "float32"}, train=TRAIN)
-    cache = precompute(data, root / "cache", profile)
+    cache = tiny_training.fp32_cache
     reference = root / "reference"
     result = run(train_command(reference, cache, profile))
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]

@@ -1,15 +1,18 @@
 """Elastic resume (issue 14 item 2): a run continues on another number of processes with the
 sample order and, within float32 tolerance, the losses of an uninterrupted run.
 
-Real components: a zarr cache of 3 episodes x 4 steps = 12 samples, torchrun launches of the
-trainer, DeepSpeed ZeRO-3 over gloo. Every run takes steps of 4 samples (micro-batch 1 x
+Real components: a zarr cache of 3 episodes x 4 steps = 12 samples (the session's,
+helpers.shared_runs), torchrun launches of the trainer, DeepSpeed ZeRO-3 over gloo. Every run takes steps of 4 samples (micro-batch 1 x
 accumulation 2 x 2 processes, or x 4 x 1 process), so an epoch is 3 steps and step 4 is the first
 of epoch 1; 8 steps with a checkpoint at step 4. The runs log each step's sample keys in the order
 of the global sequence.
 
 * A: 2 processes, 8 steps; B: 1 process, 8 steps (the same global batch: the same run).
-* 2 -> 1: A's step-4 checkpoint continued on 1 process (DeepSpeed's universal checkpoint).
+* 2 -> 1: A's step-4 checkpoint continued on 1 process (DeepSpeed's universal checkpoint); its
+  conversion is the one the damage tests damage.
 * 1 -> 2: B's step-4 checkpoint continued on 2 processes.
+
+The resume rule as a function is tests/unit/test_resume_rule.py.
 """
 
 from __future__ import annotations
@@ -19,16 +22,17 @@ import os
 import shutil
 import subprocess
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 from helpers.profiles import REPO_ROOT, write_test_profile
+from helpers.shared_runs import TinyTraining
 
 from janus_cache.sample_data import write_sample_data
-from janus_train.elastic import DataLayout, GradAccum, ResumeError, check_resumable, read_client_state
+from janus_train.elastic import GradAccum, read_client_state
 
 STEPS, SAVE_AT = 8, 4
 TIMEOUT_S = 600
@@ -87,16 +91,27 @@ class Setup:
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory: pytest.TempPathFactory) -> Setup:
-    from pipelines.precompute import Options, run
-
+def setup(three_episodes: TinyTraining, tmp_path_factory: pytest.TempPathFactory) -> Setup:
     root = tmp_path_factory.mktemp("elastic")
     two, one = write_profile(root / "two.yaml", grad_accum=2), write_profile(root / "one.yaml", grad_accum=4)
-    data = write_sample_data(root / "data", episodes=3, steps=4, seed=0)
-    assert run(Options(data, root / "cache", profile=str(two), workers=1)) == 0
-    succeeded(torchrun(root / "A", root / "cache", two, nproc=2))
-    succeeded(torchrun(root / "B", root / "cache", one, nproc=1))
-    return Setup(root / "cache", two, one, root / "A", root / "B")
+    cache = three_episodes.fp32_cache  # the session's: the same cache settings as these profiles
+    succeeded(torchrun(root / "A", cache, two, nproc=2))
+    succeeded(torchrun(root / "B", cache, one, nproc=1))
+    return Setup(cache, two, one, root / "A", root / "B")
+
+
+@dataclass(frozen=True)
+class Continued:
+    out: Path
+    result: subprocess.CompletedProcess[str]
+
+
+@pytest.fixture(scope="module")
+def two_on_one(setup: Setup, tmp_path_factory: pytest.TempPathFactory) -> Continued:
+    """A's step-4 checkpoint continued on 1 process to step 8 (its conversion stays in the run).
+    Read-only: copy what a test changes."""
+    out = continue_from(setup.run_two, tmp_path_factory.mktemp("two-on-one") / "run")
+    return Continued(out, succeeded(torchrun(out, setup.cache, setup.one, nproc=1)))
 
 
 def same_run(got: list[dict[str, Any]], want: list[dict[str, Any]]) -> None:
@@ -120,12 +135,11 @@ def test_one_and_two_processes_with_the_same_global_batch_are_the_same_run(setup
     same_run(b, a)
 
 
-def test_two_processes_continue_on_one(setup: Setup, tmp_path: Path) -> None:
+def test_two_processes_continue_on_one(setup: Setup, two_on_one: Continued) -> None:
     """2 -> 1: the checkpoint is converted once with DeepSpeed's ds_to_universal (one line), then
     steps 5..8 read the uninterrupted run's samples with its losses (weights and Adam moments came
     along: without the moments the first resumed step's loss would differ already)."""
-    out = continue_from(setup.run_two, tmp_path / "run")
-    result = succeeded(torchrun(out, setup.cache, setup.one, nproc=1))
+    out, result = two_on_one.out, two_on_one.result
     assert "converted checkpoint step00000004 (saved on 2 processes) for 1" in result.stdout
     assert "resumed at step 4 (epoch 1, sample 4 of the epoch)" in result.stdout
     assert (out / "checkpoints" / "step00000004_universal" / "zero").is_dir()
@@ -183,28 +197,6 @@ def test_another_global_batch_is_refused_in_one_line_naming_the_grad_accum_that_
     assert not (out / "checkpoints" / "step00000004_universal").exists()
 
 
-def saved_state(world: int, micro_batch: int, grad_accum: int, streaming: bool) -> dict[str, Any]:
-    layout = DataLayout(world=world, micro_batch=micro_batch, grad_accum=grad_accum, n_samples=12, seed=0,
-                        streaming=streaming, sources=(("cache", 12, 1.0),))
-    return {"step": 4, "epoch": 1, "position": 0, "data_layout": layout.to_dict()}
-
-
-def test_the_resume_rule_what_may_change_and_what_may_not(tmp_path: Path) -> None:
-    """The split over processes may change (zarr); the global batch, the data and a streaming
-    cache's world may not, each refused naming checkpoint vs now and what works."""
-    now = DataLayout(world=1, micro_batch=1, grad_accum=4, n_samples=12, seed=0, sources=(("cache", 12, 1.0),))
-    check_resumable(tmp_path, saved_state(2, 1, 2, streaming=False), now)
-    check_resumable(tmp_path, saved_state(4, 1, 1, streaming=False), now)
-    with pytest.raises(ResumeError, match=r"resume on 2 processes, or train from a zarr cache"):
-        check_resumable(tmp_path, saved_state(2, 1, 2, streaming=True), replace(now, streaming=True))
-    with pytest.raises(ResumeError, match=r"no grad_accum keeps it with micro_batch 1 on 3 processes"):
-        check_resumable(tmp_path, saved_state(2, 1, 2, streaming=False), replace(now, world=3))
-    with pytest.raises(ResumeError, match=r"samples per epoch \(checkpoint 12, now 13\)"):
-        check_resumable(tmp_path, saved_state(2, 1, 2, streaming=False), replace(now, n_samples=13))
-    with pytest.raises(ResumeError, match=r"seed \(checkpoint 0, now 1\)"):
-        check_resumable(tmp_path, saved_state(2, 1, 2, streaming=False), replace(now, seed=1))
-
-
 def test_the_grad_accum_a_resume_takes_keeps_the_checkpoints_global_batch_where_one_does(setup: Setup) -> None:
     """A's step-4 checkpoint: 1 x 2 x 2 processes = 4 samples per step."""
     checkpoints, tag = setup.run_two / "checkpoints", f"step{SAVE_AT:08d}"
@@ -248,17 +240,18 @@ def test_a_webdataset_run_resumed_on_another_world_is_refused_in_one_line(tmp_pa
 
 @pytest.mark.parametrize("damage", ["flipped byte", "truncated"])
 def test_a_damaged_universal_checkpoint_is_converted_again_with_one_warning(
-        setup: Setup, tmp_path: Path, damage: str) -> None:
+        setup: Setup, two_on_one: Continued, tmp_path: Path, damage: str) -> None:
     """Issue 28 item 1: a resume on 1 process converts A's step-4 checkpoint (and checksums the
-    conversion); the largest converted file is then damaged. The next resume on 1 process verifies
-    the conversion, says in one line what is wrong with it, converts the intact ZeRO checkpoint
-    again and continues with the uninterrupted run's losses (the damaged weights would shift them;
-    a truncated file would crash the loader)."""
+    conversion: the 2 -> 1 run's); the largest converted file is then damaged in a run directory
+    stopped at step 4. The next resume on 1 process verifies the conversion, says in one line what
+    is wrong with it, converts the intact ZeRO checkpoint again and continues with the
+    uninterrupted run's losses (the damaged weights would shift them; a truncated file would crash
+    the loader)."""
     from janus_train.checkpoints import directory_problem
 
     out = continue_from(setup.run_two, tmp_path / "run")
-    succeeded(torchrun(out, setup.cache, setup.one, nproc=1, extra=["--max-steps", str(SAVE_AT)]))
     universal = out / "checkpoints" / f"step{SAVE_AT:08d}_universal"
+    shutil.copytree(two_on_one.out / "checkpoints" / universal.name, universal)
     assert directory_problem(universal) is None  # recorded, and intact
     victim = max(universal.rglob("fp32.pt"), key=lambda p: p.stat().st_size)
     name = victim.relative_to(universal).as_posix()

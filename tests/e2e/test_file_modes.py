@@ -3,7 +3,7 @@ as every other file janus writes, so others on a shared cluster can read an expo
 safetensors writes its files 0600; the export gives them (and every other file it wrote) the mode
 a plain ``open()`` gives under the umask: 0644 under 022, 0640 under 027.
 
-Real ``janus-train export`` processes on a two-step ZeRO-3 tiny run (test_first_use's fixture).
+Real ``janus-train export`` processes on the session's ZeRO-3 tiny reference run (helpers.shared_runs).
 """
 
 from __future__ import annotations
@@ -15,11 +15,12 @@ from pathlib import Path
 
 import pytest
 from helpers.profiles import REPO_ROOT
-from helpers.first_use import JANUS_TRAIN, TinyRun, tiny_run  # noqa: F401 - tiny_run: the fixture
+from helpers.first_use import JANUS_TRAIN
+from helpers.shared_runs import TinyRun
 
 
 @pytest.mark.parametrize(("fmt", "umask", "mode"), [("janus", 0o022, 0o644), ("janusvln", 0o027, 0o640)])
-def test_every_exported_file_gets_the_users_umask(tiny_run: TinyRun, tmp_path: Path, fmt: str, umask: int,  # noqa: F811
+def test_every_exported_file_gets_the_users_umask(tiny_run: TinyRun, tmp_path: Path, fmt: str, umask: int,
                                                   mode: int) -> None:
     out = tmp_path / "export"
     result = subprocess.run([str(JANUS_TRAIN), "export", str(tiny_run.run), "--out", str(out), "--profile",

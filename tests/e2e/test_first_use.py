@@ -24,7 +24,8 @@ from helpers.commands import assert_one_error_line, make
 
 from janus_cache.encoder import load_aggregator
 from janus_cache.profile import load_profile
-from helpers.first_use import JANUS_TRAIN, RESOLUTION, TinyRun, tiny_run  # noqa: F401
+from helpers.first_use import JANUS_TRAIN
+from helpers.shared_runs import TinyRun
 
 JANUS_CACHE = Path(sys.executable).parent / "janus-cache"
 

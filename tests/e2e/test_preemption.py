@@ -20,12 +20,10 @@ from typing import Any
 import pytest
 import yaml
 from helpers.profiles import REPO_ROOT, write_test_profile
+from helpers.shared_runs import TinyTraining
 
-from janus_cache.profile import ProfileError, load_profile
-from janus_cache.sample_data import write_sample_data
 from janus_train.checkpoints import Checkpoints, tag_name
-from janus_train.config import load_train_settings
-from janus_train.preemption import PREEMPTED_EXIT_CODE, Preemption
+from janus_train.preemption import PREEMPTED_EXIT_CODE
 
 STEPS = 8
 TIMEOUT_S = 600
@@ -81,14 +79,9 @@ def losses(run: Path) -> dict[int, dict[str, float]]:
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    from pipelines.precompute import Options, run
-
-    root = tmp_path_factory.mktemp("preemption")
-    profile = write_profile(root / "profile.yaml")
-    data = write_sample_data(root / "data", episodes=3, steps=4, seed=0)
-    assert run(Options(data, root / "cache", profile=str(profile), workers=1)) == 0
-    return root / "cache", profile
+def setup(three_episodes: TinyTraining, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The session's float32 cache of 3 episodes x 4 steps (helpers.shared_runs) and this file's profile."""
+    return three_episodes.fp32_cache, write_profile(tmp_path_factory.mktemp("preemption") / "profile.yaml")
 
 
 def test_sigterm_to_the_launcher_saves_the_step_and_the_same_command_resumes_with_the_uninterrupted_losses(
@@ -125,41 +118,6 @@ def test_sigterm_to_the_launcher_saves_the_step_and_the_same_command_resumes_wit
     for n in range(1, STEPS + 1):
         for name, value in want[n].items():
             assert got[n][name] == pytest.approx(value, rel=REL), (n, name)
-
-
-def run_child(signals: tuple[str, ...], sends: list[int], apart_s: float = 0.3) -> tuple[int, str]:
-    """A forked process arms ``signals`` (a repeat within 0.2 s is the same request) and sends itself
-    ``sends``, ``apart_s`` apart, then exits 0 reporting what it received: (its wait status as a
-    shell reports it, its report)."""
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: never returns into pytest
-        try:
-            os.close(read)
-            preemption = Preemption(signals, same_request_s=0.2).arm()
-            for number in sends:
-                os.kill(os.getpid(), number)
-                time.sleep(apart_s)
-            os.write(write, f"{preemption.received} {preemption.agreed()} {preemption.stopped_by}".encode())
-        finally:
-            os._exit(0)
-    os.close(write)
-    _, status = os.waitpid(pid, 0)
-    with os.fdopen(read) as f:
-        report = f.read()
-    return (128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)), report
-
-
-def test_the_first_stop_signal_is_a_request_and_the_second_ends_the_process_at_once() -> None:
-    code, report = run_child(("SIGTERM", "SIGUSR1"), [signal.SIGUSR1])
-    assert (code, report) == (0, "SIGUSR1 True SIGUSR1")
-    code, report = run_child(("SIGTERM", "SIGUSR1"), [signal.SIGUSR1, signal.SIGTERM])
-    assert (code, report) == (128 + signal.SIGTERM, "")
-
-
-def test_a_signal_repeated_at_once_is_the_same_request() -> None:
-    """SLURM's SIGTERM at a preemption reaches a rank directly and, a moment later, from its launcher."""
-    assert run_child(("SIGTERM",), [signal.SIGTERM, signal.SIGTERM], apart_s=0.01) == (0, "SIGTERM True SIGTERM")
 
 
 FORKING_RANK = """
@@ -203,19 +161,6 @@ def test_a_process_forked_by_an_armed_rank_dies_with_it() -> None:
                 os.kill(pid, signal.SIGKILL)
         rank.kill()
         rank.stdout.close()
-
-
-def test_only_the_configured_signals_stop_the_run(tmp_path: Path) -> None:
-    """train.stop_signals: SIGUSR2 alone; SIGUSR1 then keeps its default action (it ends the process
-    without a checkpoint) and a signal janus cannot forward is refused in one line."""
-    settings = load_train_settings(load_profile(str(write_profile(tmp_path / "p.yaml", stop_signals=["SIGUSR2"]))))
-    assert settings.stop_signals == ("SIGUSR2",)
-    assert run_child(settings.stop_signals, [signal.SIGUSR2]) == (0, "SIGUSR2 True SIGUSR2")
-    assert run_child(settings.stop_signals, [signal.SIGUSR1])[0] == 128 + signal.SIGUSR1
-    assert load_train_settings(load_profile("tiny")).stop_signals == ("SIGTERM", "SIGINT", "SIGUSR1")
-    with pytest.raises(ProfileError, match=r"setting 'train.stop_signals' is 'SIGKILL'; expected one of SIGTERM, "
-                                           r"SIGINT, SIGUSR1, SIGUSR2"):
-        load_train_settings(load_profile(str(write_profile(tmp_path / "q.yaml", stop_signals=["SIGKILL"]))))
 
 
 # ------------------------------------------------------- signals sent to `make` alone reach the ranks

@@ -14,6 +14,9 @@ What the run directory must then hold, and what the public commands read from it
 * ``janus-train export RUN`` with no ``--profile`` exports what the run trained (its own profile);
   an explicit ``--profile`` that disagrees on the model is one ``error:`` line;
 * ``janus-train show-sample --run RUN`` shows the sample in the run's own prompt template.
+
+The data and cache are the session's (helpers.shared_runs). When a recorded profile binds a run is
+tests/unit/test_run_record.py.
 """
 
 from __future__ import annotations
@@ -29,11 +32,11 @@ from pathlib import Path
 import pytest
 import yaml
 from helpers.profiles import REPO_ROOT
+from helpers.shared_runs import TinyTraining
 from safetensors import safe_open
 
 from janus_cache.index import build_index
 from janus_cache.profile import load_profile
-from janus_cache.sample_data import write_sample_data
 from janus_cache.store.layout import CacheLayout
 from janus_train.config import load_train_settings
 from janus_train.export import HEADS_FILE
@@ -81,16 +84,13 @@ def succeeded(result: subprocess.CompletedProcess[str]) -> subprocess.CompletedP
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory: pytest.TempPathFactory) -> Trained:
-    from pipelines.precompute import Options, run
-
+def trained(tiny_training: TinyTraining, tmp_path_factory: pytest.TempPathFactory) -> Trained:
     root = tmp_path_factory.mktemp("rundir")
-    data = write_sample_data(root / "data", episodes=2, steps=4, seed=0)
     profile = root / "profiles" / "variant.yaml"
     profile.parent.mkdir()
     profile.write_text(yaml.safe_dump(VARIANT))
-    cache = root / "cache"
-    assert run(Options(data, cache, profile=str(profile), workers=1)) == 0
+    # The session's bfloat16 cache: the variant changes the model and training, not the cache settings.
+    data, cache = tiny_training.data, tiny_training.bf16_cache
     out = root / "run"
     started = datetime.now(timezone.utc)
     first = succeeded(torchrun_train("--out", out, "--cache", cache, "--profile", profile,
@@ -202,23 +202,3 @@ def test_a_resume_with_a_profile_that_disagrees_is_one_line_and_changes_nothing(
     errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1 and "train.merger_hidden is 128, the run's is 64" in errors[0], result.stderr[-3000:]
     assert {path: path.read_bytes() for path in before} == before
-
-
-def test_a_recorded_profile_binds_a_run_only_once_it_holds_a_checkpoint(tmp_path: Path) -> None:
-    """A start that failed before its first checkpoint recorded its profile; a corrected profile may
-    start the run again. Once a checkpoint exists, the same profile is refused in one line."""
-    from janus_cache.profile import ProfileError
-    from janus_train.run_record import run_profile, write_profile
-
-    run = tmp_path / "run"
-    variant = load_profile("tiny", ["train.lam=0.3"])
-    write_profile(RunLayout(run), variant, load_train_settings(variant))
-    assert run_profile(run, None).train["lam"] == 0.3  # the recorded one, without --profile
-    assert run_profile(run, "tiny").name == "tiny"  # nothing trained yet: another profile may start it
-    RunLayout(run).checkpoints.mkdir()
-    RunLayout(run).latest.write_text("step00000002")
-    with pytest.raises(ProfileError, match=r"train\.lam is 0\.2, the run's is 0\.3; leave out --profile"):
-        run_profile(run, "tiny")
-    with pytest.raises(ProfileError, match=r"train\.lam is 0\.4, the run's is 0\.3"):
-        run_profile(run, None, ["train.lam=0.4"])
-    assert run_profile(run, None, ["train.save_every=5"]).train["save_every"] == 5  # not a model setting

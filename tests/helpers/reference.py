@@ -132,3 +132,14 @@ def write_reference_dir(path: Path, state: dict[str, torch.Tensor] | None = None
         shutil.copy2(QWEN_DIR / name, path / name)
     return path
 
+
+def damaged(reference_dir: Path, tmp_path: Path, drop: str | None = None, add: str | None = None) -> Path:
+    """A copy of ``reference_dir`` under ``tmp_path`` with the key ``drop`` left out or ``add`` added."""
+    from safetensors.torch import load_file
+
+    state = load_file(reference_dir / "model.safetensors")
+    if drop is not None:
+        del state[drop]
+    if add is not None:
+        state[add] = torch.zeros(3)
+    return write_reference_dir(tmp_path / "damaged", state)
