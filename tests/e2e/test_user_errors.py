@@ -59,20 +59,30 @@ def test_a_run_directory_that_is_a_file_is_one_line(cache: Path, tmp_path: Path)
     assert_one_error_line(result, str(run))
 
 
-def test_a_cache_with_fewer_samples_than_one_step_is_one_line(cache: Path, tmp_path: Path) -> None:
-    result = make("train", PROFILE=write_test_profile(tmp_path / "tiny.yaml"), CACHE=cache, RUN=tmp_path / "run",
-                  NPROC=2)
+@pytest.fixture(scope="module")
+def too_small_run(cache: Path, tmp_path_factory: pytest.TempPathFactory,
+                  ) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    """``make train`` of 2 processes on the 3-sample cache (fewer than one step): its run directory
+    and result, made once for the two tests that read it."""
+    root = tmp_path_factory.mktemp("too-small")
+    run = root / "run"
+    return run, make("train", PROFILE=write_test_profile(root / "tiny.yaml"), CACHE=cache, RUN=run, NPROC=2)
+
+
+def test_a_cache_with_fewer_samples_than_one_step_is_one_line(
+    cache: Path, too_small_run: tuple[Path, subprocess.CompletedProcess[str]]
+) -> None:
+    _, result = too_small_run
     assert_one_error_line(result, f"{cache} holds 3 samples, fewer than one optimizer step takes",
                           "micro_batch 1 x grad_accum 2 x 2 processes = 4")
 
 
 def test_a_failing_make_train_ends_with_janus_line_and_torchruns_report_is_in_the_log(
-    cache: Path, tmp_path: Path,
+    too_small_run: tuple[Path, subprocess.CompletedProcess[str]],
 ) -> None:
     """The rank's ``error:`` line, then one line naming the launcher's log; the exit code is make's
     failure code; the log holds torchrun's report of the failed rank."""
-    run = tmp_path / "run"
-    result = make("train", PROFILE=write_test_profile(tmp_path / "tiny.yaml"), CACHE=cache, RUN=run, NPROC=2)
+    run, result = too_small_run
     assert result.returncode == ERROR_EXIT
     assert_one_error_line(result)
     lines = janus_lines(result)
