@@ -186,11 +186,20 @@ def test_export_with_a_profile_that_disagrees_is_one_line(trained: Trained, tmp_
 
 
 def test_show_sample_of_a_run_uses_its_prompt_template(trained: Trained) -> None:
+    """The command with ``--run`` (a real process) prints what the same command (in this process)
+    prints with the run's profile, and not what it prints with tiny's."""
+    from typer.testing import CliRunner
+
+    from pipelines.train_cli import app
+
+    def in_process(*args: str | Path) -> str:
+        result = CliRunner().invoke(app, ["show-sample", "--data", str(trained.data), "--key", key, *map(str, args)])
+        assert result.exit_code == 0, result.output
+        return result.stdout
+
     key = build_index(trained.data).samples[0].key
     shown = succeeded(janus_train("show-sample", "--data", trained.data, "--key", key, "--run", trained.run)).stdout
-    variant = succeeded(janus_train("show-sample", "--data", trained.data, "--key", key, "--profile",
-                                    trained.profile)).stdout
-    tiny = succeeded(janus_train("show-sample", "--data", trained.data, "--key", key, "--profile", "tiny")).stdout
+    variant, tiny = in_process("--profile", trained.profile), in_process("--profile", "tiny")
     assert shown == variant and shown != tiny
 
 
