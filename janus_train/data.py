@@ -5,7 +5,9 @@ Three sources yield the same :class:`TrainItem`:
 * :class:`CachedSamples`: map-style over a zarr cache's reader (random access, O(1) resume);
 * :class:`StreamedSamples`: iterable over a webdataset cache's reader (streaming);
 * :class:`LiveSamples`: decodes the source images and has no feature (the model runs VGGT
-  itself): the reference path the cache replaces, used for the live baseline and checks.
+  itself): the reference path the cache replaces, used for the live baseline and checks. Like
+  precompute it makes each frame as the base sees it and, for a base whose patches are not VGGT's
+  (Qwen3-VL), VGGT's own frame of the same source too (:class:`LiveFrames`).
 
 The cached sources take the reader of a cache opened with :func:`janus_cache.store.open_cache`
 (so they read exactly the profile's resolution and window variant). How data is split over
@@ -32,8 +34,9 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, IterableDataset
 
+from janus_cache.bases import DEFAULT_BASE, VGGT_PATCH_SIZE, QwenBase
 from janus_cache.index import DatasetIndex
-from janus_cache.imaging import load_frame
+from janus_cache.imaging import load_frame, load_qwen_frame
 from janus_cache.resolution import Resolution
 from janus_cache.store import CacheSample, DamagedData, WdsCacheReader, ZarrCacheReader
 from janus_train.prompt import EncodedPrompt, PromptBuilder, PromptFields
@@ -51,6 +54,9 @@ class TrainItem:
     features: torch.Tensor | None
     vit_features: torch.Tensor | None = None
     """The frames' cached ViT output ``[S, T, D]`` (``cache.vit_features``); None: the model runs the ViT."""
+    vggt_frames: torch.Tensor | None = None
+    """Live only, for a base whose frames are not VGGT's: VGGT's uint8 frames ``[S, h, w, 3]`` of the
+    same sources, which the model's VGGT runs on; None: VGGT runs on ``frames``."""
 
 
 @dataclass(frozen=True)
@@ -115,25 +121,52 @@ class StreamedSamples(IterableDataset[TrainItem]):
             yield DamagedItem(sample) if isinstance(sample, DamagedData) else cached_item(self.builder, sample)
 
 
+@dataclass(frozen=True)
+class LiveFrames:
+    """A window's frames made from its source images exactly as precompute makes them: the base's
+    frames (:func:`~janus_cache.imaging.load_qwen_frame`, what a cache stores) and, for a base whose
+    patches are not VGGT's, VGGT's frames at ``resolution`` (:func:`~janus_cache.imaging.load_frame`,
+    what the features come from; each source is decoded once per model). ``resolution`` is VGGT's
+    (the profile's ``cache.resolution``)."""
+
+    resolution: Resolution
+    base: QwenBase = DEFAULT_BASE
+
+    @property
+    def separate(self) -> bool:
+        """Whether VGGT's frames differ from the base's (and must be made and carried apart)."""
+        return self.base.patch_size != VGGT_PATCH_SIZE
+
+    def base_frames(self, paths: Sequence[Any]) -> np.ndarray:
+        return np.stack([load_qwen_frame(path, self.resolution, self.base) for path in paths])
+
+    def vggt_frames(self, paths: Sequence[Any]) -> np.ndarray:
+        return np.stack([load_frame(path, self.resolution) for path in paths])
+
+
 class LiveSamples(Dataset[TrainItem]):
     """Samples decoded from the source images, as the reference training does (no feature)."""
 
-    def __init__(self, index: DatasetIndex, builder: PromptBuilder, resolution: Resolution) -> None:
-        self.index, self.builder, self.resolution = index, builder, resolution
+    def __init__(self, index: DatasetIndex, builder: PromptBuilder, resolution: Resolution,
+                 base: QwenBase = DEFAULT_BASE) -> None:
+        self.index, self.builder = index, builder
+        self.frames = LiveFrames(resolution, base)
 
     def __len__(self) -> int:
         return len(self.index.samples)
 
     def __getitem__(self, row: int) -> TrainItem:
         sample = self.index.samples[int(row)]
-        frames = np.stack([load_frame(self.index.frames[r].path, self.resolution) for r in sample.window_rows])
+        paths = [self.index.frames[r].path for r in sample.window_rows]
+        vggt = torch.from_numpy(self.frames.vggt_frames(paths)) if self.frames.separate else None
         return TrainItem(key=sample.key, prompt=self.builder.build_sample(sample),
-                         frames=torch.from_numpy(frames), features=None)
+                         frames=torch.from_numpy(self.frames.base_frames(paths)), features=None, vggt_frames=vggt)
 
 
 def collate(items: Sequence[TrainItem | DamagedItem], pad_token_id: int, rope: RopeIndex | None = None) -> dict[str, Any]:
     """A micro-batch: padded prompt tensors, frames [B, S, H, W, 3] uint8, features [B, N, 2C] or None,
-    vit_features [B, S, T, D] or None; with ``rope``, the M-RoPE ``position_ids`` [3, B, L] too
+    vit_features [B, S, T, D] or None, VGGT's own frames ``vggt_frames`` [B, S, h, w, 3] where the
+    items carry them (live, Qwen3-VL); with ``rope``, the M-RoPE ``position_ids`` [3, B, L] too
     (built here, in the loader worker, not in the training process's forward).
 
     Damaged items are left out; their errors are listed under ``"damaged"`` (only when there are
@@ -151,6 +184,9 @@ def collate(items: Sequence[TrainItem | DamagedItem], pad_token_id: int, rope: R
     batch["features"] = None if any(f is None for f in features) else torch.stack(features)
     vit = [item.vit_features for item in items]
     batch["vit_features"] = None if any(v is None for v in vit) else torch.stack(vit)
+    vggt = [item.vggt_frames for item in items]
+    if not any(v is None for v in vggt):  # live samples of a base whose frames are not VGGT's
+        batch["vggt_frames"] = torch.stack(vggt)
     if rope is not None:
         _, images, height, width, _ = batch["frames"].shape
         batch["position_ids"] = rope(batch["input_ids"], batch["mm_token_type_ids"], batch["attention_mask"],

@@ -11,7 +11,8 @@ Per micro-batch (B samples, each with S images of H x W pixels and one VGGT feat
    layer), which the LLM adds to the hidden states of its first layers at the visual positions,
    as the base does; the 3-D term goes to the main image embeddings only.
 2. The VGGT feature comes from the batch (cached) or, for a model built with a frozen encoder and a
-   batch without features, from the encoder run on the same frames (live). The merger maps it to
+   batch without features, from the encoder run on the same frames (live; for Qwen3-VL on VGGT's
+   own frames of the same sources, the batch's ``vggt_frames``). The merger maps it to
    ``T`` embeddings, which are added, times ``lam``, to the image embeddings of every image of
    *that* sample (JanusVLN adds one 3-D embedding to all images of a sample).
 3. Image embeddings replace the ``<|image_pad|>`` token embeddings; M-RoPE positions come with the
@@ -51,7 +52,7 @@ from janus_cache.encoder import WindowEncoder
 from janus_cache.imaging import qwen_pixel_values
 from janus_cache.profile import EncoderSettings, LanguageModelSettings, Profile
 from janus_cache.dtypes import TORCH_DTYPES
-from janus_cache.bases import DEFAULT_BASE, QwenBase, base_of_config
+from janus_cache.bases import DEFAULT_BASE, VGGT_PATCH_SIZE, QwenBase, base_of_config
 from janus_cache.resolution import grid_shape
 from janus_cache.vggt import AggregatorConfig
 from janus_cache.vggt.checkpoint import resolve_config, resolve_weights_file
@@ -355,15 +356,19 @@ class JanusVLNModel(nn.Module):
         frames = frames.to(device, non_blocking=True)  # once, for the ViT and (live) for VGGT
         features = batch.get("features")
         if features is None:
-            if self.base is not DEFAULT_BASE and self.encoder is not None:
-                raise ModelInputError(f"a {self.base.name} batch needs its cached 'features': the live VGGT "
-                                      "runs at its own resolution, which these frames are not")
             if self.encoder is None:
                 raise ModelInputError(
                     "the batch has no 'features' and the model was built without a VGGT encoder; "
                     "pass cached features or build the model with live=True"
                 )
-            features = self.encode_features(frames)
+            # Live: VGGT runs on its own frames of the sources (``vggt_frames``) where the base's
+            # frames are not VGGT's (Qwen3-VL), else on the batch's frames.
+            vggt_frames = batch.get("vggt_frames")
+            if vggt_frames is None and self.base.patch_size != VGGT_PATCH_SIZE:
+                raise ModelInputError(f"a live {self.base.name} batch needs 'vggt_frames' (VGGT's frames of the "
+                                      "same sources, janus_train.data.LiveFrames): VGGT does not run on "
+                                      f"{self.base.name}'s frames")
+            features = self.encode_features(frames if vggt_frames is None else vggt_frames.to(device))
         self._check_features(features, b, self.base.vggt_grid(height, width))
 
         image_embeds, deepstack = self.visual_embeddings(frames, features, batch.get("vit_features"))

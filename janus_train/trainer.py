@@ -21,6 +21,7 @@ import contextlib
 import io
 import math
 import os
+import sys
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
@@ -32,7 +33,9 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset
 
+from janus_cache.bases import cache_base
 from janus_cache.keys import window_variant
+from janus_cache.verify.comparison import feature_tolerance
 from janus_cache.profile import Profile
 from janus_cache.device import process_device
 from janus_cache.resolution import visual_tokens
@@ -42,7 +45,15 @@ from janus_train.best_checkpoint import BestCheckpoint
 from janus_train.checkpoints import Checkpoints, tag_name
 from janus_train.config import TrainSettings, deepspeed_config, load_train_settings
 from janus_train.damaged import DamagedSample, draw_step
-from janus_train.data import CachedSamples, LiveSamples, StreamedSamples, collate
+from janus_train.data import CachedSamples, LiveFrames, LiveSamples, StreamedSamples, collate
+from janus_train.live_check import (
+    LiveCheckError,
+    SourceWindows,
+    compare_features,
+    live_check_needs_data,
+    source_windows,
+    worst_of,
+)
 from janus_train.kernels import apply_liger, compile_decoder_layers
 from janus_train.rope import RopeIndex
 from janus_train.elastic import (
@@ -134,7 +145,7 @@ def make_dataset(profile: Profile, builder: PromptBuilder, cache: Path | Sequenc
 
         index = build_index(live_data, history=profile.cache.history,
                             subinstruction_rule=profile.cache.subinstruction_rule)
-        return LiveSamples(index, builder, profile.cache.resolution)
+        return LiveSamples(index, builder, profile.cache.resolution, cache_base(profile.qwen.path))
     assert cache is not None
     opened = [(source.name, open_training_cache(profile, source.path)) for source in as_sources(cache)]
     if len(opened) > 1:
@@ -176,7 +187,10 @@ class TooFewSamples(ValueError):
 
 class Trainer:
     def __init__(self, profile: Profile, settings: TrainSettings, out_dir: Path,
-                 cache: Path | Sequence[CacheSource] | None = None, live_data: Path | None = None) -> None:
+                 cache: Path | Sequence[CacheSource] | None = None, live_data: Path | None = None,
+                 data: str | None = None) -> None:
+        """``data``: the dataset one ``cache`` was built from (as given to precompute); the live check
+        of a cache whose frames are not VGGT's (Qwen3-VL) decodes VGGT's frames from its sources."""
         if (cache is None) == (live_data is None):
             raise ValueError("train from exactly one of a cache or (live) source data")
         self.profile, self.settings, self.out_dir = profile, settings, Path(out_dir)
@@ -225,6 +239,12 @@ class Trainer:
 
         # The frozen VGGT is built only to train live or to recompute a batch live now and then.
         live = live_data is not None or settings.live_check_every > 0
+        self.source_windows: SourceWindows | None = None  # VGGT's frames of a cached batch, when not its own
+        frames = LiveFrames(profile.cache.resolution, cache_base(profile.qwen.path))
+        if cache is not None and settings.live_check_every > 0 and frames.separate:
+            if data is None or len(self.sources) != 1:
+                raise LiveCheckError(live_check_needs_data(profile, frames.base))
+            self.source_windows = source_windows(data, self.sources[0].path, profile.cache.history, frames)
         model = start_model(profile, settings, live=live, device=self.device)
         model.set_gradient_checkpointing(settings.gradient_checkpointing)
         # The loader workers build each batch's M-RoPE positions (off the training process's critical path).
@@ -500,25 +520,37 @@ class Trainer:
     # ------------------------------------------------------------------------------- outputs
 
     @torch.no_grad()
-    def live_check(self, batch: dict[str, Any]) -> dict[str, float]:
-        """Recompute a cached micro-batch's features live (the frozen VGGT on its frames) and run
-        the current model on both: the largest feature difference and the relative difference of
-        the micro-batch's loss, the maxima over all ranks (every rank must call it)."""
+    def live_check(self, batch: dict[str, Any]) -> dict[str, Any]:
+        """Recompute a cached micro-batch's features live (the frozen VGGT on VGGT's frames of its
+        samples: :mod:`janus_train.live_check`) and run the current model on both: the largest
+        feature difference, the sample furthest beyond its tolerance and the relative difference of
+        the micro-batch's loss, over all ranks (every rank must call it). Rank 0 warns in one line
+        naming a sample whose cached feature is beyond the tolerance."""
+        live_inputs: dict[str, Any] = {**batch, "features": None}
+        if self.source_windows is not None:
+            live_inputs["vggt_frames"] = self.source_windows(batch["keys"])
         was_training = self.engine.training
         self.engine.eval()
         try:
             cached = self.engine(batch)
-            live = self.engine({**batch, "features": None})
+            live = self.engine(live_inputs)
         finally:
             self.engine.train(was_training)
         denominators = LossDenominators.from_batches([batch])
         cached_loss, live_loss = (micro_batch_loss(out.loss_parts, denominators, self.loss_config, self.step - 1)
                                   for out in (cached, live))
-        feature_diff = (live.features.to(self.device).float() - cached.features.to(self.device).float()).abs().max()
-        loss_diff = (live_loss - cached_loss).abs() / cached_loss.abs().clamp_min(1e-12)
-        diffs = torch.stack([feature_diff, loss_diff]).double().to(self.device)
-        dist.all_reduce(diffs, op=dist.ReduceOp.MAX)
-        return {"live_feature_max_abs": diffs[0].item(), "live_loss_rel_diff": diffs[1].item()}
+        loss_diff = ((live_loss - cached_loss).abs() / cached_loss.abs().clamp_min(1e-12)).double().to(self.device)
+        dist.all_reduce(loss_diff, op=dist.ReduceOp.MAX)
+        mine = compare_features(batch["keys"], live.features, cached.features, feature_tolerance(self.device),
+                                self.profile.cache.feature_dtype)
+        per_rank: list[Any] = [None] * self.world
+        dist.all_gather_object(per_rank, mine)
+        check = worst_of(per_rank)
+        problem = check.problem(self.step)
+        if problem is not None and self.rank == 0:
+            print(f"warning: {problem}", file=sys.stderr, flush=True)
+        return {"live_feature_max_abs": check.max_abs, "live_loss_rel_diff": loss_diff.item(),
+                "live_feature_sample": check.sample}
 
     @torch.no_grad()
     def outputs_on(self, rows: list[int]) -> dict[str, torch.Tensor]:

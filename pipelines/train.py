@@ -59,6 +59,7 @@ from janus_train.damaged import DamagedSample
 from janus_train.disk_space import NoRoom
 from janus_train.export import export
 from janus_train.elastic import ResumeError
+from janus_train.live_check import LiveCheckError, live_check_needs_data
 from janus_train.logs import ConsoleCopy, WandbMissing, check_wandb
 from janus_train.mixture import CacheSource, MixtureError, parse_cache_sources
 from janus_train.nonfinite import NonFiniteStep
@@ -126,20 +127,15 @@ def cache_refusal(cache: Path, profile: Profile) -> str | None:
     return None
 
 
-def base_refusal(profile: Profile, settings: TrainSettings, live_data: Path | None) -> str | None:
-    """What a run cannot do on a base whose frames are not VGGT's (Qwen3-VL: docs/bases.md), where
-    VGGT would have to run on a batch's frames: train live, or recompute cached features live."""
+def base_refusal(profile: Profile, settings: TrainSettings, cache: list[str] | None, data: str | None) -> str | None:
+    """What a run cannot do on a base whose frames are not VGGT's (Qwen3-VL: docs/bases.md): the
+    live check of its cache, which decodes VGGT's frames from the dataset's sources, without
+    ``--data`` naming that dataset for one ``--cache``. (Training live makes both frames itself.)"""
     base = cache_base(profile.qwen.path)
-    if base.patch_size == VGGT_PATCH_SIZE:
+    if base.patch_size == VGGT_PATCH_SIZE or not cache or not settings.live_check_every:
         return None
-    if live_data is not None:
-        return (f"--live-data: a {base.name} model ({profile.qwen.path}) trains from a cache, whose frames are "
-                f"{base.name}'s and whose VGGT features come from VGGT's own frames; precompute one with this profile "
-                "and train with --cache")
-    if settings.live_check_every:
-        return (f"{profile.source}: train.live_check_every recomputes VGGT features from a batch's frames, but a "
-                f"{base.name} cache holds {base.name}'s frames, not VGGT's; set train.live_check_every: 0 "
-                "(janus-cache verify --live compares the features with VGGT's)")
+    if data is None or len(cache) != 1:
+        return live_check_needs_data(profile, base)
     return None
 
 
@@ -221,7 +217,7 @@ def command(
         prof = run_profile(out, profile, overrides or ())
         settings = load_train_settings(prof)
         cache_base(prof.qwen.path)  # an unknown model_type is one line before any rank starts work
-        if (refusal := base_refusal(prof, settings, live_data)) is not None:
+        if (refusal := base_refusal(prof, settings, cache, data)) is not None:
             fail_alike(ranks, refusal)
         if settings.init_from is not None:
             check_reference_checkpoint(settings.init_from, prof)
@@ -275,8 +271,8 @@ def command(
             fail_alike(ranks, f"cannot record the run in {out} ({err}); its checkpoints are unchanged: fix that and run "
                               "the same command again")
         try:
-            trainer = Trainer(prof, settings, out, cache=sources, live_data=live_data)
-        except (TooFewSamples, ResumeError, MixtureError, NoIntactCheckpoint) as err:
+            trainer = Trainer(prof, settings, out, cache=sources, live_data=live_data, data=data)
+        except (TooFewSamples, ResumeError, MixtureError, NoIntactCheckpoint, LiveCheckError) as err:
             fail_alike(ranks, str(err))
         except DamagedData as err:  # a table every rank reads whole at start (the same on every rank)
             fail_alike(ranks, str(err))

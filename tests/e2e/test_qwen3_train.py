@@ -36,7 +36,7 @@ RECORDED_SAMPLES = 2
 
 def qwen3_profile(path: Path, train: dict | None = None) -> Path:
     """The tests' training profile (tests/helpers/training.py) on the tiny Qwen3-VL, float32 features,
-    without the live feature check (a Qwen3-VL cache holds no VGGT frames to recompute from)."""
+    without the live feature check (whose VGGT frames come from the dataset: --data)."""
     write_train_profile(path, cache={"feature_dtype": "float32"}, train={"live_check_every": 0, **(train or {})})
     data = yaml.safe_load(path.read_text())
     data["qwen"]["path"] = str(QWEN3_DIR)
@@ -148,20 +148,27 @@ def test_a_qwen3_mixture_with_validation_trains_and_validates(qwen3: dict[str, P
     assert sources == {"a", "b"}
 
 
-def test_what_needs_vggt_on_a_batchs_frames_is_refused_for_qwen3_in_one_line(
+def test_the_live_check_of_a_qwen3_cache_decodes_vggts_frames_from_its_dataset(
     qwen3: dict[str, Path], tmp_path: Path,
 ) -> None:
-    """Training live and the periodic live feature check run VGGT on a batch's frames, which for
-    Qwen3-VL are not VGGT's: each is refused at start, in one line, with no run directory left."""
-    checked = qwen3_profile(tmp_path / "checked.yaml", train={"live_check_every": 5})
-    refused = torchrun_train("--out", tmp_path / "checked", "--cache", qwen3["cache"], "--profile", checked, nproc=1)
+    """``train.live_check_every`` on a Qwen3-VL cache recomputes a batch's features from VGGT's frames
+    of the dataset's sources (the cache holds Qwen3-VL's): without --data it is refused at start in
+    one line, with no run directory left; with --data the checks of a real run match the cache."""
+    checked = qwen3_profile(tmp_path / "checked.yaml", train={"live_check_every": 2, "log_sample_keys": True})
+    refused = torchrun_train("--out", tmp_path / "refused", "--cache", qwen3["cache"], "--profile", checked, nproc=1)
     assert refused.returncode != 0
     assert [line for line in refused.stderr.splitlines() if line.startswith("error:")] == [
-        f"error: {checked}: train.live_check_every recomputes VGGT features from a batch's frames, but a Qwen3-VL "
-        "cache holds Qwen3-VL's frames, not VGGT's; set train.live_check_every: 0 (janus-cache verify --live "
-        "compares the features with VGGT's)"]
-    live = torchrun_train("--out", tmp_path / "live", "--live-data", qwen3["data"], "--profile", qwen3["profile"],
-                          nproc=1)
-    errors = [line for line in live.stderr.splitlines() if line.startswith("error:")]
-    assert live.returncode != 0 and len(errors) == 1 and errors[0].startswith("error: --live-data: a Qwen3-VL model")
-    assert not (tmp_path / "checked").exists() and not (tmp_path / "live").exists()
+        f"error: {checked}: train.live_check_every on a Qwen3-VL cache decodes VGGT's frames from the dataset's "
+        "source files (the cache holds Qwen3-VL's frames): train one --cache with --data, the dataset it was built "
+        "from (make train ... DATA=...), or set train.live_check_every: 0"]
+    assert not (tmp_path / "refused").exists()
+
+    out = tmp_path / "checked"
+    result = torchrun_train("--out", out, "--cache", qwen3["cache"], "--data", qwen3["data"], "--profile", checked,
+                            "--max-steps", 4, "--no-export", nproc=1)
+    assert_succeeded(result)
+    assert "warning: live check" not in result.stderr
+    checks = [r for r in read_metrics(out) if "live_feature_max_abs" in r]
+    assert [r["step"] for r in checks] == [2, 4]
+    assert all(0 <= r["live_feature_max_abs"] <= 1e-4 and r["live_loss_rel_diff"] <= 1e-3 for r in checks)
+    assert all(r["live_feature_sample"] in r["sample_keys"] for r in checks)

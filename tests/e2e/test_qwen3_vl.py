@@ -394,8 +394,8 @@ def test_backward_reaches_the_projectors_deepstack_mergers_included_and_not_the_
 def test_a_profile_whose_qwen_path_is_a_qwen3_vl_directory_builds_the_qwen3_vl_model(
     tmp_path: Path, pair_batch: dict[str, torch.Tensor],
 ) -> None:
-    """The base follows qwen.path alone; the live VGGT (which would need VGGT's own frames) is
-    refused for a batch without cached features, in one line."""
+    """The base follows qwen.path alone; the live VGGT is refused in one line for a batch with
+    neither cached features nor VGGT's own frames (it never runs on Qwen3-VL's)."""
     import yaml
     from helpers.profiles import write_test_profile
 
@@ -409,8 +409,9 @@ def test_a_profile_whose_qwen_path_is_a_qwen3_vl_directory_builds_the_qwen3_vl_m
     with torch.no_grad():
         assert torch.isfinite(model(pair_batch).loss_parts.segment_ce_sum).all()
     live = JanusVLNModel.from_profile(profile, JanusModelConfig(merger_hidden=MERGER_HIDDEN), live=True)
-    with pytest.raises(ModelInputError, match=r"^a Qwen3-VL batch needs its cached 'features': the live VGGT runs at "
-                                              r"its own resolution, which these frames are not$"):
+    with pytest.raises(ModelInputError, match=r"^a live Qwen3-VL batch needs 'vggt_frames' \(VGGT's frames of the "
+                                              r"same sources, janus_train\.data\.LiveFrames\): VGGT does not run on "
+                                              r"Qwen3-VL's frames$"):
         live({k: v for k, v in pair_batch.items() if k != "features"})
 
 
