@@ -1,6 +1,7 @@
 """The non-finite guard (issue 14, item 5), on a real cache whose one sample's stored feature is NaN.
 
-The cache: 2 episodes x 4 steps precomputed with the tiny profile; then one feature shard is
+The cache: a copy of the session's 2 episodes x 4 steps precomputed with the tiny profile's cache
+settings (helpers.shared_runs); then one feature shard is
 rewritten through the cache's own writer with a NaN in one sample's feature (a valid commit
 record) and precompute is run again, which keeps the committed shards and writes the manifest
 from them: a cache that passes the trainer's start-up check and holds one poisoned sample.
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,12 +24,12 @@ import pytest
 import torch
 import yaml
 from helpers.profiles import write_test_profile
+from helpers.shared_runs import TinyTraining
 from helpers.training import assert_succeeded, precompute, torchrun_train
 
 from janus_cache.keys import window_variant
 from janus_cache.profile import load_profile
 from janus_cache.resolution import Resolution
-from janus_cache.sample_data import write_sample_data
 from janus_cache.store.zarr_store import ZarrCacheWriter
 from janus_train.mixture import Mixture
 from janus_train.trainer import CHECKPOINTS, METRICS_FILE, open_training_cache
@@ -90,11 +92,12 @@ def steps_with(row: int, n_samples: int, max_steps: int) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def poisoned(tmp_path_factory: pytest.TempPathFactory) -> Poisoned:
+def poisoned(tiny_training: TinyTraining, tmp_path_factory: pytest.TempPathFactory) -> Poisoned:
     root = tmp_path_factory.mktemp("nonfinite")
-    data = write_sample_data(root / "data", episodes=2, steps=4, seed=0)
+    data = tiny_training.data
     profile = write_profile(root / "stop.yaml")
-    cache = precompute(data, root / "cache", profile)
+    # A copy of the session's cache of the tiny profile's cache settings (helpers.shared_runs).
+    cache = Path(shutil.copytree(tiny_training.bf16_cache, root / "cache"))
     n_samples = len(open_training_cache(load_profile(profile), cache).reader)
     # Rank 1's first micro-batch of step 2 (its rows of epoch 0 from position 2).
     row = Mixture((n_samples,), (1.0,), seed=0).rank_rows(0, POISONED_RANK, N_PROC)[PER_RANK_STEP]
@@ -159,13 +162,3 @@ def test_with_nonfinite_skip_the_run_completes_and_counts_the_skipped_steps(pois
     assert (out / CHECKPOINTS / "latest").read_text().strip() == f"step{MAX_STEPS:08d}"
     line = next(line for line in result.stdout.splitlines() if line.startswith(f"step {MAX_STEPS}/{MAX_STEPS}"))
     assert line.endswith(f"| non-finite skips {len(skipped)}")
-
-
-def test_a_non_finite_gradient_norm_with_finite_losses_names_every_rank_s_samples() -> None:
-    """No rank's loss shows the fault, so the report lists the step's samples of every rank."""
-    from janus_train.nonfinite import nonfinite_message
-
-    per_rank = [(False, [], ["a/0", "a/1"]), (False, [], ["b/0", "b/1"])]
-    assert nonfinite_message(7, 2.5, float("inf"), per_rank, nonfinite_skip=False) == (
-        "non-finite gradient norm at step 7 (loss 2.5, gradient norm inf) on one of rank 0 (samples a/0, a/1); "
-        "rank 1 (samples b/0, b/1); stopped on every rank, nothing of step 7 was saved")

@@ -309,5 +309,3 @@ def test_training_refuses_a_cache_made_with_another_reference_frame(setup: TinyT
     assert result.returncode != 0
     assert "window.reference_frame: cache has 'last'" in result.stderr
     assert not out.exists()
-
-

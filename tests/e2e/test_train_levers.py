@@ -39,5 +39,3 @@ def test_liger_kernels_without_the_package_are_refused_in_one_line_by_make_train
     assert len(errors) == 1, output
     assert "levers.yaml: setting 'train.liger_kernels'" in errors[0] and "pip install liger-kernel" in errors[0]
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
-
-
