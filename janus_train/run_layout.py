@@ -5,7 +5,8 @@ A run directory (``--out RUN``, ``make train RUN=...``) holds::
     profile.yaml         the resolved profile of the latest start: every setting after defaults,
                          environment variables, extends and --set (pass it back as --profile)
     run.json             one entry per start: the command line, janus version and git commit,
-                         package versions, the caches' manifest digests (janus_train.run_record)
+                         package versions, the caches' manifest digests, the base model trained
+                         (qwen.path's model_type; none recorded: Qwen2.5-VL) (janus_train.run_record)
     train.log            rank 0's console output, appended across resumes
     launcher.log         torchrun's own report of a failed launch (make train; pipelines.launch)
     metrics.jsonl        one JSON record per logged step, each with its wall-clock "time"

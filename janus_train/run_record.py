@@ -8,11 +8,14 @@ At each start the trainer's rank 0 writes (paths in :mod:`janus_train.run_layout
 * ``run.json``: ``{"starts": [...]}``, one entry per start (a resume adds one): the time (ISO 8601,
   UTC), the command line and working directory, the number of processes, the profile file and
   ``--set`` overrides given, janus's version and git commit (when run from a git checkout), the
-  versions of the libraries that shape a run, and the sha256 of each cache's ``manifest.json``.
+  versions of the libraries that shape a run, the sha256 of each cache's ``manifest.json`` and the
+  base model it trains (``base``: ``qwen.path``'s ``model_type``, :mod:`janus_cache.bases`).
 
 ``janus-train export RUN``, a resume and ``janus-train show-sample --run RUN`` read
 ``profile.yaml`` when no ``--profile`` is given; a profile given that disagrees with it on a
-setting of :data:`MODEL_SETTINGS` is refused in one line (:func:`recorded_profile_conflict`).
+setting of :data:`MODEL_SETTINGS` is refused in one line (:func:`recorded_profile_conflict`), and so
+is a profile whose ``qwen.path`` is a model of another base than the one the run trained
+(:func:`base_conflict`; a run recorded before runs recorded their base trained Qwen2.5-VL).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from typing import Any
 
 import yaml
 
+from janus_cache.bases import DEFAULT_BASE, BaseError, QwenBase, base_of_model_type, base_of_qwen_dir, cache_base
 from janus_cache.profile import Profile, load_profile
 from janus_cache.settings import settings_data
 from janus_cache.store.layout import CacheLayout
@@ -83,6 +87,7 @@ def append_start(layout: RunLayout, profile: Profile, world: int, caches: Sequen
         "python": platform.python_version(),
         "packages": {name: _version(name) for name in PACKAGES},
         "caches": [cache_entry(path) for path in caches],
+        "base": cache_base(profile.qwen.path).model_type,
     }
     starts: list[Any] = []
     if layout.run_file.is_file():
@@ -154,6 +159,9 @@ def run_profile(run: Path, profile: str | None, overrides: Sequence[str] = (), d
         raise ProfileError(f"{run} records no profile ({recorded} is missing: a run from before janus recorded it, "
                            "or not a run directory); give the one it was trained with as --profile")
     chosen = load_profile(name, overrides)
+    conflict = base_conflict(run, chosen)
+    if conflict is not None:
+        raise ProfileError(conflict)
     if not overrides and name == recorded:
         return chosen
     if recorded.is_file():
@@ -161,6 +169,41 @@ def run_profile(run: Path, profile: str | None, overrides: Sequence[str] = (), d
         if conflict is not None:
             raise ProfileError(conflict)
     return chosen
+
+
+def recorded_base(run: Path) -> QwenBase:
+    """The base model the run trained: its latest start's ``base`` in ``run.json``; Qwen2.5-VL for a
+    run recorded before starts named their base (or with no readable record)."""
+    layout = RunLayout(run)
+    try:
+        starts = json.loads(layout.run_file.read_text()).get("starts", [])
+    except (OSError, ValueError, AttributeError):
+        return DEFAULT_BASE
+    for start in reversed(starts if isinstance(starts, list) else []):
+        if isinstance(start, Mapping) and "base" in start:
+            return base_of_model_type(str(start["base"]), str(layout.run_file))
+    return DEFAULT_BASE
+
+
+def base_conflict(run: Path, profile: Profile) -> str | None:
+    """Why ``profile`` must not resume or export ``run`` (None when it may): its ``qwen.path`` is a
+    model of another base than the one the run's checkpoints hold. A profile whose Qwen directory
+    has no ``config.json`` is left to the model loading, which names the missing file."""
+    from janus_cache.profile import ProfileError
+
+    layout = RunLayout(run)
+    if not layout.has_checkpoint() or not (Path(profile.qwen.path) / "config.json").is_file():
+        return None
+    try:
+        trained, wanted = recorded_base(run), base_of_qwen_dir(profile.qwen.path)
+    except BaseError as err:
+        raise ProfileError(str(err)) from None
+    if trained is wanted:
+        return None
+    given = str(profile.source) + "".join(f" --set {text}" for text in profile.overrides)
+    return (f"run {run} trained a {trained.name} model ({trained.model_type}, {layout.run_file.name}) but {given} "
+            f"names a {wanted.name} model (qwen.path {profile.qwen.path}); give a profile of a {trained.name} model "
+            f"(leave out --profile to use the run's own), or train {wanted.name} into a new --out")
 
 
 def recorded_profile_conflict(run: Path, profile: Profile, settings: TrainSettings) -> str | None:
