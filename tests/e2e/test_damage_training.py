@@ -6,7 +6,9 @@ presence and size, no hashing) lets through: the damage is found when the sample
 
 The runs: real torchrun, 2 processes, DeepSpeed ZeRO-3 over gloo; micro-batch 1, gradient
 accumulation 2, so a step takes 4 samples and an epoch of 8 samples is 2 steps. The damaged
-sample is rank 1's first micro-batch of step 2.
+sample is rank 1's first micro-batch of step 2. The clean cache is the session's
+(helpers.shared_runs); the start-up check and a step's reads in one process are
+tests/unit/test_damaged_reads.py.
 """
 
 from __future__ import annotations
@@ -16,108 +18,54 @@ import json
 import os
 import shutil
 import subprocess
-from collections.abc import Iterator
-from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from torch.utils.data import DataLoader
 from helpers.profiles import REPO_ROOT
 from helpers.training import assert_succeeded
 
 from janus_cache.profile import load_profile
-from janus_cache.sample_data import write_sample_data
-from janus_cache.store import DamagedData
 from janus_cache.store.damage import REPAIR_HINT
-from janus_cache.store.layout import SAMPLES_TABLE, TEXT_OFFSETS, TEXT_PAYLOAD, table_group, wds_shard_name
+from janus_cache.store.layout import TEXT_PAYLOAD, wds_shard_name
 from janus_cache.store.wds_store import encode_key
-from janus_train.damaged import DamagedSample, draw_step
-from janus_train.data import CachedSamples, collate
-from janus_train.mixture import Mixture
+from janus_train.data import CachedSamples
 from janus_train.trainer import CHECKPOINTS, METRICS_FILE, open_training_cache
 from pipelines.precompute import Options, run
-from helpers.damage import N_PROC, MAX_STEPS, OneProcess, RUN_TIMEOUT_S, STOP_GRACE_S, error_lines, flip_byte, launch, launch_train, start_time, write_profile  # noqa: F401
-
-PER_RANK_STEP, N_SAMPLES = 2, 8
-DAMAGED_RANK, DAMAGED_STEP = 1, 2
-ORDER = Mixture((N_SAMPLES,), (1.0,), seed=0)
-"""The trainer's sample order of the cache (seed 0)."""
-
-
-@dataclass(frozen=True)
-class Damaged:
-    profile: Path
-    cache: Path
-    file: Path
-    key: str
-    row: int
+from helpers.damage import (DAMAGED_RANK, DAMAGED_STEP, MAX_STEPS, N_PROC, PER_RANK_STEP,
+                            Damaged, damage_the_drawn_feature, damaged_copy,
+                            error_lines, flip_byte, launch, launch_train, training_order, write_profile)
+from helpers.shared_runs import OneSampleShards
 
 
 @pytest.fixture(scope="module")
-def workdir(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    root = tmp_path_factory.mktemp("damage-training")
-    return root, write_sample_data(root / "data", episodes=2, steps=4, seed=0)
+def workdir(one_sample_shards: OneSampleShards, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """(a folder of this module's, the sample data of the session's clean cache)."""
+    one_sample_shards.cache("a")
+    return tmp_path_factory.mktemp("damage-training"), one_sample_shards.data("a")
 
 
 @pytest.fixture(scope="module")
-def clean_zarr(workdir: tuple[Path, Path]) -> tuple[Path, Path]:
-    """(profile, cache): an intact zarr cache, read-only; tests damage copies of it."""
-    root, data = workdir
-    profile = write_profile(root / "stop.yaml")
-    cache = root / "clean"
-    assert run(Options(data, cache, str(profile), workers=1)) == 0
-    return profile, cache
+def clean_zarr(one_sample_shards: OneSampleShards) -> tuple[Path, Path]:
+    """(profile, cache): the session's intact zarr cache, read-only; tests damage copies of it."""
+    return one_sample_shards.profile, one_sample_shards.cache("a")
 
 
 @pytest.fixture(scope="module")
 def damaged_zarr(workdir: tuple[Path, Path], clean_zarr: tuple[Path, Path]) -> Damaged:
-    root, _ = workdir
-    profile, clean = clean_zarr
-    cache = Path(shutil.copytree(clean, root / "zarr"))
-    reader = open_training_cache(load_profile(profile), cache).reader
-    assert len(reader) == N_SAMPLES
-    row = ORDER.rank_rows(0, DAMAGED_RANK, N_PROC)[PER_RANK_STEP]
-    key = reader.sample(row).key
-    file = reader.shard_file(reader.features_array, row)  # one sample per shard
-    flip_byte(file, 20)
-    return Damaged(profile, cache, file, key, row)
+    return damage_the_drawn_feature(*clean_zarr, workdir[0] / "zarr")
+
+
+@pytest.fixture(scope="module")
+def builder(clean_zarr: tuple[Path, Path]) -> Any:
+    from janus_train.trainer import prompt_builder
+
+    return prompt_builder(load_profile(clean_zarr[0]))
 
 
 def records(run_dir: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in (run_dir / METRICS_FILE).read_text().splitlines()]
-
-
-def test_the_damage_passes_the_start_up_check_and_is_found_on_read(damaged_zarr: Damaged) -> None:
-    from pipelines.train import cache_refusal
-
-    assert cache_refusal(damaged_zarr.cache, load_profile(damaged_zarr.profile)) is None
-
-
-def test_a_deleted_shard_is_refused_by_the_start_up_check_naming_it(damaged_zarr: Damaged, tmp_path: Path) -> None:
-    from pipelines.train import cache_refusal
-
-    cache = Path(shutil.copytree(damaged_zarr.cache, tmp_path / "cache"))
-    missing = cache / damaged_zarr.file.relative_to(damaged_zarr.cache)
-    missing.unlink()
-    refusal = cache_refusal(cache, load_profile(damaged_zarr.profile))
-    assert refusal is not None and str(missing) in refusal
-
-
-def test_an_edited_endian_is_refused_by_the_start_up_check_naming_the_zarr_json(
-    damaged_zarr: Damaged, tmp_path: Path,
-) -> None:
-    """Before: 20 steps of ``loss nan`` and exit 0 (every bf16 feature read byte-swapped)."""
-    from pipelines.train import cache_refusal
-
-    cache = Path(shutil.copytree(damaged_zarr.cache, tmp_path / "cache"))
-    reader = open_training_cache(load_profile(damaged_zarr.profile), damaged_zarr.cache).reader
-    meta = cache / reader.features_array / "zarr.json"
-    meta.write_text(meta.read_text().replace('"little"', '"big"'))
-    refusal = cache_refusal(cache, load_profile(damaged_zarr.profile))
-    assert refusal is not None and f"{meta} differs from the sha256 recorded" in refusal, refusal
 
 
 def test_a_damaged_sample_stops_every_rank_naming_the_shard_file_and_the_sample(
@@ -144,7 +92,7 @@ def damaged_draws(row: int, step: int) -> int:
     total = 0
     for rank in range(N_PROC):
         rows = itertools.chain.from_iterable(
-            ORDER.rank_rows(epoch, rank, N_PROC) for epoch in itertools.count())
+            training_order().rank_rows(epoch, rank, N_PROC) for epoch in itertools.count())
         good = 0
         while good < step * PER_RANK_STEP:
             if next(rows) == row:
@@ -199,93 +147,8 @@ def test_a_flipped_action_digit_in_a_tar_stops_naming_the_tar_and_the_sample(
 # micro-batch of the training rows empty; the loader drew on, epoch after epoch, on every rank,
 # and the run printed its start line and never ended.
 
-TEXT_COLUMNS = ("key", "source", "instruction", "subinstruction", "description_2d", "description_3d", "episode_id")
-NUMERIC_COLUMNS = ("action", "step", "window_rows")
-SAMPLE_TABLE_ARRAYS = (*(f"{c}/{part}" for c in TEXT_COLUMNS for part in (TEXT_PAYLOAD, TEXT_OFFSETS)),
-                       *NUMERIC_COLUMNS)
-DAMAGE_TARGETS = (*SAMPLE_TABLE_ARRAYS, "frames", "features")
 H800_PROFILE = REPO_ROOT / "configs" / "profiles" / "h800.yaml"
 H800_WORKERS = int(yaml.safe_load(H800_PROFILE.read_text())["train"]["num_workers"])
-
-
-def damaged_copy(clean_zarr: tuple[Path, Path], target: str, dest: Path) -> tuple[Path, Path]:
-    """(cache, file): a copy of the clean cache with one byte flipped in the first shard of ``target``
-    (a samples-table array ``column[/part]``, ``frames`` or ``features``)."""
-    profile, clean = clean_zarr
-    cache = Path(shutil.copytree(clean, dest))
-    reader = open_training_cache(load_profile(profile), cache).reader
-    array = {"frames": reader.frames_array, "features": reader.features_array}.get(
-        target, f"{table_group(SAMPLES_TABLE)}/{target}")
-    file = reader.shard_file(array, 0)
-    flip_byte(file, 0)
-    return cache, file
-
-
-def test_the_damage_targets_are_every_array_of_the_samples_table(clean_zarr: tuple[Path, Path]) -> None:
-    profile, cache = clean_zarr
-    reader = open_training_cache(load_profile(profile), cache).reader
-    stored = {path.removeprefix(table_group(SAMPLES_TABLE) + "/") for path in reader.array_paths()
-              if path.startswith(table_group(SAMPLES_TABLE) + "/")}
-    assert stored == set(SAMPLE_TABLE_ARRAYS)
-
-
-@pytest.fixture(scope="module")
-def builder(clean_zarr: tuple[Path, Path]) -> Any:
-    from janus_train.trainer import prompt_builder
-
-    return prompt_builder(load_profile(clean_zarr[0]))
-
-
-def micro_batches(profile: Path, cache: Path, builder: Any) -> Iterator[tuple[dict[str, Any], int, int]]:
-    """(micro-batch of 1, epoch, position) over the cache's rows in order, epoch after epoch, as the
-    trainer's loader yields them (a micro-batch of a damaged sample included)."""
-    dataset = CachedSamples(open_training_cache(load_profile(profile), cache).reader, builder)
-    for epoch in itertools.count():
-        loader = DataLoader(dataset, batch_size=1, collate_fn=partial(collate, pad_token_id=builder.pad_token_id))
-        for position, batch in enumerate(loader, start=1):
-            yield batch, epoch, position
-
-
-@pytest.mark.parametrize("target", DAMAGE_TARGETS)
-def test_a_step_that_reads_damaged_data_stops_naming_the_file(
-    clean_zarr: tuple[Path, Path], builder: Any, tmp_path: Path, target: str,
-) -> None:
-    cache, file = damaged_copy(clean_zarr, target, tmp_path / "cache")
-    batches = micro_batches(clean_zarr[0], cache, builder)
-    with pytest.raises(DamagedSample) as raised:  # a step of every sample of the epoch
-        draw_step(batches, N_SAMPLES, N_SAMPLES, "stop", OneProcess(), step=1)
-    assert str(raised.value).startswith(f"step 1, rank 0: damaged cache data: {file}: checksum mismatch (crc32c)")
-
-
-@pytest.mark.parametrize("target", DAMAGE_TARGETS)
-def test_with_skip_a_step_leaves_damaged_samples_out_or_stops_when_none_is_readable(
-    clean_zarr: tuple[Path, Path], builder: Any, tmp_path: Path, target: str,
-) -> None:
-    cache, file = damaged_copy(clean_zarr, target, tmp_path / "cache")
-    reader = open_training_cache(load_profile(clean_zarr[0]), cache).reader
-    damaged = []
-    for row in range(N_SAMPLES):
-        try:
-            reader.sample(row)
-        except DamagedData as err:
-            assert err.file == str(file)
-            damaged.append(row)
-    assert damaged, "the flipped byte damaged no sample"
-    batches = micro_batches(clean_zarr[0], cache, builder)
-    if len(damaged) == N_SAMPLES:  # a table column: no sample is readable, skipping would draw forever
-        with pytest.raises(DamagedSample) as raised:
-            draw_step(batches, 2, N_SAMPLES, "skip", OneProcess(), step=1)
-        assert str(raised.value).startswith(f"step 1, rank 0: damaged cache data: {file}: ")
-        assert str(raised.value).endswith("train.damaged_samples: skip has nothing left to train on)")
-        return
-    good = N_SAMPLES - len(damaged)
-    drawn = draw_step(batches, good, N_SAMPLES, "skip", OneProcess(), step=1)
-    assert [batch["keys"][0] for batch, _, _ in drawn.micro] == [
-        reader.sample(row).key for row in range(N_SAMPLES) if row not in damaged]
-    assert drawn.skipped == len(damaged)
-
-
-"""How long a launch that ran past its time limit has to stop its ranks after a SIGTERM."""
 
 
 def torchrun_train(*args: str | Path) -> subprocess.CompletedProcess[str]:

@@ -154,9 +154,13 @@ class OneSampleShards:
         self.profile = write_profile(root / "profile.yaml")
         self._caches: dict[str, Path] = {}
 
+    def data(self, name: str) -> Path:
+        """The sample data of cache ``name`` (written with its cache)."""
+        return self.root / f"data-{name}"
+
     def cache(self, name: str) -> Path:
         if name not in self._caches:
-            data = write_sample_data(self.root / f"data-{name}", episodes=EPISODES, steps=STEPS, seed=self.SEEDS[name])
+            data = write_sample_data(self.data(name), episodes=EPISODES, steps=STEPS, seed=self.SEEDS[name])
             self._caches[name] = precompute(data, self.root / name, self.profile)
         return self._caches[name]
 
