@@ -120,7 +120,9 @@ def wanted_manifest(
     )
 
 
-def vit_entry(vit: ViTEncoder, resolution: str, shape: tuple[int, int]) -> ViTFeaturesEntry:
-    """The manifest's keyed entry of ``vit``'s features of frames of ``shape`` (H, W) at ``resolution``."""
+def vit_entry(vit: ViTEncoder, resolution: str, vggt_shape: tuple[int, int]) -> ViTFeaturesEntry:
+    """The manifest's keyed entry of ``vit``'s features at ``resolution``, whose VGGT frames are
+    ``vggt_shape`` (H, W): the ViT sees the base's stored frames paired with them."""
     return ViTFeaturesEntry(name=resolution, fingerprint=vit.fingerprint, base_model=vit.base_model,
-                            dtype=vit.stored_dtype, feature_shape=vit.feature_shape(*shape))
+                            dtype=vit.stored_dtype,
+                            feature_shape=vit.feature_shape(*stored_frame_shape(vggt_shape, vit.base)))

@@ -24,7 +24,7 @@ import torch
 
 from janus_cache.index import DatasetIndex
 from janus_cache.encoder import WindowEncoder
-from janus_cache.imaging import FrameError, load_frame
+from janus_cache.imaging import FrameError, load_frame, load_qwen_frame
 from janus_cache.keys import frame_shape, stored_frame_shape
 from janus_cache.precompute import encode_windows
 from janus_cache.bases import QWEN2_5_VL, QwenBase
@@ -78,7 +78,7 @@ class Plan:
     text_bytes_per_sample: float
     decode_seconds_per_frame: float
     encode_seconds_per_window: float
-    vit_shape: tuple[int, int] | None = None
+    vit_shape: tuple[int, ...] | None = None
     """Per-frame shape of the cached ViT output (``cache.vit_features``), None without it."""
     vit_bytes_raw: int = 0
     vit_bytes: float = 0.0
@@ -183,7 +183,7 @@ class Plan:
             f"{size(self.frame_bytes)} compressed ({self.frame_bytes_raw / self.frame_bytes:.1f}x)",
             f"  feature {self.feature_shape[0]}x{self.feature_shape[1]}: {size(self.feature_bytes_raw)} raw, "
             f"{size(self.feature_bytes)} compressed ({self.feature_bytes_raw / self.feature_bytes:.2f}x)",
-            *([f"  ViT features {self.vit_shape[0]}x{self.vit_shape[1]} per frame: {size(self.vit_bytes_raw)} raw, "
+            *([f"  ViT features {'x'.join(map(str, self.vit_shape))} per frame: {size(self.vit_bytes_raw)} raw, "
                f"{size(self.vit_bytes)} compressed; {size(self.vit_total_bytes)} for all frames, once per frame in "
                f"both formats ({self.vit_seconds_per_frame * 1e3:.1f} ms/frame)"] if self.vit_shape else []),
             f"  zarr cache   {size(self.zarr_bytes)} (frames {size(self.frames * self.frame_bytes)}, "
@@ -277,13 +277,15 @@ def make_plan(
 
     vit_measured: dict[str, Any] = {}
     if vit is not None:
-        probe_frames = torch.from_numpy(windows[0])  # one window: the ViT's batch shape
+        # One window (the ViT's batch shape) of the frames it runs on: the stored ones.
+        probe_frames = torch.from_numpy(windows[0] if stored_shape == shape else np.stack(
+            [load_qwen_frame(index.frames[int(r)].path, resolution, base) for r in window_rows[0]]))
         vit.encode(probe_frames[:1])  # warm-up
         start = time.perf_counter()
         vit_out = vit.encode(probe_frames)
         vit_stored = [to_stored(f, vit.stored_dtype) for f in vit_out]
         vit_measured = dict(
-            vit_shape=vit.feature_shape(*shape), vit_bytes_raw=vit_stored[0].nbytes,
+            vit_shape=vit.feature_shape(*stored_shape), vit_bytes_raw=vit_stored[0].nbytes,
             vit_seconds_per_frame=(time.perf_counter() - start) / len(probe_frames),
             vit_bytes=float(np.mean([len(FEATURES_COMPRESSION.encode(v)) for v in vit_stored])))
 

@@ -250,20 +250,9 @@ def _first_ten(files: Sequence[str]) -> str:
     return ", ".join(files[:10]) + (f" and {len(files) - 10} more" if len(files) > 10 else "")
 
 
-def refuse_vit_features_of(base: QwenBase, settings: CacheSettings) -> None:
-    """Refuse (one line) ``cache.vit_features`` for a base whose ViT output is not cached yet: a
-    Qwen3-VL ViT also feeds DeepStack layers, which the cached output does not hold."""
-    if settings.vit_features and base is not DEFAULT_BASE:
-        raise PrecomputeError(f"cache.vit_features caches {DEFAULT_BASE.name}'s ViT output only so far (a "
-                              f"{base.name} ViT also feeds DeepStack layers); set cache.vit_features: false")
-
-
 def precompute_base(profile: Profile) -> QwenBase:
-    """The base whose frames a precompute with ``profile`` stores (its ``qwen.path``'s), refused in
-    one line where the profile asks for what that base's cache cannot hold."""
-    base = cache_base(profile.qwen.path)
-    refuse_vit_features_of(base, profile.cache)
-    return base
+    """The base whose frames a precompute with ``profile`` stores (its ``qwen.path``'s)."""
+    return cache_base(profile.qwen.path)
 
 
 class PrecomputeJob:
@@ -278,7 +267,6 @@ class PrecomputeJob:
                  base: QwenBase = DEFAULT_BASE) -> None:
         if settings.vit_features and vit is None:
             raise ValueError("cache.vit_features is set: the job needs the frozen ViT (vit=ViTEncoder...)")
-        refuse_vit_features_of(base, settings)
         self.base = base
         """The base model whose frames the cache stores (``qwen.path``'s, :func:`janus_cache.bases.cache_base`)."""
         self.index = index

@@ -6,7 +6,7 @@ Per micro-batch (B samples, each with S images of H x W pixels and one VGGT feat
 1. ``pixel_values`` are built from the uint8 frames on the model's device (lookup-table path,
    :func:`janus_cache.imaging.qwen_pixel_values`) and run through Qwen's ViT: ``T = N/4`` image
    embeddings per image. A batch with the frames' cached ViT output (``vit_features``,
-   ``cache.vit_features``) skips both: only the ViT's trainable merger runs on it (Qwen2.5-VL).
+   ``cache.vit_features``) skips both: only the ViT's trainable merger(s) run on it.
    A Qwen3-VL ViT also returns its DeepStack features (one per ``deepstack_visual_indexes``
    layer), which the LLM adds to the hidden states of its first layers at the visual positions,
    as the base does; the 3-D term goes to the main image embeddings only.
@@ -56,10 +56,10 @@ from janus_cache.bases import DEFAULT_BASE, VGGT_PATCH_SIZE, QwenBase, base_of_c
 from janus_cache.resolution import grid_shape
 from janus_cache.vggt import AggregatorConfig
 from janus_cache.vggt.checkpoint import resolve_config, resolve_weights_file
-from janus_cache.vit_encoder import MERGER_PREFIX as VIT_MERGER_PREFIX
+from janus_cache.vit_encoder import TRAINABLE_PREFIXES as VIT_TRAINABLE_PREFIXES
 # The frozen blocks and the merger's order: one function each for the live and the cached ViT path.
 from janus_cache.vit_encoder import merge as vit_merge
-from janus_cache.vit_encoder import merge_cached, vit_blocks
+from janus_cache.vit_encoder import deepstack_levels, merge_cached, merge_cached_deepstack, vit_blocks
 from janus_train.activation_checkpointing import ActivationCheckpointing
 from janus_train.loss import LossParts, action_cross_entropy, token_cross_entropy
 from janus_train.model_config import JanusModelConfig, TrainableParts
@@ -421,11 +421,8 @@ class JanusVLNModel(nn.Module):
         if not self.base.deepstack:
             return fuse_image_embeddings(self.qwen.model.visual, self.vggt_merger, self.config.lam,
                                          frames, features, vit_features), None
-        if vit_features is not None:
-            raise ModelInputError(f"cached ViT features are not supported for {self.base.name} yet "
-                                  "(its DeepStack layers are not cached); set cache.vit_features: false")
         return fuse_deepstack_image_embeddings(self.qwen.model.visual, self.vggt_merger, self.config.lam,
-                                               frames, features, self.base)
+                                               frames, features, self.base, vit_features)
 
     def _check_features(self, features: torch.Tensor, batch: int, grid: tuple[int, int]) -> None:
         expected = (batch, grid[0] * grid[1], self.feature_dim)
@@ -481,18 +478,25 @@ def fuse_image_embeddings(visual: nn.Module, merger: VGGTMerger, lam: float, fra
 
 
 def fuse_deepstack_image_embeddings(visual: nn.Module, merger: VGGTMerger, lam: float, frames: torch.Tensor,
-                                    features: torch.Tensor, base: QwenBase) -> tuple[torch.Tensor, list[torch.Tensor]]:
+                                    features: torch.Tensor, base: QwenBase, vit_features: torch.Tensor | None = None
+                                    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """:func:`fuse_image_embeddings` for a DeepStack base (Qwen3-VL): the ViT's main embeddings of
     each uint8 frame [B, S, H, W, 3] plus ``lam * merger(feature)`` of its own sample, [B, S, T,
     hidden], and the ViT's DeepStack embeddings unchanged (one [B*S*T, hidden] per layer, image
     order). ``features`` [B, N, 2C] lie on :meth:`QwenBase.vggt_grid` of the frames.
 
     The whole tower runs as ``Qwen3VLModel.get_image_features`` runs it (all images in one pass);
-    its frozen blocks record no graph (no input or weight of theirs needs a gradient)."""
+    its frozen blocks record no graph (no input or weight of theirs needs a gradient). With
+    ``vit_features`` (the frames' cached blocks' output [B, S, levels, grid tokens, D],
+    ``cache.vit_features``) only the trainable mergers run, on the same rows the live blocks give them."""
     b, s, height, width, _ = frames.shape
-    pixel_values, image_grid_thw = qwen_pixel_values(frames.reshape(b * s, height, width, 3), base=base)
-    out = visual(pixel_values.type(visual.dtype), grid_thw=image_grid_thw, return_dict=True)
-    image_embeds = out.pooler_output
+    if vit_features is not None:
+        image_embeds, deepstack = _merge_cached_deepstack(visual, vit_features, (b, s),
+                                                          base.patch_grid(height, width), frames.device)
+    else:
+        pixel_values, image_grid_thw = qwen_pixel_values(frames.reshape(b * s, height, width, 3), base=base)
+        out = visual(pixel_values.type(visual.dtype), grid_thw=image_grid_thw, return_dict=True)
+        image_embeds, deepstack = out.pooler_output, list(out.deepstack_features)
     per_image = image_embeds.shape[0] // (b * s)
     vggt_embeds = merger(features.to(frames.device, merger.norm.weight.dtype, non_blocking=True),
                          base.vggt_grid(height, width))
@@ -500,7 +504,27 @@ def fuse_deepstack_image_embeddings(visual: nn.Module, merger: VGGTMerger, lam: 
         raise ModelInputError(f"the VGGT merger gives {vggt_embeds.shape[1]} tokens per sample, {base.name}'s ViT "
                               f"{per_image} per image")
     fused = image_embeds.view(b, s, per_image, -1) + lam * vggt_embeds.unsqueeze(1).to(image_embeds.dtype)
-    return fused, list(out.deepstack_features)
+    return fused, deepstack
+
+
+def _merge_cached_deepstack(visual: nn.Module, vit_features: torch.Tensor, frames: tuple[int, int],
+                            grid: tuple[int, int], device: torch.device) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """The mergers' embeddings (main [B*S*T, hidden], one per DeepStack layer) of a DeepStack tower's
+    cached ViT features [B, S, levels, grid tokens, D]."""
+    (b, s), tokens = frames, grid[0] * grid[1]
+    expected = (b, s, deepstack_levels(visual), tokens, int(visual.config.hidden_size))
+    if tuple(vit_features.shape) != expected:
+        raise ModelInputError(f"vit_features have shape {tuple(vit_features.shape)}, expected {list(expected)} "
+                              "(batch, frames, ViT levels: last block + DeepStack layers, patches per frame, "
+                              "ViT hidden size)")
+    _refuse_training_tower(visual)
+    return merge_cached_deepstack(visual, vit_features.to(device, non_blocking=True).reshape(b * s, *expected[2:]))
+
+
+def _refuse_training_tower(visual: nn.Module) -> None:
+    if vision_tower_trains(visual):
+        raise ModelInputError("the batch has cached vit_features but the vision tower trains (its blocks would "
+                              "get no gradient); set cache.vit_features: false or freeze the vision tower")
 
 
 def _merge_cached_vit(visual: nn.Module, vit_features: torch.Tensor, frames: tuple[int, int], grid: tuple[int, int],
@@ -511,15 +535,14 @@ def _merge_cached_vit(visual: nn.Module, vit_features: torch.Tensor, frames: tup
     if tuple(vit_features.shape) != expected:
         raise ModelInputError(f"vit_features have shape {tuple(vit_features.shape)}, expected {list(expected)} "
                               "(batch, frames, patches per frame, ViT hidden size)")
-    if any(p.requires_grad for name, p in visual.named_parameters() if not name.startswith(VIT_MERGER_PREFIX)):
-        raise ModelInputError("the batch has cached vit_features but the vision tower trains (its blocks would "
-                              "get no gradient); set cache.vit_features: false or freeze the vision tower")
+    _refuse_training_tower(visual)
     return merge_cached(visual, vit_features.to(device, non_blocking=True).reshape(b * s, tokens, expected[3]), grid)
 
 
 def vision_tower_trains(visual: nn.Module) -> bool:
-    """Whether any parameter of Qwen's ViT outside its patch merger (the projector) trains."""
-    return any(p.requires_grad for name, p in visual.named_parameters() if not name.startswith(VIT_MERGER_PREFIX))
+    """Whether any parameter of Qwen's ViT outside its mergers (the projector) trains."""
+    return any(p.requires_grad for name, p in visual.named_parameters()
+               if not name.startswith(VIT_TRAINABLE_PREFIXES))
 
 
 def vit_embeddings(visual: nn.Module, pixel_values: torch.Tensor, grid_thw: torch.Tensor, **layout: Any) -> torch.Tensor:

@@ -208,13 +208,14 @@ class ResolutionEntry:
 class ViTFeaturesEntry:
     """The cached output of Qwen's frozen ViT blocks for the frames of one resolution (``vit/<name>``):
     which tower made it (the weights' fingerprint, the base model's directory name) and the stored
-    per-frame shape ``(grid tokens, D)`` and logical dtype (bf16 is stored as its uint16 bits)."""
+    per-frame shape ``(grid tokens, D)`` (a DeepStack base, Qwen3-VL: ``(levels, grid tokens, D)``,
+    :mod:`janus_cache.vit_encoder`) and logical dtype (bf16 is stored as its uint16 bits)."""
 
     name: str
     fingerprint: str
     base_model: str
     dtype: str
-    feature_shape: tuple[int, int]
+    feature_shape: tuple[int, ...]
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _RESOLUTION_RE.match(self.name):
@@ -222,8 +223,9 @@ class ViTFeaturesEntry:
         object.__setattr__(self, "feature_shape", tuple(int(x) for x in self.feature_shape))
         if self.dtype not in STORED_DTYPES:
             raise ValueError(f"ViT feature dtype must be one of {sorted(STORED_DTYPES)}, got {self.dtype!r}")
-        if len(self.feature_shape) != 2:
-            raise ValueError(f"ViT feature_shape of {self.name} must be (tokens, D), got {self.feature_shape}")
+        if len(self.feature_shape) not in (2, 3):
+            raise ValueError(f"ViT feature_shape of {self.name} must be (tokens, D) or (levels, tokens, D), "
+                             f"got {self.feature_shape}")
 
     @property
     def stored_dtype(self) -> str:

@@ -74,7 +74,8 @@ class SampleMeta:
 class CacheSample:
     """One cached sample: its key and sample row, the window's uint8 frames ``[S, H, W, 3]``
     (S = history + 1), the stored feature ``[N, 2C]`` in its logical dtype, its meta and, from a
-    cache opened with ``vit_features=True``, the window frames' cached ViT output ``[S, T, D]``."""
+    cache opened with ``vit_features=True``, the window frames' cached ViT output ``[S, T, D]``
+    (a DeepStack base, Qwen3-VL: ``[S, levels, T, D]``)."""
 
     key: str
     row: int

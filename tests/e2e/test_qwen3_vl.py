@@ -438,11 +438,8 @@ def test_the_reference_layout_export_refuses_a_qwen3_vl_run_in_one_line(tmp_path
     assert not out.exists()
 
 
-def test_what_the_qwen3_path_cannot_take_yet_is_one_line(pair_batch: dict[str, torch.Tensor]) -> None:
+def test_features_off_the_qwen3_grid_are_one_line(pair_batch: dict[str, torch.Tensor]) -> None:
     model = tiny_qwen3_model(lam=0.2)
-    vit = torch.zeros(2, 9, 16, 32)
-    with pytest.raises(ModelInputError, match=r"^cached ViT features are not supported for Qwen3-VL yet"):
-        model(dict(pair_batch, vit_features=vit))
     with pytest.raises(ModelInputError, match=r"features have shape \(2, 4, 128\), expected \[2, 16, 128\] "
                                               r"\(batch, 4x4 VGGT patches"):
         model(dict(pair_batch, features=pair_batch["features"][:, :4]))
@@ -454,7 +451,6 @@ def test_what_the_qwen3_path_cannot_take_yet_is_one_line(pair_batch: dict[str, t
 # reason; the rest of janus reaches a base through janus_cache.bases. A new module that imports
 # them fails here.
 QWEN2_5_ONLY: dict[str, str] = {
-    "janus_cache/vit_encoder.py": "the per-frame ViT-output cache (the Qwen3-VL model refuses it)",
     "janus_train/export.py": "--format janusvln writes JanusVLN's reference config, Qwen2.5-VL's by definition",
     "janus_train/reference_checkpoint.py": "JanusVLN's reference checkpoint layout is Qwen2.5-VL's by definition",
     "janus_train/model.py": "JanusVLN's VGGT merger normalises with Qwen2.5-VL's RMSNorm, whatever the base",
