@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from janus_cache.bases import QwenBase
+from janus_cache.bases import VGGT_PATCH_SIZE, cache_base
 from janus_cache.imaging import FrameError
 from janus_cache.index import DatasetIndex
 from janus_cache.profile import Profile
@@ -67,8 +67,15 @@ def source_windows(data: str | Path, cache: Path, history: int, frames: LiveFram
     return SourceWindows(index, frames)
 
 
-def live_check_needs_data(profile: Profile, base: QwenBase) -> str:
-    """Why the live check of a ``base`` cache cannot run without its dataset (one line, the fix)."""
+def live_check_refusal(profile: Profile, live_check_every: int, caches: int, data: str | Path | None) -> str | None:
+    """Why a run from ``caches`` caches cannot run its live check (None when it can): the cache of a
+    base whose frames are not VGGT's holds no VGGT frames, so the check needs the dataset it was
+    built from (``data``), for one cache."""
+    base = cache_base(profile.qwen.path)
+    if base.patch_size == VGGT_PATCH_SIZE or not caches or not live_check_every:
+        return None
+    if data is not None and caches == 1:
+        return None
     return (f"{profile.source}: train.live_check_every on a {base.name} cache decodes VGGT's frames from the "
             f"dataset's source files (the cache holds {base.name}'s frames): train one --cache with --data, the "
             "dataset it was built from (make train ... DATA=...), or set train.live_check_every: 0")

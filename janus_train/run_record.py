@@ -171,15 +171,18 @@ def run_profile(run: Path, profile: str | None, overrides: Sequence[str] = (), d
     return chosen
 
 
-def recorded_base(run: Path) -> QwenBase:
+def recorded_base(run: Path) -> QwenBase | None:
     """The base model the run trained: its latest start's ``base`` in ``run.json``; Qwen2.5-VL for a
-    run recorded before starts named their base (or with no readable record)."""
+    run recorded before starts named their base; None without a readable ``run.json`` (checkpoints
+    copied without their record: nothing says what they hold)."""
     layout = RunLayout(run)
     try:
-        starts = json.loads(layout.run_file.read_text()).get("starts", [])
+        starts = json.loads(layout.run_file.read_text()).get("starts")
     except (OSError, ValueError, AttributeError):
-        return DEFAULT_BASE
-    for start in reversed(starts if isinstance(starts, list) else []):
+        return None
+    if not isinstance(starts, list):
+        return None
+    for start in reversed(starts):
         if isinstance(start, Mapping) and "base" in start:
             return base_of_model_type(str(start["base"]), str(layout.run_file))
     return DEFAULT_BASE
@@ -198,7 +201,7 @@ def base_conflict(run: Path, profile: Profile) -> str | None:
         trained, wanted = recorded_base(run), base_of_qwen_dir(profile.qwen.path)
     except BaseError as err:
         raise ProfileError(str(err)) from None
-    if trained is wanted:
+    if trained is None or trained is wanted:
         return None
     given = str(profile.source) + "".join(f" --set {text}" for text in profile.overrides)
     return (f"run {run} trained a {trained.name} model ({trained.model_type}, {layout.run_file.name}) but {given} "

@@ -50,7 +50,7 @@ from janus_train.live_check import (
     LiveCheckError,
     SourceWindows,
     compare_features,
-    live_check_needs_data,
+    live_check_refusal,
     source_windows,
     worst_of,
 )
@@ -242,8 +242,10 @@ class Trainer:
         self.source_windows: SourceWindows | None = None  # VGGT's frames of a cached batch, when not its own
         frames = LiveFrames(profile.cache.resolution, cache_base(profile.qwen.path))
         if cache is not None and settings.live_check_every > 0 and frames.separate:
-            if data is None or len(self.sources) != 1:
-                raise LiveCheckError(live_check_needs_data(profile, frames.base))
+            refusal = live_check_refusal(profile, settings.live_check_every, len(self.sources), data)
+            if refusal is not None:
+                raise LiveCheckError(refusal)
+            assert data is not None
             self.source_windows = source_windows(data, self.sources[0].path, profile.cache.history, frames)
         model = start_model(profile, settings, live=live, device=self.device)
         model.set_gradient_checkpointing(settings.gradient_checkpointing)

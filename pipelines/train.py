@@ -49,7 +49,7 @@ import torch.distributed as dist
 import typer
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from janus_cache.bases import VGGT_PATCH_SIZE, BaseError, cache_base
+from janus_cache.bases import BaseError, cache_base
 from janus_cache.lock import DirectoryLock
 from janus_cache.profile import SET_HELP, SET_OPTION, Profile, ProfileError
 from janus_cache.store import DamagedData
@@ -59,7 +59,7 @@ from janus_train.damaged import DamagedSample
 from janus_train.disk_space import NoRoom
 from janus_train.export import export
 from janus_train.elastic import ResumeError
-from janus_train.live_check import LiveCheckError, live_check_needs_data
+from janus_train.live_check import LiveCheckError, live_check_refusal
 from janus_train.logs import ConsoleCopy, WandbMissing, check_wandb
 from janus_train.mixture import CacheSource, MixtureError, parse_cache_sources
 from janus_train.nonfinite import NonFiniteStep
@@ -124,18 +124,6 @@ def cache_refusal(cache: Path, profile: Profile) -> str | None:
         check_cache_for_training(cache, profile)
     except CacheVerificationError as err:
         return str(err)
-    return None
-
-
-def base_refusal(profile: Profile, settings: TrainSettings, cache: list[str] | None, data: str | None) -> str | None:
-    """What a run cannot do on a base whose frames are not VGGT's (Qwen3-VL: docs/bases.md): the
-    live check of its cache, which decodes VGGT's frames from the dataset's sources, without
-    ``--data`` naming that dataset for one ``--cache``. (Training live makes both frames itself.)"""
-    base = cache_base(profile.qwen.path)
-    if base.patch_size == VGGT_PATCH_SIZE or not cache or not settings.live_check_every:
-        return None
-    if data is None or len(cache) != 1:
-        return live_check_needs_data(profile, base)
     return None
 
 
@@ -217,7 +205,7 @@ def command(
         prof = run_profile(out, profile, overrides or ())
         settings = load_train_settings(prof)
         cache_base(prof.qwen.path)  # an unknown model_type is one line before any rank starts work
-        if (refusal := base_refusal(prof, settings, cache, data)) is not None:
+        if (refusal := live_check_refusal(prof, settings.live_check_every, len(cache or []), data)) is not None:
             fail_alike(ranks, refusal)
         if settings.init_from is not None:
             check_reference_checkpoint(settings.init_from, prof)

@@ -12,13 +12,12 @@ cache (history 3, 3 samples per shard)."""
 from __future__ import annotations
 
 import shutil
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
 
-from janus_cache.bases import QWEN2_5_VL, QWEN3_VL
+from janus_cache.bases import QWEN3_VL
 from janus_cache.encoder import WindowEncoder
 from janus_cache.imaging import qwen_pixel_values
 from janus_cache.index import build_index
@@ -28,12 +27,10 @@ from janus_cache.profile import Profile, load_profile
 from janus_cache.sample_data import write_sample_data
 from janus_cache.store import open_cache, open_writer
 from janus_cache.verify.comparison import feature_tolerance
-from janus_train.config import load_train_settings
 from janus_train.data import CachedSamples, LiveFrames, LiveSamples, collate
-from janus_train.live_check import compare_features, source_windows
+from janus_train.live_check import compare_features, live_check_refusal, source_windows
 from janus_train.model import JanusVLNModel, ModelInputError
 from janus_train.trainer import make_dataset, open_training_cache, prompt_builder
-from pipelines.train import base_refusal
 
 SMALL = ("cache.resolution=pad56", "cache.frames_per_shard=4", "cache.samples_per_shard=3", "cache.history=3")
 ROWS = [0, 5]  # one sample of each episode
@@ -153,17 +150,17 @@ def test_the_live_check_passes_on_a_qwen3_cache_and_names_a_damaged_sample(
 
 
 def test_only_a_qwen3_cache_live_check_without_its_dataset_is_refused(profile: Profile) -> None:
-    """The refusal at start: the live check of a Qwen3-VL cache needs --data (one cache); training
-    live, a check given its dataset and Qwen2.5-VL's check (on the batch's own frames) start."""
-    checked = replace(load_train_settings(profile), live_check_every=5)
-    line = base_refusal(profile, checked, ["cache"], None)
+    """The refusal at start (pipelines.train, before any rank works; the Trainer checks the same):
+    the live check of a Qwen3-VL cache needs --data and one cache; training live, a check given its
+    dataset and Qwen2.5-VL's check (on the batch's own frames) start."""
+    line = live_check_refusal(profile, 5, caches=1, data=None)
     assert line is not None and "\n" not in line
     assert line.startswith(f"{profile.source}: train.live_check_every on a Qwen3-VL cache decodes VGGT's frames")
     assert line.endswith("or set train.live_check_every: 0")
-    assert base_refusal(profile, checked, ["a=c1:1", "b=c2:1"], "data") == line
-    assert base_refusal(profile, checked, ["cache"], "data") is None
-    assert base_refusal(profile, checked, None, None) is None  # --live-data
+    assert live_check_refusal(profile, 5, caches=2, data="data") == line  # a mixture: --data names one dataset
+    assert live_check_refusal(profile, 5, caches=1, data="data") is None
+    assert live_check_refusal(profile, 5, caches=0, data=None) is None  # --live-data
+    assert live_check_refusal(profile, 0, caches=1, data=None) is None  # no live check
     qwen25 = load_profile("tiny", SMALL)
-    assert qwen25.qwen.path != profile.qwen.path and QWEN2_5_VL.patch_size == 14
-    assert base_refusal(qwen25, replace(load_train_settings(qwen25), live_check_every=5), ["cache"], None) is None
-    assert base_refusal(profile, load_train_settings(profile), ["cache"], None) is None  # no live check
+    assert qwen25.qwen.path != profile.qwen.path
+    assert live_check_refusal(qwen25, 5, caches=1, data=None) is None
