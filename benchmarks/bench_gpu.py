@@ -239,7 +239,7 @@ class Levers:
     """The training-step levers of one row (each a setting a run can choose)."""
 
     vit_cache: bool = False
-    """The frames' ViT output comes with the batch (cache.vit_features): only the patch merger runs."""
+    """The frames' ViT output comes with the batch (cache.vit_features): only the mergers run."""
     compile: bool = False
     """Regional torch.compile of the decoder layers (train.compile_layers)."""
     liger: bool = False
@@ -254,7 +254,7 @@ def lever_rows(compile_rows: bool, base: QwenBase = DEFAULT_BASE) -> list[Levers
     apply to ``base``, Liger where installed; compile unless ``compile_rows`` is off), measured on
     the fastest checkpointing policy."""
     alone = [Levers(vit_cache=True), Levers(compile=True), Levers(liger=True)]
-    together = Levers(vit_cache=not base.deepstack, compile=compile_rows,
+    together = Levers(vit_cache=True, compile=compile_rows,
                       liger=liger_missing() is None and base is DEFAULT_BASE)
     return [levers for levers in (*alone, together) if (compile_rows or not levers.compile) and levers != Levers()]
 
@@ -262,8 +262,6 @@ def lever_rows(compile_rows: bool, base: QwenBase = DEFAULT_BASE) -> list[Levers
 def lever_missing(levers: Levers, model: JanusVLNModel) -> str | None:
     """Why a lever does not apply to the model's base, or None (Qwen2.5-VL takes every lever)."""
     base = model.base
-    if levers.vit_cache and base.deepstack:
-        return f"the ViT cache does not cover {base.name} (its DeepStack layer outputs are not cached)"
     if levers.liger and base is not DEFAULT_BASE:
         return f"janus applies Liger's {DEFAULT_BASE.name} kernels only, not {base.name}'s"
     return None

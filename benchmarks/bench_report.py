@@ -43,7 +43,8 @@ def _frames(flops: dict[str, Any]) -> str:
 
 def flops_markdown(flops: dict[str, Any]) -> str:
     """The per-component FLOP table of one janus and one reference step (TFLOP per sample); without
-    a ViT-cache column for a base the ViT cache does not cover (Qwen3-VL)."""
+    a ViT-cache column for results that hold none (Qwen3-VL results saved before the ViT cache
+    covered that base)."""
     vit_cache = flops.get("janus_vit_cache") is not None
     columns = ("janus", *(("janus_vit_cache",) if vit_cache else ()), "reference")
     lines = [
@@ -62,9 +63,8 @@ def flops_markdown(flops: dict[str, Any]) -> str:
         "",
         f"Reference / janus FLOPs per step: **{flops['ratio']:.2f}×**. The frozen ViT runs outside autograd "
         "(nothing of it in the backward); with the ViT cache (cache.vit_features) its blocks do not run in the step "
-        "at all, only its trainable patch merger on the cached output"
-        + ("" if vit_cache else f" (the ViT cache does not cover {flops.get('base', 'this base')}: its DeepStack "
-           "layer outputs are not cached)") + ". janus pays its VGGT window once per "
+        "at all, only its trainable mergers on the cached output"
+        + ("" if vit_cache else " (these results hold no ViT-cache figures)") + ". janus pays its VGGT window once per "
         f"sample in precompute ({flops['precompute_vggt_per_sample'] / 1e12:.1f} TFLOP, reused every epoch); the "
         "reference runs VGGT frame by frame through all block pairs in every step and computes full-vocabulary "
         "float32 logits at every position. Attention is counted dense; non-reentrant recomputation stops once the "

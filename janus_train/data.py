@@ -53,7 +53,8 @@ class TrainItem:
     frames: torch.Tensor
     features: torch.Tensor | None
     vit_features: torch.Tensor | None = None
-    """The frames' cached ViT output ``[S, T, D]`` (``cache.vit_features``); None: the model runs the ViT."""
+    """The frames' cached ViT output ``[S, T, D]`` (a DeepStack base's ``[S, levels, T, D]``; ``cache.vit_features``);
+    None: the model runs the ViT."""
     vggt_frames: torch.Tensor | None = None
     """Live only, for a base whose frames are not VGGT's: VGGT's uint8 frames ``[S, h, w, 3]`` of the
     same sources, which the model's VGGT runs on; None: VGGT runs on ``frames``."""
@@ -165,7 +166,7 @@ class LiveSamples(Dataset[TrainItem]):
 
 def collate(items: Sequence[TrainItem | DamagedItem], pad_token_id: int, rope: RopeIndex | None = None) -> dict[str, Any]:
     """A micro-batch: padded prompt tensors, frames [B, S, H, W, 3] uint8, features [B, N, 2C] or None,
-    vit_features [B, S, T, D] or None, VGGT's own frames ``vggt_frames`` [B, S, h, w, 3] where the
+    vit_features [B, S, T, D] (DeepStack: [B, S, levels, T, D]) or None, VGGT's own frames ``vggt_frames`` [B, S, h, w, 3] where the
     items carry them (live, Qwen3-VL); with ``rope``, the M-RoPE ``position_ids`` [3, B, L] too
     (built here, in the loader worker, not in the training process's forward).
 

@@ -27,8 +27,8 @@ patches, no windows, learned position embeddings resampled to the grid) is count
 with its layout (position ids, interpolation taps, sequence boundaries) computed on the CPU, and
 its DeepStack mergers, trainable like the patch merger, count in ``merger`` (run in the step on
 hidden states of the blocks' shape) with their backward in ``backward``; the LLM adds their
-output at the image positions of its first layers. The ViT cache does not cover Qwen3-VL (its
-DeepStack inputs are not cached): its table has no ViT-cache column.
+output at the image positions of its first layers. The ViT cache covers Qwen3-VL too (it holds
+the DeepStack mergers' inputs): with it the blocks do not run and every merger still does.
 """
 
 from __future__ import annotations
@@ -97,15 +97,10 @@ class FlopTable:
     base: QwenBase = DEFAULT_BASE
 
     @property
-    def vit_cache(self) -> bool:
-        """Whether the ViT cache applies to the base (Qwen2.5-VL; not Qwen3-VL, whose DeepStack
-        inputs it does not hold)."""
-        return not self.base.deepstack
-
-    @property
     def janus_vit_cache(self) -> StepFlops:
         """The janus step with the ViT cache (``cache.vit_features``): the ViT blocks do not run,
-        only their patch merger, on the cached output (paid once per frame in precompute)."""
+        only their mergers (the patch merger; Qwen3-VL's DeepStack mergers too), on the cached output
+        (paid once per frame in precompute)."""
         return StepFlops("janus_vit_cache", {name: 0.0 if name in VIT_COMPONENTS else value
                                              for name, value in self.janus.components.items()})
 
@@ -122,10 +117,10 @@ class FlopTable:
             "checkpointing": self.checkpointing,
             "models": self.models,
             "janus": self.janus.components,
-            "janus_vit_cache": self.janus_vit_cache.components if self.vit_cache else None,
+            "janus_vit_cache": self.janus_vit_cache.components,
             "reference": self.reference.components,
             "janus_total": self.janus.total,
-            "janus_vit_cache_total": self.janus_vit_cache.total if self.vit_cache else None,
+            "janus_vit_cache_total": self.janus_vit_cache.total,
             "reference_total": self.reference.total,
             "precompute_vggt_per_sample": self.precompute_vggt,
             "ratio": self.ratio,

@@ -35,10 +35,10 @@ from janus_cache.bases import VGGT_PATCH_SIZE, QwenBase
 from janus_cache.imaging import qwen_pixel_values
 from janus_cache.resolution import visual_tokens_for_shape
 from janus_cache.vggt import VGGTAggregator
-from janus_cache.vit_encoder import merge_cached
+from janus_cache.vit_encoder import deepstack_levels, merge_cached, merge_cached_deepstack
 from janus_train.loss import action_cross_entropy, token_cross_entropy
 from janus_train.prompt import IGNORE_INDEX, N_SEGMENTS
-from janus_train.model import JanusVLNModel, ModelInputError, vit_embeddings
+from janus_train.model import JanusVLNModel, vit_embeddings
 from janus_train.rope import RopeIndex
 
 Phase = Callable[[str], contextlib.AbstractContextManager[None]]
@@ -94,12 +94,11 @@ def make_batch(model: JanusVLNModel, shape: SampleShape, seed: int = 0, vit_cach
     """A one-sample micro-batch of the layout :meth:`JanusVLNModel.forward` takes, on the CPU (as a
     loader delivers it): random uint8 frames and VGGT feature, token ids with the model's special
     tokens, an answer of ``N_SEGMENTS`` equal segments; ``vit_cache``: the frames' ViT output too
-    (``vit_features`` [1, S, grid tokens, ViT hidden], as the ViT cache delivers it). Frames are at
+    (``vit_features`` [1, S, grid tokens, ViT hidden]; a DeepStack base's [1, S, levels, grid tokens,
+    ViT hidden], as the ViT cache delivers it). Frames are at
     the model's base's :meth:`SampleShape.frame_side`; where that is not VGGT's side, the batch
     also holds ``vggt_frames`` at VGGT's side (what the reference path's VGGT runs on)."""
     config, base = model.qwen.config, model.base
-    if vit_cache and base.deepstack:
-        raise ModelInputError(f"the ViT cache does not cover {base.name} (its DeepStack layers are not cached)")
     side = shape.frame_side(base)
     generator = torch.Generator().manual_seed(seed)
     # Ordinary text ids stay below the special tokens, which sit at the top of Qwen's vocabulary.
@@ -126,7 +125,8 @@ def make_batch(model: JanusVLNModel, shape: SampleShape, seed: int = 0, vit_cach
     extra = {}
     if vit_cache:
         visual = model.qwen.model.visual
-        extra["vit_features"] = torch.randn(1, shape.images, grid[0] * grid[1], visual.config.hidden_size,
+        levels = (deepstack_levels(visual),) if base.deepstack else ()
+        extra["vit_features"] = torch.randn(1, shape.images, *levels, grid[0] * grid[1], visual.config.hidden_size,
                                             generator=generator).to(visual.dtype)
     if side != shape.side:
         extra["vggt_frames"] = torch.randint(0, 256, (1, shape.images, shape.side, shape.side, 3), dtype=torch.uint8,
@@ -161,9 +161,14 @@ def run_vit(model: JanusVLNModel, pixel_values: torch.Tensor, grid_thw: torch.Te
 
 def merge_vit_cache(model: JanusVLNModel, vit_features: torch.Tensor, grid: tuple[int, int]) -> VisionOutput:
     """The ViT cache's path as the model runs it (:func:`janus_cache.vit_encoder.merge_cached`): only
-    the patch merger, on cached ViT output [B, S, grid tokens, D]: [B*S*T, hidden] (Qwen2.5-VL)."""
+    the patch merger, on cached ViT output [B, S, grid tokens, D]: [B*S*T, hidden] (Qwen2.5-VL); a
+    DeepStack base's [B, S, levels, grid tokens, D] through the patch and DeepStack mergers
+    (:func:`janus_cache.vit_encoder.merge_cached_deepstack`), with its DeepStack embeddings."""
     visual = model.qwen.model.visual
-    return merge_cached(visual, vit_features.flatten(0, 1).to(model.device, non_blocking=True), grid), None
+    frames = vit_features.flatten(0, 1).to(model.device, non_blocking=True)
+    if model.base.deepstack:
+        return merge_cached_deepstack(visual, frames)
+    return merge_cached(visual, frames, grid), None
 
 
 @dataclass

@@ -281,7 +281,7 @@ def command(
                 print(f"training {trainer.total_steps} steps of {trainer.samples_per_step} samples on {trainer.world} "
                       f"processes ({trainer.steps_per_epoch} step{'s' if trainer.steps_per_epoch != 1 else ''} per epoch){mixture}, "
                       f"frames at {prof.cache.resolution.name}"
-                      f"{' (the frozen ViT from the cache: only its patch merger runs)' if prof.cache.vit_features else ''}"
+                      f"{' (the frozen ViT from the cache: only its mergers run)' if prof.cache.vit_features else ''}"
                       f", metrics in {trainer.metrics_file}"
                       + (f"; resumed at step {trainer.step} (epoch {trainer.epoch}, sample {trainer.position} "
                          f"of the epoch)" if resumed else "")

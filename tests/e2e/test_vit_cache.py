@@ -221,7 +221,7 @@ def test_a_two_process_run_from_the_vit_cache_trains_exactly_as_the_live_vit(
         result = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, check=False, timeout=600)
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
         # The start line says which path trains.
-        assert (" (the frozen ViT from the cache: only its patch merger runs)" in result.stdout) == vit_features
+        assert (" (the frozen ViT from the cache: only its mergers run)" in result.stdout) == vit_features
         losses[vit_features] = [json.loads(line)["loss"] for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert len(losses[True]) == 3
     assert losses[True] == losses[False]

@@ -19,8 +19,16 @@ from benchmarks.bench import flops_section
 from benchmarks.bench_report import flops_by_base_markdown, flops_markdown
 from janus_cache.bases import QWEN3_VL
 from janus_train.activation_checkpointing import FULL, NONE
-from janus_train.flops import build_model, count_flops, count_step, merger_only, vit_block_flops, vit_flops_one_image
-from janus_train.model import ModelInputError, TrainableParts
+from janus_train.flops import (
+    VIT_COMPONENTS,
+    build_model,
+    count_flops,
+    count_step,
+    merger_only,
+    vit_block_flops,
+    vit_flops_one_image,
+)
+from janus_train.model import TrainableParts
 from janus_train.workload import SampleShape, StepRunner, make_batch
 
 MODELS = Path(__file__).resolve().parents[2] / "configs" / "models"
@@ -57,8 +65,11 @@ def test_a_qwen3_sample_has_qwen3_frames_vggt_frames_and_the_same_visual_tokens(
     assert tuple(batch["vggt_frames"].shape) == (1, 9, 56, 56, 3)  # what the reference's VGGT sees
     assert tuple(batch["features"].shape) == (1, 16, 128)  # 4x4 VGGT patches, 2x2 grouped = 2x2 tokens
     assert int((batch["input_ids"] == model.image_token_id).sum()) == 9 * SHAPE.visual_tokens == 9 * 4
-    with pytest.raises(ModelInputError, match="ViT cache does not cover Qwen3-VL"):
-        make_batch(model, SHAPE, vit_cache=True)
+    # With the ViT cache a frame brings its last block's output and each DeepStack merger's input.
+    cached = make_batch(model, SHAPE, vit_cache=True)["vit_features"]
+    visual = model.qwen.model.visual
+    levels = 1 + len(visual.deepstack_merger_list)
+    assert tuple(cached.shape) == (1, 9, levels, 4 * 4, visual.config.hidden_size)
 
 
 def test_the_janus_step_feeds_deepstack_to_the_llm_and_trains_the_deepstack_mergers() -> None:
@@ -129,7 +140,7 @@ def test_the_deepstack_mergers_count_in_the_merger_row(deep_tiny_qwen3: Path) ->
     assert tapped["backward"] > plain["backward"]  # the DeepStack mergers train
 
 
-def test_qwen3s_table_has_no_vit_cache_column_and_sits_beside_qwen2_5s(deep_tiny_qwen3: Path) -> None:
+def test_qwen3s_table_has_a_vit_cache_column_and_sits_beside_qwen2_5s(deep_tiny_qwen3: Path) -> None:
     tiny = {base: replace(settings, shape=SHAPE, merger_hidden=96)
             for base, settings in bench_gpu.SMOKE_BY_BASE.items()}
     tiny["qwen3_vl"] = replace(tiny["qwen3_vl"], qwen_dir=deep_tiny_qwen3)
@@ -137,11 +148,15 @@ def test_qwen3s_table_has_no_vit_cache_column_and_sits_beside_qwen2_5s(deep_tiny
         tables = flops_section()
     assert list(tables) == ["tiny-qwen2_5_vl", deep_tiny_qwen3.name]
     qwen3 = tables[deep_tiny_qwen3.name]
-    assert qwen3["base"] == "Qwen3-VL" and qwen3["janus_vit_cache"] is None and qwen3["janus_vit_cache_total"] is None
+    assert qwen3["base"] == "Qwen3-VL"
+    # The ViT cache covers Qwen3-VL: its blocks leave the step, every merger (DeepStack's too) stays.
+    vit = sum(v for k, v in qwen3["janus"].items() if k in VIT_COMPONENTS)
+    assert vit > 0 and qwen3["janus_vit_cache_total"] == pytest.approx(qwen3["janus_total"] - vit, rel=1e-12)
+    assert qwen3["janus_vit_cache"]["merger"] == qwen3["janus"]["merger"] > 0
     assert qwen3["shape"]["qwen_side"] == 64 and qwen3["shape"]["side"] == 56
     assert tables["tiny-qwen2_5_vl"]["janus_vit_cache"] is not None
     single = flops_markdown(qwen3)
-    assert "janus + ViT cache" not in single and "the ViT cache does not cover Qwen3-VL" in single
+    assert "janus + ViT cache" in single and "does not cover" not in single
     assert "9 images of 64² (VGGT at 56²)" in single
     side_by_side = flops_by_base_markdown(tables)
     assert f"| {deep_tiny_qwen3.name} janus | {deep_tiny_qwen3.name} reference |" in side_by_side
@@ -158,11 +173,13 @@ def test_gpu_bench_smoke_mode_measures_the_qwen3_step_and_says_which_levers_do_n
     lever = results["training"]["lever_checkpointing"]
     for name in ("janus_full", "janus_none", "janus_every_2", "reference_full"):
         assert rows[name]["s_per_sample"]["min"] > 0 and rows[name]["tokens_per_s"] > 0, name
-    assert "ViT cache does not cover Qwen3-VL" in rows[f"janus_{lever}_vit_cache"]["error"]
+    cached = rows[f"janus_{lever}_vit_cache"]  # measured: the frozen blocks' output comes from the batch
+    assert cached["levers"] == ["vit_cache"] and cached["s_per_sample"]["min"] > 0
+    assert "pixel_values" not in cached["phases_s"]
     assert "Liger's Qwen2.5-VL kernels only" in rows[f"janus_{lever}_liger"]["error"]
     assert rows["janus_full"]["loss"] == pytest.approx(rows["janus_none"]["loss"], rel=1e-5)
     assert "vggt" in rows["reference_full"]["phases_s"] and "pixel_values" in rows["janus_full"]["phases_s"]
     table = (tmp_path / "gpu_smoke_qwen3_vl.md").read_text()
-    assert "tiny-qwen3_vl" in table and "| janus + ViT cache |" not in table
+    assert "tiny-qwen3_vl" in table and "| janus + ViT cache |" in table
     assert (tmp_path / "gpu_smoke_qwen3_vl_flops.png").stat().st_size > 0
     assert not (tmp_path / "gpu_smoke.json").exists()  # Qwen2.5-VL's results keep their own names
