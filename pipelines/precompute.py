@@ -34,8 +34,8 @@ from janus_cache.precompute_job import PrecomputeError, PrecomputeJob, Prepared,
 from janus_cache.profile import SET_HELP, SET_OPTION, Profile, load_profile
 from janus_cache.device import process_device
 from janus_cache.resolution import Resolution
-from janus_cache.store.formats import DEFAULT_FORMAT, FORMATS, FORMATS_HELP
 from janus_cache.store.commit import CHECKSUM_MODES, is_committed
+from janus_cache.store.formats import DEFAULT_FORMAT, FORMATS, FORMATS_HELP
 from janus_cache.store.manifest import read_manifest
 from janus_cache.store.layout import REPORT_NAME, CacheLayout
 from janus_cache.store.split import shards_for

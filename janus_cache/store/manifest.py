@@ -39,10 +39,10 @@ from janus_cache.index.subinstructions import DEFAULT_SUBINSTRUCTION_RULE
 from janus_cache.store.checksums import record_metadata
 from janus_cache.store.commit import atomic_write_bytes
 from janus_cache.store.features import STORED_DTYPES
+from janus_cache.store.formats import cache_format
 from janus_cache.store.layout import CacheLayout
 from janus_cache.windows import ATTENTION_MODES, REFERENCE_FRAMES
 
-from janus_cache.store.formats import cache_format
 SCHEMA_VERSION = 3
 """Version of the cache layout and manifest schema; bumped on any incompatible change.
 2: sample texts follow the reference's normalisation and the keyed ``dataset.subinstruction_rule``.
