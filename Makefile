@@ -34,7 +34,7 @@ FORMAT ?= zarr
 # against it before training.
 # Processes per node; default: the profile's nproc_per_node. Multi-node: pass torchrun's own
 # settings, e.g. TORCHRUN_ARGS="--nnodes 2 --node-rank 0 --master-addr node0 --master-port 29500".
-NPROC ?= $(shell $(PY) -c "import sys; from janus_cache.profile import load_profile; print(load_profile(sys.argv[1], sys.argv[2:]).nproc_per_node)" '$(PROFILE)' $(SET) 2>/dev/null || echo 1)
+NPROC ?= $(shell $(PY) -c "import sys; from janus_core.profile import load_profile; print(load_profile(sys.argv[1], sys.argv[2:]).nproc_per_node)" '$(PROFILE)' $(SET) 2>/dev/null || echo 1)
 TORCHRUN_ARGS ?= --standalone
 # torchrun runs through pipelines.launch: a failed rank's own `error:` line stays the last thing on the
 # console, and torchrun's 30-50 line failure report goes to a log file that one line names.
@@ -46,7 +46,7 @@ PRECOMPUTE_ARGS ?=
 VERIFY_ARGS ?=
 # The demo's export: JanusVLN's reference layout (janusvln) for a Qwen2.5-VL profile; that layout is
 # Qwen2.5-VL's, so a profile on another base (PROFILE=tiny-qwen3) exports transformers' own (janus).
-DEMO_FORMAT = $(shell $(PY) -c "import sys; from janus_cache.profile import load_profile; from janus_cache.bases import DEFAULT_BASE, base_of_qwen_dir; print('janusvln' if base_of_qwen_dir(load_profile(sys.argv[1]).qwen.path) is DEFAULT_BASE else 'janus')" '$(PROFILE)' 2>/dev/null || echo janusvln)
+DEMO_FORMAT = $(shell $(PY) -c "import sys; from janus_core.profile import load_profile; from janus_core.bases import DEFAULT_BASE, base_of_qwen_dir; print('janusvln' if base_of_qwen_dir(load_profile(sys.argv[1]).qwen.path) is DEFAULT_BASE else 'janus')" '$(PROFILE)' 2>/dev/null || echo janusvln)
 STAMP := $(VENV)/.janus-setup
 
 .PHONY: help setup test test-fast demo precompute train verify bench bench-gpu bench-scale clean-demo

@@ -9,7 +9,7 @@ Sections: (1) data path at the real shape (:mod:`benchmarks.data_path`); (2) sto
 extrapolated to the real set; (3) precompute throughput per phase; (4) training step cached vs
 live (tiny profile, 2 processes); (5) FLOPs per sample of a janus and a reference step at the real
 shapes of each base, Qwen2.5-VL-7B and Qwen3-VL-8B with VGGT-1B, counted on the meta device
-(:mod:`janus_train.flops`); (6) the GPU bench
+(:mod:`janus_train.perf.flops`); (6) the GPU bench
 (:mod:`benchmarks.bench_gpu`) where CUDA is available.
 """
 
@@ -34,17 +34,17 @@ import typer
 from benchmarks.bench_projection import REAL_SAMPLES
 from benchmarks.data_path import data_path
 from benchmarks.measure import RESULTS_DIR, Stat
-from janus_cache.index import build_index
-from janus_cache.encoder import WindowEncoder
 from janus_cache.keys import frame_shape
 from janus_cache.precompute import compute_frame_shard, encode_windows, read_windows
-from janus_cache.profile import load_profile
-from janus_cache.bases import QWEN2_5_VL
-from janus_cache.resolution import grid_shape
-from janus_cache.sample_data import write_sample_data
 from janus_cache.store import CacheLayout, load_manifest, open_writer
 from janus_cache.store.layout import FEATURES_GROUP, FRAMES_GROUP, WDS_DIR
-from janus_train.flops import count_flops
+from janus_core.bases import QWEN2_5_VL
+from janus_core.encoder import WindowEncoder
+from janus_core.index import build_index
+from janus_core.profile import load_profile
+from janus_core.resolution import grid_shape
+from janus_core.sample_data import write_sample_data
+from janus_train.perf.flops import count_flops
 from pipelines.precompute import Options
 from pipelines.precompute import run as run_precompute
 

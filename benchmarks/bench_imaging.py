@@ -1,6 +1,6 @@
 """Benchmark the frame and pixel path on this machine.
 
-* ``load_frame``: frames/s from 640x480 episode PNGs written by ``janus_cache.sample_data``
+* ``load_frame``: frames/s from 640x480 episode PNGs written by ``janus_core.sample_data``
   (decode + VGGT pad644 resize + pad).
 * Qwen2.5-VL pixel values at 644x644: our lookup-table path versus transformers' Qwen2-VL image
   processor on the same frames (called as JanusVLN calls it: the [0, 1] float tensor with
@@ -30,10 +30,10 @@ import transformers
 from PIL import Image
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
-from janus_cache.imaging import load_frame, qwen_pixel_values, vggt_input
 from benchmarks.measure import RESULTS_DIR
-from janus_cache.resolution import DEFAULT_RESOLUTION
-from janus_cache.sample_data import write_sample_data
+from janus_core.imaging import load_frame, qwen_pixel_values, vggt_input
+from janus_core.resolution import DEFAULT_RESOLUTION
+from janus_core.sample_data import write_sample_data
 
 
 def rate(fn: Callable[[], object], items: int, min_seconds: float) -> tuple[float, float]:

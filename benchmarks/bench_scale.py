@@ -1,7 +1,7 @@
 """Scale benchmark: what each stage costs as the dataset grows to the real set's 612,560 samples.
 
 The dataset is made of HARD-LINKED frames: the sample data's rendered episodes
-(``janus_cache.sample_data``, real 640x480 PNGs and description JSONs) linked many times into
+(``janus_core.sample_data``, real 640x480 PNGs and description JSONs) linked many times into
 episode folders of ``--steps`` frames (every frame a sample), so a 612k-sample dataset costs
 directory entries, not disk (check ``df -i``). Each measured step runs as its own process (its
 wall time and peak RSS come from ``wait4``: for a launch, the largest process of the tree, which
@@ -94,14 +94,14 @@ class Results:
 
 
 def template(work: Path) -> Path:
-    from janus_cache.sample_data import write_sample_data
+    from janus_core.sample_data import write_sample_data
 
     root = work / "template"
     if not (root / ".complete").exists():
         shutil.rmtree(root, ignore_errors=True)
         write_sample_data(root, episodes=TEMPLATE_EPISODES, steps=TEMPLATE_STEPS, seed=0)
         # An hour old, as a real dataset's files are: a file modified moments before indexing is
-        # re-read by the next run (janus_cache.index.cached.RACY_NS); hard links share this mtime.
+        # re-read by the next run (janus_core.index.cached.RACY_NS); hard links share this mtime.
         then = time.time_ns() - 3600 * 10**9
         for path in root.rglob("*"):
             os.utime(path, ns=(then, then))
@@ -112,7 +112,7 @@ def template(work: Path) -> Path:
 def linked_dataset(work: Path, samples: int, steps: int) -> Path:
     """Episode folders of ``steps`` frames (the last one shorter) holding ``samples`` frames, every
     file a hard link to the template's (made once per size, reused by later runs)."""
-    from janus_cache.index import MILESTONES_FILE
+    from janus_core.index import MILESTONES_FILE
 
     root = work / f"data-{samples}"
     marker = root / f".complete-{steps}"
@@ -192,7 +192,7 @@ CHECK = re.compile(r"^check ([\d.]+) s$", re.M)
 
 READ = """
 import random, sys, time
-from janus_cache.profile import load_profile
+from janus_core.profile import load_profile
 from janus_cache.keys import window_variant
 from janus_cache.store import open_cache
 profile = load_profile(sys.argv[2])

@@ -1,8 +1,8 @@
 """Benchmark the cache store: compression of frames and features, bytes per sample, throughput.
 
-Frames are the sample dataset's rendered 640x480 PNG episodes (``janus_cache.sample_data``)
-loaded at each resolution with ``janus_cache.imaging.load_frame``; windows and texts come from
-the real index (``janus_cache.index.build_index``). Features:
+Frames are the sample dataset's rendered 640x480 PNG episodes (``janus_core.sample_data``)
+loaded at each resolution with ``janus_core.imaging.load_frame``; windows and texts come from
+the real index (``janus_core.index.build_index``). Features:
 
 * ``pad224``: the tiny profile's aggregator (``configs/models/tiny-vggt.json``, seeded random
   weights) run on the real windows: bf16 ``[256, 128]``;
@@ -36,11 +36,6 @@ import numpy as np
 import torch
 
 from benchmarks.measure import RESULTS_DIR
-from janus_cache.index import ACTIONS, build_index
-from janus_cache.imaging import load_frame, vggt_input
-from janus_cache.bases import QWEN2_5_VL
-from janus_cache.resolution import Resolution
-from janus_cache.sample_data import write_sample_data
 from janus_cache.store import (
     FORMATS,
     WdsCacheReader,
@@ -53,7 +48,12 @@ from janus_cache.store.compression import (
     FRAMES_COMPRESSION,
     Compression,
 )
-from janus_cache.vggt import VGGTAggregator
+from janus_core.bases import QWEN2_5_VL
+from janus_core.imaging import load_frame, vggt_input
+from janus_core.index import ACTIONS, build_index
+from janus_core.resolution import Resolution
+from janus_core.sample_data import write_sample_data
+from janus_core.vggt import VGGTAggregator
 
 TINY_VGGT = Path(__file__).resolve().parent.parent / "configs" / "models" / "tiny-vggt.json"
 FRAMES_PER_SHARD = 16

@@ -14,13 +14,13 @@ import torch
 import yaml
 
 from benchmarks.measure import rates
-from janus_cache.imaging import load_frame, qwen_pixel_values
-from janus_cache.index import build_index
 from janus_cache.keys import window_variant
-from janus_cache.profile import PROFILES_DIR, load_profile
-from janus_cache.resolution import Resolution, visual_tokens
-from janus_cache.sample_data import write_sample_data
 from janus_cache.store import open_cache
+from janus_core.imaging import load_frame, qwen_pixel_values
+from janus_core.index import build_index
+from janus_core.profile import PROFILES_DIR, load_profile
+from janus_core.resolution import Resolution, visual_tokens
+from janus_core.sample_data import write_sample_data
 from pipelines.precompute import Options
 from pipelines.precompute import run as run_precompute
 
@@ -41,7 +41,7 @@ def data_path(work: Path, repeats: int, workers: int) -> dict[str, Any]:
     from transformers import AutoTokenizer
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
-    from janus_train.prompt import PromptBuilder, PromptFields
+    from janus_train.data.prompt import PromptBuilder, PromptFields
 
     data = work / "data644"
     write_sample_data(data, episodes=1, steps=8, seed=1)

@@ -5,7 +5,7 @@ Precompute (to refuse or resume a cache), verify (freshness, completeness) and t
 window variant's arrays to open) all derive the keys from here, so a cache made by one reads as
 "the same" in the others.
 
-A cache is made for one base model (:mod:`janus_cache.bases`). A resolution names VGGT's frame
+A cache is made for one base model (:mod:`janus_core.bases`). A resolution names VGGT's frame
 (``pad224``); the stored uint8 frames are the base's own frame of the same source at the paired
 size (:meth:`QwenBase.frame_shape`: VGGT's frame itself for Qwen2.5-VL, 256x256 for Qwen3-VL at
 pad224), and the VGGT features are computed from VGGT's frame. The base, both frame sizes and the
@@ -17,18 +17,25 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from janus_cache.bases import DEFAULT_BASE, VGGT_PATCH_SIZE, QwenBase
-from janus_cache.encoder import WindowEncoder, encoder_fingerprint
-from janus_cache.index import DatasetIndex, EpisodeIdentity, episode_identities
-from janus_cache.profile import CacheSettings
-from janus_cache.resolution import Resolution
 from janus_cache.store.compression import FEATURES_COMPRESSION, FRAMES_COMPRESSION
-from janus_cache.store.manifest import (DatasetIdentity, Layout, Manifest, ResolutionEntry, ViTFeaturesEntry,
-                                        WindowVariant, library_versions)
-from janus_cache.vit_encoder import ViTEncoder
+from janus_cache.store.manifest import (
+    DatasetIdentity,
+    Layout,
+    Manifest,
+    ResolutionEntry,
+    ViTFeaturesEntry,
+    WindowVariant,
+    library_versions,
+)
+from janus_core.bases import DEFAULT_BASE, VGGT_PATCH_SIZE, QwenBase
+from janus_core.encoder import WindowEncoder, encoder_fingerprint
+from janus_core.index import DatasetIndex, EpisodeIdentity, episode_identities
+from janus_core.profile import CacheSettings
+from janus_core.resolution import Resolution
+from janus_core.vit_encoder import ViTEncoder
 
 SAMPLING_RULE = "linspace"
-"""Name of the window rule of janus_cache.windows (front padding with frame 0, then linspace)."""
+"""Name of the window rule of janus_core.windows (front padding with frame 0, then linspace)."""
 
 RESAMPLING = "PIL bicubic"
 

@@ -22,17 +22,18 @@ from typing import Any
 import numpy as np
 import torch
 
-from janus_cache.index import DatasetIndex
-from janus_cache.encoder import WindowEncoder
-from janus_cache.imaging import FrameError, load_frame, load_qwen_frame
 from janus_cache.keys import frame_shape, stored_frame_shape
 from janus_cache.precompute import encode_windows
-from janus_cache.bases import QWEN2_5_VL, QwenBase
-from janus_cache.resolution import Resolution, grid_shape
-from janus_cache.threads import PIPELINE_THREADS, usable_cores
 from janus_cache.store.compression import FEATURES_COMPRESSION, FRAMES_COMPRESSION
 from janus_cache.store.features import to_stored
-from janus_cache.vit_encoder import ViTEncoder
+from janus_core.bases import QWEN2_5_VL, QwenBase
+from janus_core.disk_space import format_bytes
+from janus_core.encoder import WindowEncoder
+from janus_core.imaging import FrameError, load_frame, load_qwen_frame
+from janus_core.index import DatasetIndex
+from janus_core.resolution import Resolution, grid_shape
+from janus_core.threads import PIPELINE_THREADS, usable_cores
+from janus_core.vit_encoder import ViTEncoder
 
 TAR_BYTES_PER_MEMBER = 1024
 """A tar member's header block plus, on average, half a block of padding."""
@@ -51,15 +52,6 @@ def process_age() -> float:
 IMPORT_SECONDS = process_age()
 """This process's age when this module was imported (after torch and the cache code): how long a
 fresh worker process that imports them takes to start, measured without starting one."""
-
-
-def format_bytes(n: float) -> str:
-    """A byte count in the largest decimal unit that keeps it at least 1 (``412 B``, ``3.2 GB``)."""
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{n:.0f} B"
-        n /= 1000
-    raise AssertionError("unreachable: TB is the last unit")
 
 
 @dataclass(frozen=True)
@@ -250,7 +242,7 @@ def make_plan(
 ) -> Plan:
     """Measure ``probe`` samples of ``index`` and extrapolate to the whole dataset; with ``vit`` (the
     profile sets ``cache.vit_features``) the frozen ViT's per-frame output too. The encoder runs
-    with the caller's torch threads (set them as precompute does: :mod:`janus_cache.threads`).
+    with the caller's torch threads (set them as precompute does: :mod:`janus_core.threads`).
     ``base``: whose frames the cache stores (a Qwen3-VL frame holds the VGGT frame's patches at
     16 px: its bytes are estimated from VGGT's frame by the area)."""
     started = time.perf_counter()

@@ -20,8 +20,8 @@ Order of work (per resolution):
    writing the previous one in the background.
 
 For a base whose frame is not VGGT's (Qwen3-VL, :mod:`janus_cache.keys`), the frames phase stores
-the base's frames (:func:`~janus_cache.imaging.load_qwen_frame`) and the features phase decodes
-each window's VGGT frames from the same source files (:func:`~janus_cache.imaging.load_frame`, the
+the base's frames (:func:`~janus_core.imaging.load_qwen_frame`) and the features phase decodes
+each window's VGGT frames from the same source files (:func:`~janus_core.imaging.load_frame`, the
 deterministic decode of the frames phase), as VGGT's frame cannot be made from the stored one.
 """
 
@@ -39,17 +39,17 @@ from typing import Any
 import numpy as np
 import torch
 
-from janus_cache.index import ACTION_IDS, DatasetIndex, Frame
-from janus_cache.encoder import WindowEncoder
-from janus_cache.bases import BASES, DEFAULT_BASE, VGGT_PATCH_SIZE, QwenBase
-from janus_cache.imaging import FrameError, load_frame, load_qwen_frame
 from janus_cache.keys import frame_shape, stored_frame_shape
-from janus_cache.resolution import Resolution
 from janus_cache.store import CacheWriter, TextColumn
 from janus_cache.store.commit import atomic_write_bytes
 from janus_cache.store.layout import KEY_COLUMN, WINDOW_ROWS_COLUMN, CacheLayout
 from janus_cache.store.records import ACTION_COLUMN, EPISODE_COLUMN, SOURCE_COLUMN, TEXT_COLUMNS
-from janus_cache.vit_encoder import ViTEncoder
+from janus_core.bases import BASES, DEFAULT_BASE, VGGT_PATCH_SIZE, QwenBase
+from janus_core.encoder import WindowEncoder
+from janus_core.imaging import FrameError, load_frame, load_qwen_frame
+from janus_core.index import ACTION_IDS, DatasetIndex, Frame
+from janus_core.resolution import Resolution
+from janus_core.vit_encoder import ViTEncoder
 
 # ------------------------------------------------------------------------------------ tables
 

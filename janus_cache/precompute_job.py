@@ -19,7 +19,7 @@ Which process runs which shard, barriers and progress displays belong to the cal
 (``pipelines/precompute.py``). The units of work themselves are in :mod:`janus_cache.precompute`.
 
 **Appending.** A cache whose dataset identity differs from the index's is *appended to* when the
-index only adds episodes after the cache's ones (``janus_cache.index.changes``): the tables are
+index only adds episodes after the cache's ones (``janus_core.index.changes``): the tables are
 rewritten with the new rows after the old ones, the arrays grow, and only the new rows' shards are
 written; full shards of the old rows stay byte for byte as they are, and a partially filled last
 shard is rewritten whole (recomputed from its sources, as a build from scratch computes it). The
@@ -29,7 +29,6 @@ new episodes that would land before old ones, is refused in one line naming it a
 
 from __future__ import annotations
 
-import errno
 import functools
 import json
 import shutil
@@ -43,20 +42,8 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from janus_cache.index import (
-    CachedRows,
-    DatasetIndex,
-    EpisodeIdentity,
-    append_order_problem,
-    dataset_changes,
-    episode_identities,
-    prefixes_keys,
-)
-from janus_cache.lock import LOCK_NAME
-from janus_cache.encoder import WindowEncoder
-from janus_cache.plan import Plan, format_bytes, make_plan
-from janus_cache.bases import BASES, DEFAULT_BASE, QwenBase, cache_base
 from janus_cache.keys import frame_shape, stored_frame_shape, wanted_manifest, window_variant
+from janus_cache.plan import Plan, make_plan
 from janus_cache.precompute import (
     check_windows,
     frame_table,
@@ -69,25 +56,59 @@ from janus_cache.precompute import (
     write_frame_shard,
     write_vit_shard,
 )
-from janus_cache.profile import CacheSettings, Profile
-from janus_cache.resolution import Resolution
-from janus_cache.store import (CacheWriter, DatasetIdentity, Manifest, ManifestError, StoreError, open_writer,
-                               read_manifest, write_manifest)
+from janus_cache.store import (
+    CacheWriter,
+    DatasetIdentity,
+    Manifest,
+    ManifestError,
+    StoreError,
+    open_writer,
+    read_manifest,
+    write_manifest,
+)
 from janus_cache.store.checksums import changed_metadata, recorded_manifest_keyed
 from janus_cache.store.commit import atomic_write_bytes, hashed, read_record, verify_shard
-from janus_cache.store.layout import (EPISODES_NAME, INDEX_STORE_DIR, MANIFEST_NAME, REPORT_NAME, ZARR_ROOT_NAME,
-                                      CacheLayout, frames_array, is_table_array, vit_array)
-from janus_cache.vit_encoder import ViTEncoder
-from janus_cache.store.manifest import (SchemaVersionError, ShardEntry, check_compatible, keyed_digest,
-                                        merge_manifests, read_episodes, write_episodes)
+from janus_cache.store.layout import (
+    EPISODES_NAME,
+    INDEX_STORE_DIR,
+    MANIFEST_NAME,
+    REPORT_NAME,
+    ZARR_ROOT_NAME,
+    CacheLayout,
+    frames_array,
+    is_table_array,
+    vit_array,
+)
+from janus_cache.store.manifest import (
+    SchemaVersionError,
+    ShardEntry,
+    check_compatible,
+    keyed_digest,
+    merge_manifests,
+    read_episodes,
+    write_episodes,
+)
+from janus_core.bases import BASES, DEFAULT_BASE, QwenBase, cache_base
+from janus_core.disk_space import DISK_FULL_ERRNOS, format_bytes
+from janus_core.encoder import WindowEncoder
+from janus_core.index import (
+    CachedRows,
+    DatasetIndex,
+    EpisodeIdentity,
+    append_order_problem,
+    dataset_changes,
+    episode_identities,
+    prefixes_keys,
+)
+from janus_core.lock import LOCK_NAME
+from janus_core.profile import CacheSettings, Profile
+from janus_core.resolution import Resolution
+from janus_core.vit_encoder import ViTEncoder
 
 
 class PrecomputeError(RuntimeError):
     """A refusal or failure with a one-line reason for the user."""
 
-
-DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
-"""Write failures that mean "no room": the filesystem is full, a quota or a file-size limit is hit."""
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -268,7 +289,7 @@ class PrecomputeJob:
         if settings.vit_features and vit is None:
             raise ValueError("cache.vit_features is set: the job needs the frozen ViT (vit=ViTEncoder...)")
         self.base = base
-        """The base model whose frames the cache stores (``qwen.path``'s, :func:`janus_cache.bases.cache_base`)."""
+        """The base model whose frames the cache stores (``qwen.path``'s, :func:`janus_core.bases.cache_base`)."""
         self.index = index
         self.vit = vit if settings.vit_features else None
         self.out = Path(out)

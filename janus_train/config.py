@@ -10,15 +10,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from janus_cache.profile import CONFIGS_DIR, Profile, ProfileError
-from janus_cache.settings import SettingsError, read_settings, setting
-from janus_train.activation_checkpointing import FULL, ActivationCheckpointing
-from janus_train.kernels import liger_missing
-from janus_train.loss_config import LossConfig
-from janus_train.model_config import JanusModelConfig, TrainableParts
-from janus_train.preemption import STOP_SIGNAL_CHOICES
-from janus_train.prompt_template import DEFAULT_TEMPLATE, PromptTemplate
-from janus_train.val_metric_names import BEST_METRICS, VAL_LOSS
+from janus_core.profile import CONFIGS_DIR, Profile, ProfileError
+from janus_core.settings import SettingsError, read_settings, setting
+from janus_train.data.prompt_template import DEFAULT_TEMPLATE, PromptTemplate
+from janus_train.loop.preemption import STOP_SIGNAL_CHOICES
+from janus_train.loop.val_metric_names import BEST_METRICS, VAL_LOSS
+from janus_train.model.activation_checkpointing import FULL, ActivationCheckpointing
+from janus_train.model.config import JanusModelConfig, TrainableParts
+from janus_train.model.kernels import liger_missing
+from janus_train.model.loss_config import LossConfig
 
 DEEPSPEED_DIR = CONFIGS_DIR / "deepspeed"
 NONFINITE_POLICIES = ("stop", "skip")
@@ -61,7 +61,7 @@ class TrainSettings:
     save_total_limit: int = setting(4, "Checkpoints kept.", min=1)
     stop_signals: tuple[str, ...] = setting(
         ("SIGTERM", "SIGINT", "SIGUSR1"), "Signals (to any rank or the launcher) that end the run after its current "
-        "optimizer step with a checkpoint and exit code 75; a second one stops it at once (janus_train.preemption).",
+        "optimizer step with a checkpoint and exit code 75; a second one stops it at once (janus_train.loop.preemption).",
         choices=STOP_SIGNAL_CHOICES)
     log_every: int = setting(10, "Optimizer steps between logged records.", min=1)
     log_sample_keys: bool = setting(
@@ -116,7 +116,7 @@ class TrainSettings:
         "(accuracies: highest, losses: lowest).", choices=BEST_METRICS)
     init_from: Path | None = setting(
         None, "A reference JanusVLN checkpoint directory to start from: its Qwen weights, VGGT merger, action head, "
-        "lam and merger width replace the profile's (janus_train.reference_checkpoint).")
+        "lam and merger width replace the profile's (janus_train.checkpoint.reference).")
 
     def __post_init__(self) -> None:
         sources = [name for name in ("val_cache", "val_episodes", "val_episodes_fraction") if getattr(self, name)]

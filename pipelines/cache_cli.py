@@ -22,8 +22,8 @@ import click
 import typer
 from typer.core import TyperGroup
 
-from janus_cache.profile import SET_HELP
-from janus_cache.profile import SET_OPTION as PROFILE_SET_OPTION
+from janus_core.profile import SET_HELP
+from janus_core.profile import SET_OPTION as PROFILE_SET_OPTION
 
 
 @dataclass(frozen=True)
@@ -96,7 +96,7 @@ SET_OPTION = typer.Option(PROFILE_SET_OPTION, help=SET_HELP)
 
 def full_report(report: Any, path: Path | None) -> str:
     """Where the summary says the full problem report goes: ``path``, written now (``report``: the
-    index's :class:`~janus_cache.index.DatasetReport`), or how to get it."""
+    index's :class:`~janus_core.index.DatasetReport`), or how to get it."""
     if path is None:
         return "not written (add --report FILE)"
     try:
@@ -114,7 +114,7 @@ def sample_data(
     seed: Annotated[int, typer.Option(help="Seed of the procedural scenes.")] = 0,
 ) -> None:
     """Write a small synthetic dataset in the episode-folder format (640x480 PNG frames)."""
-    from janus_cache.sample_data import write_sample_data
+    from janus_core.sample_data import write_sample_data
 
     if out.exists() and any(out.iterdir()):
         fail(f"{out} exists and is not empty; choose an empty or new folder")
@@ -136,8 +136,8 @@ def index(
     report: Annotated[Optional[Path], REPORT_OPTION] = None,
 ) -> None:
     """Index a dataset and print its summary: episodes, frames, samples and skipped inputs."""
-    from janus_cache.index import DatasetError, build_sources_index, source_values, user_index_dir
-    from janus_cache.profile import ProfileError, load_profile
+    from janus_core.index import DatasetError, build_sources_index, source_values, user_index_dir
+    from janus_core.profile import ProfileError, load_profile
 
     try:
         prof = load_profile(profile, overrides or ())
@@ -160,7 +160,7 @@ def profile_cmd(
     overrides: Annotated[Optional[list[str]], SET_OPTION] = None,
 ) -> None:
     """Validate a profile and print the settings it resolves to."""
-    from janus_cache.profile import ProfileError, load_profile
+    from janus_core.profile import ProfileError, load_profile
     from janus_train.config import load_train_settings  # this command belongs to the launch layer
 
     try:
@@ -210,14 +210,14 @@ def plan_cmd(
 ) -> None:
     """Estimate a cache's size per format and the precompute time, measured on a few real samples;
     the dataset's problems (the samples precompute would skip) are summarised as ``index`` does."""
-    from janus_cache.index import DatasetError, build_sources_index, source_values, user_index_dir
-    from janus_cache.encoder import WindowEncoder
-    from janus_cache.bases import cache_base
     from janus_cache.plan import make_plan
-    from janus_cache.profile import ProfileError, load_profile
-    from janus_cache.resolution import Resolution
-    from janus_cache.threads import default_decode_workers, set_compute_threads
-    from janus_cache.vit_encoder import ViTEncoder
+    from janus_core.bases import cache_base
+    from janus_core.encoder import WindowEncoder
+    from janus_core.index import DatasetError, build_sources_index, source_values, user_index_dir
+    from janus_core.profile import ProfileError, load_profile
+    from janus_core.resolution import Resolution
+    from janus_core.threads import default_decode_workers, set_compute_threads
+    from janus_core.vit_encoder import ViTEncoder
 
     # Timed as precompute runs: --nproc processes on this node, each with its share of the cores.
     workers = workers or default_decode_workers(nproc)
@@ -254,8 +254,8 @@ def info_cmd(
 ) -> None:
     """Show what a cache holds: format, resolutions, window variant, counts and shard state."""
     from janus_cache.store import StoreError, load_manifest, open_cache
-    from janus_cache.bases import BASES
     from janus_cache.store.layout import vit_array
+    from janus_core.bases import BASES
 
     try:
         manifest = load_manifest(cache)

@@ -7,7 +7,6 @@ channel is a gloo process group on every machine (GPU or not).
 from __future__ import annotations
 
 import contextlib
-
 import os
 import signal
 import sys
@@ -21,9 +20,9 @@ from typing import Any, NoReturn, TypeVar
 
 import torch.distributed as dist
 
-from janus_cache.lock import DirectoryLock
-from janus_cache.plan import format_bytes
-from janus_cache.threads import usable_cores  # noqa: F401 - the trainer's loader note reads it here
+from janus_core.disk_space import format_bytes
+from janus_core.lock import DirectoryLock
+from janus_core.threads import usable_cores  # noqa: F401 - the trainer's loader note reads it here
 
 T = TypeVar("T")
 

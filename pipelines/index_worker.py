@@ -3,7 +3,7 @@
 Rank 0 of a precompute calls :func:`store_index_in_worker`: a spawned process indexes the sources
 through the cache's index store (reusing what is stored while the files keep their sizes and
 mtimes), stores the combined index as columns and exits; every rank, rank 0 included, then reads
-those columns lazily (:meth:`~janus_cache.index.StoredSources.load`), making only the rows it
+those columns lazily (:meth:`~janus_core.index.StoredSources.load`), making only the rows it
 uses. Building a 612k-sample index takes gigabytes for a few minutes; doing it in a process that
 exits keeps every rank's own memory to what it reads (``benchmarks/bench_scale.py`` measures it).
 """
@@ -17,8 +17,8 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
-from janus_cache.index import StoredIndex, StoredSources, store_sources_index
-from janus_cache.processes import die_with_parent
+from janus_core.index import StoredIndex, StoredSources, store_sources_index
+from janus_core.processes import die_with_parent
 
 
 def _show(stored: StoredIndex) -> None:
@@ -30,7 +30,7 @@ def _store(sources: Sequence[str | Path], cache_dir: Path, options: dict[str, An
 
 
 def store_index_in_worker(sources: Sequence[str | Path], cache_dir: Path, **options: Any) -> StoredSources:
-    """:func:`~janus_cache.index.store_sources_index` run in a spawned process that dies with this
+    """:func:`~janus_core.index.store_sources_index` run in a spawned process that dies with this
     one; its output goes to this process's terminal, its exceptions are raised here. (Not a
     ``multiprocessing`` pool: its daemonic workers may not start the image-check workers.)"""
     with ProcessPoolExecutor(1, mp_context=get_context("spawn"), initializer=die_with_parent,

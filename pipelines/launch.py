@@ -11,7 +11,7 @@ the failed rank, its exit code and the log. The ranks' own output is not touched
 stdout/stderr remain the console's.
 
 Signals: the first SIGTERM, SIGINT, SIGUSR1 or SIGUSR2 (the stop signals a run may choose,
-``janus_train.preemption``) is forwarded to every rank and the launcher waits for them, however long
+``janus_train.loop.preemption``) is forwarded to every rank and the launcher waits for them, however long
 their checkpoint takes (torchrun's own handler would SIGKILL them 30 s later); a training run then
 stops after its current step with a checkpoint and exit code 75 (its rank 0 says where it will
 resume). A second signal stops the ranks at once, as torchrun does.
@@ -39,7 +39,7 @@ import threading
 import time
 from pathlib import Path
 
-from janus_train.preemption import PREEMPTED_EXIT_CODE, STOP_SIGNAL_CHOICES, signal_numbers
+from janus_train.loop.preemption import PREEMPTED_EXIT_CODE, STOP_SIGNAL_CHOICES, signal_numbers
 from pipelines.parent_death import LAUNCHER_PID_VARIABLE
 
 LOG_OPTION = "--launcher-log"
@@ -109,7 +109,7 @@ class ReportFile(logging.FileHandler):
         """Where ``what`` is, or the one-line reason it could not be written (bytes and the fix)."""
         if self.failure is None:
             return f"{what}: {self.path}"
-        from janus_cache.plan import format_bytes
+        from janus_core.disk_space import format_bytes
 
         free = shutil.disk_usage(self.path.parent).free if self.path.parent.is_dir() else 0
         return (f"{what} could not be written to {self.path} ({self.failure.strerror or self.failure}): the disk has "

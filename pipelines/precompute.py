@@ -27,20 +27,26 @@ from typing import Annotated, Optional
 import typer
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from janus_cache.index import DatasetIndex, StoredSources
-from janus_cache.encoder import WindowEncoder
 from janus_cache.plan import Plan
-from janus_cache.precompute_job import PrecomputeError, PrecomputeJob, Prepared, precompute_base, refuse_foreign_directory
-from janus_cache.profile import SET_HELP, SET_OPTION, Profile, load_profile
-from janus_cache.device import process_device
-from janus_cache.resolution import Resolution
+from janus_cache.precompute_job import (
+    PrecomputeError,
+    PrecomputeJob,
+    Prepared,
+    precompute_base,
+    refuse_foreign_directory,
+)
 from janus_cache.store.commit import CHECKSUM_MODES, is_committed
 from janus_cache.store.formats import DEFAULT_FORMAT, FORMATS, FORMATS_HELP
-from janus_cache.store.manifest import read_manifest
 from janus_cache.store.layout import REPORT_NAME, CacheLayout
+from janus_cache.store.manifest import read_manifest
 from janus_cache.store.split import shards_for
-from janus_cache.threads import default_decode_workers, set_compute_threads
-from janus_cache.vit_encoder import ViTEncoder
+from janus_core.device import process_device
+from janus_core.encoder import WindowEncoder
+from janus_core.index import DatasetIndex, StoredSources
+from janus_core.profile import SET_HELP, SET_OPTION, Profile, load_profile
+from janus_core.resolution import Resolution
+from janus_core.threads import default_decode_workers, set_compute_threads
+from janus_core.vit_encoder import ViTEncoder
 from pipelines.distributed import CommitTally, Control, Progress, RankFailed, Ranks, fail_alike, lock_on_main
 from pipelines.index_worker import store_index_in_worker
 from pipelines.parent_death import spawn_pool
@@ -49,7 +55,7 @@ from pipelines.parent_death import spawn_pool
 @dataclass(frozen=True)
 class Options:
     data: tuple[str | Path, ...] | str | Path
-    """Dataset sources: paths or ``NAME=PATH`` (``janus_cache.index.sources``), in cache order; one
+    """Dataset sources: paths or ``NAME=PATH`` (``janus_core.index.sources``), in cache order; one
     path or string is one value (a string may list several sources separated by spaces)."""
     out: Path
     profile: str = "tiny"
@@ -83,11 +89,11 @@ def _device(profile: Profile, ranks: Ranks) -> str:
 
 def frozen_vit(profile: Profile, device: str) -> ViTEncoder | None:
     """The profile's frozen Qwen ViT (``cache.vit_features``) with the attention kernels the model's
-    live path runs (:mod:`janus_train.vision_attention`), or None when the profile caches no ViT output."""
+    live path runs (:mod:`janus_train.model.vision_attention`), or None when the profile caches no ViT output."""
     if not profile.cache.vit_features:
         return None
-    from janus_train.model import attention_implementation  # transformers: only for profiles that need it
-    from janus_train.vision_attention import vision_attention
+    from janus_train.model.janus_model import attention_implementation  # transformers: only for profiles that need it
+    from janus_train.model.vision_attention import vision_attention
 
     vit = ViTEncoder.from_profile(profile, device, attention_implementation(device))
     config = vit.visual.config

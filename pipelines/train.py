@@ -1,10 +1,10 @@
 """Stage 2 entry point, started on every rank: ``torchrun --nproc_per_node N -m pipelines.train``.
 
 Trains from a cache (``--cache PATH``; VGGT is never built), from several zarr caches drawn with
-sampling weights (``--cache r2r=PATH:0.7 --cache rxr=PATH:0.3``, see ``janus_train.mixture``) or,
+sampling weights (``--cache r2r=PATH:0.7 --cache rxr=PATH:0.3``, see ``janus_train.data.mixture``) or,
 for the live baseline, from the source data (``--live-data``; VGGT runs inside the model).
 Resumes from the latest checkpoint in ``--out`` when there is one, also on another number of
-processes (``janus_train.elastic``); a checkpoint it cannot continue is one ``error:`` line.
+processes (``janus_train.checkpoint.elastic``); a checkpoint it cannot continue is one ``error:`` line.
 
 Start-up check: before any model is built, rank 0 runs verify's schema and freshness checks of
 every cache against the training profile and tells every rank the verdict; a refused cache ends
@@ -14,7 +14,7 @@ dataset comparison (completeness against a fresh index: per-episode frames, text
 cache made stale by an edited description, instruction or image is refused naming the episode and
 the file.
 
-Validation (``janus_train.validation``): the profile's source, or ``--val-cache CACHE`` instead of it
+Validation (``janus_train.loop.validation``): the profile's source, or ``--val-cache CACHE`` instead of it
 (checked at start-up like the training cache); a source that cannot be used (e.g. a hold-out that
 leaves no episode to train on) ends every rank with one ``error:`` line.
 
@@ -22,15 +22,15 @@ leaves no episode to train on) ends every rank with one ``error:`` line.
 ``--record-samples`` samples of the data (one micro-batch; see ``Trainer.outputs_on``) as
 safetensors, with the sample keys in the metadata: what an export must reproduce.
 
-The run directory describes itself (``janus_train.run_layout``): at start rank 0 writes the resolved
+The run directory describes itself (``janus_train.run.layout``): at start rank 0 writes the resolved
 profile (``profile.yaml``, after ``extends`` and ``--set KEY=VALUE`` overrides) and appends the
 command line, versions and cache digests to ``run.json``; without ``--profile`` a run that recorded
 one resumes with it, and one that disagrees with it on a setting that shapes the model is refused
-(``janus_train.run_record``). Rank 0's console is also appended to ``train.log``.
+(``janus_train.run.record``). Rank 0's console is also appended to ``train.log``.
 
-Output: rank 0 prints one line per logged step (``janus_train.logs``); warnings that libraries
+Output: rank 0 prints one line per logged step (``janus_train.run.logs``); warnings that libraries
 raise on every step are filtered here, each with its reason. A non-finite step
-(``janus_train.nonfinite``) ends every rank with exit code 1 and one ``error:`` line from rank 0.
+(``janus_train.loop.nonfinite``) ends every rank with exit code 1 and one ``error:`` line from rank 0.
 """
 
 from __future__ import annotations
@@ -49,31 +49,31 @@ import torch.distributed as dist
 import typer
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from janus_cache.bases import BaseError, cache_base
-from janus_cache.lock import DirectoryLock
-from janus_cache.profile import SET_HELP, SET_OPTION, Profile, ProfileError
 from janus_cache.store import DamagedData
-from janus_train.checkpoints import NoIntactCheckpoint, tag_name
-from janus_train.config import TrainSettings, load_train_settings
-from janus_train.damaged import DamagedSample
-from janus_train.disk_space import NoRoom
-from janus_train.export import export
-from janus_train.elastic import ResumeError
-from janus_train.live_check import LiveCheckError, live_check_refusal
-from janus_train.logs import ConsoleCopy, WandbMissing, check_wandb
-from janus_train.mixture import CacheSource, MixtureError, parse_cache_sources
-from janus_train.nonfinite import NonFiniteStep
-from janus_train.preemption import PREEMPTED_EXIT_CODE, Preemption, stopped_message
-from janus_train.reference_checkpoint import (
+from janus_core.bases import BaseError, cache_base
+from janus_core.disk_space import NoRoom
+from janus_core.lock import DirectoryLock
+from janus_core.profile import SET_HELP, SET_OPTION, Profile, ProfileError
+from janus_train.checkpoint.elastic import ResumeError
+from janus_train.checkpoint.export import export
+from janus_train.checkpoint.reference import (
     ReferenceCheckpointError,
     check_reference_checkpoint,
     run_model_config,
     unused_heads_note,
 )
-from janus_train.run_layout import RunLayout
-from janus_train.run_record import append_start, run_profile, write_profile
-from janus_train.trainer import TooFewSamples, Trainer, init_distributed
-from janus_train.validation import ValidationError
+from janus_train.checkpoint.tags import NoIntactCheckpoint, tag_name
+from janus_train.config import TrainSettings, load_train_settings
+from janus_train.data.damaged import DamagedSample
+from janus_train.data.live_check import LiveCheckError, live_check_refusal
+from janus_train.data.mixture import CacheSource, MixtureError, parse_cache_sources
+from janus_train.loop.nonfinite import NonFiniteStep
+from janus_train.loop.preemption import PREEMPTED_EXIT_CODE, Preemption, stopped_message
+from janus_train.loop.trainer import TooFewSamples, Trainer, init_distributed
+from janus_train.loop.validation import ValidationError
+from janus_train.run.layout import RunLayout
+from janus_train.run.logs import ConsoleCopy, WandbMissing, check_wandb
+from janus_train.run.record import append_start, run_profile, write_profile
 from pipelines.distributed import Control, RankFailed, Ranks, fail_alike, lock_on_main, usable_cores
 
 
@@ -140,8 +140,8 @@ def dataset_refusal(cache: Path, data: str, profile: Profile) -> str | None:
     """Why ``cache`` is stale against the dataset ``data`` (None when it is not): verify's
     completeness check against the dataset indexed now, with the cache's window history (the
     cache's index store is reused while the dataset's files are unchanged)."""
-    from janus_cache.store.layout import CacheLayout
     from janus_cache.store import load_manifest
+    from janus_cache.store.layout import CacheLayout
     from janus_cache.verify import check_completeness, dataset_indexes, failure_message
 
     manifest = load_manifest(cache)

@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from janus_cache.profile import SET_HELP, SET_OPTION
+from janus_core.profile import SET_HELP, SET_OPTION
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Train from janus caches and export the result.")
 
@@ -37,12 +37,12 @@ def export_cmd(
 ) -> None:
     """Consolidate a ZeRO-3 checkpoint into 16-bit (or fp32) weights: HF weights plus the janus
     heads, or a reference JanusVLN checkpoint directory."""
-    from janus_cache.profile import ProfileError
+    from janus_core.profile import ProfileError
+    from janus_train.checkpoint.export import FORMATS, export, export_janusvln
+    from janus_train.checkpoint.reference import ReferenceCheckpointError, run_model_config
     from janus_train.config import load_train_settings
-    from janus_train.export import FORMATS, export, export_janusvln
-    from janus_train.reference_checkpoint import ReferenceCheckpointError, run_model_config
-    from janus_train.run_layout import RunLayout
-    from janus_train.run_record import run_profile
+    from janus_train.run.layout import RunLayout
+    from janus_train.run.record import run_profile
 
     layout = RunLayout(run)
     try:
@@ -90,12 +90,12 @@ def show_sample_cmd(
 ) -> None:
     """Print one sample as trained: user and target text, token counts, and the weight and segment
     of every supervised token."""
-    from janus_cache.index import DatasetError, build_index
-    from janus_cache.profile import ProfileError, load_profile
-    from janus_train.prompt import PromptError
-    from janus_train.run_record import run_profile
-    from janus_train.sample_view import describe_sample
-    from janus_train.trainer import prompt_builder
+    from janus_core.index import DatasetError, build_index
+    from janus_core.profile import ProfileError, load_profile
+    from janus_train.data.prompt import PromptError
+    from janus_train.data.sample_view import describe_sample
+    from janus_train.loop.trainer import prompt_builder
+    from janus_train.run.record import run_profile
 
     try:
         if run is not None:

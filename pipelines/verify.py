@@ -26,14 +26,9 @@ import torch
 import typer
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from janus_cache.device import process_device
-from janus_cache.dtypes import TORCH_DTYPES
-from janus_cache.index import DatasetIndex
-from janus_cache.encoder import EncoderIdentity, WindowEncoder
 from janus_cache.store import CacheOpenError, load_manifest
 from janus_cache.store.layout import CacheLayout
 from janus_cache.store.split import share
-from janus_cache.profile import SET_HELP, SET_OPTION, Profile, load_profile
 from janus_cache.verify import (
     CHECK_NAMES,
     CHECKSUM_MODES,
@@ -63,6 +58,11 @@ from janus_cache.verify import (
     report_dict,
     skipped,
 )
+from janus_core.device import process_device
+from janus_core.dtypes import TORCH_DTYPES
+from janus_core.encoder import EncoderIdentity, WindowEncoder
+from janus_core.index import DatasetIndex
+from janus_core.profile import SET_HELP, SET_OPTION, Profile, load_profile
 from pipelines.distributed import Control, Progress, RankFailed, Ranks, lock_on_main
 from pipelines.precompute import frozen_vit
 
@@ -104,9 +104,9 @@ def load_image_embeddings(profile: Profile, device: torch.device | str) -> tuple
     embeddings part of the live check is reported as not run.
     """
     try:
-        from janus_train.model import JanusVLNModel
+        from janus_train.model.janus_model import JanusVLNModel
     except ImportError as err:
-        return None, f"janus_train.model is not importable ({err}); install the train extra"
+        return None, f"janus_train.model.janus_model is not importable ({err}); install the train extra"
     model = JanusVLNModel.from_profile(profile, live=False, device=device)
     return model.eval().visual_embeddings, ""
 
@@ -115,8 +115,8 @@ def load_reference_models(directory: Path, profile: Profile, device: torch.devic
     """The encoder (``vggt.aggregator.*``) and fused embeddings (vision tower, merger, ``lam``) of a
     reference JanusVLN checkpoint directory; a directory that does not fit is a one-line ValueError."""
     try:
-        from janus_train.model import aggregator_config
-        from janus_train.reference_checkpoint import reference_live_check
+        from janus_train.checkpoint.reference import reference_live_check
+        from janus_train.model.janus_model import aggregator_config
     except ImportError as err:
         raise ValueError(f"--checkpoint needs janus_train ({err}); install the train extra") from err
     encoder, fusion = reference_live_check(directory, profile.cache, aggregator_config(profile.vggt), device,
@@ -127,7 +127,7 @@ def load_reference_models(directory: Path, profile: Profile, device: torch.devic
 def ignored_heads(directory: Path) -> str:
     """What of a reference checkpoint directory is read past: the VGGT depth and point heads the
     reference keeps unused in every checkpoint ('' when it holds none)."""
-    from janus_train.reference_checkpoint import unused_heads
+    from janus_train.checkpoint.reference import unused_heads
 
     count = len(unused_heads(directory))
     return f" (its {count} unused VGGT depth/point head tensors ignored)" if count else ""

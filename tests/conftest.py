@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from janus_cache.index import DatasetIndex, build_index
-from janus_cache.sample_data import write_sample_data
+from janus_core.index import DatasetIndex, build_index
+from janus_core.sample_data import write_sample_data
 
 # Session-wide artifacts (a precomputed cache, a trained run) built once and shared by both tiers.
 pytest_plugins = ["helpers.shared_caches", "helpers.shared_runs"]

@@ -56,6 +56,7 @@ from janus_cache.store.commit import (
 )
 from janus_cache.store.damage import DamagedData, MissingChunk
 from janus_cache.store.formats import FORMATS, cache_format
+from janus_cache.store.layout import CacheLayout
 from janus_cache.store.manifest import (
     DatasetIdentity,
     FieldDiff,
@@ -71,9 +72,8 @@ from janus_cache.store.manifest import (
     read_manifest,
     write_manifest,
 )
-from janus_cache.store.layout import CacheLayout
 from janus_cache.store.records import CacheSample, SampleMeta
-from janus_cache.text_column import TextColumn
+from janus_core.text_column import TextColumn
 
 if TYPE_CHECKING:
     import torch

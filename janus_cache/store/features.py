@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from janus_cache import dtypes
+from janus_core import dtypes
 
 if TYPE_CHECKING:  # torch is imported where tensors are made or taken apart, not to read a manifest
     import torch

@@ -5,7 +5,7 @@ A cache directory holds (``<variant>`` is ``WindowVariant.name``, ``<resolution>
     manifest.json                           what the cache holds (janus_cache.store.manifest)
     checksums.json                          sha256 of every metadata file (janus_cache.store.checksums)
     report.json                             the finished precompute's report (failed samples...)
-    episodes.json                           each episode's identity (janus_cache.index.identity)
+    episodes.json                           each episode's identity (janus_core.index.identity)
     zarr.json                               the root of the zarr v3 group (both formats)
     frames/<resolution>/                    uint8 frames, one row per frame
     vit/<resolution>/                       optional: the frozen Qwen ViT's output, one row per frame
@@ -15,7 +15,7 @@ A cache directory holds (``<variant>`` is ``WindowVariant.name``, ``<resolution>
     wds/<variant>/<resolution>/shard-000000.tar ...
     commits/<array>/000000.json ...         one commit record per shard of every array
     failures/frames/<resolution>/000000.json  frames of a shard that could not be decoded
-    index/<key>/                            the dataset's stored index (janus_cache.index.cached),
+    index/<key>/                            the dataset's stored index (janus_core.index.cached),
                                             not cache content: kept by --overwrite
 
 *Array names* (``frames/pad644``, ``wds/<variant>/pad644``...) are paths relative to the cache
@@ -161,7 +161,7 @@ class CacheLayout:
 
     @property
     def index_store(self) -> Path:
-        """The folder of stored dataset indexes (``janus_cache.index.IndexStore``) of this cache's runs."""
+        """The folder of stored dataset indexes (``janus_core.index.IndexStore``) of this cache's runs."""
         return self.root / INDEX_STORE_DIR
 
     def frames(self, resolution: str) -> Path:

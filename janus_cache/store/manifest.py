@@ -4,7 +4,7 @@ A manifest is ``<cache>/manifest.json`` (:mod:`janus_cache.store.layout`): stabl
 fields are of two kinds:
 
 * **keyed** (:data:`KEYED_FIELDS`): the schema version, format, the base model whose frames the
-  cache stores (``base``, a ``model_type`` of :mod:`janus_cache.bases`; a manifest without it was
+  cache stores (``base``, a ``model_type`` of :mod:`janus_core.bases`; a manifest without it was
   made before there was a second base and is Qwen2.5-VL's), window variant, encoder
   fingerprint, feature dtypes, dataset identity, shard layout, the definition of every
   resolution and, per resolution, the cached frozen-ViT output (``vit_features``: the ViT weights'
@@ -33,15 +33,15 @@ from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from janus_cache.bases import BASES, DEFAULT_BASE
-from janus_cache.index.identity import EpisodeIdentity
-from janus_cache.index.subinstructions import DEFAULT_SUBINSTRUCTION_RULE
 from janus_cache.store.checksums import record_metadata
 from janus_cache.store.commit import atomic_write_bytes
 from janus_cache.store.features import STORED_DTYPES
 from janus_cache.store.formats import cache_format
 from janus_cache.store.layout import CacheLayout
-from janus_cache.windows import ATTENTION_MODES, REFERENCE_FRAMES
+from janus_core.bases import BASES, DEFAULT_BASE
+from janus_core.index.identity import EpisodeIdentity
+from janus_core.index.subinstructions import DEFAULT_SUBINSTRUCTION_RULE
+from janus_core.windows import ATTENTION_MODES, REFERENCE_FRAMES
 
 SCHEMA_VERSION = 3
 """Version of the cache layout and manifest schema; bumped on any incompatible change.
@@ -147,7 +147,7 @@ class WindowVariant:
 
 @dataclass(frozen=True)
 class DatasetIdentity:
-    """A digest over every episode's identity (``janus_cache.index.identity``: source, frames,
+    """A digest over every episode's identity (``janus_core.index.identity``: source, frames,
     texts, actions; in order), the counts, the source names in order, and the rule that gave each
     sample its subinstruction (it changes the stored texts). The per-episode identities are stored
     next to the manifest (:func:`write_episodes`), so a change can be traced to its episode."""
@@ -209,7 +209,7 @@ class ViTFeaturesEntry:
     """The cached output of Qwen's frozen ViT blocks for the frames of one resolution (``vit/<name>``):
     which tower made it (the weights' fingerprint, the base model's directory name) and the stored
     per-frame shape ``(grid tokens, D)`` (a DeepStack base, Qwen3-VL: ``(levels, grid tokens, D)``,
-    :mod:`janus_cache.vit_encoder`) and logical dtype (bf16 is stored as its uint16 bits)."""
+    :mod:`janus_core.vit_encoder`) and logical dtype (bf16 is stored as its uint16 bits)."""
 
     name: str
     fingerprint: str

@@ -25,7 +25,7 @@ TEXT_COLUMNS = ("instruction", "subinstruction", "description_2d", "description_
 ACTION_COLUMN = "action"
 EPISODE_COLUMN = "episode_id"
 SOURCE_COLUMN = "source"
-"""The samples table's dataset source name (``janus_cache.index.sources``)."""
+"""The samples table's dataset source name (``janus_core.index.sources``)."""
 """The samples table's column of each sample's episode (what a validation hold-out splits by)."""
 
 

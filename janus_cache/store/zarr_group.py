@@ -28,6 +28,7 @@ from zarr.storage import LocalStore
 
 from janus_cache.store.commit import ShardCheck, StoreError, check_shard, read_record, shard_plan
 from janus_cache.store.damage import DamagedData, StrictLocalStore, describe
+from janus_cache.store.features import from_stored
 from janus_cache.store.layout import (
     KEY_COLUMN,
     SAMPLES_TABLE,
@@ -39,9 +40,8 @@ from janus_cache.store.layout import (
     table_group,
     vit_array,
 )
-from janus_cache.store.features import from_stored
 from janus_cache.store.manifest import ShardEntry
-from janus_cache.text_column import TextColumn
+from janus_core.text_column import TextColumn
 
 ColumnData = np.ndarray | TextColumn | Sequence[str]
 """A table column to write: numeric rows, or text (stored form, or any sequence of str)."""

@@ -31,15 +31,15 @@ from janus_cache.store.commit import (
     uncommit,
     uncommit_array,
 )
-from janus_cache.store.damage import DamagedData
 from janus_cache.store.compression import FEATURES_COMPRESSION, FRAMES_COMPRESSION, TABLES_COMPRESSION, Compression
+from janus_cache.store.damage import DamagedData
 from janus_cache.store.features import stored_dtype, to_stored
 from janus_cache.store.layout import (
     FRAMES_TABLE,
     KEY_COLUMN,
     SAMPLES_TABLE,
-    TEXT_OFFSETS,
     TABLES_GROUP,
+    TEXT_OFFSETS,
     TEXT_PAYLOAD,
     WINDOW_ROWS_COLUMN,
     ZARR_ROOT_NAME,
@@ -49,8 +49,8 @@ from janus_cache.store.layout import (
     table_group,
     vit_array,
 )
-from janus_cache.text_column import NotText, TextColumn
 from janus_cache.store.zarr_group import ColumnData, ZarrGroup, _check_name
+from janus_core.text_column import NotText, TextColumn
 
 TABLE_CHUNK_ROWS = 65536
 """Rows per chunk of a table column (UTF-8 payloads: bytes per chunk)."""

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from janus_cache.vggt import CUDA_AUTOCAST_DTYPE
+from janus_core.vggt import CUDA_AUTOCAST_DTYPE
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,7 @@ FEATURE_TOLERANCES: Mapping[str, Tolerance] = {
     # CPU: float32 throughout. On the tiny profile batch sizes 1, 2 and 4 and 1 or 2 threads give
     # the same float32 bits; 1e-4 leaves room for kernels that block sums differently by shape.
     "cpu": Tolerance(rtol=1e-4, min_cosine=0.9999),
-    # CUDA: the encoder runs under bf16 autocast (janus_cache.vggt.CUDA_AUTOCAST_DTYPE); another
+    # CUDA: the encoder runs under bf16 autocast (janus_core.vggt.CUDA_AUTOCAST_DTYPE); another
     # batch size selects other kernels, whose bf16 rounding differs by a few bf16 ulps per layer.
     "cuda": Tolerance(rtol=3e-2, min_cosine=0.999),
 }

@@ -6,8 +6,8 @@ episode's identity (``episodes.json``: frames, texts, actions) equal to the data
 description, instruction or image fails naming the episode and the file.
 
 The comparison is made on columns, never on a row object per sample: the cache's key, window and
-source columns and the index's (a stored index is read lazily, ``janus_cache.index.lazy``) are
-matched as :class:`~janus_cache.index.text_keys.TextKeys` arrays, so at 612k samples it holds a few
+source columns and the index's (a stored index is read lazily, ``janus_core.index.lazy``) are
+matched as :class:`~janus_core.index.text_keys.TextKeys` arrays, so at 612k samples it holds a few
 hundred MB, not the whole index as Python objects (gigabytes); rows are made only to name what differs."""
 
 from __future__ import annotations
@@ -19,7 +19,16 @@ from typing import Any
 
 import numpy as np
 
-from janus_cache.index import (
+from janus_cache.keys import dataset_identity
+from janus_cache.precompute import read_frame_failures
+from janus_cache.store import DatasetIdentity, ManifestError, StoreError
+from janus_cache.store.layout import FRAMES_TABLE, REPORT_NAME, SAMPLES_TABLE, WINDOW_ROWS_COLUMN
+from janus_cache.store.manifest import read_episodes
+from janus_cache.store.open import OpenedCache
+from janus_cache.store.wds_store import FEATURE_MEMBER, FRAMES_MEMBER, META_MEMBER, decode_key, planned_tar_shards
+from janus_cache.verify.cache import open_checked, wds_reader
+from janus_cache.verify.results import COMPLETENESS, LISTED, CheckResult, guarded, listed, result, short, timer
+from janus_core.index import (
     DEFAULT_SUBINSTRUCTION_RULE,
     CachedRows,
     DatasetIndex,
@@ -29,16 +38,7 @@ from janus_cache.index import (
     source_values,
     store_sources_index,
 )
-from janus_cache.index.text_keys import TextKeys, differs
-from janus_cache.keys import dataset_identity
-from janus_cache.precompute import read_frame_failures
-from janus_cache.store import DatasetIdentity, ManifestError, StoreError
-from janus_cache.store.manifest import read_episodes
-from janus_cache.store.wds_store import FEATURE_MEMBER, FRAMES_MEMBER, META_MEMBER, decode_key, planned_tar_shards
-from janus_cache.store.layout import FRAMES_TABLE, REPORT_NAME, SAMPLES_TABLE, WINDOW_ROWS_COLUMN
-from janus_cache.store.open import OpenedCache
-from janus_cache.verify.cache import open_checked, wds_reader
-from janus_cache.verify.results import COMPLETENESS, LISTED, CheckResult, guarded, listed, result, short, timer
+from janus_core.index.text_keys import TextKeys, differs
 
 SAMPLE_MEMBERS = frozenset({FRAMES_MEMBER, FEATURE_MEMBER, META_MEMBER})
 """The members every sample of a tar shard has."""
@@ -327,9 +327,9 @@ def dataset_indexes(data: Path | str, cache_history: int, live_history: int,
     path reads windows from (the profile's); one index when the two agree.
 
     ``data`` names the dataset as precompute was given it: one path, or sources ``NAME=PATH ...``
-    separated by spaces (``janus_cache.index.sources``), so that the keys are the cache's.
+    separated by spaces (``janus_core.index.sources``), so that the keys are the cache's.
     ``cache_dir``: the index store to reuse them from while the dataset is unchanged (see
-    ``build_index``), and read lazily from there (:mod:`janus_cache.index.lazy`): the comparison
+    ``build_index``), and read lazily from there (:mod:`janus_core.index.lazy`): the comparison
     reads columns, so the index is never a row object per sample. ``recorded_names``: the cache's
     source names (its manifest's), which bare paths take, so that a copied, moved or renamed dataset
     compares as itself. ``live``: also the live path's index (None without it, when the histories differ)."""

@@ -8,11 +8,8 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from janus_cache.encoder import EncoderIdentity, encoder_identity
-from janus_cache.bases import BASES, QwenBase, cache_base
 from janus_cache.keys import resolution_entry, vit_entry, window_variant
-from janus_cache.profile import Profile, load_profile
-from janus_cache.resolution import Resolution
+from janus_cache.store.layout import FRAMES_TABLE
 from janus_cache.store.manifest import (
     FieldDiff,
     ResolutionEntry,
@@ -21,11 +18,14 @@ from janus_cache.store.manifest import (
     library_versions,
     version_differences,
 )
-from janus_cache.store.layout import FRAMES_TABLE
 from janus_cache.store.open import OpenedCache
 from janus_cache.verify.cache import open_checked
-from janus_cache.vit_encoder import ViTEncoder
 from janus_cache.verify.results import FRESHNESS, CheckResult, guarded, result, short, timer
+from janus_core.bases import BASES, QwenBase, cache_base
+from janus_core.encoder import EncoderIdentity, encoder_identity
+from janus_core.profile import Profile, load_profile
+from janus_core.resolution import Resolution
+from janus_core.vit_encoder import ViTEncoder
 
 
 def as_profile(profile: Profile | str | Path) -> Profile:

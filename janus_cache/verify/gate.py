@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from janus_cache.encoder import EncoderIdentity
-from janus_cache.profile import Profile
 from janus_cache.verify.freshness import check_freshness
 from janus_cache.verify.integrity import check_integrity
 from janus_cache.verify.results import FRESHNESS, CacheVerificationError, CheckResult, skipped
 from janus_cache.verify.schema import check_schema
+from janus_core.encoder import EncoderIdentity
+from janus_core.profile import Profile
 
 
 def check_cache_for_training(cache: Path | str, profile: Profile | str | Path,

@@ -3,7 +3,7 @@ path and compare with the cache: uint8 frames and the base's ``pixel_values`` bi
 features, fused image embeddings (with a DeepStack base, Qwen3-VL, its DeepStack inputs too) and
 (a cache with ``vit_features``) the frozen ViT's output of the window's frames within the
 tolerances of :mod:`janus_cache.verify.comparison`. The live frames are the base's own (for
-Qwen3-VL, :func:`~janus_cache.imaging.load_qwen_frame`) and the live features come from VGGT's
+Qwen3-VL, :func:`~janus_core.imaging.load_qwen_frame`) and the live features come from VGGT's
 frames of the same sources (:mod:`janus_cache.keys`).
 
 The fused embeddings come from a model this package does not know: the caller passes the
@@ -23,18 +23,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from janus_cache.device import process_device
-from janus_cache.index import DatasetIndex
-from janus_cache.encoder import WindowEncoder
-from janus_cache.bases import BASES, VGGT_PATCH_SIZE, cache_base
-from janus_cache.imaging import FrameError, load_frame, load_qwen_frame, qwen_pixel_values
 from janus_cache.keys import window_variant
-from janus_cache.profile import Profile
 from janus_cache.store import StoreError
-from janus_cache.store.wds_store import decode_key, decode_sample
 from janus_cache.store.layout import SAMPLES_TABLE
-from janus_cache.store.zarr_group import ZarrGroup
 from janus_cache.store.open import OpenedCache
+from janus_cache.store.wds_store import decode_key, decode_sample
+from janus_cache.store.zarr_group import ZarrGroup
 from janus_cache.verify.cache import open_for_checks, wds_reader, zarr_reader
 from janus_cache.verify.comparison import (
     EMBEDDING_TOLERANCES,
@@ -46,8 +40,14 @@ from janus_cache.verify.comparison import (
     feature_tolerance,
 )
 from janus_cache.verify.freshness import as_profile, base_problem
-from janus_cache.vit_encoder import ViTEncoder
 from janus_cache.verify.results import DEFAULT_SEED, LIVE, CheckResult, guarded, listed, result, skipped, timer
+from janus_core.bases import BASES, VGGT_PATCH_SIZE, cache_base
+from janus_core.device import process_device
+from janus_core.encoder import WindowEncoder
+from janus_core.imaging import FrameError, load_frame, load_qwen_frame, qwen_pixel_values
+from janus_core.index import DatasetIndex
+from janus_core.profile import Profile
+from janus_core.vit_encoder import ViTEncoder
 
 DEFAULT_LIVE_SAMPLES = 4
 

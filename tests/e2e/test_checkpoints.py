@@ -21,12 +21,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from helpers.profiles import REPO_ROOT
 from helpers.shared_runs import ReferenceRun, TinyTraining
 from helpers.training import MAX_STEPS, SAVE_EVERY, assert_succeeded, read_metrics, torchrun_train
-
-from janus_train.checkpoints import CHECKSUMS_FILE, LATEST_FILE, Checkpoints, NoIntactCheckpoint, sha256_file
-from janus_train.trainer import CHECKPOINTS, METRICS_FILE
+from janus_train.checkpoint.tags import CHECKSUMS_FILE, LATEST_FILE, Checkpoints, NoIntactCheckpoint, sha256_file
+from janus_train.loop.trainer import CHECKPOINTS, METRICS_FILE
 
 STEPS = MAX_STEPS
 TAGS = [f"step{s:08d}" for s in (*range(SAVE_EVERY, STEPS, SAVE_EVERY), STEPS)]  # 3, 6, 9 and the final 10

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from janus_cache.sample_data import write_sample_data
-from janus_cache.threads import compute_threads, default_decode_workers, usable_cores
+from janus_core.sample_data import write_sample_data
+from janus_core.threads import compute_threads, default_decode_workers, usable_cores
 
 JANUS_CACHE = Path(sys.executable).parent / "janus-cache"
 

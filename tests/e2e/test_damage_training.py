@@ -23,20 +23,33 @@ from typing import Any
 
 import pytest
 import yaml
-from helpers.profiles import REPO_ROOT
-from helpers.training import assert_succeeded
 
-from janus_cache.profile import load_profile
+from helpers.damage import (
+    DAMAGED_RANK,
+    DAMAGED_STEP,
+    MAX_STEPS,
+    N_PROC,
+    PER_RANK_STEP,
+    Damaged,
+    damage_the_drawn_feature,
+    damaged_copy,
+    error_lines,
+    flip_byte,
+    launch,
+    launch_train,
+    training_order,
+    write_profile,
+)
+from helpers.profiles import REPO_ROOT
+from helpers.shared_runs import OneSampleShards
+from helpers.training import assert_succeeded
 from janus_cache.store.damage import REPAIR_HINT
 from janus_cache.store.layout import TEXT_PAYLOAD, wds_shard_name
 from janus_cache.store.wds_store import encode_key
-from janus_train.data import CachedSamples
-from janus_train.trainer import CHECKPOINTS, METRICS_FILE, open_training_cache
+from janus_core.profile import load_profile
+from janus_train.data.samples import CachedSamples
+from janus_train.loop.trainer import CHECKPOINTS, METRICS_FILE, open_training_cache
 from pipelines.precompute import Options, run
-from helpers.damage import (DAMAGED_RANK, DAMAGED_STEP, MAX_STEPS, N_PROC, PER_RANK_STEP,
-                            Damaged, damage_the_drawn_feature, damaged_copy,
-                            error_lines, flip_byte, launch, launch_train, training_order, write_profile)
-from helpers.shared_runs import OneSampleShards
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +72,7 @@ def damaged_zarr(workdir: tuple[Path, Path], clean_zarr: tuple[Path, Path]) -> D
 
 @pytest.fixture(scope="module")
 def builder(clean_zarr: tuple[Path, Path]) -> Any:
-    from janus_train.trainer import prompt_builder
+    from janus_train.loop.trainer import prompt_builder
 
     return prompt_builder(load_profile(clean_zarr[0]))
 
@@ -187,7 +200,7 @@ def test_damaged_validation_data_stops_every_rank_or_is_skipped_and_counted(
     the feature of the last validation sample is damaged. Before: the rank that read it crashed in
     the model's forward with a traceback while the other waited in ZeRO-3's gathers."""
     from janus_train.config import load_train_settings
-    from janus_train.validation import plan_validation
+    from janus_train.loop.validation import plan_validation
 
     profile = write_profile(tmp_path / "profile.yaml", num_workers=workers, damaged_samples=policy,
                             val_episodes=1, val_max_samples=0)
@@ -253,9 +266,9 @@ def test_a_launcher_killed_while_a_loader_worker_hangs_in_a_validation_read_leav
     starts it) is then SIGKILLed alone: no rank and no loader worker may be alive 10 s later.
     Before: the ranks died with the launcher, but the forked worker (no parent-death signal, and its
     watchdog never runs while it is blocked) lived on, holding the launch's output pipes open."""
-    from janus_train.config import load_train_settings
-    from janus_train.validation import plan_validation
     from helpers.processes import Launch
+    from janus_train.config import load_train_settings
+    from janus_train.loop.validation import plan_validation
 
     profile = write_profile(tmp_path / "profile.yaml", num_workers=2, damaged_samples="skip", val_episodes=1,
                             val_max_samples=0, eval_every=1, max_steps=10_000, save_every=10_000)

@@ -34,14 +34,14 @@ from typing import Any
 
 import pytest
 import yaml
-from helpers.profiles import REPO_ROOT, file_digests, write_test_profile
-from helpers.training import TRAIN as TRAIN_TEST_SETTINGS
-from helpers.shared_runs import TinyTraining
-from helpers.training import read_metrics, write_train_profile
 
-from janus_train.best_checkpoint import BEST_FILE, BEST_TAG
-from janus_train.checkpoints import CHECKSUMS_FILE, LATEST_FILE
-from janus_train.trainer import CHECKPOINTS
+from helpers.profiles import REPO_ROOT, file_digests, write_test_profile
+from helpers.shared_runs import TinyTraining
+from helpers.training import TRAIN as TRAIN_TEST_SETTINGS
+from helpers.training import read_metrics, write_train_profile
+from janus_train.checkpoint.best import BEST_FILE, BEST_TAG
+from janus_train.checkpoint.tags import CHECKSUMS_FILE, LATEST_FILE
+from janus_train.loop.trainer import CHECKPOINTS
 
 STEPS, SAVE_EVERY = 4, 2
 TRAIN = {"max_steps": STEPS, "save_every": SAVE_EVERY, "save_total_limit": 10, "live_check_every": 0}
@@ -257,7 +257,7 @@ NO_ROOM_WRITES = """
 import sys, torch
 from pathlib import Path
 from safetensors.torch import save_file
-from janus_train.disk_space import NoRoom, export_room, no_room_reason
+from janus_core.disk_space import NoRoom, export_room, no_room_reason
 
 out = Path(sys.argv[1])
 tensors = {"w": torch.zeros(1 << 20)}  # 4 MiB, on a 2 MiB disk
@@ -301,9 +301,9 @@ def test_every_writer_running_out_of_room_is_told_apart_from_other_failures(tmp_
 FULL_LOG = """
 import json, sys
 from pathlib import Path
-from janus_train.checkpoints import Checkpoints, LATEST_FILE, record_directory
-from janus_train.disk_space import NoRoom
-from janus_train.logs import RunLog, write_alike
+from janus_train.checkpoint.tags import Checkpoints, LATEST_FILE, record_directory
+from janus_core.disk_space import NoRoom
+from janus_train.run.logs import RunLog, write_alike
 
 disk, elsewhere, sink = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
 checkpoints = Checkpoints(elsewhere / "checkpoints")  # a run whose step-2 checkpoint is complete
@@ -357,7 +357,7 @@ def test_a_metrics_record_that_does_not_fit_is_one_line_and_leaves_whole_records
 STILL_FULL = """
 import json, sys
 from pathlib import Path
-from janus_train.logs import RunLog
+from janus_train.run.logs import RunLog
 
 metrics = Path(sys.argv[1]) / "metrics.jsonl"
 RunLog(metrics.parent, metrics, total_steps=5).resume_at(3)

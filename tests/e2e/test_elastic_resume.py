@@ -28,18 +28,18 @@ from typing import Any
 
 import pytest
 import yaml
+
 from helpers.profiles import REPO_ROOT, write_test_profile
 from helpers.shared_runs import TinyTraining
-
-from janus_cache.sample_data import write_sample_data
-from janus_train.elastic import GradAccum, read_client_state
+from janus_core.sample_data import write_sample_data
+from janus_train.checkpoint.elastic import GradAccum, read_client_state
 
 STEPS, SAVE_AT = 8, 4
 TIMEOUT_S = 600
 # Gradients of the same samples summed in another order (other ranks, other micro-batches): float32
 # rounding, carried through Adam for 4 steps (measured: <= 1e-7 relative). A step count one off in
 # Adam's bias correction after the conversion (a DeepSpeed 0.19 loader side effect, repaired in
-# janus_train.elastic) showed as 1.6e-4 at the first resumed update.
+# janus_train.checkpoint.elastic) showed as 1.6e-4 at the first resumed update.
 REL = 1e-5
 
 
@@ -247,7 +247,7 @@ def test_a_damaged_universal_checkpoint_is_converted_again_with_one_warning(
     is wrong with it, converts the intact ZeRO checkpoint again and continues with the
     uninterrupted run's losses (the damaged weights would shift them; a truncated file would crash
     the loader)."""
-    from janus_train.checkpoints import directory_problem
+    from janus_train.checkpoint.tags import directory_problem
 
     out = continue_from(setup.run_two, tmp_path / "run")
     universal = out / "checkpoints" / f"step{SAVE_AT:08d}_universal"

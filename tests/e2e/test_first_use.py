@@ -17,15 +17,15 @@ import sys
 from pathlib import Path
 
 import torch
-from helpers.profiles import REPO_ROOT
 from safetensors.torch import load_file
-from helpers.training import write_train_profile
-from helpers.commands import assert_one_error_line, make
 
-from janus_cache.encoder import load_aggregator
-from janus_cache.profile import load_profile
+from helpers.commands import assert_one_error_line, make
 from helpers.first_use import JANUS_TRAIN
+from helpers.profiles import REPO_ROOT
 from helpers.shared_runs import TinyRun
+from helpers.training import write_train_profile
+from janus_core.encoder import load_aggregator
+from janus_core.profile import load_profile
 
 JANUS_CACHE = Path(sys.executable).parent / "janus-cache"
 

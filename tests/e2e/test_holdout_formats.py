@@ -23,18 +23,18 @@ from typing import Any
 import pytest
 import torch
 import yaml
-from helpers.profiles import REPO_ROOT, write_test_profile
 
-from janus_cache.profile import load_profile
-from janus_cache.sample_data import write_sample_data
+from helpers.profiles import REPO_ROOT, write_test_profile
 from janus_cache.store.layout import KEY_COLUMN, SAMPLES_TABLE
 from janus_cache.store.records import EPISODE_COLUMN
+from janus_core.profile import load_profile
+from janus_core.sample_data import write_sample_data
 from janus_train.config import load_train_settings
-from janus_train.data import CachedSamples, StreamedSamples
-from janus_train.holdout import split_by_episode
-from janus_train.mixture import MixedSamples
-from janus_train.trainer import make_dataset, open_training_cache, prompt_builder
-from janus_train.validation import plan_validation
+from janus_train.data.holdout import split_by_episode
+from janus_train.data.mixture import MixedSamples
+from janus_train.data.samples import CachedSamples, StreamedSamples
+from janus_train.loop.trainer import make_dataset, open_training_cache, prompt_builder
+from janus_train.loop.validation import plan_validation
 
 H800 = yaml.safe_load((REPO_ROOT / "configs/profiles/h800.yaml").read_text())["train"]
 WORKERS = H800["num_workers"]
@@ -120,7 +120,7 @@ def test_a_webdataset_cache_holds_out_whole_episodes_split_once_over_ranks_and_w
 
 
 def test_a_mixture_holds_out_episodes_of_each_cache_by_the_single_cache_rule(built: dict[str, Path]) -> None:
-    from janus_train.mixture import CacheSource
+    from janus_train.data.mixture import CacheSource
 
     profile = load_profile(built["profile"])
     settings = load_train_settings(profile)

@@ -62,7 +62,7 @@ def test_loading_a_profile_imports_no_torch_nor_transformers() -> None:
     needs no deep-learning package."""
     done = fresh_interpreter(
         "import sys\n"
-        "from janus_cache.profile import load_profile\n"
+        "from janus_core.profile import load_profile\n"
         "from janus_train.config import load_train_settings\n"
         "profile = load_profile(sys.argv[1])\n"
         "assert profile.nproc_per_node == 2 and profile.cache.reference_frame == 'last', profile\n"

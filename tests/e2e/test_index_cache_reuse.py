@@ -7,8 +7,7 @@ import os
 from pathlib import Path
 
 from helpers.dataset_files import age, images, scramble_keeping_size_and_mtime
-
-from janus_cache.index.cached import COMBINED_PREFIX
+from janus_core.index.cached import COMBINED_PREFIX
 
 
 def test_precompute_resume_and_verify_reuse_the_index_kept_in_the_cache(tmp_path: Path) -> None:
@@ -19,8 +18,8 @@ def test_precompute_resume_and_verify_reuse_the_index_kept_in_the_cache(tmp_path
     import sys
 
     from helpers.profiles import REPO_ROOT, write_test_profile
-    from janus_cache.sample_data import write_sample_data
     from janus_cache.store.layout import CacheLayout
+    from janus_core.sample_data import write_sample_data
 
     data = write_sample_data(tmp_path / "data", episodes=2, steps=10, seed=1)
     age(data)

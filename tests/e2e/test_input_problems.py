@@ -13,12 +13,12 @@ import shutil
 from pathlib import Path
 
 import pytest
+
 from helpers.profiles import write_test_profile
 from helpers.sources import assert_one_line_error, janus_cache, janus_cache_in_process, precompute_in_process, tail
-
-from janus_cache.index import build_index
-from janus_cache.sample_data import write_sample_data
 from janus_cache.store import read_manifest
+from janus_core.index import build_index
+from janus_core.sample_data import write_sample_data
 
 HISTORY_PLUS_ONE = 9
 """Images in one window of the tiny profile (history 8 + the current view)."""

@@ -24,15 +24,14 @@ import yaml
 
 from helpers.profiles import REPO_ROOT, file_digests, write_test_profile
 from helpers.sources import janus_cache_in_process
-from janus_cache.lock import LOCK_NAME, DirectoryBusy, DirectoryLock, lock_path
-
+from janus_core.lock import LOCK_NAME, DirectoryBusy, DirectoryLock, lock_path
 
 RUN_TIMEOUT = 300
 
 
 HOLDER_SCRIPT = """
 import sys, time
-from janus_cache.lock import DirectoryLock
+from janus_core.lock import DirectoryLock
 lock = DirectoryLock.acquire(sys.argv[1], exclusive=sys.argv[2] == "writer")
 print("held", flush=True)
 time.sleep(600)
@@ -200,7 +199,7 @@ def test_a_precompute_into_a_cache_a_training_run_reads_is_refused_naming_the_ru
     """Issue 24 item 5: training holds a reader's lock on the cache it reads for the whole run, so an
     ``--overwrite`` (which would delete the cache under it) or an append into that cache is refused
     in one line naming the training run, and the cache is left as it was (before: both ran)."""
-    from janus_cache.sample_data import write_sample_data
+    from janus_core.sample_data import write_sample_data
     from pipelines.precompute import Options, run
 
     data = write_sample_data(tmp_path / "data", episodes=2, steps=4, seed=0)

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers.profiles import REPO_ROOT, write_test_profile
 
-from janus_cache.sample_data import write_sample_data
-from janus_train.mixture import Mixture
+from helpers.profiles import REPO_ROOT, write_test_profile
+from janus_core.sample_data import write_sample_data
+from janus_train.data.mixture import Mixture
 
 TIMEOUT_S = 600
 

@@ -17,12 +17,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from helpers.damage import copies, error_lines, flip_byte, launch_train, write_profile
 from helpers.shared_runs import OneSampleShards
-
-from janus_cache.profile import load_profile
 from janus_cache.store.layout import SAMPLES_TABLE, TEXT_PAYLOAD, table_group
-from janus_train.trainer import CHECKPOINTS, open_training_cache
+from janus_core.profile import load_profile
+from janus_train.loop.trainer import CHECKPOINTS, open_training_cache
 
 
 @pytest.fixture(scope="module")

@@ -17,10 +17,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
+
 from helpers.profiles import REPO_ROOT, file_digests, write_test_profile
 from helpers.sources import assert_one_line_error, precompute_in_process, tail, verify_in_process
-
-from janus_cache.sample_data import write_sample_data
+from janus_core.sample_data import write_sample_data
 
 AWKWARD = "it's \"my\" données $HOME"
 """A folder name with a space, both quotes, a '$' and non-ASCII letters."""

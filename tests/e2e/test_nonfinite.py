@@ -23,16 +23,16 @@ from typing import Any
 import pytest
 import torch
 import yaml
+
 from helpers.profiles import write_test_profile
 from helpers.shared_runs import TinyTraining
 from helpers.training import assert_succeeded, precompute, torchrun_train
-
 from janus_cache.keys import window_variant
-from janus_cache.profile import load_profile
-from janus_cache.resolution import Resolution
 from janus_cache.store.zarr_store import ZarrCacheWriter
-from janus_train.mixture import Mixture
-from janus_train.trainer import CHECKPOINTS, METRICS_FILE, open_training_cache
+from janus_core.profile import load_profile
+from janus_core.resolution import Resolution
+from janus_train.data.mixture import Mixture
+from janus_train.loop.trainer import CHECKPOINTS, METRICS_FILE, open_training_cache
 
 N_PROC, PER_RANK_STEP, STEPS_PER_EPOCH = 2, 2, 2
 MAX_STEPS = 4

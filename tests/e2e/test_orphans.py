@@ -20,11 +20,11 @@ from pathlib import Path
 
 import pytest
 
+from helpers.processes import GRACE_S, RUN_TIMEOUT, Launch, alive, descendants, describe, parent_pids  # noqa: F401
 from helpers.profiles import REPO_ROOT, write_test_profile
-from janus_cache.lock import lock_path
 from janus_cache.store.layout import REPORT_NAME
-from janus_train.trainer import METRICS_FILE
-from helpers.processes import GRACE_S, Launch, RUN_TIMEOUT, alive, descendants, describe, parent_pids  # noqa: F401
+from janus_core.lock import lock_path
+from janus_train.loop.trainer import METRICS_FILE
 
 """How long the launcher's processes may take to die after it is killed."""
 

@@ -25,23 +25,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers.profiles import REPO_ROOT, file_digests, write_test_profile
 from PIL import Image, ImageOps
 
-from janus_cache.index import DatasetIndex, build_index, build_sources_index
-from janus_cache.encoder import WindowEncoder
-from janus_cache.imaging import load_frame
-from janus_cache.plan import Plan
-from janus_cache.keys import window_variant
-from janus_cache.precompute import encode_windows
-from janus_cache.precompute_job import REPORT_NAME, PrecomputeJob
-from janus_cache.profile import Profile, load_profile
-from janus_cache.resolution import Resolution
-from janus_cache.store import FORMATS, CacheLayout, CacheReader, open_cache, read_manifest
-from janus_cache.store.commit import read_record
-from janus_cache.store.layout import features_array as features_array_path
-from janus_cache.store.layout import frames_array as frames_array_path
-from janus_cache.store.layout import wds_samples as wds_array_path
 from helpers.precompute_runs import (
     FRAMES_PER_SHARD,
     RESOLUTION,
@@ -59,7 +44,21 @@ from helpers.precompute_runs import (
     tail,
     workdir,
 )
-
+from helpers.profiles import REPO_ROOT, file_digests, write_test_profile
+from janus_cache.keys import window_variant
+from janus_cache.plan import Plan
+from janus_cache.precompute import encode_windows
+from janus_cache.precompute_job import REPORT_NAME, PrecomputeJob
+from janus_cache.store import FORMATS, CacheLayout, CacheReader, open_cache, read_manifest
+from janus_cache.store.commit import read_record
+from janus_cache.store.layout import features_array as features_array_path
+from janus_cache.store.layout import frames_array as frames_array_path
+from janus_cache.store.layout import wds_samples as wds_array_path
+from janus_core.encoder import WindowEncoder
+from janus_core.imaging import load_frame
+from janus_core.index import DatasetIndex, build_index, build_sources_index
+from janus_core.profile import Profile, load_profile
+from janus_core.resolution import Resolution
 
 # ------------------------------------------------------------------------------------ running
 

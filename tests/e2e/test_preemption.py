@@ -19,11 +19,11 @@ from typing import Any
 
 import pytest
 import yaml
+
 from helpers.profiles import REPO_ROOT, write_test_profile
 from helpers.shared_runs import TinyTraining
-
-from janus_train.checkpoints import Checkpoints, tag_name
-from janus_train.preemption import PREEMPTED_EXIT_CODE
+from janus_train.checkpoint.tags import Checkpoints, tag_name
+from janus_train.loop.preemption import PREEMPTED_EXIT_CODE
 
 STEPS = 8
 TIMEOUT_S = 600
@@ -122,7 +122,7 @@ def test_sigterm_to_the_launcher_saves_the_step_and_the_same_command_resumes_wit
 
 FORKING_RANK = """
 import os, signal, time
-from janus_train.preemption import Preemption
+from janus_train.loop.preemption import Preemption
 Preemption(("SIGTERM",)).arm()
 if os.fork() == 0:  # a loader worker: it inherits the handler (SIGTERM is ignored) and blocks
     worker = os.getpid()
@@ -167,7 +167,7 @@ def test_a_process_forked_by_an_armed_rank_dies_with_it() -> None:
 
 RANK = """
 import os, sys, time
-from janus_train.preemption import Preemption
+from janus_train.loop.preemption import Preemption
 preemption = Preemption(("SIGTERM", "SIGINT", "SIGUSR1")).arm()
 out = sys.argv[1]
 open(os.path.join(out, "ready-%s" % os.environ["RANK"]), "w").close()

@@ -19,10 +19,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers.profiles import REPO_ROOT, file_digests
 from typer.testing import CliRunner
 
-from janus_cache.sample_data import write_sample_data
+from helpers.profiles import REPO_ROOT, file_digests
+from janus_core.sample_data import write_sample_data
 from pipelines.cache_cli import app
 
 runner = CliRunner()

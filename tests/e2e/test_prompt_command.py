@@ -8,10 +8,9 @@ import sys
 from pathlib import Path
 
 from helpers.model_cases import VISUAL_TOKENS, tiny_tokenizer
-
-from janus_cache.index import DatasetIndex
-from janus_train.prompt import PromptBuilder
-from janus_train.sample_view import describe_sample
+from janus_core.index import DatasetIndex
+from janus_train.data.prompt import PromptBuilder
+from janus_train.data.sample_view import describe_sample
 
 
 def test_show_sample_prints_the_samples_description_and_names_an_unknown_key(

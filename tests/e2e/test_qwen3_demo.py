@@ -8,12 +8,12 @@ import os
 import subprocess
 from pathlib import Path
 
-from helpers.profiles import REPO_ROOT
 from transformers import Qwen3VLForConditionalGeneration
 
-from janus_cache.bases import QWEN3_VL
+from helpers.profiles import REPO_ROOT
 from janus_cache.store import load_manifest
-from janus_train.export import HEADS_FILE
+from janus_core.bases import QWEN3_VL
+from janus_train.checkpoint.export import HEADS_FILE
 
 
 def test_make_demo_with_the_qwen3_profile_runs_every_stage_and_exports_a_qwen3_vl_directory(tmp_path: Path) -> None:

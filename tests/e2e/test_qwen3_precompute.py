@@ -9,9 +9,8 @@ from pathlib import Path
 
 from helpers.commands import assert_one_error_line, make
 from helpers.profiles import file_digests
-
-from janus_cache.sample_data import write_sample_data
 from janus_cache.store import read_manifest
+from janus_core.sample_data import write_sample_data
 
 SMALL = "cache.resolution=pad56 cache.history=3 cache.frames_per_shard=4 cache.samples_per_shard=3"
 

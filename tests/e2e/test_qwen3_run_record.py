@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from helpers.commands import assert_one_error_line
 from helpers.training import assert_succeeded, read_metrics, torchrun_train, write_train_profile
-
-from janus_train.run_layout import RunLayout
+from janus_train.run.layout import RunLayout
 
 QWEN3_DIR = Path(__file__).resolve().parents[2] / "configs" / "models" / "tiny-qwen3_vl"
 JANUS_TRAIN = str(Path(sys.executable).parent / "janus-train")
@@ -28,7 +28,7 @@ STEPS = 2
 
 @pytest.fixture(scope="module")
 def live_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    from janus_cache.sample_data import write_sample_data
+    from janus_core.sample_data import write_sample_data
 
     root = tmp_path_factory.mktemp("qwen3-live-run")
     qwen3 = write_train_profile(root / "qwen3.yaml", train={"save_every": STEPS})

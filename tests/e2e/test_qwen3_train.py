@@ -16,19 +16,34 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from helpers.training import MAX_STEPS, SAVE_EVERY, assert_succeeded, precompute, read_metrics, torchrun_train, write_train_profile
 from safetensors import safe_open
 from safetensors.torch import load_file
 from transformers import Qwen3VLForConditionalGeneration
 
-from janus_cache.bases import QWEN3_VL
-from janus_cache.profile import load_profile
-from janus_cache.sample_data import write_sample_data
+from helpers.training import (
+    MAX_STEPS,
+    SAVE_EVERY,
+    assert_succeeded,
+    precompute,
+    read_metrics,
+    torchrun_train,
+    write_train_profile,
+)
 from janus_cache.store import load_manifest
+from janus_core.bases import QWEN3_VL
+from janus_core.profile import load_profile
+from janus_core.sample_data import write_sample_data
+from janus_train.checkpoint.export import HEADS_FILE, load_exported
 from janus_train.config import load_train_settings
-from janus_train.data import CachedSamples, collate
-from janus_train.export import HEADS_FILE, load_exported
-from janus_train.trainer import CHECKPOINTS, EXPORT_DIR, METRICS_FILE, answer_logits, open_training_cache, prompt_builder
+from janus_train.data.samples import CachedSamples, collate
+from janus_train.loop.trainer import (
+    CHECKPOINTS,
+    EXPORT_DIR,
+    METRICS_FILE,
+    answer_logits,
+    open_training_cache,
+    prompt_builder,
+)
 
 QWEN3_DIR = Path(__file__).resolve().parents[2] / "configs" / "models" / "tiny-qwen3_vl"
 RECORDED_SAMPLES = 2

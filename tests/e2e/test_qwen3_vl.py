@@ -7,7 +7,7 @@ kept as the base does it.
 
 Qwen3-VL frames are 64x64 (2x2 visual tokens of 32 px); their VGGT features come from the same
 source images at pad56 (4x4 VGGT patches, grouped 2x2 into the same 2x2 token grid: the grid rule
-of janus_cache.bases).
+of janus_core.bases).
 """
 
 from __future__ import annotations
@@ -19,28 +19,28 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers.model_cases import FEATURE_DIM, MERGER_HIDDEN, tiny_encoder, window_frames
 from PIL import Image
 from transformers import AutoConfig, AutoImageProcessor, AutoTokenizer, Qwen3VLConfig, Qwen3VLForConditionalGeneration
 from transformers.models.qwen3_vl.configuration_qwen3_vl import Qwen3VLVisionConfig
 from transformers.models.qwen3_vl.modeling_qwen3_vl import BaseModelOutputWithDeepstackFeatures, Qwen3VLModel
 
-from janus_cache.bases import (
+from helpers.model_cases import FEATURE_DIM, MERGER_HIDDEN, tiny_encoder, window_frames
+from janus_core.bases import (
     BASES,
     QWEN2_5_VL,
     QWEN3_VL,
     BaseError,
     base_of_qwen_dir,
 )
-from janus_cache.imaging import load_frame, load_qwen_frame, qwen_pixel_values
-from janus_cache.index import DatasetIndex, Sample
-from janus_cache.profile import LanguageModelSettings, load_profile
-from janus_cache.resolution import Resolution
-from janus_train.data import TrainItem, collate
-from janus_train.loss import LossConfig, LossDenominators, micro_batch_loss
-from janus_train.model import JanusModelConfig, JanusVLNModel, ModelInputError, load_qwen, part_of
-from janus_train.prompt import IGNORE_INDEX, PromptBuilder
-from janus_train.rope import RopeIndex
+from janus_core.imaging import load_frame, load_qwen_frame, qwen_pixel_values
+from janus_core.index import DatasetIndex, Sample
+from janus_core.profile import LanguageModelSettings, load_profile
+from janus_core.resolution import Resolution
+from janus_train.data.prompt import IGNORE_INDEX, PromptBuilder
+from janus_train.data.samples import TrainItem, collate
+from janus_train.model.janus_model import JanusModelConfig, JanusVLNModel, ModelInputError, load_qwen, part_of
+from janus_train.model.loss import LossConfig, LossDenominators, micro_batch_loss
+from janus_train.model.rope import RopeIndex
 from tools.tiny_model import QWEN_DIR_FILES, write_tiny_qwen_dir
 
 REPO = Path(__file__).resolve().parents[2]
@@ -397,6 +397,7 @@ def test_a_profile_whose_qwen_path_is_a_qwen3_vl_directory_builds_the_qwen3_vl_m
     """The base follows qwen.path alone; the live VGGT is refused in one line for a batch with
     neither cached features nor VGGT's own frames (it never runs on Qwen3-VL's)."""
     import yaml
+
     from helpers.profiles import write_test_profile
 
     path = write_test_profile(tmp_path / "qwen3.yaml")
@@ -419,10 +420,10 @@ def test_the_reference_layout_export_refuses_a_qwen3_vl_run_in_one_line(tmp_path
     """--format janusvln is JanusVLN's Qwen2.5-VL layout; a Qwen3-VL run is refused before any
     checkpoint is read, nothing written."""
     import yaml
-    from helpers.profiles import write_test_profile
 
+    from helpers.profiles import write_test_profile
+    from janus_train.checkpoint.export import export_janusvln
     from janus_train.config import load_train_settings
-    from janus_train.export import export_janusvln
 
     path = write_test_profile(tmp_path / "qwen3.yaml")
     data = yaml.safe_load(path.read_text())
@@ -448,12 +449,12 @@ def test_features_off_the_qwen3_grid_are_one_line(pair_batch: dict[str, torch.Te
 # ------------------------------------------------------------------------- one place per base
 
 # Modules that still import a base's transformers classes themselves, each Qwen2.5-VL only for a
-# reason; the rest of janus reaches a base through janus_cache.bases. A new module that imports
+# reason; the rest of janus reaches a base through janus_core.bases. A new module that imports
 # them fails here.
 QWEN2_5_ONLY: dict[str, str] = {
-    "janus_train/export.py": "--format janusvln writes JanusVLN's reference config, Qwen2.5-VL's by definition",
-    "janus_train/reference_checkpoint.py": "JanusVLN's reference checkpoint layout is Qwen2.5-VL's by definition",
-    "janus_train/model.py": "JanusVLN's VGGT merger normalises with Qwen2.5-VL's RMSNorm, whatever the base",
+    "janus_train/checkpoint/export.py": "--format janusvln writes JanusVLN's reference config, Qwen2.5-VL's by definition",
+    "janus_train/checkpoint/reference.py": "JanusVLN's reference checkpoint layout is Qwen2.5-VL's by definition",
+    "janus_train/model/janus_model.py": "JanusVLN's VGGT merger normalises with Qwen2.5-VL's RMSNorm, whatever the base",
 }
 
 
@@ -474,8 +475,8 @@ def _imports_a_base_class(source: str) -> bool:
 def test_only_the_bases_module_imports_a_bases_transformers_classes() -> None:
     importers = sorted(
         path.relative_to(REPO).as_posix()
-        for directory in ("janus_cache", "janus_train", "pipelines", "benchmarks", "tools")
+        for directory in ("janus_core", "janus_cache", "janus_train", "pipelines", "benchmarks", "tools")
         for path in (REPO / directory).rglob("*.py")
         if _imports_a_base_class(path.read_text(encoding="utf-8"))
     )
-    assert importers == sorted(QWEN2_5_ONLY), "import the base's classes through janus_cache.bases.QwenBase"
+    assert importers == sorted(QWEN2_5_ONLY), "import the base's classes through janus_core.bases.QwenBase"

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import torch
 import yaml
-from helpers.profiles import REPO_ROOT, write_test_profile
 from safetensors.torch import load_file
 
+from helpers.profiles import REPO_ROOT, write_test_profile
 from helpers.reference import LAM, MERGER_HIDDEN, RESOLUTION, damaged, vggt_head_shapes
-from janus_train.reference_checkpoint import unused_heads_note
+from janus_train.checkpoint.reference import unused_heads_note
 
 
 def test_train_refuses_a_damaged_init_from_in_one_line_before_starting(reference_dir: Path, tmp_path: Path) -> None:
@@ -46,10 +46,10 @@ def test_two_process_zero3_run_starts_from_the_directory_and_exports_it_back(ref
     holds VGGT's unused depth and point heads, as every reference checkpoint does: the run says
     once that it ignores them, and the export leaves them out (the reference class only warns)."""
     reference_dir = reference_dir_with_heads
-    from helpers.training import assert_succeeded, precompute, torchrun_train, write_train_profile
     from typer.testing import CliRunner
 
-    from janus_cache.sample_data import write_sample_data
+    from helpers.training import assert_succeeded, precompute, torchrun_train, write_train_profile
+    from janus_core.sample_data import write_sample_data
     from pipelines.train_cli import app
 
     zero_lr = {"lr_base": 0.0, "lr_projector": 0.0, "lr_vision": 0.0, "live_check_every": 0, "max_steps": 2,

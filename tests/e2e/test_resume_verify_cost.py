@@ -27,14 +27,21 @@ import termios
 from pathlib import Path
 
 import pytest
+
 from helpers.profiles import REPO_ROOT, file_digests, write_test_profile
 from helpers.sources import janus_cache_in_process
-
-from janus_cache.lock import LOCK_NAME
 from janus_cache.store.commit import SAMPLE_STRIDE, commit_shard, hashed, read_record
-from janus_cache.store.layout import CacheLayout, FRAMES_GROUP, FEATURES_GROUP, TABLES_GROUP, features_array, frames_array
+from janus_cache.store.layout import (
+    FEATURES_GROUP,
+    FRAMES_GROUP,
+    TABLES_GROUP,
+    CacheLayout,
+    features_array,
+    frames_array,
+)
 from janus_cache.store.manifest import read_manifest
 from janus_cache.verify import check_cache_for_training, check_integrity
+from janus_core.lock import LOCK_NAME
 from pipelines import precompute
 from pipelines.distributed import CommitTally
 

@@ -31,16 +31,16 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers.profiles import REPO_ROOT
-from helpers.shared_runs import TinyTraining
 from safetensors import safe_open
 
-from janus_cache.index import build_index
-from janus_cache.profile import load_profile
+from helpers.profiles import REPO_ROOT
+from helpers.shared_runs import TinyTraining
 from janus_cache.store.layout import CacheLayout
+from janus_core.index import build_index
+from janus_core.profile import load_profile
+from janus_train.checkpoint.export import HEADS_FILE
 from janus_train.config import load_train_settings
-from janus_train.export import HEADS_FILE
-from janus_train.run_layout import RunLayout
+from janus_train.run.layout import RunLayout
 
 JANUS_TRAIN = str(Path(sys.executable).parent / "janus-train")
 TIMEOUT_S = 600

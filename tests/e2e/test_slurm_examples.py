@@ -23,12 +23,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from helpers.commands import SLURM_DIR
-from helpers.profiles import REPO_ROOT, file_digests
 from torch.distributed.run import get_args_parser
 
-from janus_train.preemption import PREEMPTED_EXIT_CODE
-
+from helpers.commands import SLURM_DIR
+from helpers.profiles import REPO_ROOT, file_digests
+from janus_train.loop.preemption import PREEMPTED_EXIT_CODE
 
 HOSTS = ("gpu-07", "gpu-08")
 

@@ -16,16 +16,16 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from helpers.profiles import REPO_ROOT
 from PIL import Image, ImageOps
+
+from helpers.profiles import REPO_ROOT
 from helpers.sources import (
     assert_one_line_error,
     precompute_in_process,
     tail,
     verify_in_process,
 )
-
-from janus_cache.index import build_index
+from janus_core.index import build_index
 
 
 @pytest.fixture(scope="module")

@@ -22,19 +22,26 @@ from typing import Any
 
 import pytest
 import torch
-from helpers.shared_runs import ReferenceRun, TinyTraining
-from helpers.training import LR, MAX_STEPS, N_PROC, SAVE_EVERY, assert_succeeded, read_metrics, torchrun_train, write_train_profile
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from janus_cache.resolution import Resolution, visual_tokens
-from janus_train.data import CachedSamples, collate
-from janus_train.export import HEADS_FILE, load_exported
-from janus_train.loss import LossDenominators, micro_batch_loss
-from janus_train.mixture import Mixture
-from janus_train.model import JanusVLNModel
-from janus_train.prompt import SEGMENT_NAMES
-from janus_train.trainer import (
+from helpers.shared_runs import ReferenceRun, TinyTraining
+from helpers.training import (
+    LR,
+    MAX_STEPS,
+    N_PROC,
+    SAVE_EVERY,
+    assert_succeeded,
+    read_metrics,
+    torchrun_train,
+    write_train_profile,
+)
+from janus_core.resolution import Resolution, visual_tokens
+from janus_train.checkpoint.export import HEADS_FILE, load_exported
+from janus_train.data.mixture import Mixture
+from janus_train.data.prompt import SEGMENT_NAMES
+from janus_train.data.samples import CachedSamples, collate
+from janus_train.loop.trainer import (
     CHECKPOINTS,
     EXPORT_DIR,
     METRICS_FILE,
@@ -43,6 +50,8 @@ from janus_train.trainer import (
     open_training_cache,
     prompt_builder,
 )
+from janus_train.model.janus_model import JanusVLNModel
+from janus_train.model.loss import LossDenominators, micro_batch_loss
 from pipelines.distributed import usable_cores
 
 

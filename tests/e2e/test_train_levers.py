@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers.profiles import REPO_ROOT, write_test_profile
 
-from janus_train.kernels import liger_missing
+from helpers.profiles import REPO_ROOT, write_test_profile
+from janus_train.model.kernels import liger_missing
 
 
 def profile_with(tmp_path: Path, **train: object) -> Path:

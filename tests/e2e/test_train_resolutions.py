@@ -17,13 +17,13 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from helpers.profiles import REPO_ROOT, write_test_profile
 from helpers.shared_runs import TinyTraining
-
-from janus_cache.profile import load_profile
-from janus_cache.resolution import Resolution, visual_tokens
 from janus_cache.store import read_manifest
-from janus_train.trainer import METRICS_FILE, open_training_cache
+from janus_core.profile import load_profile
+from janus_core.resolution import Resolution, visual_tokens
+from janus_train.loop.trainer import METRICS_FILE, open_training_cache
 from pipelines.precompute import Options, run
 
 OTHER = "pad112"

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 import yaml
+
+from helpers.commands import TIMEOUT_S, assert_one_error_line, janus_lines, make  # noqa: F401
 from helpers.profiles import REPO_ROOT, write_test_profile
 from helpers.training import precompute
-
-from janus_cache.sample_data import write_sample_data
-from helpers.commands import TIMEOUT_S, assert_one_error_line, janus_lines, make  # noqa: F401
+from janus_core.sample_data import write_sample_data
 
 ERROR_EXIT = 2  # make's own exit code when a recipe fails
 

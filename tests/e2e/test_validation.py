@@ -20,18 +20,27 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
+
 from helpers.shared_runs import TinyTraining
 from helpers.training import assert_succeeded, read_metrics, torchrun_train
-from helpers.validation import BEST, EPISODES, MAX_STEPS, RESUMED_STEPS, VAL_SAMPLES, profile_with, validation_data, validation_of
-
-from janus_cache.index import ACTIONS
-from janus_cache.profile import load_profile
-from janus_train.best_checkpoint import BEST_FILE, BEST_TAG
+from helpers.validation import (
+    BEST,
+    EPISODES,
+    MAX_STEPS,
+    RESUMED_STEPS,
+    VAL_SAMPLES,
+    profile_with,
+    validation_data,
+    validation_of,
+)
+from janus_core.index import ACTIONS
+from janus_core.profile import load_profile
+from janus_train.checkpoint.best import BEST_FILE, BEST_TAG
+from janus_train.checkpoint.export import load_exported
 from janus_train.config import load_train_settings
-from janus_train.data import CachedSamples, collate
-from janus_train.export import load_exported
-from janus_train.segments import SEGMENT_NAMES
-from janus_train.trainer import CHECKPOINTS, EXPORT_DIR
+from janus_train.data.samples import CachedSamples, collate
+from janus_train.data.segments import SEGMENT_NAMES
+from janus_train.loop.trainer import CHECKPOINTS, EXPORT_DIR
 
 
 @pytest.fixture(scope="module")
@@ -112,7 +121,7 @@ def test_an_unusable_hold_out_ends_the_launch_in_one_line(built: dict[str, Path]
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert errors == [f"error: {profile}: train.val_episodes / val_episodes_fraction: holding out 3 of 3 episodes "
                       "for validation leaves none to train on"]
-    assert "janus_train/validation.py" not in result.stderr  # no traceback from the rank
+    assert "janus_train/loop/validation.py" not in result.stderr  # no traceback from the rank
 
 
 # ----------------------------------------------------------------------------------------------

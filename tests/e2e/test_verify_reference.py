@@ -21,9 +21,10 @@ from typing import Any
 
 import pytest
 import torch
-from helpers.profiles import REPO_ROOT, write_test_profile
-from helpers.model_cases import VGGT_CONFIG
 from safetensors.torch import load_file
+
+from helpers.model_cases import VGGT_CONFIG
+from helpers.profiles import REPO_ROOT, write_test_profile
 from helpers.reference import (
     RESOLUTION,
     reference_config,
@@ -31,11 +32,10 @@ from helpers.reference import (
     vggt_head_shapes,
     write_reference_dir,
 )
-
-from janus_cache.encoder import EncoderIdentity, load_aggregator
-from janus_cache.profile import load_profile
-from janus_cache.sample_data import write_sample_data
 from janus_cache.store import read_manifest
+from janus_core.encoder import EncoderIdentity, load_aggregator
+from janus_core.profile import load_profile
+from janus_core.sample_data import write_sample_data
 from pipelines import precompute
 
 TORCHRUN = Path(sys.executable).parent / "torchrun"

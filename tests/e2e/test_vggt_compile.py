@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers.vggt_cases import CPU, episode_windows, tiny_model
 
-from janus_cache.encoder import WindowEncoder
+from helpers.vggt_cases import CPU, episode_windows, tiny_model
 from janus_cache.verify.comparison import compare, feature_tolerance
+from janus_core.encoder import WindowEncoder
 
 
 @pytest.mark.slow

@@ -21,9 +21,10 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from helpers.profiles import REPO_ROOT, file_digests, write_test_profile
+
 from helpers.model_cases import QWEN_DIR
 from helpers.precompute_runs import flip_byte
+from helpers.profiles import REPO_ROOT, file_digests, write_test_profile
 from helpers.sources import (
     ROWS_PER_SHARD,
     STEPS,
@@ -32,15 +33,14 @@ from helpers.sources import (
     precompute_in_process,
     tail,
 )
-
-from janus_cache.profile import load_profile
 from janus_cache.store import CacheOpenError, open_cache, read_manifest
-from janus_cache.store.open import reader_of
 from janus_cache.store.commit import read_record
 from janus_cache.store.layout import CacheLayout, vit_array
+from janus_cache.store.open import reader_of
 from janus_cache.store.zarr_group import ZarrGroup
-from janus_cache.vit_encoder import ViTEncoder
-from janus_train.trainer import open_training_cache
+from janus_core.profile import load_profile
+from janus_core.vit_encoder import ViTEncoder
+from janus_train.loop.trainer import open_training_cache
 
 RESOLUTION = "pad224"
 TOKENS, VIT_DIM = 16 * 16, 32  # pad224: a 16x16 patch grid; the tiny ViT's hidden size (config.json)

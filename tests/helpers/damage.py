@@ -151,7 +151,7 @@ DAMAGE_TARGETS = (*SAMPLE_TABLE_ARRAYS, "frames", "features")
 
 def training_order() -> Any:
     """The trainer's sample order of the cache (seed 0)."""
-    from janus_train.mixture import Mixture
+    from janus_train.data.mixture import Mixture
 
     return Mixture((N_SAMPLES,), (1.0,), seed=0)
 
@@ -170,8 +170,8 @@ def damage_the_drawn_feature(profile: Path, clean: Path, dest: Path) -> Damaged:
     ``DAMAGED_RANK`` draws first in step ``DAMAGED_STEP``."""
     import shutil
 
-    from janus_cache.profile import load_profile
-    from janus_train.trainer import open_training_cache
+    from janus_core.profile import load_profile
+    from janus_train.loop.trainer import open_training_cache
 
     cache = Path(shutil.copytree(clean, dest))
     reader = open_training_cache(load_profile(profile), cache).reader
@@ -188,9 +188,9 @@ def damaged_copy(clean_zarr: tuple[Path, Path], target: str, dest: Path) -> tupl
     (a samples-table array ``column[/part]``, ``frames`` or ``features``)."""
     import shutil
 
-    from janus_cache.profile import load_profile
     from janus_cache.store.layout import SAMPLES_TABLE, table_group
-    from janus_train.trainer import open_training_cache
+    from janus_core.profile import load_profile
+    from janus_train.loop.trainer import open_training_cache
 
     profile, clean = clean_zarr
     cache = Path(shutil.copytree(clean, dest))

@@ -6,7 +6,7 @@ import os
 import time
 from pathlib import Path
 
-from janus_cache.index.files import IMAGE_SUFFIXES
+from janus_core.index.files import IMAGE_SUFFIXES
 
 
 def age(*paths: Path, seconds: float = 3600) -> None:

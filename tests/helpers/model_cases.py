@@ -15,13 +15,13 @@ import numpy as np
 import torch
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-from janus_cache.encoder import WindowEncoder
-from janus_cache.imaging import load_frame
-from janus_cache.index import DatasetIndex, Sample
-from janus_cache.profile import CacheSettings, EncoderSettings, LanguageModelSettings
-from janus_cache.resolution import Resolution
-from janus_train.model import JanusModelConfig, JanusVLNModel, TrainableParts, load_qwen
-from janus_train.prompt import PromptBuilder
+from janus_core.encoder import WindowEncoder
+from janus_core.imaging import load_frame
+from janus_core.index import DatasetIndex, Sample
+from janus_core.profile import CacheSettings, EncoderSettings, LanguageModelSettings
+from janus_core.resolution import Resolution
+from janus_train.data.prompt import PromptBuilder
+from janus_train.model.janus_model import JanusModelConfig, JanusVLNModel, TrainableParts, load_qwen
 
 REPO = Path(__file__).resolve().parents[2]
 QWEN_DIR = REPO / "configs" / "models" / "tiny-qwen2_5_vl"

@@ -12,7 +12,7 @@ from safetensors.torch import save_file
 from transformers import AutoConfig, Qwen2_5_VLForConditionalGeneration
 
 from helpers.model_cases import QWEN_DIR, VGGT_CONFIG
-from janus_cache.vggt import AggregatorConfig, VGGTAggregator
+from janus_core.vggt import AggregatorConfig, VGGTAggregator
 
 LAM = 0.35  # not the profile's 0.2: the checkpoint's value must win
 

@@ -71,7 +71,7 @@ def sources(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """Two small datasets (read-only; copy to change one): A with 2 episodes, B with 1, 5 frames each.
     Both name their episodes ``episode_0000``...: only the source name keeps their keys apart."""
     from helpers.sources import STEPS
-    from janus_cache.sample_data import write_sample_data
+    from janus_core.sample_data import write_sample_data
 
     root = tmp_path_factory.mktemp("sources")
     return (write_sample_data(root / "A", episodes=2, steps=STEPS, seed=0),
@@ -122,7 +122,7 @@ def verify_caches(tmp_path_factory: pytest.TempPathFactory) -> VerifyCaches:
 
     from PIL import Image
 
-    from janus_cache.sample_data import write_sample_data
+    from janus_core.sample_data import write_sample_data
     from pipelines.precompute import Options, run
 
     root = tmp_path_factory.mktemp("verify")

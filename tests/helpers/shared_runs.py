@@ -23,12 +23,12 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from helpers.training import assert_succeeded, precompute, read_metrics, torchrun_train, write_train_profile
-from janus_cache.profile import Profile, load_profile
-from janus_cache.sample_data import write_sample_data
+from janus_core.profile import Profile, load_profile
+from janus_core.sample_data import write_sample_data
 from janus_train.config import TrainSettings, load_train_settings
 
 if TYPE_CHECKING:
-    from janus_train.model import JanusVLNModel
+    from janus_train.model.janus_model import JanusVLNModel
 
 EPISODES, STEPS = 2, 4  # 8 samples
 RECORDED_SAMPLES = 2
@@ -60,7 +60,7 @@ class TinyTraining:
 
     def model(self, features: str = "float32", live: bool = False) -> JanusVLNModel:
         """The model every rank of a run starts from (same seeds), in this process."""
-        from janus_train.model import JanusVLNModel
+        from janus_train.model.janus_model import JanusVLNModel
 
         return JanusVLNModel.from_profile(self.profile(features), self.settings(features).model_config(), live=live,
                                           device="cpu")

@@ -14,7 +14,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from janus_cache.dtypes import TORCH_DTYPES
 from janus_cache.store import (
     CacheSample,
     CacheWriter,
@@ -27,7 +26,8 @@ from janus_cache.store import (
     open_writer,
     write_manifest,
 )
-from janus_cache.windows import window_frames
+from janus_core.dtypes import TORCH_DTYPES
+from janus_core.windows import window_frames
 
 VARIANT = WindowVariant(history=3, sampling="linspace", reference_frame="first", layer=-2, attention="causal")
 RESOLUTION = "pad28"

@@ -12,7 +12,7 @@ from typing import Any
 import yaml
 
 from helpers.profiles import REPO_ROOT, write_test_profile
-from janus_train.trainer import (
+from janus_train.loop.trainer import (
     METRICS_FILE,
 )
 

@@ -7,9 +7,9 @@ from collections.abc import Sequence
 
 import torch
 
-import janus_cache.encoder as encoder_module
+import janus_core.encoder as encoder_module
 from helpers.profiles import REPO_ROOT
-from janus_cache.vggt import AggregatorConfig, VGGTAggregator
+from janus_core.vggt import AggregatorConfig, VGGTAggregator
 
 TINY_VGGT = REPO_ROOT / "configs" / "models" / "tiny-vggt.json"
 

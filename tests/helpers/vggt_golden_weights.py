@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from safetensors.torch import save_file
 
-from janus_cache.vggt import VGGTAggregator
+from janus_core.vggt import VGGTAggregator
 
 GOLDEN_DIR = Path(__file__).resolve().parents[1] / "data" / "vggt_golden"
 _TOKEN_KEYS = {"camera_token", "register_token", "cls_token", "mask_token", "pos_embed", "register_tokens"}

@@ -14,23 +14,7 @@ from PIL import Image
 from torch.utils.flop_counter import FlopCounterMode
 from transformers import Qwen2_5_VLConfig
 
-from janus_cache.profile import PROFILES_DIR, ProfileError, load_profile
-from janus_train.activation_checkpointing import FULL, NONE, ActivationCheckpointing
-from janus_train.config import load_train_settings
-import janus_train.flops
-from janus_train.flops import (
-    build_model,
-    build_vggt,
-    count_flops,
-    count_step,
-    load_vggt_config,
-    merger_only,
-    vggt_stream_flops,
-    vit_block_flops,
-    vit_flops_one_image,
-)
-from janus_train.model import TrainableParts
-from janus_train.workload import SampleShape, StepRunner, make_batch, stream_window_features
+import janus_train.perf.flops
 from benchmarks import bench_gpu
 from benchmarks.bench_projection import (
     REFERENCE_GPU_S_PER_SAMPLE,
@@ -41,6 +25,22 @@ from benchmarks.bench_projection import (
     zero3_bytes_per_sample,
     zero_options,
 )
+from janus_core.profile import PROFILES_DIR, ProfileError, load_profile
+from janus_train.config import load_train_settings
+from janus_train.model.activation_checkpointing import FULL, NONE, ActivationCheckpointing
+from janus_train.model.janus_model import TrainableParts
+from janus_train.perf.flops import (
+    build_model,
+    build_vggt,
+    count_flops,
+    count_step,
+    load_vggt_config,
+    merger_only,
+    vggt_stream_flops,
+    vit_block_flops,
+    vit_flops_one_image,
+)
+from janus_train.perf.workload import SampleShape, StepRunner, make_batch, stream_window_features
 
 MODELS = Path(__file__).resolve().parents[2] / "configs" / "models"
 TINY_QWEN = MODELS / "tiny-qwen2_5_vl"
@@ -201,7 +201,7 @@ def test_the_flop_counter_shows_a_frozen_vit_pulled_into_the_backward() -> None:
     checkpointing through transformers' own enabling (which hooks the ViT's patch_embed)."""
     model = build_model(TINY_QWEN, 128, merger_hidden=96)
     model.qwen.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-    with mock.patch.object(janus_train.flops, "vit_embeddings",
+    with mock.patch.object(janus_train.perf.flops, "vit_embeddings",
                            lambda visual, pixel_values, grid, **layout: visual(pixel_values, grid, **layout).pooler_output):
         before = vit_flops_one_image(model, SHAPE)
     model.set_gradient_checkpointing(FULL)

@@ -10,32 +10,32 @@ from pathlib import Path
 import pytest
 import torch
 
-from janus_cache.device import DEVICES, process_device
-from janus_cache.dtypes import DTYPE_NAMES, TORCH_DTYPES, dtype_name
+from janus_core.device import DEVICES, process_device
+from janus_core.dtypes import DTYPE_NAMES, TORCH_DTYPES, dtype_name
 
 REPO = Path(__file__).resolve().parents[2]
-SOURCE_DIRS = ("janus_cache", "janus_train", "pipelines", "benchmarks", "tools")
+SOURCE_DIRS = ("janus_core", "janus_cache", "janus_train", "pipelines", "benchmarks", "tools")
 
 # (what, pattern of a definition, the one file allowed to hold it)
 HOMES: tuple[tuple[str, str, str], ...] = (
     ("Qwen special tokens",  # a name bound to a token's literal
      r"""^\s*\w+\s*(:[^=]*)?=\s*["']<\|(endoftext|im_start|im_end|vision_start|vision_end|image_pad|video_pad)"""
      r"""\|>["']""",
-     "janus_cache/qwen_vision.py"),
-    ("Qwen patch geometry",  # module constants, or a base's fields set to a number (janus_cache.bases)
+     "janus_core/qwen_vision.py"),
+    ("Qwen patch geometry",  # module constants, or a base's fields set to a number (janus_core.bases)
      r"^\s*(PATCH_SIZE|MERGE_SIZE|SPATIAL_MERGE_SIZE|TEMPORAL_PATCH\w*|PATCH_DIM)\s*[:=]"
      r"|^\s*(patch_size|merge_size|temporal_patch)\s*=\s*\d",
-     "janus_cache/bases.py"),
-    ("CLIP mean/std", r"0\.48145466|0\.26862954", "janus_cache/bases.py"),
-    ("base model types", r"[\"'](qwen2_5_vl|qwen3_vl)[\"']", "janus_cache/bases.py"),
-    ("actions", r"^\s*ACTIONS\b\s*[:=]", "janus_cache/index/model.py"),
+     "janus_core/bases.py"),
+    ("CLIP mean/std", r"0\.48145466|0\.26862954", "janus_core/bases.py"),
+    ("base model types", r"[\"'](qwen2_5_vl|qwen3_vl)[\"']", "janus_core/bases.py"),
+    ("actions", r"^\s*ACTIONS\b\s*[:=]", "janus_core/index/model.py"),
     ("reference frames", r"^\s*REFERENCE_FRAMES\b\s*[:=]|\(\s*\"first\",\s*\"last\"\s*\)",
-     "janus_cache/windows.py"),
-    ("attention modes", r"^\s*ATTENTION_MODES\b\s*[:=]|\(\s*\"causal\",\s*\"full\"\s*\)", "janus_cache/windows.py"),
+     "janus_core/windows.py"),
+    ("attention modes", r"^\s*ATTENTION_MODES\b\s*[:=]|\(\s*\"causal\",\s*\"full\"\s*\)", "janus_core/windows.py"),
     ("dtype name maps",  # STORED_DTYPES is the store's on-disk representation, another fact
-     r"\"bfloat16\":\s*torch\.bfloat16|^\s*(?!STORED_)\w*DTYPES\b\s*[:=].*\"float32\"", "janus_cache/dtypes.py"),
-    ("device of a process", r"[\"']cuda:[{\"']|f\"cuda:\{", "janus_cache/device.py"),
-    ("device names", r"^\s*DEVICES\b\s*[:=]", "janus_cache/device.py"),
+     r"\"bfloat16\":\s*torch\.bfloat16|^\s*(?!STORED_)\w*DTYPES\b\s*[:=].*\"float32\"", "janus_core/dtypes.py"),
+    ("device of a process", r"[\"']cuda:[{\"']|f\"cuda:\{", "janus_core/device.py"),
+    ("device names", r"^\s*DEVICES\b\s*[:=]", "janus_core/device.py"),
 )
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from helpers.store_cases import (
     FRAMES_PER_SHARD,
     RESOLUTION,
@@ -29,7 +30,6 @@ from helpers.store_cases import (
     write_frame_shards,
     write_sample_shards,
 )
-
 from janus_cache.store import (
     CacheLayout,
     CacheOpenError,
@@ -265,10 +265,9 @@ def test_damage_crosses_dataloader_workers_as_a_value_with_its_one_line_message(
     carrying the store's error (a worker's exception would arrive as traceback text); collate sets
     them aside."""
     from helpers.profiles import TINY_PROFILE
-
-    from janus_cache.profile import load_profile
-    from janus_train.data import CachedSamples, DamagedItem, TrainItem, collate
-    from janus_train.trainer import prompt_builder
+    from janus_core.profile import load_profile
+    from janus_train.data.samples import CachedSamples, DamagedItem, TrainItem, collate
+    from janus_train.loop.trainer import prompt_builder
 
     content = make_content()
     writer = open_writer("zarr", tmp_path, VARIANT.name)

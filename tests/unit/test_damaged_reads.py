@@ -18,17 +18,24 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers.damage import (DAMAGE_TARGETS, N_SAMPLES, SAMPLE_TABLE_ARRAYS, Damaged, OneProcess,
-                            damage_the_drawn_feature, damaged_copy)
-from helpers.shared_runs import OneSampleShards
 from torch.utils.data import DataLoader
 
-from janus_cache.profile import load_profile
+from helpers.damage import (
+    DAMAGE_TARGETS,
+    N_SAMPLES,
+    SAMPLE_TABLE_ARRAYS,
+    Damaged,
+    OneProcess,
+    damage_the_drawn_feature,
+    damaged_copy,
+)
+from helpers.shared_runs import OneSampleShards
 from janus_cache.store import DamagedData
 from janus_cache.store.layout import SAMPLES_TABLE, table_group
-from janus_train.damaged import DamagedSample, draw_step
-from janus_train.data import CachedSamples, collate
-from janus_train.trainer import open_training_cache
+from janus_core.profile import load_profile
+from janus_train.data.damaged import DamagedSample, draw_step
+from janus_train.data.samples import CachedSamples, collate
+from janus_train.loop.trainer import open_training_cache
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +51,7 @@ def damaged_zarr(clean_zarr: tuple[Path, Path], tmp_path_factory: pytest.TempPat
 
 @pytest.fixture(scope="module")
 def builder(clean_zarr: tuple[Path, Path]) -> Any:
-    from janus_train.trainer import prompt_builder
+    from janus_train.loop.trainer import prompt_builder
 
     return prompt_builder(load_profile(clean_zarr[0]))
 

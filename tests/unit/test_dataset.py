@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from PIL import Image
 
-from janus_cache.index import (
+from janus_core.index import (
     ACTIONS,
     DatasetError,
     DatasetIndex,
@@ -25,7 +25,7 @@ from janus_cache.index import (
     source_identity,
     subinstruction_for,
 )
-from janus_cache.windows import window_frames
+from janus_core.windows import window_frames
 
 SAMPLE_EPISODES, SAMPLE_STEPS = 3, 12  # the shape of conftest's sample_dataset
 EP = "episode_0000"
@@ -226,10 +226,10 @@ def test_the_subinstruction_rule_is_a_cache_setting_keyed_in_the_dataset_identit
 ) -> None:
     from dataclasses import replace
 
-    from janus_cache.keys import dataset_identity
-    from janus_cache.profile import ProfileError, load_profile
-    from janus_cache.store.manifest import DatasetIdentity, Layout, Manifest, WindowVariant, keyed_differences
     from helpers.profiles import write_test_profile
+    from janus_cache.keys import dataset_identity
+    from janus_cache.store.manifest import DatasetIdentity, Layout, Manifest, WindowVariant, keyed_differences
+    from janus_core.profile import ProfileError, load_profile
 
     assert load_profile("tiny").cache.subinstruction_rule == "reference"
     profile = load_profile(write_test_profile(tmp_path / "janus.yaml", cache={"subinstruction_rule": "janus"}))
@@ -318,7 +318,7 @@ def test_order_does_not_depend_on_the_order_files_were_created(sample_dataset: P
 
 
 def test_an_episode_shorter_than_the_window_pads_every_window_with_frame_zero(tmp_path: Path) -> None:
-    from janus_cache.sample_data import write_sample_data
+    from janus_core.sample_data import write_sample_data
 
     root = write_sample_data(tmp_path / "short", episodes=1, steps=3, seed=5)
     index = build_index(root)

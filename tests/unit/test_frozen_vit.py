@@ -14,15 +14,15 @@ from unittest import mock
 
 import pytest
 import torch
-from helpers.model_cases import QWEN_DIR, make_batch, tiny_model
 from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import Qwen2_5_VLConfig
 
-import janus_train.model
-from janus_cache.index import DatasetIndex
-from janus_train.activation_checkpointing import FULL, NONE, ActivationCheckpointing
-from janus_train.flops import build_model
-from janus_train.model import JanusVLNModel, TrainableParts
+import janus_train.model.janus_model
+from helpers.model_cases import QWEN_DIR, make_batch, tiny_model
+from janus_core.index import DatasetIndex
+from janus_train.model.activation_checkpointing import FULL, NONE, ActivationCheckpointing
+from janus_train.model.janus_model import JanusVLNModel, TrainableParts
+from janus_train.perf.flops import build_model
 
 POLICIES = (NONE, ActivationCheckpointing(2), FULL)
 DECODER_LAYERS = 2  # the tiny Qwen's
@@ -61,7 +61,7 @@ def before_the_fix(policy: ActivationCheckpointing) -> JanusVLNModel:
 @contextmanager
 def vit_as_one_call() -> Iterator[None]:
     """The ViT run as before the fix: one call of the whole tower, in whatever grad mode."""
-    with mock.patch.object(janus_train.model, "vit_embeddings",
+    with mock.patch.object(janus_train.model.janus_model, "vit_embeddings",
                            lambda visual, pixel_values, grid_thw: visual(pixel_values, grid_thw=grid_thw).pooler_output):
         yield
 

@@ -17,20 +17,20 @@ import pytest
 import torch
 import torch.nn.functional as F
 import yaml
+
 from helpers.shared_runs import TinyTraining
 from helpers.validation import EPISODES, STEPS, VAL_SAMPLES, profile_with, validation_data, validation_of
-
-from janus_cache.index import build_index
-from janus_cache.profile import ProfileError, load_profile
-from janus_cache.resolution import Resolution
+from janus_core.index import build_index
+from janus_core.profile import ProfileError, load_profile
+from janus_core.resolution import Resolution
 from janus_train.config import load_train_settings
-from janus_train.data import CachedSamples, LiveSamples
-from janus_train.holdout import HoldoutError, heldout_count, split_by_episode
-from janus_train.logs import step_line
-from janus_train.prompt import PromptFields, collate_prompts
-from janus_train.trainer import open_training_cache, prompt_builder
-from janus_train.val_metric_names import BEST_METRICS, better
-from janus_train.validation import ActionSpan, ValidationError, action_tokens_correct, episode_ids, plan_validation
+from janus_train.data.holdout import HoldoutError, heldout_count, split_by_episode
+from janus_train.data.prompt import PromptFields, collate_prompts
+from janus_train.data.samples import CachedSamples, LiveSamples
+from janus_train.loop.trainer import open_training_cache, prompt_builder
+from janus_train.loop.val_metric_names import BEST_METRICS, better
+from janus_train.loop.validation import ActionSpan, ValidationError, action_tokens_correct, episode_ids, plan_validation
+from janus_train.run.logs import step_line
 
 
 @pytest.fixture

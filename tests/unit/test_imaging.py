@@ -1,4 +1,4 @@
-"""Specification of `janus_cache.imaging`: one uint8 frame per source image, and both model inputs
+"""Specification of `janus_core.imaging`: one uint8 frame per source image, and both model inputs
 derived from it bit for bit.
 
 The references here are written independently of the module: the VGGT preprocessing is redone
@@ -19,17 +19,17 @@ import torch.nn.functional as F
 from PIL import Image
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
-from janus_cache.imaging import (
+from janus_core.bases import QWEN2_5_VL
+from janus_core.imaging import (
     FrameError,
     load_frame,
     qwen_pixel_lut,
     qwen_pixel_values,
     vggt_input,
 )
-from janus_cache.bases import QWEN2_5_VL
-from janus_cache.resolution import Resolution, visual_tokens
+from janus_core.resolution import Resolution, visual_tokens
 
-# The Qwen2.5-VL facts these tests pin (janus_cache.bases).
+# The Qwen2.5-VL facts these tests pin (janus_core.bases).
 PATCH_SIZE, MERGE_SIZE, TEMPORAL_PATCH = QWEN2_5_VL.patch_size, QWEN2_5_VL.merge_size, QWEN2_5_VL.temporal_patch
 PATCH_DIM, QWEN_IMAGE_MEAN, QWEN_IMAGE_STD = QWEN2_5_VL.patch_dim, QWEN2_5_VL.image_mean, QWEN2_5_VL.image_std
 

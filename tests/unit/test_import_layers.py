@@ -1,9 +1,11 @@
-"""Dependencies run one way: ``benchmarks`` -> ``pipelines`` -> ``janus_train`` -> ``janus_cache``,
-and no module imports itself back through others.
+"""Dependencies run one way: ``benchmarks`` -> ``pipelines`` -> ``janus_train`` -> ``janus_cache`` ->
+``janus_core``, the cache store builds on the core alone, and no module imports itself back through
+others.
 
 Every module of the four packages is parsed (not imported) and each import statement, at module
 level, inside a function or under ``TYPE_CHECKING``, is resolved to the module it names. No package
-reaches up: ``janus_cache`` imports nothing from the three above it, ``janus_train`` nothing from
+reaches up: ``janus_core`` (the shared domain) imports none of the four above it, ``janus_cache``
+nothing from the three above it, ``janus_train`` nothing from
 ``pipelines`` or ``benchmarks``, ``pipelines`` nothing from ``benchmarks``; and no package holds an
 import loop (a fact that two modules both need lives in a third, below both). What a light command
 imports at run time is checked by running it (``tests/e2e/test_imports.py``).
@@ -16,10 +18,11 @@ from pathlib import Path
 
 from helpers.profiles import REPO_ROOT
 
-PACKAGES = ("janus_cache", "janus_train", "pipelines", "benchmarks")
+PACKAGES = ("janus_core", "janus_cache", "janus_train", "pipelines", "benchmarks")
 """The package tree, lowest layer first."""
 
 FORBIDDEN: dict[str, tuple[str, ...]] = {
+    "janus_core": ("janus_cache", "janus_train", "pipelines", "benchmarks"),
     "janus_cache": ("janus_train", "pipelines", "benchmarks"),
     "janus_train": ("pipelines", "benchmarks"),
     "pipelines": ("benchmarks",),
@@ -163,11 +166,12 @@ def test_the_scan_sees_every_package_and_its_imports() -> None:
     assert all(any(m.split(".")[0] == p for m in graph) for p in PACKAGES), sorted(graph)
     assert {"janus_cache", "janus_train"} <= graph["pipelines.train"]
     assert "janus_cache" in graph["pipelines.precompute"]
-    assert "janus_cache" in graph["janus_train.trainer"]
+    assert {"janus_core", "janus_cache"} <= graph["janus_train.loop.trainer"]
+    assert "janus_core" in graph["janus_cache.store.manifest"]
     assert {"janus_cache", "janus_train", "pipelines"} <= graph["benchmarks.bench"]
     modules = module_graph()
-    assert "janus_train.config" in modules["janus_train.validation"]
-    assert "janus_cache.index.model" in modules["janus_cache.index.sources"]
+    assert "janus_train.config" in modules["janus_train.loop.validation"]
+    assert "janus_core.index.model" in modules["janus_core.index.sources"]
 
 
 def test_relative_and_nested_imports_are_resolved(tmp_path: Path) -> None:
@@ -187,9 +191,27 @@ def test_relative_and_nested_imports_are_resolved(tmp_path: Path) -> None:
 
 
 def test_libraries_never_import_the_layers_above_them() -> None:
-    """janus_cache imports nothing from janus_train or pipelines; janus_train nothing from pipelines."""
+    """janus_core imports no cache I/O, training or launch code; janus_cache nothing from janus_train
+    or pipelines; janus_train nothing from pipelines."""
     found = offenders()
-    assert found == [], "imports against the layering pipelines -> janus_train -> janus_cache:\n" + "\n".join(found)
+    assert found == [], ("imports against the layering pipelines -> janus_train -> janus_cache -> janus_core:\n"
+                         + "\n".join(found))
+
+
+STORE = "janus_cache.store"
+"""The cache's storage formats: they read and write what the core defines, never stage 1's work
+(planning, precomputing, verifying) that uses them."""
+
+
+def test_the_store_builds_on_the_core_alone() -> None:
+    """Every module of ``janus_cache.store`` imports only the core and the store itself: what a cache
+    is keyed on lives in ``janus_cache.keys``, above the store, and no store module reaches it."""
+    graph = module_graph()
+    found = sorted(f"{module} imports {target}" for module, targets in graph.items() if module.startswith(STORE)
+                   for target in targets
+                   if target.startswith("janus_cache") and not (target == STORE or target.startswith(STORE + ".")))
+    assert any(module.startswith(STORE + ".") for module in graph)
+    assert found == [], "store modules importing stage 1:\n" + "\n".join(found)
 
 
 def test_the_loop_finder_finds_a_loop_through_a_function_level_import() -> None:

@@ -9,22 +9,21 @@ import shutil
 from pathlib import Path
 
 import pytest
-from helpers.dataset_files import age, images, scramble_keeping_size_and_mtime
 
-from janus_cache.index import (
+from helpers.dataset_files import age, images, scramble_keeping_size_and_mtime
+from janus_core.index import (
     DatasetError,
     DatasetIndex,
     IndexStore,
     Reason,
     build_index,
-    build_stored_index,
     build_sources_index,
+    build_stored_index,
     episode_identities,
     load_stored,
     store_sources_index,
 )
-from janus_cache.index.episode_folders import EpisodeFolderBuilder
-
+from janus_core.index.episode_folders import EpisodeFolderBuilder
 
 EP, OTHER = "episode_0000", "episode_0001"
 

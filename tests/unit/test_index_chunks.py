@@ -13,20 +13,20 @@ from typing import Any
 
 import pytest
 
-import janus_cache.index.episode_folders as episode_folders
-import janus_cache.index.sources as sources_module
-from janus_cache.index import (
+import janus_core.index.episode_folders as episode_folders
+import janus_core.index.sources as sources_module
+from janus_core.index import (
     IndexStore,
     build_index,
     build_sources_index,
     episode_identity,
     store_sources_index,
 )
-from janus_cache.index import _builder as builder_of
-from janus_cache.index.cached import COMBINED_PREFIX
-from janus_cache.index.columns import ColumnWriter
-from janus_cache.index.lazy import LazyIndex
-from janus_cache.sample_data import write_sample_data
+from janus_core.index import _builder as builder_of
+from janus_core.index.cached import COMBINED_PREFIX
+from janus_core.index.columns import ColumnWriter
+from janus_core.index.lazy import LazyIndex
+from janus_core.sample_data import write_sample_data
 
 
 @pytest.fixture(scope="module")

@@ -10,11 +10,12 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers.model_cases import VISUAL_TOKENS, tiny_tokenizer
 from torch import nn
 
-from janus_cache.index import DatasetIndex
-from janus_train.loss import (
+from helpers.model_cases import VISUAL_TOKENS, tiny_tokenizer
+from janus_core.index import DatasetIndex
+from janus_train.data.prompt import IGNORE_INDEX, PromptBuilder
+from janus_train.model.loss import (
     LossConfig,
     LossDenominators,
     LossParts,
@@ -23,7 +24,6 @@ from janus_train.loss import (
     micro_batch_loss,
     token_cross_entropy,
 )
-from janus_train.prompt import IGNORE_INDEX, PromptBuilder
 
 HIDDEN, VOCAB = 16, 1408
 

@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 
 import janus_cache.store.commit as commit_module
-from janus_cache.index import EpisodeIdentity
 from janus_cache.store import (
     DatasetIdentity,
     FieldDiff,
@@ -31,6 +30,7 @@ from janus_cache.store.manifest import (
     merge_manifests,
     version_differences,
 )
+from janus_core.index import EpisodeIdentity
 
 EPISODES = [
     EpisodeIdentity("ep0", "r2r", "aa" * 32, frames=2, samples=2),

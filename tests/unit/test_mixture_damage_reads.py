@@ -18,19 +18,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers.damage import OneProcess, copies, flip_byte, write_profile
-from helpers.shared_runs import OneSampleShards
 from torch.utils.data import DataLoader
 
-from janus_cache.profile import load_profile
-from janus_cache.sample_data import write_sample_data
+from helpers.damage import OneProcess, copies, flip_byte, write_profile
+from helpers.shared_runs import OneSampleShards
 from janus_cache.store.layout import wds_shard_name
-from janus_train.damaged import DamagedSample, draw_step
-from janus_train.data import collate
-from janus_train.mixture import MixedSamples, Mixture, mixed_samples
-from janus_train.trainer import open_training_cache
+from janus_core.profile import load_profile
+from janus_core.sample_data import write_sample_data
+from janus_train.data.damaged import DamagedSample, draw_step
+from janus_train.data.mixture import MixedSamples, Mixture, mixed_samples
+from janus_train.data.samples import collate
+from janus_train.loop.trainer import open_training_cache
 from pipelines.precompute import Options, run
-
 
 N_PER_CACHE = 8
 
@@ -46,7 +45,7 @@ def clean_caches(one_sample_shards: OneSampleShards) -> tuple[Path, Path, Path]:
 
 @pytest.fixture(scope="module")
 def builder(clean_caches: tuple[Path, Path, Path]) -> Any:
-    from janus_train.trainer import prompt_builder
+    from janus_train.loop.trainer import prompt_builder
 
     return prompt_builder(load_profile(clean_caches[0]))
 
@@ -115,7 +114,7 @@ def test_a_damaged_held_out_sample_of_one_cache_reaches_validation_as_its_one_li
     import torch
 
     from janus_train.config import load_train_settings
-    from janus_train.validation import Evaluator, plan_validation
+    from janus_train.loop.validation import Evaluator, plan_validation
 
     profile = write_profile(tmp_path / "profile.yaml", val_episodes=1, val_max_samples=0)
     a, b = copies(clean_caches, tmp_path)
@@ -142,8 +141,8 @@ def test_a_damaged_held_out_sample_of_a_webdataset_cache_reaches_validation_as_i
 
     from janus_cache.store.wds_store import encode_key
     from janus_train.config import load_train_settings
-    from janus_train.data import StreamedSamples
-    from janus_train.validation import Evaluator, plan_validation
+    from janus_train.data.samples import StreamedSamples
+    from janus_train.loop.validation import Evaluator, plan_validation
 
     profile = write_profile(tmp_path / "profile.yaml", val_episodes=1, val_max_samples=0)
     data = write_sample_data(tmp_path / "data", episodes=2, steps=4, seed=0)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+
 from helpers.model_cases import (
     FEATURE_DIM,
     MERGER_HIDDEN,
@@ -16,12 +17,11 @@ from helpers.model_cases import (
     tiny_encoder,
     tiny_model,
 )
-
-from janus_cache.index import DatasetIndex, Sample
-from janus_cache.imaging import qwen_pixel_lut, qwen_pixel_values
-from janus_cache.profile import LanguageModelSettings, load_profile
-from janus_train.loss import LossConfig, LossDenominators, micro_batch_loss
-from janus_train.model import (
+from janus_core.imaging import qwen_pixel_lut, qwen_pixel_values
+from janus_core.index import DatasetIndex, Sample
+from janus_core.profile import LanguageModelSettings, load_profile
+from janus_train.data.prompt import IGNORE_INDEX
+from janus_train.model.janus_model import (
     ActionHead,
     JanusVLNModel,
     ModelInputError,
@@ -33,7 +33,7 @@ from janus_train.model import (
     part_of,
     vggt_feature_dim,
 )
-from janus_train.prompt import IGNORE_INDEX
+from janus_train.model.loss import LossConfig, LossDenominators, micro_batch_loss
 
 TEXT_HIDDEN = 64  # the tiny Qwen's hidden size
 

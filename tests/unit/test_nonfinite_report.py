@@ -6,7 +6,7 @@ from __future__ import annotations
 
 def test_a_non_finite_gradient_norm_with_finite_losses_names_every_rank_s_samples() -> None:
     """No rank's loss shows the fault, so the report lists the step's samples of every rank."""
-    from janus_train.nonfinite import nonfinite_message
+    from janus_train.loop.nonfinite import nonfinite_message
 
     per_rank = [(False, [], ["a/0", "a/1"]), (False, [], ["b/0", "b/1"])]
     assert nonfinite_message(7, 2.5, float("inf"), per_rank, nonfinite_skip=False) == (

@@ -9,9 +9,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers.precompute_runs import RESOLUTION
 
-from janus_cache.index import build_index, build_sources_index, store_sources_index
+from helpers.precompute_runs import RESOLUTION
 from janus_cache.precompute import (
     check_windows,
     compute_frame_shard,
@@ -20,7 +19,8 @@ from janus_cache.precompute import (
     usable_samples,
 )
 from janus_cache.precompute_job import PrecomputeError, check_free_space, free_space_problem
-from janus_cache.resolution import Resolution
+from janus_core.index import build_index, build_sources_index, store_sources_index
+from janus_core.resolution import Resolution
 
 
 def test_a_frame_that_vanished_after_indexing_is_a_failure_of_its_samples(dataset_copy: Path) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from janus_cache.profile import (
+from janus_core.profile import (
     PROFILES_DIR,
     CacheSettings,
     EncoderSettings,
@@ -18,8 +18,8 @@ from janus_cache.profile import (
     ProfileError,
     load_profile,
 )
-from janus_cache.resolution import Resolution
-from janus_cache.settings import SettingsError, read_settings, setting
+from janus_core.resolution import Resolution
+from janus_core.settings import SettingsError, read_settings, setting
 from janus_train.config import TrainSettings, load_train_settings
 
 

@@ -7,20 +7,18 @@ from __future__ import annotations
 
 import json
 import shutil
-
 from pathlib import Path
 
 import pytest
 import yaml
-from helpers.profiles import REPO_ROOT, TINY_PROFILE
 from typer.testing import CliRunner
 
-from janus_cache.profile import ProfileError, load_profile
-from janus_cache.sample_data import write_sample_data
+from helpers.profiles import REPO_ROOT, TINY_PROFILE
 from janus_cache.store import load_manifest
+from janus_core.profile import ProfileError, load_profile
+from janus_core.sample_data import write_sample_data
 from janus_train.config import load_train_settings
 from pipelines.cache_cli import app
-
 
 MODELS = REPO_ROOT / "configs" / "models"
 

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers.model_cases import QWEN_DIR, VISUAL_TOKENS, builder, tiny_tokenizer
 from tokenizers import pre_tokenizers
 from transformers import AutoTokenizer
 
-from janus_cache.index import ACTIONS, DatasetIndex, Sample
-from janus_train.prompt import (
+from helpers.model_cases import QWEN_DIR, VISUAL_TOKENS, builder, tiny_tokenizer
+from janus_core.index import ACTIONS, DatasetIndex, Sample
+from janus_train.data.prompt import (
     ACTIONS_TEXT,
     IGNORE_INDEX,
     IMAGE_PAD,
@@ -24,8 +24,8 @@ from janus_train.prompt import (
     PromptFields,
     collate_prompts,
 )
-from janus_train.prompt_template import PromptTemplate, TemplateError
-from janus_train.sample_view import describe_sample
+from janus_train.data.prompt_template import PromptTemplate, TemplateError
+from janus_train.data.sample_view import describe_sample
 
 # The reference's user text, copied from docs/train.md "The training sample" ({H}: one <image> per history image).
 REFERENCE_USER = (

@@ -17,9 +17,10 @@ from torch.utils.flop_counter import FlopCounterMode
 from benchmarks import bench_gpu
 from benchmarks.bench import flops_section
 from benchmarks.bench_report import flops_by_base_markdown, flops_markdown
-from janus_cache.bases import QWEN3_VL
-from janus_train.activation_checkpointing import FULL, NONE
-from janus_train.flops import (
+from janus_core.bases import QWEN3_VL
+from janus_train.model.activation_checkpointing import FULL, NONE
+from janus_train.model.janus_model import TrainableParts
+from janus_train.perf.flops import (
     VIT_COMPONENTS,
     build_model,
     count_flops,
@@ -28,8 +29,7 @@ from janus_train.flops import (
     vit_block_flops,
     vit_flops_one_image,
 )
-from janus_train.model import TrainableParts
-from janus_train.workload import SampleShape, StepRunner, make_batch
+from janus_train.perf.workload import SampleShape, StepRunner, make_batch
 
 MODELS = Path(__file__).resolve().parents[2] / "configs" / "models"
 TINY_QWEN3 = MODELS / "tiny-qwen3_vl"

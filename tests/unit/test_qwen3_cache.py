@@ -18,20 +18,20 @@ import torch
 from PIL import Image
 from transformers import AutoImageProcessor
 
-from janus_cache.bases import QWEN2_5_VL, QWEN3_VL
-from janus_cache.encoder import WindowEncoder
-from janus_cache.imaging import FrameError, load_frame, load_qwen_frame, qwen_pixel_values
-from janus_cache.index import DatasetIndex, build_index
 from janus_cache.keys import window_variant
 from janus_cache.precompute import encode_windows, window_matrix
 from janus_cache.precompute_job import PrecomputeError, PrecomputeJob, precompute_base
-from janus_cache.profile import Profile, load_profile
-from janus_cache.sample_data import write_sample_data
 from janus_cache.store import open_cache, open_writer, read_manifest
 from janus_cache.store.features import to_stored
 from janus_cache.store.manifest import Manifest, keyed_digest
 from janus_cache.verify import CacheVerificationError, check_cache_for_training
 from janus_cache.verify.live import check_live
+from janus_core.bases import QWEN2_5_VL, QWEN3_VL
+from janus_core.encoder import WindowEncoder
+from janus_core.imaging import FrameError, load_frame, load_qwen_frame, qwen_pixel_values
+from janus_core.index import DatasetIndex, build_index
+from janus_core.profile import Profile, load_profile
+from janus_core.sample_data import write_sample_data
 
 # pad56: VGGT's 4x4 patches; Qwen3-VL's paired frame is 64x64 (4x4 patches of 16 px, 2x2 tokens).
 SMALL = ("cache.resolution=pad56", "cache.frames_per_shard=4", "cache.samples_per_shard=3", "cache.history=3")
@@ -175,7 +175,7 @@ def test_a_cache_without_a_base_key_is_qwen25s_and_still_opens(
 def test_verify_live_passes_on_a_qwen3_cache_and_fails_on_a_damaged_feature(
     qwen3_cache: Path, qwen3_profile: Profile, index: DatasetIndex, tmp_path: Path,
 ) -> None:
-    from janus_train.model import JanusVLNModel
+    from janus_train.model.janus_model import JanusVLNModel
 
     model = JanusVLNModel.from_profile(qwen3_profile, live=False, device="cpu").eval()
     calls: list[int] = []

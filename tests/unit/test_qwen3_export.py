@@ -11,14 +11,14 @@ from unittest import mock
 import pytest
 import torch
 import yaml
-from helpers.profiles import REPO_ROOT, write_test_profile
 from transformers import AutoImageProcessor, Qwen3VLForConditionalGeneration
 
-from janus_cache.bases import QWEN3_VL
-from janus_cache.profile import Profile, load_profile
+from helpers.profiles import REPO_ROOT, write_test_profile
+from janus_core.bases import QWEN3_VL
+from janus_core.profile import Profile, load_profile
+from janus_train.checkpoint.export import HEADS_FILE, QWEN_PREFIX, export, load_exported
 from janus_train.config import load_train_settings
-from janus_train.export import HEADS_FILE, QWEN_PREFIX, export, load_exported
-from janus_train.model import JanusVLNModel
+from janus_train.model.janus_model import JanusVLNModel
 
 QWEN3_DIR = REPO_ROOT / "configs" / "models" / "tiny-qwen3_vl"
 
@@ -46,7 +46,7 @@ def test_a_qwen3_export_loads_as_qwen3_vl_with_nothing_missing_and_its_heads_bes
     state = trained_state(profile)
     config = load_train_settings(profile).model_config()
     out = tmp_path / "export"
-    with mock.patch("janus_train.export.consolidated_state_dict", return_value=state):
+    with mock.patch("janus_train.checkpoint.export.consolidated_state_dict", return_value=state):
         export(tmp_path / "checkpoints", out, profile, config)
 
     qwen, info = Qwen3VLForConditionalGeneration.from_pretrained(str(out), output_loading_info=True)

@@ -17,20 +17,20 @@ from pathlib import Path
 import pytest
 import torch
 
-from janus_cache.bases import QWEN3_VL
-from janus_cache.encoder import WindowEncoder
-from janus_cache.imaging import qwen_pixel_values
-from janus_cache.index import build_index
 from janus_cache.keys import window_variant
 from janus_cache.precompute_job import PrecomputeJob, precompute_base
-from janus_cache.profile import Profile, load_profile
-from janus_cache.sample_data import write_sample_data
 from janus_cache.store import open_cache, open_writer
 from janus_cache.verify.comparison import feature_tolerance
-from janus_train.data import CachedSamples, LiveFrames, LiveSamples, collate
-from janus_train.live_check import compare_features, live_check_refusal, source_windows
-from janus_train.model import JanusVLNModel, ModelInputError
-from janus_train.trainer import make_dataset, open_training_cache, prompt_builder
+from janus_core.bases import QWEN3_VL
+from janus_core.encoder import WindowEncoder
+from janus_core.imaging import qwen_pixel_values
+from janus_core.index import build_index
+from janus_core.profile import Profile, load_profile
+from janus_core.sample_data import write_sample_data
+from janus_train.data.live_check import compare_features, live_check_refusal, source_windows
+from janus_train.data.samples import CachedSamples, LiveFrames, LiveSamples, collate
+from janus_train.loop.trainer import make_dataset, open_training_cache, prompt_builder
+from janus_train.model.janus_model import JanusVLNModel, ModelInputError
 
 SMALL = ("cache.resolution=pad56", "cache.frames_per_shard=4", "cache.samples_per_shard=3", "cache.history=3")
 ROWS = [0, 5]  # one sample of each episode
@@ -124,7 +124,7 @@ def test_the_live_check_passes_on_a_qwen3_cache_and_names_a_damaged_sample(
     the cache and committed like a right one is named by its sample, in one line."""
     windows = source_windows(data, cache, profile.cache.history, LiveFrames(profile.cache.resolution, QWEN3_VL))
 
-    def live_check(root: Path):  # noqa: ANN202 - the check of janus_train.live_check
+    def live_check(root: Path):  # noqa: ANN202 - the check of janus_train.data.live_check
         batch = cached_batch(profile, root, ROWS)
         with torch.no_grad():
             live = model({**batch, "features": None, "vggt_frames": windows(batch["keys"])})

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from janus_cache.bases import QWEN3_VL, base_of_qwen_dir
-from janus_cache.imaging import load_qwen_frame
-from janus_cache.index import DatasetIndex
-from janus_cache.profile import load_profile
-from janus_train.sample_view import describe_sample
-from janus_train.trainer import prompt_builder
+from janus_core.bases import QWEN3_VL, base_of_qwen_dir
+from janus_core.imaging import load_qwen_frame
+from janus_core.index import DatasetIndex
+from janus_core.profile import load_profile
+from janus_train.data.sample_view import describe_sample
+from janus_train.loop.trainer import prompt_builder
 from pipelines.train_cli import show_sample_cmd
 
 

@@ -16,18 +16,28 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers.model_cases import QWEN_DIR, VGGT_CONFIG, make_batch
-from helpers.profiles import write_test_profile
 from safetensors.torch import load_file, save_file
 from transformers import AutoConfig
 
-from janus_cache.index import DatasetIndex
-from janus_cache.profile import CacheSettings, LanguageModelSettings, Profile, load_profile
-from janus_cache.resolution import Resolution
-from janus_cache.vggt import AggregatorConfig, VGGTAggregator
-from janus_train.model import JanusModelConfig, JanusVLNModel, load_qwen
-from janus_train.loss import LossConfig
-from janus_train.reference_checkpoint import (
+from helpers.model_cases import QWEN_DIR, VGGT_CONFIG, make_batch
+from helpers.profiles import write_test_profile
+from helpers.reference import (
+    FEATURE_DIM,
+    HIDDEN,
+    LAM,
+    MERGER_HIDDEN,
+    RESOLUTION,
+    damaged,
+    reference_config,
+    reference_shapes,
+    vggt_head_shapes,
+    write_reference_dir,
+)
+from janus_core.index import DatasetIndex
+from janus_core.profile import CacheSettings, LanguageModelSettings, Profile, load_profile
+from janus_core.resolution import Resolution
+from janus_core.vggt import AggregatorConfig, VGGTAggregator
+from janus_train.checkpoint.reference import (
     ReferenceCheckpointError,
     check_reference_checkpoint,
     load_reference_model,
@@ -37,8 +47,8 @@ from janus_train.reference_checkpoint import (
     unused_heads_note,
     write_reference_checkpoint,
 )
-from helpers.reference import FEATURE_DIM, HIDDEN, LAM, MERGER_HIDDEN, RESOLUTION, damaged, reference_config, reference_shapes, vggt_head_shapes, write_reference_dir
-
+from janus_train.model.janus_model import JanusModelConfig, JanusVLNModel, load_qwen
+from janus_train.model.loss import LossConfig
 
 DOCUMENTED_CONFIG_FIELDS = {
     "model_type", "architectures", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",

@@ -21,16 +21,16 @@ from typing import Any
 
 import pytest
 import torch
-from helpers.model_cases import QWEN_DIR
 from tokenizers import Tokenizer
 from tokenizers.models import BPE
 from transformers import AutoImageProcessor, AutoTokenizer
 
-from janus_train.loss import LossConfig
-from janus_train.model import JanusModelConfig, JanusVLNModel, load_qwen
-from janus_train.reference_checkpoint import reference_config_dict, write_reference_checkpoint
-from janus_train.reference_tokenizer import TokenizerExportError, write_reference_tokenizer
-from janus_cache.profile import LanguageModelSettings
+from helpers.model_cases import QWEN_DIR
+from janus_core.profile import LanguageModelSettings
+from janus_train.checkpoint.reference import reference_config_dict, write_reference_checkpoint
+from janus_train.checkpoint.reference_tokenizer import TokenizerExportError, write_reference_tokenizer
+from janus_train.model.janus_model import JanusModelConfig, JanusVLNModel, load_qwen
+from janus_train.model.loss import LossConfig
 
 TEXTS = (
     "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\nhello<|im_end|>\n",

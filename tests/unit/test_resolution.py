@@ -1,4 +1,4 @@
-"""Specification of `janus_cache.resolution`: the one place that defines frame resolutions."""
+"""Specification of `janus_core.resolution`: the one place that defines frame resolutions."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from fractions import Fraction
 
 import pytest
 
-from janus_cache.bases import QWEN2_5_VL
-from janus_cache.resolution import (
+from janus_core.bases import QWEN2_5_VL
+from janus_core.resolution import (
     DEFAULT_RESOLUTION,
     Resolution,
     grid_shape,

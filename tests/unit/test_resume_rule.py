@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from janus_train.elastic import DataLayout, ResumeError, check_resumable
+from janus_train.checkpoint.elastic import DataLayout, ResumeError, check_resumable
 
 
 def saved_state(world: int, micro_batch: int, grad_accum: int, streaming: bool) -> dict[str, Any]:

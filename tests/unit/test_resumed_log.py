@@ -8,8 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from helpers.training import read_metrics
-
-from janus_train.trainer import METRICS_FILE
+from janus_train.loop.trainer import METRICS_FILE
 
 
 def logged_record(step: int, loss: float) -> dict[str, Any]:
@@ -24,7 +23,7 @@ def test_a_resumed_log_drops_later_records_from_metrics_and_tensorboard(tmp_path
     values of the resumed run."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from janus_train.logs import RunLog
+    from janus_train.run.logs import RunLog
 
     killed = RunLog(tmp_path, tmp_path / METRICS_FILE, total_steps=5)
     for step in range(1, 6):

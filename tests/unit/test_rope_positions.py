@@ -8,13 +8,13 @@ from unittest import mock
 
 import pytest
 import torch
-from helpers.model_cases import QWEN_DIR, RESOLUTION, builder, tiny_model
 from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VLModel
 
-from janus_cache.index import DatasetIndex
-from janus_train.data import LiveSamples, TrainItem, collate
-from janus_train.model import JanusVLNModel
-from janus_train.rope import RopeIndex
+from helpers.model_cases import QWEN_DIR, RESOLUTION, builder, tiny_model
+from janus_core.index import DatasetIndex
+from janus_train.data.samples import LiveSamples, TrainItem, collate
+from janus_train.model.janus_model import JanusVLNModel
+from janus_train.model.rope import RopeIndex
 
 
 @pytest.fixture(scope="module")

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from janus_cache.index import ACTIONS, build_index
-from janus_cache.sample_data import HEIGHT, WIDTH, write_sample_data
+from janus_core.index import ACTIONS, build_index
+from janus_core.sample_data import HEIGHT, WIDTH, write_sample_data
 
 FRAME = re.compile(r"^step_(\d{4})_([A-Z_]+)\.png$")
 AHEAD = re.compile(r"^The (.+?) is about ([\d.]+) m straight ahead\.")

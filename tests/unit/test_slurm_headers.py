@@ -7,9 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from helpers.commands import SLURM_DIR
 
-from janus_train.preemption import PREEMPTED_EXIT_CODE
+from helpers.commands import SLURM_DIR
+from janus_train.loop.preemption import PREEMPTED_EXIT_CODE
 
 
 def sbatch_options(script: Path) -> dict[str, str | None]:

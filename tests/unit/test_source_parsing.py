@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from janus_cache.index import DatasetError, build_index, build_sources_index, parse_sources
+from janus_core.index import DatasetError, build_index, build_sources_index, parse_sources
 
 
 def test_a_source_is_name_equals_path_or_a_bare_path_named_after_its_folder(tmp_path: Path) -> None:

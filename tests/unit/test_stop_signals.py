@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers.profiles import write_test_profile
 
-from janus_cache.profile import ProfileError, load_profile
+from helpers.profiles import write_test_profile
+from janus_core.profile import ProfileError, load_profile
 from janus_train.config import load_train_settings
-from janus_train.preemption import Preemption
+from janus_train.loop.preemption import Preemption
 
 
 def write_profile(path: Path, **train: object) -> Path:

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers.store_cases import RESOLUTION, VARIANT, assert_sample_equal, make_content, write_cache
 
-from janus_cache.store import ZarrCacheReader, WdsCacheReader
+from helpers.store_cases import RESOLUTION, VARIANT, assert_sample_equal, make_content, write_cache
+from janus_cache.store import WdsCacheReader, ZarrCacheReader
 from janus_cache.store.split import epoch_order, shards_for
-from janus_train.mixture import Mixture
+from janus_train.data.mixture import Mixture
 
 WORLD = 2
 

@@ -8,6 +8,8 @@ import numpy as np
 import pytest
 import torch
 import zarr
+
+import janus_cache.store.commit as commit_module
 from helpers.store_cases import (
     FRAMES_PER_SHARD,
     RESOLUTION,
@@ -21,8 +23,6 @@ from helpers.store_cases import (
     write_frame_shards,
     write_with_two_processes,
 )
-
-import janus_cache.store.commit as commit_module
 from janus_cache.store import (
     CacheLayout,
     CacheWriter,
@@ -35,7 +35,7 @@ from janus_cache.store import (
 )
 from janus_cache.store.commit import read_record
 from janus_cache.store.layout import features_array, frames_array, table_column
-from janus_cache.text_column import TEXT_BLOCK_ROWS, NotText, TextColumn
+from janus_core.text_column import TEXT_BLOCK_ROWS, NotText, TextColumn
 
 FRAMES = frames_array(RESOLUTION)
 FEATURES = features_array(VARIANT.name, RESOLUTION)

@@ -1,5 +1,5 @@
 """One encoder of text columns (issue 26 item 6): a cache's tables and a stored dataset index keep
-text in the same form, made by :mod:`janus_cache.text_column`.
+text in the same form, made by :mod:`janus_core.text_column`.
 
 The stored bytes are pinned: caches and index stores written before the encoder was shared must
 read back unchanged, so the expected arrays below are written out by hand, not computed.
@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from janus_cache.index.columns import TEXT_ERRORS, decode_column, distinct_text_column, encode_column
-from janus_cache.text_column import NotText, TextColumn
+from janus_core.index.columns import TEXT_ERRORS, decode_column, distinct_text_column, encode_column
+from janus_core.text_column import NotText, TextColumn
 
 ODD = "\ud800"
 """A lone surrogate: what a file name that is not UTF-8 decodes to."""

@@ -17,11 +17,11 @@ import torch
 from tokenizers import Tokenizer
 from transformers import AutoConfig, AutoImageProcessor, AutoTokenizer, Qwen2_5_VLForConditionalGeneration
 
-from janus_cache.index import ACTIONS
-from janus_cache.bases import QWEN2_5_VL
-from janus_cache.qwen_vision import IM_END, IM_START, IMAGE_PAD, QWEN_SPECIAL_TOKENS
-from janus_cache.vggt.config import AggregatorConfig
-from janus_train.prompt import ANSWER_LABELS
+from janus_core.bases import QWEN2_5_VL
+from janus_core.index import ACTIONS
+from janus_core.qwen_vision import IM_END, IM_START, IMAGE_PAD, QWEN_SPECIAL_TOKENS
+from janus_core.vggt.config import AggregatorConfig
+from janus_train.data.prompt import ANSWER_LABELS
 from tools.tiny_corpus import tiny_corpus
 from tools.tiny_model import (
     QWEN_DIR_FILES,

@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers.profiles import write_test_profile
 
-from janus_cache.index import build_index
-from janus_cache.profile import load_profile
-from janus_cache.resolution import Resolution
-from janus_train.data import CachedSamples, LiveSamples, StreamedSamples, TrainItem, collate
-from janus_train.mixture import Mixture
-from janus_train.trainer import open_training_cache, prompt_builder
+from helpers.profiles import write_test_profile
+from janus_core.index import build_index
+from janus_core.profile import load_profile
+from janus_core.resolution import Resolution
+from janus_train.data.mixture import Mixture
+from janus_train.data.samples import CachedSamples, LiveSamples, StreamedSamples, TrainItem, collate
+from janus_train.loop.trainer import open_training_cache, prompt_builder
 from pipelines.precompute import Options, run
 
 # 16 workers (the h800 profile's value) on a 2-core test machine: torch warns; the split must hold.

@@ -15,16 +15,16 @@ from typing import Any
 
 import pytest
 import torch
+
 from helpers.shared_runs import TinyTraining
 from helpers.training import write_train_profile
-
-from janus_cache.index import build_index
-from janus_cache.profile import load_profile
-from janus_cache.resolution import Resolution
 from janus_cache.verify import STORAGE_ULP
-from janus_train.data import CachedSamples, LiveSamples, collate
-from janus_train.model import JanusOutput
-from janus_train.trainer import open_training_cache, prompt_builder
+from janus_core.index import build_index
+from janus_core.profile import load_profile
+from janus_core.resolution import Resolution
+from janus_train.data.samples import CachedSamples, LiveSamples, collate
+from janus_train.loop.trainer import open_training_cache, prompt_builder
+from janus_train.model.janus_model import JanusOutput
 from pipelines.train import cache_refusal
 
 

@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+
 from helpers.model_cases import tiny_model
 from helpers.profiles import write_test_profile
-
-from janus_cache.profile import ProfileError, load_profile
+from janus_core.profile import ProfileError, load_profile
 from janus_train.config import deepspeed_config, load_train_settings
-from janus_train.kernels import KernelUnavailable, apply_liger, compile_decoder_layers, liger_missing
+from janus_train.model.kernels import KernelUnavailable, apply_liger, compile_decoder_layers, liger_missing
 
 
 def profile_with(tmp_path: Path, **train: object) -> Path:

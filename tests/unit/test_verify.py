@@ -23,13 +23,10 @@ import torch
 import yaml
 from PIL import Image
 from safetensors.torch import load_file, save_file
-from helpers.shared_caches import VerifyCaches, step_of
 from typer.testing import CliRunner
 
-from janus_cache.encoder import load_aggregator
-from janus_cache.profile import PROFILES_DIR, load_profile
-from janus_cache.store import read_manifest
-from janus_cache.store import CacheLayout
+from helpers.shared_caches import VerifyCaches, step_of
+from janus_cache.store import CacheLayout, read_manifest
 from janus_cache.store.commit import read_record
 from janus_cache.store.layout import FRAMES_TABLE, SAMPLES_TABLE
 from janus_cache.store.layout import frames_array as frames_array_path
@@ -44,6 +41,8 @@ from janus_cache.verify import (
     compare,
     open_for_checks,
 )
+from janus_core.encoder import load_aggregator
+from janus_core.profile import PROFILES_DIR, load_profile
 from pipelines.cache_cli import app
 from pipelines.verify import Options, run
 
@@ -503,8 +502,8 @@ def test_the_feature_tolerance_admits_one_bf16_ulp_but_not_a_one_percent_error()
 
 
 def test_the_library_checks_run_in_one_process_on_an_explicit_subset(built: VerifyCaches) -> None:
-    from janus_cache.index import build_index
     from janus_cache.verify import check_integrity, check_live, check_schema
+    from janus_core.index import build_index
 
     assert check_schema(built.zarr).passed
     integrity = check_integrity(built.zarr, checksums="sample", seed=3)

@@ -16,14 +16,13 @@ import torch
 import yaml
 from safetensors.torch import save_file
 
-from janus_cache.encoder import checkpoint_identity, encoder_fingerprint
-from janus_cache.profile import PROFILES_DIR
-from janus_cache.sample_data import write_sample_data
 from janus_cache.store import read_manifest
-from janus_cache.vggt import AggregatorConfig, VGGTAggregator
 from janus_cache.verify import check_cache_for_training
+from janus_core.encoder import checkpoint_identity, encoder_fingerprint
+from janus_core.profile import PROFILES_DIR
+from janus_core.sample_data import write_sample_data
+from janus_core.vggt import AggregatorConfig, VGGTAggregator
 from pipelines import precompute
-
 
 MID_SIZE = {
     "img_size": 518, "patch_size": 14, "embed_dim": 256, "depth": 3, "num_heads": 4, "mlp_ratio": 4.0,

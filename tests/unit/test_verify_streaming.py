@@ -16,16 +16,16 @@ import shutil
 from pathlib import Path
 
 import pytest
+
 from helpers.profiles import write_test_profile
 from helpers.sources import precompute_in_process, tail
-
-from janus_cache.index import Frame, Sample
-from janus_cache.index.lazy import LazyIndex, LazyRows
-from janus_cache.index.text_keys import TextKeys
-from janus_cache.sample_data import write_sample_data
-from janus_cache.store.layout import CacheLayout
 from janus_cache.store import load_manifest
+from janus_cache.store.layout import CacheLayout
 from janus_cache.verify import check_completeness, dataset_indexes
+from janus_core.index import Frame, Sample
+from janus_core.index.lazy import LazyIndex, LazyRows
+from janus_core.index.text_keys import TextKeys
+from janus_core.sample_data import write_sample_data
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""Specification of the frozen VGGT aggregator (janus_cache.vggt), checked in float32 on CPU.
+"""Specification of the frozen VGGT aggregator (janus_core.vggt), checked in float32 on CPU.
 
 Golden vectors in tests/data/vggt_golden come from the public JanusVLN implementation run on a
 tiny random-weight aggregator (see config.json there); tolerance 5e-5 absolute.
@@ -15,8 +15,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from janus_cache.vggt import AggregatorConfig, VGGTAggregator, window_flops
 from helpers.vggt_golden_weights import GOLDEN_DIR, write_golden_weights
+from janus_core.vggt import AggregatorConfig, VGGTAggregator, window_flops
 
 ATOL = 5e-5
 

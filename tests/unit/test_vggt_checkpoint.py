@@ -13,9 +13,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from janus_cache.vggt import CheckpointError, VGGTAggregator, load_aggregator_state_dict, weights_fingerprint
-
 from helpers.vggt_golden_weights import GOLDEN_DIR, golden_state
+from janus_core.vggt import CheckpointError, VGGTAggregator, load_aggregator_state_dict, weights_fingerprint
 
 
 @pytest.fixture(scope="module")

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from janus_cache.profile import LanguageModelSettings
-from janus_train.model import TrainableParts, load_qwen
-from janus_train.vision_attention import VARLEN_ATTENTION, use_varlen_vision_attention, varlen_attention_forward
 from helpers.model_cases import QWEN_DIR, tiny_model
+from janus_core.profile import LanguageModelSettings
+from janus_train.model.janus_model import TrainableParts, load_qwen
+from janus_train.model.vision_attention import VARLEN_ATTENTION, use_varlen_vision_attention, varlen_attention_forward
 
 # Two images of 16x16 and 8x12 patches: four 8x8-patch windows and two partial ones in the
 # windowed layer, whole images in the full-attention layer.

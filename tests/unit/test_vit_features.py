@@ -14,16 +14,16 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from helpers.model_cases import QWEN_DIR, make_batch, tiny_model
 from helpers.profiles import write_test_profile
-
-from janus_cache.imaging import qwen_pixel_values
-from janus_cache.index import DatasetIndex
-from janus_cache.profile import LanguageModelSettings, load_profile
-from janus_cache.vit_encoder import ViTEncoder, load_vision_tower, merge_cached, vit_blocks, vit_fingerprint
-from janus_cache.vit_encoder import merge as vit_merge
+from janus_core.imaging import qwen_pixel_values
+from janus_core.index import DatasetIndex
+from janus_core.profile import LanguageModelSettings, load_profile
+from janus_core.vit_encoder import ViTEncoder, load_vision_tower, merge_cached, vit_blocks, vit_fingerprint
+from janus_core.vit_encoder import merge as vit_merge
 from janus_train.config import load_train_settings
-from janus_train.model import ModelInputError, TrainableParts
+from janus_train.model.janus_model import ModelInputError, TrainableParts
 
 VIT_DIM = 32  # the tiny ViT's hidden size (config.json)
 

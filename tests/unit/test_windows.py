@@ -8,7 +8,7 @@ from itertools import pairwise
 import numpy as np
 import pytest
 
-from janus_cache.windows import DEFAULT_HISTORY, window_frames
+from janus_core.windows import DEFAULT_HISTORY, window_frames
 
 
 def test_default_history_is_eight_so_a_sample_has_nine_images() -> None:

@@ -1,0 +1,98 @@
+"""The best checkpoint of a run by a validation metric: ``RUN/checkpoints/best/``, outside the
+``save_total_limit`` rotation (which only removes ``step*`` tags) and never named by ``latest``
+(a resume continues from the newest step, not from the best).
+
+It is a DeepSpeed checkpoint like the others (``janus-train export RUN --tag best`` converts it)
+plus ``best.json``: ``{"metric", "value", "step"}``. A better one is written as ``best.partial``
+by all ranks, then swapped in by rank 0 (the old one renamed to ``best.old`` first), so a crash
+leaves a complete best under one of the two names; reading falls back to ``best.old``. Since the
+record is on disk, a resumed run keeps comparing against the best of its earlier part.
+
+A better one that runs out of room (any rank, any file) ends every rank alike with one line
+(:class:`~janus_core.disk_space.NoRoom`), as a step checkpoint's save does: ``best.partial`` is
+removed, the kept best is left as it was, and the same command resumes from ``latest`` (the
+step checkpoint before this validation) once there is room, validating and offering again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from janus_core.disk_space import NoRoom, bytes_under, format_bytes, free_bytes
+from janus_train.checkpoint.tags import Checkpoints
+from janus_train.loop.val_metric_names import better
+from janus_train.run.layout import BEST_TAG
+
+BEST_FILE = "best.json"
+_PARTIAL, _OLD = f"{BEST_TAG}.partial", f"{BEST_TAG}.old"
+
+
+class BestCheckpoint:
+    """Keeps ``checkpoints/best`` at the best ``metric`` seen; every rank builds one, on the run's
+    :class:`Checkpoints` (its directory, rank and world)."""
+
+    def __init__(self, checkpoints: Checkpoints, metric: str) -> None:
+        self.saves, self.metric = checkpoints, metric
+        self.checkpoints, self.rank = checkpoints.directory, checkpoints.rank
+
+    @property
+    def path(self) -> Path:
+        return self.checkpoints / BEST_TAG
+
+    def record(self) -> dict[str, Any] | None:
+        """The kept best's ``best.json`` (None when there is none, or it was for another metric)."""
+        for tag in (BEST_TAG, _OLD):
+            path = self.checkpoints / tag / BEST_FILE
+            if path.is_file():
+                record = json.loads(path.read_text())
+                return record if record.get("metric") == self.metric else None
+        return None
+
+    def offer(self, engine: Any, step: int, metrics: dict[str, Any], client_state: dict[str, Any]) -> bool:
+        """Save the engine as the best when ``metrics[metric]`` beats the kept one (all ranks call
+        it with the same all-reduced metrics); returns whether it did. Out of room: :class:`NoRoom`
+        on every rank, the kept best untouched."""
+        value = metrics.get(self.metric)
+        current = self.record()
+        if value is None or not better(self.metric, value, None if current is None else current["value"]):
+            return False
+        reason = self.saves.write_tag(engine, _PARTIAL, client_state)
+        if reason is None:
+            best = {"metric": self.metric, "value": value, "step": step}
+            reason = self.saves.on_main(lambda: self._swap_in(best))
+        if reason is not None:
+            raise NoRoom(self.saves.from_main(self._give_up(step, value, reason) if self.rank == 0 else None))
+        return True
+
+    def _swap_in(self, best: dict[str, Any]) -> None:
+        """Rank 0: the complete ``best.partial`` (with its ``best.json``) becomes ``best``."""
+        partial, old = self.checkpoints / _PARTIAL, self.checkpoints / _OLD
+        (partial / BEST_FILE).write_text(json.dumps(best) + "\n")
+        shutil.rmtree(old, ignore_errors=True)
+        if self.path.exists():
+            os.replace(self.path, old)
+        os.replace(partial, self.path)
+        shutil.rmtree(old, ignore_errors=True)
+
+    def _give_up(self, step: int, value: float, reason: str) -> str:
+        """Rank 0, after the save of a better one ran out of room: remove ``best.partial`` (its room
+        is the user's again), keep the best there was, and say so in one line with the byte counts."""
+        partial, old = self.checkpoints / _PARTIAL, self.checkpoints / _OLD
+        written = bytes_under(partial)
+        shutil.rmtree(partial, ignore_errors=True)
+        if old.is_dir() and not self.path.exists():  # the swap stopped between its two renames
+            os.replace(old, self.path)
+        kept = self.record()
+        if kept is None:
+            takes = f"this checkpoint needs more than the {format_bytes(written)} written before the disk filled"
+            kept_note = "no best checkpoint is kept yet"
+        else:
+            takes = f"the best checkpoint takes {format_bytes(bytes_under(self.path))}"
+            kept_note = f"the best of step {kept['step']} ({self.metric} {kept['value']:.6g}) is kept as it was"
+        return (f"{partial}: no room left saving the best checkpoint of step {step} ({self.metric} {value:.6g}) "
+                f"({reason}): the disk has {format_bytes(free_bytes(self.checkpoints))} free and {takes}; the partial "
+                f"best checkpoint was removed, {kept_note}; {self.saves.rerun_hint()}")

@@ -1,0 +1,239 @@
+"""What a run directory records about how it was made, and reading its profile back.
+
+At each start the trainer's rank 0 writes (paths in :mod:`janus_train.run.layout`):
+
+* ``profile.yaml``: the resolved profile, every setting after defaults, environment variables,
+  ``extends`` and ``--set`` (paths absolute), with the ``train`` section as validated; it loads
+  as a profile (``--profile RUN/profile.yaml``) into the same settings.
+* ``run.json``: ``{"starts": [...]}``, one entry per start (a resume adds one): the time (ISO 8601,
+  UTC), the command line and working directory, the number of processes, the profile file and
+  ``--set`` overrides given, janus's version and git commit (when run from a git checkout), the
+  versions of the libraries that shape a run, the sha256 of each cache's ``manifest.json`` and the
+  base model it trains (``base``: ``qwen.path``'s ``model_type``, :mod:`janus_core.bases`).
+
+``janus-train export RUN``, a resume and ``janus-train show-sample --run RUN`` read
+``profile.yaml`` when no ``--profile`` is given; a profile given that disagrees with it on a
+setting of :data:`MODEL_SETTINGS` is refused in one line (:func:`recorded_profile_conflict`), and so
+is a profile whose ``qwen.path`` is a model of another base than the one the run trained
+(:func:`base_conflict`; a run recorded before runs recorded their base trained Qwen2.5-VL).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import os
+import platform
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from janus_cache.store.layout import CacheLayout
+from janus_core.bases import DEFAULT_BASE, BaseError, QwenBase, base_of_model_type, base_of_qwen_dir, cache_base
+from janus_core.profile import Profile, load_profile
+from janus_core.settings import settings_data
+from janus_train.config import TrainSettings
+from janus_train.run.layout import RunLayout
+from janus_train.run.logs import utc_now
+
+PACKAGES: tuple[str, ...] = ("torch", "transformers", "deepspeed", "zarr", "numcodecs", "webdataset", "numpy",
+                             "safetensors", "tokenizers", "accelerate", "liger-kernel", "flash-attn")
+"""Libraries whose versions a run records (``null``: not installed)."""
+
+MODEL_SETTINGS: tuple[str, ...] = (
+    "vggt.seed", "compute_dtype",
+    "cache.resolution", "cache.history", "cache.reference_frame", "cache.layer", "cache.attention",
+    "cache.feature_dtype", "cache.vit_features",
+    "train.lam", "train.merger_hidden", "train.train_vision", "train.init_from", "train.prompt_template",
+)
+"""The settings that shape a run's weights and the inputs they were trained on: a checkpoint is
+resumed, exported or shown only with the values it was trained with. Model paths are left out: the
+same checkpoint sits at another path on another machine (export or resume there with its profile)."""
+
+_REPO = Path(__file__).resolve().parent.parent
+_GIT_TIMEOUT_S = 10
+
+
+def resolved_profile_data(profile: Profile, settings: TrainSettings) -> dict[str, Any]:
+    """The profile as YAML data that loads back into equal settings: every setting, paths absolute."""
+    data = settings_data(profile)
+    data["train"] = settings_data(settings)
+    return data
+
+
+def write_profile(layout: RunLayout, profile: Profile, settings: TrainSettings) -> None:
+    """``profile.yaml`` of the run (replaced atomically at every start)."""
+    header = (f"# The resolved profile of this run (from {profile.source}"
+              + (f" with --set {' --set '.join(profile.overrides)}" if profile.overrides else "")
+              + "): pass it back with --profile.\n")
+    _write_atomically(layout.profile, header + yaml.safe_dump(resolved_profile_data(profile, settings),
+                                                              sort_keys=False))
+
+
+def append_start(layout: RunLayout, profile: Profile, world: int, caches: Sequence[Path]) -> dict[str, Any]:
+    """Add this start's entry to ``run.json`` (atomically); returns it."""
+    entry = {
+        "time": utc_now(),
+        "command": list(getattr(sys, "orig_argv", sys.argv)),
+        "cwd": os.getcwd(),
+        "world": world,
+        "profile": {"name": profile.name, "file": str(profile.source), "overrides": list(profile.overrides)},
+        "janus": {"version": _version("janus"), **git_state()},
+        "python": platform.python_version(),
+        "packages": {name: _version(name) for name in PACKAGES},
+        "caches": [cache_entry(path) for path in caches],
+        "base": cache_base(profile.qwen.path).model_type,
+    }
+    starts: list[Any] = []
+    if layout.run_file.is_file():
+        try:
+            starts = list(json.loads(layout.run_file.read_text()).get("starts", []))
+        except (ValueError, AttributeError):  # a damaged record: the new one starts over
+            starts = []
+    _write_atomically(layout.run_file, json.dumps({"starts": [*starts, entry]}, indent=1) + "\n")
+    return entry
+
+
+def cache_entry(cache: Path) -> dict[str, Any]:
+    """A cache as a run records it: its path and the sha256 of its manifest file."""
+    manifest = CacheLayout(cache).manifest
+    digest = hashlib.sha256(manifest.read_bytes()).hexdigest() if manifest.is_file() else None
+    return {"path": str(Path(cache).resolve()), "manifest_sha256": digest}
+
+
+def git_state() -> dict[str, Any]:
+    """The git commit of the janus checkout this runs from (None outside one) and whether it has
+    uncommitted changes."""
+    def git(*args: str) -> str | None:
+        try:
+            result = subprocess.run(["git", "-C", str(_REPO), *args], capture_output=True, text=True,
+                                    timeout=_GIT_TIMEOUT_S, check=False)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return result.stdout.strip() if result.returncode == 0 else None
+
+    commit = git("rev-parse", "HEAD")
+    if commit is None:
+        return {"git_commit": None, "git_dirty": None}
+    status = git("status", "--porcelain", "--untracked-files=no")
+    return {"git_commit": commit, "git_dirty": None if status is None else bool(status)}
+
+
+def _version(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except OSError:  # e.g. a full disk: no partial file left behind, the previous record kept
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+# ------------------------------------------------------------------------------------ reading back
+
+
+def run_profile(run: Path, profile: str | None, overrides: Sequence[str] = (), default: str | None = "tiny") -> Profile:
+    """The profile to use on the run ``run``: ``profile`` when given, else the run's recorded
+    ``profile.yaml``, else ``default`` (a new run; None: that is an error); with the ``--set``
+    overrides on top. Raises ProfileError (one line) when the run records a profile and the result
+    disagrees with it on a setting of :data:`MODEL_SETTINGS`."""
+    from janus_core.profile import ProfileError
+    from janus_train.config import load_train_settings
+
+    recorded = RunLayout(run).profile
+    name = profile if profile is not None else (recorded if recorded.is_file() else default)
+    if name is None:
+        raise ProfileError(f"{run} records no profile ({recorded} is missing: a run from before janus recorded it, "
+                           "or not a run directory); give the one it was trained with as --profile")
+    chosen = load_profile(name, overrides)
+    conflict = base_conflict(run, chosen)
+    if conflict is not None:
+        raise ProfileError(conflict)
+    if not overrides and name == recorded:
+        return chosen
+    if recorded.is_file():
+        conflict = recorded_profile_conflict(run, chosen, load_train_settings(chosen))
+        if conflict is not None:
+            raise ProfileError(conflict)
+    return chosen
+
+
+def recorded_base(run: Path) -> QwenBase | None:
+    """The base model the run trained: its latest start's ``base`` in ``run.json``; Qwen2.5-VL for a
+    run recorded before starts named their base; None without a readable ``run.json`` (checkpoints
+    copied without their record: nothing says what they hold)."""
+    layout = RunLayout(run)
+    try:
+        starts = json.loads(layout.run_file.read_text()).get("starts")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if not isinstance(starts, list):
+        return None
+    for start in reversed(starts):
+        if isinstance(start, Mapping) and "base" in start:
+            return base_of_model_type(str(start["base"]), str(layout.run_file))
+    return DEFAULT_BASE
+
+
+def base_conflict(run: Path, profile: Profile) -> str | None:
+    """Why ``profile`` must not resume or export ``run`` (None when it may): its ``qwen.path`` is a
+    model of another base than the one the run's checkpoints hold. A profile whose Qwen directory
+    has no ``config.json`` is left to the model loading, which names the missing file."""
+    from janus_core.profile import ProfileError
+
+    layout = RunLayout(run)
+    if not layout.has_checkpoint() or not (Path(profile.qwen.path) / "config.json").is_file():
+        return None
+    try:
+        trained, wanted = recorded_base(run), base_of_qwen_dir(profile.qwen.path)
+    except BaseError as err:
+        raise ProfileError(str(err)) from None
+    if trained is None or trained is wanted:
+        return None
+    given = str(profile.source) + "".join(f" --set {text}" for text in profile.overrides)
+    return (f"run {run} trained a {trained.name} model ({trained.model_type}, {layout.run_file.name}) but {given} "
+            f"names a {wanted.name} model (qwen.path {profile.qwen.path}); give a profile of a {trained.name} model "
+            f"(leave out --profile to use the run's own), or train {wanted.name} into a new --out")
+
+
+def recorded_profile_conflict(run: Path, profile: Profile, settings: TrainSettings) -> str | None:
+    """Why ``profile`` must not be used on ``run`` (None when it may): the settings of
+    :data:`MODEL_SETTINGS` where it differs from the run's recorded ``profile.yaml``."""
+    layout = RunLayout(run)
+    if not layout.profile.is_file() or not layout.has_checkpoint():  # nothing trained yet to disagree with
+        return None
+    try:
+        recorded = _flat(yaml.safe_load(layout.profile.read_text()) or {})
+    except yaml.YAMLError as err:
+        return f"{layout.profile}: not valid YAML ({err}); remove it to use --profile's settings on this run"
+    wanted = _flat(resolved_profile_data(profile, settings))
+    differing = [key for key in MODEL_SETTINGS if key in recorded and key in wanted and recorded[key] != wanted[key]]
+    if not differing:
+        return None
+    given = str(profile.source) + "".join(f" --set {text}" for text in profile.overrides)
+    changes = "; ".join(f"{key} is {wanted[key]!r}, the run's is {recorded[key]!r}" for key in differing)
+    return (f"{given} disagrees with the profile run {run} was trained with ({layout.profile}): {changes}; "
+            f"leave out --profile to use the run's own, or train into a new --out")
+
+
+def _flat(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for name, value in data.items():
+        if isinstance(value, Mapping):
+            flat.update(_flat(value, f"{prefix}{name}."))
+        else:
+            flat[f"{prefix}{name}"] = value
+    return flat
