@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import random
 
-from janus_cache.index import ACTIONS
-from janus_cache.qwen_vision import DEFAULT_SYSTEM_PROMPT
-from janus_train.prompt import ANSWER_LABELS
+from janus_core.index import ACTIONS
+from janus_core.qwen_vision import DEFAULT_SYSTEM_PROMPT
+from janus_train.data.prompt import ANSWER_LABELS
 
 DEFAULT_CORPUS_SEED = 0
 

@@ -32,8 +32,8 @@ from tokenizers import AddedToken, Regex, Tokenizer, decoders, normalizers, pre_
 from tokenizers.models import BPE
 from tokenizers.trainers import BpeTrainer
 
-from janus_cache.bases import BASES, QWEN2_5_VL, QWEN3_VL, QwenBase
-from janus_cache.qwen_vision import (
+from janus_core.bases import BASES, QWEN2_5_VL, QWEN3_VL, QwenBase
+from janus_core.qwen_vision import (
     DEFAULT_SYSTEM_PROMPT,
     ENDOFTEXT,
     IM_END,
@@ -109,7 +109,7 @@ QWEN3_CHAT_TEMPLATE = CHAT_TEMPLATE.replace(
 CHAT_TEMPLATES: dict[str, str] = {QWEN2_5_VL.model_type: CHAT_TEMPLATE, QWEN3_VL.model_type: QWEN3_CHAT_TEMPLATE}
 
 # Qwen2-VL image processor settings (Qwen2.5-VL-7B-Instruct's; Qwen3-VL's differ in patch size and
-# mean/std, janus_cache.bases). Callers set min/max pixels per resolution so that no resize happens.
+# mean/std, janus_core.bases). Callers set min/max pixels per resolution so that no resize happens.
 DEFAULT_MIN_PIXELS = 3136
 DEFAULT_MAX_PIXELS = 12845056
 
@@ -186,7 +186,7 @@ class TinyQwenSpec:
 
 TINY_QWEN = TinyQwenSpec()
 
-# Constructor kwargs of janus_cache.vggt.VGGTAggregator (keys of the ``aggregator`` section of a
+# Constructor kwargs of janus_core.vggt.VGGTAggregator (keys of the ``aggregator`` section of a
 # VGGT config): VGGT-1B's architecture at width 64 and depth 2, so a 9-frame window runs in well
 # under a second on a CPU. The feature it yields is 2 * embed_dim = 128 wide.
 TINY_VGGT_AGGREGATOR: dict[str, Any] = {
