@@ -115,10 +115,11 @@ def make_content(
     )
 
 
-def prepare(fmt: str, root: Path, content: Content, resolution: str = RESOLUTION) -> CacheWriter:
-    """Single-process setup: tables, frames array and sample storage of ``resolution``."""
+def prepare(fmt: str, root: Path, content: Content, resolution: str = RESOLUTION, grow: bool = False) -> CacheWriter:
+    """Single-process setup: tables, frames array and sample storage of ``resolution``; ``grow``:
+    appending to a cache of the first rows of ``content`` (what precompute does for new episodes)."""
     writer = open_writer(fmt, root, VARIANT.name)
-    writer.write_table("frames", {"key": content.frame_keys})
+    writer.write_table("frames", {"key": content.frame_keys}, append=grow)
     writer.write_table(
         "samples",
         {
@@ -130,12 +131,35 @@ def prepare(fmt: str, root: Path, content: Content, resolution: str = RESOLUTION
             "description_2d": [content.sample_meta(r).description_2d for r in range(content.n_samples)],
             "description_3d": [content.sample_meta(r).description_3d for r in range(content.n_samples)],
         },
+        append=grow,
     )
     frames = content.frames[resolution]
-    writer.prepare_frames(resolution, frames.shape[1:3], FRAMES_PER_SHARD)
+    writer.prepare_frames(resolution, frames.shape[1:3], FRAMES_PER_SHARD, grow=grow)
     feature = content.features[resolution]
-    writer.prepare_samples(resolution, tuple(feature.shape[1:]), content.feature_dtype, SAMPLES_PER_SHARD)
+    writer.prepare_samples(resolution, tuple(feature.shape[1:]), content.feature_dtype, SAMPLES_PER_SHARD, grow=grow)
     return writer
+
+
+def episode_of(key: str) -> int:
+    """The episode number of a frame or sample key of :func:`make_content` (``ep01/step.3`` -> 1)."""
+    return int(key.split("/", 1)[0].removeprefix("ep"))
+
+
+def first_episodes(content: Content, episodes: int) -> Content:
+    """The first ``episodes`` episodes of ``content`` (its first frame and sample rows): the cache
+    an append starts from."""
+    n_frames = sum(1 for key in content.frame_keys if episode_of(key) < episodes)
+    n_samples = sum(1 for key in content.sample_keys if episode_of(key) < episodes)
+    return Content(
+        frame_keys=content.frame_keys[:n_frames],
+        frames={name: frames[:n_frames] for name, frames in content.frames.items()},
+        sample_keys=content.sample_keys[:n_samples],
+        window_rows=content.window_rows[:n_samples],
+        actions=content.actions[:n_samples],
+        instructions=content.instructions[:n_samples],
+        features={name: features[:n_samples] for name, features in content.features.items()},
+        feature_dtype=content.feature_dtype,
+    )
 
 
 def write_frame_shards(writer: CacheWriter, content: Content, resolution: str, shards: list[int]) -> None:

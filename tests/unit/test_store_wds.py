@@ -1,9 +1,11 @@
-"""webdataset cache store: exact round trips, key encoding, commit semantics, concurrency, compression."""
+"""webdataset cache store, what only it does: the same records as zarr, windows assembled from the
+frames array, streaming shards and workers, tar members and keys, the incomplete-cache refusal,
+refused writes, compression. The contract both formats share is
+tests/unit/test_store_conformance.py."""
 
 from __future__ import annotations
 
 import tarfile
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -20,19 +22,15 @@ from helpers.store_cases import (
     write_cache,
     write_frame_shards,
     write_sample_shards,
-    write_with_two_processes,
 )
 
-import janus_cache.store.commit as commit_module
 from janus_cache.store import (
     CacheLayout,
     CacheWriter,
     StoreError,
     WdsCacheReader,
     ZarrCacheReader,
-    verify_shard,
 )
-from janus_cache.store.commit import read_record
 from janus_cache.store.layout import wds_samples
 from janus_cache.store.wds_store import decode_key, encode_key
 
@@ -44,23 +42,6 @@ def shard_path(root: Path, shard: int) -> Path:
 
 
 # -- round trips ---------------------------------------------------------------------------------
-
-
-def test_every_sample_streams_back_exactly_in_row_order(tmp_path: Path) -> None:
-    content = make_content()
-    write_cache("wds", tmp_path, content)
-    samples = list(WdsCacheReader(tmp_path, RESOLUTION, VARIANT.name))
-    assert [s.row for s in samples] == list(range(content.n_samples))
-    for sample in samples:
-        assert_sample_equal(sample, content, sample.row)
-
-
-def test_float32_features_round_trip_exactly(tmp_path: Path) -> None:
-    content = make_content(feature_dtype="float32")
-    write_cache("wds", tmp_path, content)
-    for sample in WdsCacheReader(tmp_path, RESOLUTION, VARIANT.name):
-        assert sample.feature.dtype == torch.float32
-        assert torch.equal(bits(sample.feature), bits(content.features[RESOLUTION][sample.row]))
 
 
 def test_wds_and_zarr_readers_yield_the_same_sample_records(tmp_path: Path) -> None:
@@ -140,81 +121,6 @@ def test_an_uncommitted_shard_is_not_listed_and_the_reader_names_it(tmp_path: Pa
     assert writer.committed_sample_shards(RESOLUTION) == {0, 2}
     with pytest.raises(StoreError, match=rf"{SHARDS}#1: shard {SHARDS}#1 is not committed"):
         WdsCacheReader(tmp_path, RESOLUTION, VARIANT.name).shard_paths()
-
-
-def test_crash_before_the_record_leaves_no_committed_shard_and_no_partial_after_resume(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    content = make_content()
-    writer = write_cache("wds", tmp_path, content)
-    leftover = shard_path(tmp_path, 1).with_name("shard-000001.tar.123.abc.partial")
-    leftover.write_bytes(b"an interrupted write")
-
-    def crash(path: Path, data: bytes) -> None:
-        raise KeyboardInterrupt("killed while writing the commit record")
-
-    with monkeypatch.context() as patch:
-        patch.setattr(commit_module, "atomic_write_bytes", crash)
-        with pytest.raises(KeyboardInterrupt):
-            write_sample_shards(writer, content, RESOLUTION, [1])
-    assert 1 not in writer.committed_sample_shards(RESOLUTION)
-    assert not leftover.exists()
-
-    write_sample_shards(writer, content, RESOLUTION, [1])
-    assert writer.committed_sample_shards(RESOLUTION) == set(range(len(writer.sample_shard_plan(RESOLUTION))))
-    assert [s.row for s in WdsCacheReader(tmp_path, RESOLUTION, VARIANT.name)] == list(range(content.n_samples))
-
-
-def flip_a_byte(file: Path) -> None:
-    data = bytearray(file.read_bytes())
-    data[600] ^= 0x01  # inside the first member's payload
-    file.write_bytes(bytes(data))
-
-
-def truncate(file: Path) -> None:
-    file.write_bytes(file.read_bytes()[:-512])
-
-
-def delete(file: Path) -> None:
-    file.unlink()
-
-
-@pytest.mark.parametrize(
-    ("damage", "words"),
-    [(flip_a_byte, "checksum"), (truncate, "truncated"), (delete, "missing")],
-    ids=["flipped-byte", "truncated", "missing-file"],
-)
-def test_a_damaged_shard_fails_verification_naming_the_shard(
-    tmp_path: Path, damage: Callable[[Path], None], words: str
-) -> None:
-    writer = write_cache("wds", tmp_path, make_content())
-    record = read_record(tmp_path, SHARDS, 2)
-    assert record is not None and verify_shard(tmp_path, record).ok
-    damage(tmp_path / record.file)
-    check = verify_shard(tmp_path, record)
-    assert not check.ok and f"{SHARDS}#2" in check.problem and words in check.problem
-    assert [(c.array, c.shard) for c in writer.audit() if not c.ok] == [(SHARDS, 2)]
-    assert 2 not in writer.committed_sample_shards(RESOLUTION)
-
-
-def test_equal_content_gives_byte_identical_tars(tmp_path: Path) -> None:
-    content = make_content()
-    first = write_cache("wds", tmp_path / "a", content).shard_table()
-    second = write_cache("wds", tmp_path / "b", content).shard_table()
-    assert first[SHARDS] == second[SHARDS]
-    assert all(entry.committed for entry in first[SHARDS])
-
-
-def test_two_processes_writing_different_shards_give_the_same_valid_cache(tmp_path: Path) -> None:
-    content = make_content(seed=5)
-    expected = write_cache("wds", tmp_path / "one", content).shard_table()
-
-    writer = prepare("wds", tmp_path / "two", content)
-    write_with_two_processes(writer, seed=5)
-    assert all(check.ok for check in writer.audit())
-    assert writer.shard_table() == expected
-    for sample in WdsCacheReader(tmp_path / "two", RESOLUTION, VARIANT.name):
-        assert_sample_equal(sample, content, sample.row)
 
 
 def test_refuses_features_or_windows_of_the_wrong_shape(tmp_path: Path) -> None:
