@@ -42,8 +42,10 @@ import logging
 import os
 import sys
 import warnings
+from dataclasses import replace
+from functools import partial
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, NoReturn, Optional
 
 import torch.distributed as dist
 import typer
@@ -52,7 +54,6 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from janus_cache.store import DamagedData
 from janus_core.bases import BaseError, cache_base
 from janus_core.disk_space import NoRoom
-from janus_core.lock import DirectoryLock
 from janus_core.profile import SET_HELP, SET_OPTION, Profile, ProfileError
 from janus_train.checkpoint.elastic import ResumeError
 from janus_train.checkpoint.export import export
@@ -69,13 +70,13 @@ from janus_train.data.live_check import LiveCheckError, live_check_refusal
 from janus_train.data.mixture import CacheSource, MixtureError, parse_cache_sources
 from janus_train.loop.nonfinite import NonFiniteStep
 from janus_train.loop.preemption import PREEMPTED_EXIT_CODE, Preemption, stopped_message
-from janus_train.loop.trainer import TooFewSamples, Trainer, init_distributed
+from janus_train.loop.trainer import Trainer
 from janus_train.loop.validation import ValidationError
 from janus_train.run.layout import RunLayout
 from janus_train.run.logs import ConsoleCopy, WandbMissing, check_wandb
 from janus_train.run.record import append_start, run_profile, write_profile
 from pipelines.distributed import Control, RankFailed, Ranks, fail_alike, lock_on_main, usable_cores
-
+from pipelines.train_parts import TooFewSamples, build_parts, init_distributed
 
 def quiet_library_warnings() -> None:
     """Warnings a user can do nothing about, which would otherwise repeat on every rank and step."""
@@ -162,13 +163,163 @@ def record_outputs(trainer: Trainer, path: Path, n_samples: int) -> None:
     """Every rank computes (ZeRO-3 needs all of them); rank 0 writes ``path``."""
     from safetensors.torch import save_file
 
-    rows = list(range(min(n_samples, len(trainer.dataset))))
+    dataset = trainer.data.dataset
+    rows = list(range(min(n_samples, len(dataset))))
     outputs = trainer.outputs_on(rows)
     if trainer.rank == 0:
-        keys = [trainer.dataset[row].key for row in rows]
+        keys = [dataset[row].key for row in rows]
         path.parent.mkdir(parents=True, exist_ok=True)
         save_file({k: v.contiguous() for k, v in outputs.items()}, str(path),
-                  metadata={"keys": json.dumps(keys), "rows": json.dumps(rows), "step": str(trainer.step)})
+                  metadata={"keys": json.dumps(keys), "rows": json.dumps(rows), "step": str(trainer.progress.step)})
+
+
+class Refused(Exception):
+    """A start refused in one line, worded where it is refused (the same on every rank)."""
+
+
+USER_ERRORS: tuple[type[Exception], ...] = (
+    Refused, RankFailed, ProfileError, BaseError, ReferenceCheckpointError, WandbMissing, MixtureError,
+    TooFewSamples, ResumeError, NoIntactCheckpoint, LiveCheckError, ValidationError,
+    DamagedData,  # a table every rank reads whole at start (the same on every rank)
+    NonFiniteStep, DamagedSample, NoRoom,
+)
+"""The failures a user can fix, each raised on every rank alike with its one line (a lock or a
+rank-0 step that failed: :class:`RankFailed`, every rank alike too); anything else is a bug and
+ends with its traceback."""
+
+
+def error_line(err: Exception, profile: Profile | None) -> str:
+    """The one ``error:`` line of a user error: a validation source that cannot be used is named
+    with the profile that sets it."""
+    if isinstance(err, ValidationError) and profile is not None:
+        return f"{profile.source}: {err}"
+    return str(err)
+
+
+def usage_problem(cache: list[str] | None, live_data: Path | None, data: str | None) -> str | None:
+    """Options that do not go together (exit code 2)."""
+    if (not cache) == (live_data is None):
+        return "give exactly one of --cache or --live-data"
+    if data is not None and (not cache or len(cache) != 1):
+        return ("--data checks one --cache against its dataset (--live-data reads the dataset itself; "
+                "check the caches of a mixture one by one with janus-cache verify --data)")
+    return None
+
+
+def run_settings(out: Path, profile: str | None, overrides: list[str] | None, cache: list[str] | None,
+                 data: str | None, max_steps: int | None, val_cache: Path | None,
+                 ranks: Ranks) -> tuple[Profile, TrainSettings]:
+    """The run's profile and train settings with the command's overrides, checked before any rank
+    starts work (rank 0 notes a reference checkpoint's unused heads)."""
+    prof = run_profile(out, profile, overrides or ())
+    settings = load_train_settings(prof)
+    cache_base(prof.qwen.path)  # an unknown model_type is one line before any rank starts work
+    if (refusal := live_check_refusal(prof, settings.live_check_every, len(cache or []), data)) is not None:
+        raise Refused(refusal)
+    if settings.init_from is not None:
+        check_reference_checkpoint(settings.init_from, prof)
+        init_note = unused_heads_note(settings.init_from)
+        if init_note and ranks.rank == 0:
+            print(init_note, file=sys.stderr, flush=True)
+    check_wandb(settings.wandb_project, prof.source)
+    if max_steps is not None:
+        settings = replace(settings, max_steps=max_steps)
+    if val_cache is not None:  # instead of the profile's validation source
+        settings = replace(settings, val_cache=val_cache, val_episodes=0, val_episodes_fraction=0.0)
+    return prof, settings
+
+
+def hold_locks(held: contextlib.ExitStack, ranks: Ranks, out: Path, caches: list[CacheSource]) -> None:
+    """For the whole run (released with ``held``): one writer per run directory, and a reader's lock
+    on every cache read, so no precompute writes into one meanwhile."""
+    control = Control(ranks)
+    locks = [partial(lock_on_main, control, out)] + [
+        partial(lock_on_main, control, source.path, exclusive=False, purpose=f"training run {out}")
+        for source in caches]
+    for take in locks:
+        lock = take()
+        if lock is not None:
+            held.callback(lock.release)
+
+
+def caches_refusal(ranks: Ranks, caches: list[CacheSource], data: str | None, prof: Profile) -> str | None:
+    """Rank 0's verdict on the run's caches (every rank gets it): verify's schema and freshness
+    checks of each, and with ``data`` the first cache's completeness against the dataset."""
+    if not caches:
+        return None
+    control = Control(ranks)
+    try:
+        refusal = control.on_main(lambda: sources_refusal(caches, prof))
+        if refusal is None and data is not None:
+            refusal = control.on_main(lambda: dataset_refusal(caches[0].path, data, prof))
+    except RankFailed as err:
+        refusal = f"cannot check the cache(s) {', '.join(str(s.path) for s in caches)}: {err}"
+    return refusal
+
+
+def record_start_on_main(ranks: Ranks, out: Path, prof: Profile, settings: TrainSettings,
+                         caches: list[CacheSource]) -> None:
+    try:
+        Control(ranks).on_main(lambda: record_start(RunLayout(out), prof, settings, ranks.world,
+                                                    [s.path for s in caches]))
+    except RankFailed as err:
+        raise Refused(f"cannot record the run in {out} ({err}); its checkpoints are unchanged: fix that and run "
+                      "the same command again") from None
+
+
+def announce_start(trainer: Trainer, prof: Profile, resumed: bool, local_world: int) -> None:
+    """Rank 0's lines at the start: a resume's notes, what the run trains on and where its metrics go."""
+    if trainer.resume_note:
+        print(f"warning: {trainer.resume_note}", file=sys.stderr, flush=True)
+    if resumed and trainer.parts.resume.grad_accum_note:
+        print(trainer.parts.resume.grad_accum_note, flush=True)
+    stepping, progress, sources = trainer.stepping, trainer.progress, trainer.data.sources
+    validation = trainer.data.validation
+    mixture = (" from " + ", ".join(f"{s.name} (weight {s.weight:g})" for s in sources)
+               if len(sources) > 1 else "")
+    print(f"training {stepping.total_steps} steps of {stepping.samples_per_step} samples on {trainer.world} "
+          f"processes ({stepping.steps_per_epoch} step{'s' if stepping.steps_per_epoch != 1 else ''} per epoch)"
+          f"{mixture}, frames at {prof.cache.resolution.name}"
+          f"{' (the frozen ViT from the cache: only its mergers run)' if prof.cache.vit_features else ''}"
+          f", metrics in {trainer.parts.layout.metrics}"
+          + (f"; resumed at step {progress.step} (epoch {progress.epoch}, sample {progress.position} "
+             f"of the epoch)" if resumed else "")
+          + (f"; validating on {validation.description}" if validation else ""),
+          flush=True)
+    note = loader_note(trainer.settings.num_workers, local_world)
+    if note:
+        print(note, flush=True)
+
+
+def stop_preempted(trainer: Trainer, preemption: Preemption) -> NoReturn:
+    """Every rank alike, after the stop signal's checkpoint was saved: rank 0 names the resume point."""
+    if trainer.rank == 0:
+        print(stopped_message(preemption.stopped_by, trainer.progress.step,
+                              str(trainer.checkpoint_dir() / tag_name(trainer.progress.step))),
+              file=sys.stderr, flush=True)
+    dist.barrier()
+    raise SystemExit(PREEMPTED_EXIT_CODE)
+
+
+def export_on_main(trainer: Trainer, prof: Profile, settings: TrainSettings) -> None:
+    """Rank 0 exports the last checkpoint; a full disk is every rank's :class:`NoRoom` (the others
+    would wait in vain)."""
+    layout = trainer.parts.layout
+    no_room: list[str | None] = [None]
+    if trainer.rank == 0:
+        try:
+            path = quiet_export(layout.checkpoints, layout.export, prof, settings)
+            print(f"exported consolidated weights to {path}", flush=True)
+        except NoRoom as err:
+            no_room[0] = str(err)
+    dist.broadcast_object_list(no_room, src=0)
+    if no_room[0] is not None:
+        raise NoRoom(no_room[0])
+
+
+def leave_process_group() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def command(
@@ -192,142 +343,44 @@ def command(
     record_samples: Annotated[int, typer.Option(min=1, help="Samples (one micro-batch) for --record-outputs.")] = 2,
 ) -> None:
     """Train Qwen2.5-VL with VGGT-feature injection under DeepSpeed ZeRO-3."""
-    from dataclasses import replace
-
     ranks = Ranks.from_env()
-    if (not cache) == (live_data is None):
-        fail_alike(ranks, "give exactly one of --cache or --live-data", code=2)
-    if data is not None and (not cache or len(cache) != 1):
-        fail_alike(ranks, "--data checks one --cache against its dataset (--live-data reads the dataset itself; "
-                          "check the caches of a mixture one by one with janus-cache verify --data)", code=2)
-    try:
-        sources = parse_cache_sources(cache) if cache else None
-        prof = run_profile(out, profile, overrides or ())
-        settings = load_train_settings(prof)
-        cache_base(prof.qwen.path)  # an unknown model_type is one line before any rank starts work
-        if (refusal := live_check_refusal(prof, settings.live_check_every, len(cache or []), data)) is not None:
-            fail_alike(ranks, refusal)
-        if settings.init_from is not None:
-            check_reference_checkpoint(settings.init_from, prof)
-            init_note = unused_heads_note(settings.init_from)
-            if init_note and ranks.rank == 0:
-                print(init_note, file=sys.stderr, flush=True)
-        check_wandb(settings.wandb_project, prof.source)
-    except (ProfileError, BaseError, ReferenceCheckpointError, WandbMissing, MixtureError) as err:
-        fail_alike(ranks, str(err))
-    if max_steps is not None:
-        settings = replace(settings, max_steps=max_steps)
-    if val_cache is not None:  # instead of the profile's validation source
-        settings = replace(settings, val_cache=val_cache, val_episodes=0, val_episodes_fraction=0.0)
-
-    quiet_library_warnings()
-    # From here a stop signal ends the run after its current step with a checkpoint (exit code 75).
-    preemption = Preemption(settings.stop_signals).arm()
-    init_distributed(prof, settings.alloc_conf)
-    run_lock = None
-    cache_locks: list[DirectoryLock | None] = []
-    layout = RunLayout(out)
-    console = contextlib.ExitStack()
-    try:
-        try:  # one writer per run directory, for the whole run
-            run_lock = lock_on_main(Control(ranks), out)
-        except RankFailed as err:
-            fail_alike(ranks, str(err))
-        checked_sources = list(sources or []) + (
-            [CacheSource("validation", settings.val_cache, 1.0)] if settings.val_cache is not None else [])
-        try:  # a reader's lock on every cache read, for the whole run: no precompute writes into one meanwhile
-            for source in checked_sources:
-                cache_locks.append(lock_on_main(Control(ranks), source.path, exclusive=False,
-                                                purpose=f"training run {out}"))
-        except RankFailed as err:
-            fail_alike(ranks, str(err))
-        if checked_sources:
-            try:
-                refusal = Control(ranks).on_main(lambda: sources_refusal(checked_sources, prof))
-                if refusal is None and data is not None:
-                    refusal = Control(ranks).on_main(lambda: dataset_refusal(sources[0].path, data, prof))
-            except RankFailed as err:
-                refusal = f"cannot check the cache(s) {', '.join(str(s.path) for s in checked_sources)}: {err}"
-            if refusal is not None:
-                fail_alike(ranks, refusal)
-        if ranks.is_main:  # from here: a refused start above leaves no run directory behind
-            console.enter_context(ConsoleCopy(layout.train_log))
+    if (usage := usage_problem(cache, live_data, data)) is not None:
+        fail_alike(ranks, usage, code=2)
+    prof: Profile | None = None
+    with contextlib.ExitStack() as held:  # released in reverse, on every way out
+        held.callback(leave_process_group)
         try:
-            Control(ranks).on_main(lambda: record_start(layout, prof, settings, ranks.world,
-                                                        [s.path for s in checked_sources]))
-        except RankFailed as err:
-            fail_alike(ranks, f"cannot record the run in {out} ({err}); its checkpoints are unchanged: fix that and run "
-                              "the same command again")
-        try:
-            trainer = Trainer(prof, settings, out, cache=sources, live_data=live_data, data=data)
-        except (TooFewSamples, ResumeError, MixtureError, NoIntactCheckpoint, LiveCheckError) as err:
-            fail_alike(ranks, str(err))
-        except DamagedData as err:  # a table every rank reads whole at start (the same on every rank)
-            fail_alike(ranks, str(err))
-        except ValidationError as err:  # the same on every rank
-            fail_alike(ranks, f"{prof.source}: {err}")
-        try:
-            try:
-                resumed = trainer.resume()
-            except ResumeError as err:
-                fail_alike(ranks, str(err))
-            if trainer.rank == 0 and trainer.resume_note:
-                print(f"warning: {trainer.resume_note}", file=sys.stderr, flush=True)
-            if trainer.rank == 0 and resumed and trainer.grad_accum_note:
-                print(trainer.grad_accum_note, flush=True)
+            sources = parse_cache_sources(cache) if cache else None
+            prof, settings = run_settings(out, profile, overrides, cache, data, max_steps, val_cache, ranks)
+            quiet_library_warnings()
+            # From here a stop signal ends the run after its current step with a checkpoint (exit code 75).
+            preemption = Preemption(settings.stop_signals).arm()
+            device = init_distributed(prof, settings.alloc_conf)
+            checked = list(sources or []) + (
+                [CacheSource("validation", settings.val_cache, 1.0)] if settings.val_cache is not None else [])
+            hold_locks(held, ranks, out, checked)
+            if (refusal := caches_refusal(ranks, checked, data, prof)) is not None:
+                raise Refused(refusal)
+            if ranks.is_main:  # from here: a refused start above leaves no run directory behind
+                held.enter_context(ConsoleCopy(RunLayout(out).train_log))
+            record_start_on_main(ranks, out, prof, settings, checked)
+            trainer = Trainer(build_parts(prof, settings, out, device, cache=sources, live_data=live_data, data=data),
+                              preemption)
+            held.callback(trainer.close)
+            resumed = trainer.resume()
             if trainer.rank == 0:
-                mixture = (" from " + ", ".join(f"{s.name} (weight {s.weight:g})" for s in trainer.sources)
-                           if len(trainer.sources) > 1 else "")
-                print(f"training {trainer.total_steps} steps of {trainer.samples_per_step} samples on {trainer.world} "
-                      f"processes ({trainer.steps_per_epoch} step{'s' if trainer.steps_per_epoch != 1 else ''} per epoch){mixture}, "
-                      f"frames at {prof.cache.resolution.name}"
-                      f"{' (the frozen ViT from the cache: only its mergers run)' if prof.cache.vit_features else ''}"
-                      f", metrics in {trainer.metrics_file}"
-                      + (f"; resumed at step {trainer.step} (epoch {trainer.epoch}, sample {trainer.position} "
-                         f"of the epoch)" if resumed else "")
-                      + (f"; validating on {trainer.validation.description}" if trainer.validation else ""),
-                      flush=True)
-                note = loader_note(settings.num_workers, ranks.local_world)
-                if note:
-                    print(note, flush=True)
-            try:
-                trainer.train(preemption)
-                trainer.save()
-            except (NonFiniteStep, DamagedSample, NoRoom) as err:
-                fail_alike(ranks, str(err))
+                announce_start(trainer, prof, resumed, ranks.local_world)
+            trainer.train()
+            trainer.save()
             if preemption.stopping:  # every rank alike: the checkpoint is saved, the resume point named
-                if trainer.rank == 0:
-                    print(stopped_message(preemption.stopped_by, trainer.step,
-                                          str(trainer.checkpoint_dir() / tag_name(trainer.step))),
-                          file=sys.stderr, flush=True)
-                dist.barrier()
-                raise SystemExit(PREEMPTED_EXIT_CODE)
+                stop_preempted(trainer, preemption)
             if record_outputs_to is not None:
                 record_outputs(trainer, record_outputs_to, record_samples)
             if export_at_end:
-                # Rank 0 exports; a full disk is every rank's one line (the others would wait in vain).
-                no_room: list[str | None] = [None]
-                if trainer.rank == 0:
-                    try:
-                        path = quiet_export(layout.checkpoints, layout.export, prof, settings)
-                        print(f"exported consolidated weights to {path}", flush=True)
-                    except NoRoom as err:
-                        no_room[0] = str(err)
-                dist.broadcast_object_list(no_room, src=0)
-                if no_room[0] is not None:
-                    fail_alike(ranks, no_room[0])
+                export_on_main(trainer, prof, settings)
             dist.barrier()
-        finally:
-            trainer.close()
-    finally:
-        console.close()
-        for lock in cache_locks:
-            if lock is not None:
-                lock.release()
-        if run_lock is not None:
-            run_lock.release()
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        except USER_ERRORS as err:
+            fail_alike(ranks, error_line(err, prof))
 
 
 @record

@@ -1,7 +1,14 @@
-"""`janus-train`: training-side commands that run as one process (training itself runs under torchrun)."""
+"""`janus-train`: start (or resume) a training run, export it, show a sample as it trains.
+
+``janus-train run`` replaces itself with janus's torchrun launcher (``pipelines.launch``: the same
+process, so a stop signal sent to it reaches the ranks), which starts ``pipelines.train`` on every
+rank; the other commands run as one process."""
 
 from __future__ import annotations
 
+import os
+import shlex
+import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -11,12 +18,57 @@ from janus_core.profile import SET_HELP, SET_OPTION
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Train from janus caches and export the result.")
 
+TRAIN_MODULE = "pipelines.train"
+"""What torchrun starts on every rank; ``janus-train run --help-train`` prints its options."""
+
 
 @app.callback()
 def _commands() -> None:
     # With a single command and no callback, typer would make `export` the program itself and
     # refuse `janus-train export RUN`; the callback keeps the command group.
     pass
+
+
+@app.command("run", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def run_cmd(
+    ctx: typer.Context,
+    out: Annotated[Optional[Path], typer.Option(
+        "--out", help="Run directory (checkpoints, metrics); the same command resumes it.")] = None,
+    profile: Annotated[str, typer.Option(help="Profile name or YAML path.")] = "tiny",
+    overrides: Annotated[Optional[list[str]], typer.Option(SET_OPTION, help=SET_HELP)] = None,
+    nproc: Annotated[Optional[int], typer.Option(
+        min=1, help="Processes on this node (default: the profile's nproc_per_node).")] = None,
+    torchrun: Annotated[str, typer.Option(
+        help="torchrun's own options, e.g. '--nnodes 2 --node_rank 0 --rdzv_endpoint HOST:29500' for several "
+             "nodes.")] = "--standalone",
+    help_train: Annotated[bool, typer.Option("--help-train", help="Show the training options and exit.")] = False,
+) -> None:
+    """Start (or resume) a training run on this node: torchrun with the profile's processes, each
+    training with the options that follow (--cache DIR or --cache NAME=DIR:WEIGHT ..., --data,
+    --max-steps, ...: see --help-train), as `make train` does."""
+    if help_train:
+        os.execv(sys.executable, [sys.executable, "-m", TRAIN_MODULE, "--help"])
+    if out is None:
+        typer.echo("error: janus-train run needs --out RUN (the run directory to start or resume)", err=True)
+        raise typer.Exit(2)
+    from janus_core.profile import ProfileError, load_profile
+    from janus_train.run.layout import RunLayout
+    from pipelines.launch import LOG_OPTION
+
+    settings = list(overrides or ())
+    if nproc is None:
+        try:
+            nproc = load_profile(profile, settings).nproc_per_node
+        except ProfileError as err:
+            typer.echo(f"error: {err}", err=True)
+            raise typer.Exit(1)
+    argv = [sys.executable, "-m", "pipelines.launch", LOG_OPTION, str(RunLayout(out).launcher_log),
+            *shlex.split(torchrun), "--nproc_per_node", str(nproc), "-m", TRAIN_MODULE,
+            "--out", str(out), "--profile", profile, *(a for s in settings for a in (SET_OPTION, s)), *ctx.args]
+    if nproc > 1:
+        # torchrun's own default, set here so it does not print its warning about it on every launch.
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.execv(sys.executable, argv)
 
 
 @app.command("export")

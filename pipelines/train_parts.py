@@ -1,0 +1,183 @@
+"""The launch layer's half of a training run: join the process group, then turn a profile and the
+command's arguments into the parts a :class:`~janus_train.loop.trainer.Trainer` runs.
+
+:func:`build_parts` makes them in the order in which a refusal costs least: the prompt builder and
+the data (a validation source that cannot be used is refused here), the checkpoint to resume
+(verified by its checksums, falling back past a damaged one) and whether the run can continue it,
+the step plan (data for less than one step is refused), the live check's sources, and only then the
+model, optimizer, LR schedule and DeepSpeed engine (a checkpoint of another world size is loaded as
+a universal checkpoint, which the engine must know when it is built), the validation and the run log.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+from collections.abc import Sequence
+from dataclasses import replace
+from functools import partial
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from janus_core.bases import cache_base
+from janus_core.device import process_device
+from janus_core.profile import Profile
+from janus_train.checkpoint.best import BestCheckpoint
+from janus_train.checkpoint.elastic import GradAccum, ResumePoint
+from janus_train.checkpoint.reference import start_model
+from janus_train.checkpoint.tags import Checkpoints
+from janus_train.config import TrainSettings, deepspeed_config
+from janus_train.data.live_check import LiveCheckError, live_check_refusal, source_windows
+from janus_train.data.mixture import CacheSource, Mixture, as_sources
+from janus_train.data.prompt import PromptBuilder
+from janus_train.data.samples import LiveFrames
+from janus_train.loop.parts import (
+    ResumeChoice,
+    Stepping,
+    TrainData,
+    TrainParts,
+    lr_lambda,
+    make_dataset,
+    prompt_builder,
+)
+from janus_train.loop.validation import Evaluator, plan_validation
+from janus_train.model.kernels import apply_liger, compile_decoder_layers
+from janus_train.model.rope import RopeIndex
+from janus_train.run.layout import RunLayout
+from janus_train.run.logs import RunLog
+
+
+class TooFewSamples(ValueError):
+    """The data holds fewer samples than one optimizer step takes."""
+
+
+def init_distributed(profile: Profile, alloc_conf: str = "") -> torch.device:
+    """Join the launcher's process group (NCCL on GPU, gloo on CPU); returns this process's device.
+
+    Idempotent, so the entry point calls it before building the parts (e.g. to run a start-up
+    check on rank 0 and broadcast the verdict). ``alloc_conf`` is set as ``PYTORCH_CUDA_ALLOC_CONF``
+    (unless already set) before CUDA initialises, when it still counts.
+    """
+    cuda = profile.device == "cuda"
+    # Naming the accelerator spares every rank DeepSpeed's "Setting accelerator to CPU" warning
+    # (it only applies before DeepSpeed is first imported).
+    os.environ.setdefault("DS_ACCELERATOR", "cuda" if cuda else "cpu")
+    import deepspeed
+
+    if alloc_conf and cuda:
+        os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", alloc_conf)
+    # DeepSpeed print()s "... shm_comm_op built successfully" on every rank at every start; errors
+    # still raise (and go to stderr).
+    with contextlib.redirect_stdout(io.StringIO()):
+        deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo")
+    if not cuda:
+        return torch.device("cpu")
+    device = process_device(profile.device, int(os.environ.get("LOCAL_RANK", "0")))
+    torch.cuda.set_device(device)
+    return device
+
+
+def train_data(profile: Profile, settings: TrainSettings, builder: PromptBuilder, cache: Sequence[CacheSource] | None,
+               live_data: Path | None, rank: int, world: int) -> TrainData:
+    """The run's samples, validation set and sample order (with held-out episodes the training
+    dataset becomes the other episodes' rows)."""
+    dataset = make_dataset(profile, builder, cache, live_data, rank, world)
+    val_data = None if settings.val_cache is None else make_dataset(
+        profile, builder, settings.val_cache, None, rank, world)
+    dataset, validation = plan_validation(settings, dataset, val_data)
+    sources = tuple(as_sources(cache)) if cache is not None else (CacheSource("live", Path(live_data), 1.0),)
+    order = Mixture(TrainData.sizes_of(dataset), tuple(s.weight for s in sources), settings.seed)
+    return TrainData(dataset, validation, sources, order)
+
+
+def resume_choice(checkpoints: Checkpoints, settings: TrainSettings, world: int,
+                  ) -> tuple[TrainSettings, ResumeChoice]:
+    """The intact checkpoint to resume and the settings to continue it with: resumed on another
+    world (or micro_batch), ``train.resume_grad_accum: adapt`` may change grad_accum to keep the
+    global batch."""
+    chosen = checkpoints.resumable()
+    if chosen is None or settings.resume_grad_accum != "adapt":
+        return settings, ResumeChoice(chosen)
+    accum = GradAccum.for_resume(checkpoints.directory, chosen.tag, settings.micro_batch, settings.grad_accum, world)
+    return replace(settings, grad_accum=accum.value), ResumeChoice(chosen, grad_accum_note=accum.note)
+
+
+def too_few_samples(data: TrainData, settings: TrainSettings, world: int, stepping: Stepping) -> TooFewSamples:
+    source = ", ".join(str(s.path) for s in data.sources)
+    return TooFewSamples(
+        f"{source} holds {data.order.epoch_length} samples, fewer than one optimizer step takes "
+        f"(micro_batch {settings.micro_batch} x grad_accum {settings.grad_accum} x {world} processes "
+        f"= {stepping.samples_per_step})"
+    )
+
+
+def build_parts(profile: Profile, settings: TrainSettings, out_dir: Path, device: torch.device,
+                cache: Sequence[CacheSource] | None = None, live_data: Path | None = None,
+                data: str | None = None) -> TrainParts:
+    """The parts of a run of ``profile`` into ``out_dir`` on this rank of the joined process group,
+    from exactly one of ``cache`` or (live) source data. ``data``: the dataset one ``cache`` was
+    built from (as given to precompute); the live check of a cache whose frames are not VGGT's
+    (Qwen3-VL) decodes VGGT's frames from its sources."""
+    if (cache is None) == (live_data is None):
+        raise ValueError("train from exactly one of a cache or (live) source data")
+    import deepspeed
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    builder = prompt_builder(profile, settings)
+    train = train_data(profile, settings, builder, cache, live_data, rank, world)
+    layout = RunLayout(Path(out_dir))
+    checkpoints = Checkpoints(layout.checkpoints, rank, world)
+    settings, resume = resume_choice(checkpoints, settings, world)
+    stepping = Stepping.of(settings, world, train.order.epoch_length)
+    if stepping.steps_per_epoch == 0:  # before the (slow) model build
+        raise too_few_samples(train, settings, world, stepping)
+    if resume.chosen is not None:
+        resume = replace(resume, point=ResumePoint.find(layout.checkpoints, resume.chosen.tag,
+                                                        train.layout(settings, world)))
+
+    # The frozen VGGT is built only to train live or to recompute a batch live now and then.
+    live = live_data is not None or settings.live_check_every > 0
+    windows = None  # VGGT's frames of a cached batch, when not its own
+    frames = LiveFrames(profile.cache.resolution, cache_base(profile.qwen.path))
+    if cache is not None and settings.live_check_every > 0 and frames.separate:
+        refusal = live_check_refusal(profile, settings.live_check_every, len(train.sources), data)
+        if refusal is not None:
+            raise LiveCheckError(refusal)
+        assert data is not None
+        windows = source_windows(data, train.sources[0].path, profile.cache.history, frames)
+    model = start_model(profile, settings, live=live, device=device)
+    model.set_gradient_checkpointing(settings.gradient_checkpointing)
+    # The loader workers build each batch's M-RoPE positions (off the training process's critical path).
+    rope = RopeIndex(model.qwen.config)
+    if settings.liger_kernels:  # load_train_settings refused it where liger-kernel is missing
+        apply_liger(model.qwen)
+    if settings.compile_layers:
+        compile_decoder_layers(model.qwen.model.language_model.layers)
+    groups = model.parameter_groups(settings.lr_base, settings.lr_projector, settings.lr_vision,
+                                    settings.weight_decay)
+    optimizer = torch.optim.AdamW(
+        [{k: v for k, v in g.items() if k != "param_names"} for g in groups], betas=(0.9, 0.999)
+    )
+    warmup = max(1, round(settings.warmup_ratio * stepping.total_steps))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, partial(lr_lambda, stepping.total_steps, warmup))
+    config = deepspeed_config(settings, bf16=profile.compute_dtype == "bfloat16")
+    if resume.point is not None and resume.point.elastic:
+        config["checkpoint"] = {"load_universal": True}
+    engine, _, _, scheduler = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
+                                                   config=config)
+    llm_params = sum(p.ds_numel if hasattr(p, "ds_numel") else p.numel()
+                     for p in model.qwen.model.language_model.parameters())
+    evaluator = best = None
+    if train.validation is not None:
+        evaluator = Evaluator(train.validation, builder, settings.micro_batch, settings.num_workers,
+                              rank, world, device, settings.damaged_samples)
+        best = BestCheckpoint(checkpoints, settings.best_metric)
+    log = RunLog(layout.root, layout.metrics, stepping.total_steps, settings.wandb_project,
+                 run_config={"profile": profile.name, "world": world}) if rank == 0 else None
+    return TrainParts(profile=profile, settings=settings, layout=layout, rank=rank, world=world, device=device,
+                      builder=builder, data=train, stepping=stepping, checkpoints=checkpoints, resume=resume,
+                      model=model, engine=engine, scheduler=scheduler, rope=rope, llm_params=llm_params,
+                      source_windows=windows, evaluator=evaluator, best=best, log=log)

@@ -1,0 +1,69 @@
+"""``janus-train run`` starts a training run: torchrun with the profile's processes per node through
+janus's launcher (the same process: the command replaces itself with it), each rank training with
+the options that follow, exactly as ``make train`` does; the same command resumes the run."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from helpers.profiles import REPO_ROOT
+from helpers.shared_runs import ReferenceRun, TinyTraining
+from helpers.training import TIMEOUT_S, assert_succeeded, read_metrics
+from janus_train.run.layout import CHECKPOINTS_DIR
+from janus_train.run.layout import METRICS_FILE
+
+JANUS_TRAIN = str(Path(sys.executable).parent / "janus-train")
+RESUME_AT = 6
+
+
+def janus_train(*args: str | Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([JANUS_TRAIN, *map(str, args)], cwd=REPO_ROOT, env=dict(os.environ), capture_output=True,
+                          text=True, check=False, timeout=TIMEOUT_S)
+
+
+def test_janus_train_run_resumes_a_torchrun_run_and_trains_its_steps_alike(
+        tiny_training: TinyTraining, reference_run: ReferenceRun, tmp_path: Path) -> None:
+    """A run directory holding the reference run's step-6 checkpoint (a direct torchrun launch of 2
+    processes, 10 steps) resumed by ``janus-train run`` with the same profile (its 2 processes) and
+    cache: steps 7..10 repeat the reference run's losses, gradient norms and LRs."""
+    out = tmp_path / "run"
+    tag = f"step{RESUME_AT:08d}"
+    shutil.copytree(reference_run.out / CHECKPOINTS_DIR / tag, out / CHECKPOINTS_DIR / tag)
+    (out / CHECKPOINTS_DIR / "latest").write_text(tag)
+    (out / METRICS_FILE).write_text("".join(json.dumps(r) + "\n" for r in reference_run.records[:RESUME_AT]))
+
+    result = janus_train("run", "--out", out, "--profile", tiny_training.fp32_profile, "--cache",
+                         tiny_training.fp32_cache, "--no-export")
+    assert_succeeded(result)
+    assert f"resumed at step {RESUME_AT}" in result.stdout
+    resumed, expected = read_metrics(out)[RESUME_AT:], reference_run.records[RESUME_AT:]
+    assert [r["step"] for r in resumed] == [r["step"] for r in expected] == list(range(RESUME_AT + 1, 11))
+    for got, want in zip(resumed, expected):
+        for name in ("loss", "grad_norm", "lr"):
+            assert got[name] == pytest.approx(want[name], rel=1e-6, abs=1e-9), (got["step"], name)
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (("run",), "error: janus-train run needs --out RUN (the run directory to start or resume)"),
+    (("run", "--out", "RUN", "--profile", "no-such-profile"), "no-such-profile"),
+])
+def test_janus_train_run_without_a_run_directory_or_with_an_unknown_profile_is_one_line(
+        args: tuple[str, ...], message: str, tmp_path: Path) -> None:
+    result = janus_train(*(str(tmp_path / a) if a == "RUN" else a for a in args))
+    assert result.returncode != 0
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:") and message in lines[0], result.stderr
+    assert not (tmp_path / "RUN").exists()
+
+
+def test_janus_train_run_help_train_lists_the_training_options() -> None:
+    result = janus_train("run", "--help-train")
+    assert result.returncode == 0, result.stderr
+    assert all(option in result.stdout for option in ("--cache", "--data", "--max-steps", "--live-data"))
