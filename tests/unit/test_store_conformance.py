@@ -465,6 +465,8 @@ class TestWdsStore(StoreConformance):
 
 def test_every_registered_format_has_a_conformance_class() -> None:
     classes = {cls.format: cls for cls in StoreConformance.__subclasses__()}
+    missing = sorted({f.name for f in CACHE_FORMATS} - set(classes))
+    assert not missing, f"cache format(s) {missing} have no StoreConformance subclass in this module"
     assert sorted(classes) == sorted(f.name for f in CACHE_FORMATS)
     for cls in classes.values():
         assert cls.__name__.startswith("Test") and globals()[cls.__name__] is cls  # collected here
