@@ -166,7 +166,7 @@ def test_the_scan_sees_every_package_and_its_imports() -> None:
     assert all(any(m.split(".")[0] == p for m in graph) for p in PACKAGES), sorted(graph)
     assert {"janus_cache", "janus_train"} <= graph["pipelines.train"]
     assert "janus_cache" in graph["pipelines.precompute"]
-    assert {"janus_core", "janus_cache"} <= graph["janus_train.loop.trainer"]
+    assert {"janus_core", "janus_cache"} <= graph["janus_train.loop.parts"]
     assert "janus_core" in graph["janus_cache.store.manifest"]
     assert {"janus_cache", "janus_train", "pipelines"} <= graph["benchmarks.bench"]
     modules = module_graph()
