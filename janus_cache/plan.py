@@ -3,8 +3,8 @@
 A few samples spread over the dataset are decoded, compressed with the cache's own codecs and
 run through the frozen encoder; sizes and times are extrapolated from those measurements.
 
-The time is calibrated on what a precompute runs (issue 25: an estimate of 33 s for a run of
-150 s): besides the per-frame and per-window rates (encoder timed with the compute threads
+The time is calibrated on what a precompute runs (before, it estimated 33 s for a run that
+took 150 s): besides the per-frame and per-window rates (encoder timed with the compute threads
 precompute gives each process, frames compressed as its writer does) it counts the run's fixed
 costs, measured here too: this process's start and setup (imports, index, models), the plan's own
 probe (precompute measures the same plan) and the start of the worker processes precompute spawns

@@ -4,7 +4,7 @@ torch sizes its intra-op pool by the machine's cores. A process that shares them
 processes of its node, or with its own reader and writer threads that decompress and compress
 shards beside the encoder) then runs more busy-waiting OpenMP threads than it has cores, and a
 descheduled thread stalls every parallel region: a one-process precompute on 2 cores encoded
-about 3x faster with one thread than with torch's two (issue 25).
+about 3x faster with one thread than with torch's two.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Appending to a cache (issue 14 item 3, DAgger rounds): precompute on a dataset that adds
+"""Appending to a cache (DAgger rounds): precompute on a dataset that adds
 episodes writes only the new rows, keeps the old shards as they are, and gives exactly the cache a
 build from scratch on the union gives; a changed, removed or misplaced episode is refused in one
 line naming it and its file, leaving the cache untouched.

@@ -1,4 +1,4 @@
-"""Checkpoints you can trust (issue 13, item 5): ``latest`` names only complete, checksummed
+"""Checkpoints you can trust: ``latest`` names only complete, checksummed
 checkpoints; a resume verifies them and falls back past a damaged one in one line; rotation never
 deletes the checkpoint ``latest`` names; ``metrics.jsonl`` holds each step once after kills.
 

@@ -1,4 +1,4 @@
-"""A full disk while training writes (issue 28 item 2): a checkpoint save, an export and the
+"""A full disk while training writes: a checkpoint save, an export and the
 launcher's own log each end in one line naming the path, the bytes free and needed and the fix.
 
 The disks are real, size-limited tmpfs mounts in an unprivileged user+mount namespace of the

@@ -1,4 +1,4 @@
-"""Elastic resume (issue 14 item 2): a run continues on another number of processes with the
+"""Elastic resume: a run continues on another number of processes with the
 sample order and, within float32 tolerance, the losses of an uninterrupted run.
 
 Real components: a zarr cache of 3 episodes x 4 steps = 12 samples (the session's,
@@ -160,7 +160,7 @@ def test_one_process_continues_on_two(setup: Setup, tmp_path: Path) -> None:
 
 def test_the_same_profile_on_one_process_continues_with_the_grad_accum_that_keeps_the_global_batch(
         setup: Setup, tmp_path: Path) -> None:
-    """Issue 24 item 6: A's profile (grad_accum 2) resumed on 1 process would take steps of 2 samples;
+    """A's profile (grad_accum 2) resumed on 1 process would take steps of 2 samples;
     grad_accum 4 keeps A's 4, said in one line, and the run is A's (before: refused naming grad_accum 4)."""
     out = continue_from(setup.run_two, tmp_path / "run")
     result = succeeded(torchrun(out, setup.cache, setup.two, nproc=1))
@@ -178,7 +178,7 @@ def test_the_same_profile_on_one_process_continues_with_the_grad_accum_that_keep
 
 def test_another_global_batch_is_refused_in_one_line_naming_the_grad_accum_that_keeps_it(
         setup: Setup, tmp_path: Path) -> None:
-    """Issue 13: with ``train.resume_grad_accum: keep``, resuming with another global batch is one
+    """With ``train.resume_grad_accum: keep``, resuming with another global batch is one
     ``error:`` line, not a traceback; it says checkpoint vs now and the grad_accum that keeps the
     global batch, before any model is built."""
     keep = tmp_path / "keep.yaml"
@@ -241,7 +241,7 @@ def test_a_webdataset_run_resumed_on_another_world_is_refused_in_one_line(tmp_pa
 @pytest.mark.parametrize("damage", ["flipped byte", "truncated"])
 def test_a_damaged_universal_checkpoint_is_converted_again_with_one_warning(
         setup: Setup, two_on_one: Continued, tmp_path: Path, damage: str) -> None:
-    """Issue 28 item 1: a resume on 1 process converts A's step-4 checkpoint (and checksums the
+    """A resume on 1 process converts A's step-4 checkpoint (and checksums the
     conversion: the 2 -> 1 run's); the largest converted file is then damaged in a run directory
     stopped at step 4. The next resume on 1 process verifies the conversion, says in one line what
     is wrong with it, converts the intact ZeRO checkpoint again and continues with the

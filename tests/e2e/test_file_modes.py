@@ -1,4 +1,4 @@
-"""Files a user trusts (issue 25 item 5): what ``janus-train export`` writes gets the user's umask,
+"""Files a user trusts: what ``janus-train export`` writes gets the user's umask,
 as every other file janus writes, so others on a shared cluster can read an exported model.
 safetensors writes its files 0600; the export gives them (and every other file it wrote) the mode
 a plain ``open()`` gives under the umask: 0644 under 022, 0640 under 027.

@@ -1,4 +1,4 @@
-"""What a new user meets first on the tiny profile (issue 24, item 7), through the real commands.
+"""What a new user meets first on the tiny profile, through the real commands.
 
 * ``janus-train export RUN --format janusvln`` of a tiny run: the profile names no VGGT
   checkpoint (its VGGT is a config with seeded random weights), so the export includes that

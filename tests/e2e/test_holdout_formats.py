@@ -1,4 +1,4 @@
-"""Held-out validation episodes on every kind of training data (issue 24, item 3): a webdataset
+"""Held-out validation episodes on every kind of training data: a webdataset
 cache and a mixture of caches validate with the shipped profiles' hold-out, as a zarr cache does.
 
 * webdataset: the training stream passes the held-out episodes' samples over unread, the validation

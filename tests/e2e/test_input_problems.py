@@ -1,4 +1,4 @@
-"""Bad input that used to escape the index's problem report (issue 28 items 3 and 5): a symbolic-link
+"""Bad input that used to escape the index's problem report: a symbolic-link
 loop in a dataset, annotation records whose image list is not one window, and an annotation file
 whose image paths lie under another root. Each is reported naming the path (skipped; ``--strict``
 fails in one line), through the CLIs on real PNG datasets and real symbolic links: ``janus-cache

@@ -1,4 +1,4 @@
-"""One writer per cache and per run directory (issue 13, item 1).
+"""One writer per cache and per run directory.
 
 The lock is held by real processes here: a holder is a separate Python process (the kernel's
 ``flock`` only excludes other open files, so a lock held in the test's own process would prove
@@ -196,7 +196,7 @@ def test_concurrent_precomputes_into_one_cache_run_exactly_one(
 
 
 def test_a_precompute_into_a_cache_a_training_run_reads_is_refused_naming_the_run(tmp_path: Path) -> None:
-    """Issue 24 item 5: training holds a reader's lock on the cache it reads for the whole run, so an
+    """Training holds a reader's lock on the cache it reads for the whole run, so an
     ``--overwrite`` (which would delete the cache under it) or an append into that cache is refused
     in one line naming the training run, and the cache is left as it was (before: both ran)."""
     from janus_core.sample_data import write_sample_data

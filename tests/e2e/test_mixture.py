@@ -1,4 +1,4 @@
-"""Several caches with sampling weights (issue 14 item 3, trainer half): the global sample sequence
+"""Several caches with sampling weights (the trainer's half): the global sample sequence
 draws each cache in proportion to its weight, deterministically, resumably at any global position
 and on any number of ranks; ``--cache NAME=PATH:WEIGHT`` names the caches; a real two-process run
 trains on two real zarr caches in the proportions asked for. The sequence and the argument parsing

@@ -1,4 +1,4 @@
-"""A dataset that moves (issue 28 item 4): a copied or renamed dataset folder, a path with a space
+"""A dataset that moves: a copied or renamed dataset folder, a path with a space
 and a non-ASCII folder name are the same dataset. A bare path takes the source name its cache
 recorded, so the identity follows the content (episode ids, texts, frame hashes), not the folder's
 name; ``DATA`` reaches the commands unsplit, whatever characters the path holds.

@@ -1,4 +1,4 @@
-"""The non-finite guard (issue 14, item 5), on a real cache whose one sample's stored feature is NaN.
+"""The non-finite guard, on a real cache whose one sample's stored feature is NaN.
 
 The cache: a copy of the session's 2 episodes x 4 steps precomputed with the tiny profile's cache
 settings (helpers.shared_runs); then one feature shard is

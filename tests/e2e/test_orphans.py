@@ -1,4 +1,4 @@
-"""No orphans: every rank of every stage dies with its launcher (issue 13, item 1 and silent case 2).
+"""No orphans: every rank of every stage dies with its launcher.
 
 torchrun starts each rank in a session of its own, so killing the launcher leaves the ranks
 running unless they arranged to die with it. Each test here starts a real 2-process torchrun
@@ -163,7 +163,7 @@ if "LOCAL_RANK" in os.environ:
 def test_ranks_whose_launcher_died_before_they_armed_the_signal_end_at_once(
     sample_dataset: Path, profile: Path, tmp_path: Path, launches: list[Launch],
 ) -> None:
-    """Issue 28 item 6: the launcher (``pipelines.launch``, as every make target starts torchrun)
+    """The launcher (``pipelines.launch``, as every make target starts torchrun)
     is killed in its ranks' first milliseconds, before they could arm the parent-death signal: a
     start-up hook holds both ranks until the launcher is dead. Let go, each rank arms the signal,
     sees that its parent is no longer the launcher that started it and ends at once, writing

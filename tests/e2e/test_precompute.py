@@ -1,4 +1,4 @@
-"""Stage 1 precompute end to end: real torchrun processes on CPU write real caches (issue 5).
+"""Stage 1 precompute end to end: real torchrun processes on CPU write real caches.
 
 Every run here is the installed pipeline started as a subprocess (``torchrun -m pipelines.precompute``
 or ``janus-cache precompute``) on the session's sample dataset (3 episodes x 12 frames), with the

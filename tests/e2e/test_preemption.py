@@ -1,4 +1,4 @@
-"""Preemption (issue 25 item 1): a stop signal ends a run after its current optimizer step with a
+"""Preemption: a stop signal ends a run after its current optimizer step with a
 checkpoint, exit code 75 and one line naming the step it resumes from; a second signal ends it at once.
 
 Real components: a zarr cache of 3 episodes x 4 steps, ``python -m pipelines.launch`` (what

@@ -1,4 +1,4 @@
-"""What the precompute-side commands say about a dataset (issue 24, items 4 and 8), through the CLI.
+"""What the precompute-side commands say about a dataset, through the CLI.
 
 * ``janus-cache plan`` prints the problem summary ``index`` prints (count per reason, the first
   problems by file, where the full report goes) and ``--strict`` fails on it, as ``index --strict``

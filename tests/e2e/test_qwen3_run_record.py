@@ -1,4 +1,4 @@
-"""A real Qwen3-VL run trained live (issue 27): ``--live-data`` makes Qwen3-VL's frames and VGGT's
+"""A real Qwen3-VL run trained live: ``--live-data`` makes Qwen3-VL's frames and VGGT's
 paired frames from the source PNGs and trains; the run directory records its base, and the installed
 ``janus-train export RUN --profile P`` and a resume with a Qwen2.5-VL profile are refused in one line
 naming the run and both bases, before any checkpoint is read.

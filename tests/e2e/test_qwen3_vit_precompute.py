@@ -1,5 +1,5 @@
 """``make precompute PROFILE=tiny-qwen3 SET="cache.vit_features=true ..."`` on two processes caches
-the Qwen3-VL ViT's output per frame (issue 27, build item 4): its levels (last block and DeepStack
+the Qwen3-VL ViT's output per frame: its levels (last block and DeepStack
 layers) are keyed in the manifest and read back equal to the frozen ViT run on the stored frames.
 (In process, the training step and the store: tests/unit/test_qwen3_vit_cache.py.)"""
 

@@ -1,5 +1,5 @@
 """Every command in the README and docs/ runs as written from the repository root after
-``make setup`` (issue 25 item 5). The commands are read from the documents' shell code blocks
+``make setup``. The commands are read from the documents' shell code blocks
 (```` ```bash ```` and untagged blocks; json/python blocks hold no commands), one per line, a line
 ending in ``\\`` joined with the next. The rules, each a test below:
 

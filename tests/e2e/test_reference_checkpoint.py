@@ -1,4 +1,4 @@
-"""Checkpoints move both ways between janus and the reference JanusVLN trainer (issue 12, items 3, 4),
+"""Checkpoints move both ways between janus and the reference JanusVLN trainer,
 through the real launches: a damaged ``train.init_from`` refused in one line before starting, and a
 2-process ZeRO-3 run from a reference directory exported back to it.
 

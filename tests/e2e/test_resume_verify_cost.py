@@ -1,4 +1,4 @@
-"""What resume and verify cost, and what they trust (issue 13 item 7; a full disk: item 6).
+"""What resume and verify cost, what they trust, and what a disk that fills up mid-run does.
 
 * A resume with nothing to do trusts committed shards by commit record and byte size: it opens no
   frame or feature shard file (observed with a Python audit hook on every ``open``, in a real
@@ -124,7 +124,7 @@ def test_a_resume_with_nothing_to_do_reads_no_shard_payload_unless_asked_to_hash
     before = digests(cache)
     out, read = audited_precompute(sample_dataset, cache, profile, tmp_path / "none.log")
     assert read == set(), f"the resume read {len(read)} shard files: {sorted(map(str, read))[:3]}"
-    # Nothing to do: said at once (issue 24, item 8), no plan measured, no phase run.
+    # Nothing to do: said at once, no plan measured, no phase run.
     assert f"cache {cache} is complete: 36 samples at" in out and "[frames]" not in out and "plan for" not in out, out
     assert digests(cache) == before
 

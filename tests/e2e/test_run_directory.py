@@ -1,4 +1,4 @@
-"""A run directory describes itself, and a profile changes without copying YAML (issue 25, items 2-3).
+"""A run directory describes itself, and a profile changes without copying YAML.
 
 One 2-process ZeRO-3 training run (tiny models, CPU) with a profile that ``extends: tiny`` from
 another folder and changes the model (merger width, lam, prompt template), given further

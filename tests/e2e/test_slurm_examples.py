@@ -331,7 +331,7 @@ def test_two_nodes_launched_by_precompute_sbatch_build_the_one_process_cache(
     assert file_digests(out) == file_digests(single)
 
 
-# ------------------------------------------------------------------------ preemption (issue 25)
+# ----------------------------------------------------------------------------------- preemption
 
 
 @pytest.mark.parametrize(("code", "requeued"), [(PREEMPTED_EXIT_CODE, True), (0, False), (1, False)])

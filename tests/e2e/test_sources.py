@@ -1,4 +1,4 @@
-"""Several dataset sources in one cache (issue 14 item 3): ``precompute r2r=A d1=B`` keys every
+"""Several dataset sources in one cache: ``precompute r2r=A d1=B`` keys every
 sample with its source, the counts add up, and verify checks the cache against the same sources.
 
 Real PNG datasets from our sample-data generator, the session's cache of both sources

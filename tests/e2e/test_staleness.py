@@ -1,4 +1,4 @@
-"""A cache made stale by its dataset (issue 13 item 3): the dataset identity covers every
+"""A cache made stale by its dataset: the dataset identity covers every
 episode's frames, texts and actions, so ``verify --data`` fails naming the episode and the edited
 file (a description JSON, the milestones file, an annotation record, a PNG), and ``make train
 DATA=...`` runs the same check before training and refuses the cache.

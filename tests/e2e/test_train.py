@@ -1,4 +1,4 @@
-"""Stage 2 (issue 7): training under torchrun + DeepSpeed ZeRO-3 on the CPU, tiny profile, 2 processes.
+"""Stage 2: training under torchrun + DeepSpeed ZeRO-3 on the CPU, tiny profile, 2 processes.
 
 The data (helpers.shared_runs, shared by the session): 2 episodes x 4 steps of sample data = 8
 samples, precomputed into two real zarr caches, one with float32 features (the reference run

@@ -1,4 +1,4 @@
-"""Training levers as settings (issue 23, items 6 and 7): the ZeRO stage builds its DeepSpeed
+"""Training levers as settings: the ZeRO stage builds its DeepSpeed
 config, the optional fused kernels are refused in one line where their library is missing, and
 regional compilation wraps each decoder layer without changing its output. Here: ``make train``
 refuses Liger without its package; the rest, in one process, is tests/unit/test_train_levers_config.py."""

@@ -1,4 +1,4 @@
-"""Readable training logs (issue 14, item 4): one line per logged step, library chatter gone, and
+"""Readable training logs: one line per logged step, library chatter gone, and
 Weights & Biases only when asked for.
 
 The run: the session's reference run (helpers.shared_runs; real torchrun, 2 processes, DeepSpeed

@@ -1,4 +1,4 @@
-"""A cache holding two resolutions trains on the profile's one and verifies (issue 11, bug 2).
+"""A cache holding two resolutions trains on the profile's one and verifies.
 
 The way docs/precompute.md gives of adding a resolution: precompute the same data again with another
 ``--resolution`` (here into a copy of the session's cache, helpers.shared_runs). Then a real 2-process torchrun of ``pipelines.train`` (tiny profile, DeepSpeed

@@ -1,4 +1,4 @@
-"""Training-side user errors are one line (issue 13, item 6): through the public commands (`make
+"""Training-side user errors are one line: through the public commands (`make
 train`, `make precompute`, `janus-cache plan`) each listed mistake prints one ``error:`` line and
 no traceback, and under make the last lines are janus's own: torchrun's child-failure report goes
 to a log file that one ``launcher:`` line names.

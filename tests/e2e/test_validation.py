@@ -1,4 +1,4 @@
-"""Validation (issue 14, item 1): held-out episodes, val_* metrics averaged over all ranks, the best
+"""Validation: held-out episodes, val_* metrics averaged over all ranks, the best
 checkpoint kept apart from the rotation.
 
 The run (one torchrun launch, 2 processes, DeepSpeed ZeRO-3 over gloo): 3 episodes x 4 steps of

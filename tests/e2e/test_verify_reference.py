@@ -1,5 +1,5 @@
 """``janus-cache verify CACHE --data DATA --live N --checkpoint DIR``: a cache checked against a
-reference JanusVLN checkpoint directory (issue 12, item 3).
+reference JanusVLN checkpoint directory.
 
 With ``--checkpoint`` the frozen encoder is the directory's ``vggt.aggregator.*`` (freshness
 compares the cache's encoder fingerprint with it, the live check recomputes features with it) and

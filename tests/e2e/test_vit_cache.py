@@ -1,4 +1,4 @@
-"""The frozen Qwen ViT's output cached per frame (issue 23 item 2, ``cache.vit_features``): the cache side.
+"""The frozen Qwen ViT's output cached per frame (``cache.vit_features``): the cache side.
 
 Real ``janus-cache precompute`` / ``verify`` commands (their CLI run in this process) on real PNG
 datasets, both formats: precompute stores ``vit/<resolution>`` once per frame, keyed in the manifest

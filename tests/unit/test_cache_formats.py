@@ -1,4 +1,4 @@
-"""The cache formats are declared once (issue 26 item 6): a manifest, the writer and reader that
+"""The cache formats are declared once: a manifest, the writer and reader that
 open_writer / open_cache pick, and precompute's ``--format`` choices all come from
 :mod:`janus_cache.store.formats`."""
 

@@ -1,4 +1,4 @@
-"""Numbers a user plans with (issue 25 item 4): compute threads per process and plan's time model.
+"""Numbers a user plans with: compute threads per process and plan's time model.
 
 * A process runs ``cores // processes on the node - 1`` torch threads (one core of its share left
   to its shard reader and writer), at least one, unless the user set ``OMP_NUM_THREADS``; torch's

@@ -1,4 +1,4 @@
-"""Frozen means outside autograd (issue 23, item 1): on the tiny model, Qwen's frozen ViT records no
+"""Frozen means outside autograd: on the tiny model, Qwen's frozen ViT records no
 graph and runs nothing in the backward under any activation-checkpointing policy; only decoder
 layers recompute, counted among decoder layers; and the gradients are bit for bit those of the way
 janus ran before (transformers' ``activation_checkpointing_enable`` and the ViT as one call)."""

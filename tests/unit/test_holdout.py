@@ -1,4 +1,4 @@
-"""Validation's hold-out and small parts (issue 14, item 1), in this process: held-out episodes
+"""Validation's hold-out and small parts, in this process: held-out episodes
 are whole, disjoint from training and chosen by seed, live data holds out the same ones, unusable
 hold-outs and two validation sources are refused in one line, and the best-metric order, the step
 line's validation and the action-token accuracy (the runs that validate are

@@ -1,4 +1,4 @@
-"""The first build of a stored index holds a chunk of episodes at a time (issue 24 item 9).
+"""The first build of a stored index holds a chunk of episodes at a time.
 
 Building a 612k-sample index as row objects took the index worker to 2.7 GB. An episode-folder
 index is now built a chunk of episode folders at a time straight into its store entry's columns,

@@ -1,4 +1,4 @@
-"""Several caches with sampling weights (issue 14 item 3, trainer half), in one process: the global
+"""Several caches with sampling weights (the trainer's half), in one process: the global
 sample sequence draws each cache in proportion to its weight, deterministically, resumably at any
 global position and on any number of ranks, and ``--cache NAME=PATH:WEIGHT`` arguments parse to
 weighted sources or one-line errors (real two-process runs on two caches: tests/e2e/test_mixture.py)."""

@@ -1,4 +1,4 @@
-"""The non-finite guard's report (issue 14, item 5), as a function: a non-finite gradient norm with
+"""The non-finite guard's report, as a function: a non-finite gradient norm with
 finite losses names every rank's samples (the runs on a poisoned cache: tests/e2e/test_nonfinite.py)."""
 
 from __future__ import annotations

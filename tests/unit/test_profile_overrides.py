@@ -1,4 +1,4 @@
-"""Profiles without copying YAML (issue 25, item 3): ``--set KEY=VALUE`` on every command that takes a
+"""Profiles without copying YAML: ``--set KEY=VALUE`` on every command that takes a
 profile and ``make ... SET="..."``, read by the one profile reader with its one-line errors; and
 ``extends:`` (a profile name or a path), the child's settings deep-merged over the parent's, each
 relative path relative to the file that writes it, a cycle one line."""

@@ -1,4 +1,4 @@
-"""Training live, and the periodic live feature check, on a Qwen3-VL base (issue 27), in this process.
+"""Training live, and the periodic live feature check, on a Qwen3-VL base, in this process.
 
 A Qwen3-VL cache stores Qwen3-VL's frames (64x64 at pad56) and features of VGGT's own frames of the
 same sources (56x56). The live path makes both from the source PNGs as precompute does, so a live

@@ -1,4 +1,4 @@
-"""The per-frame ViT-output cache (``cache.vit_features``) on Qwen3-VL (issue 27, build item 4).
+"""The per-frame ViT-output cache (``cache.vit_features``) on Qwen3-VL.
 
 Qwen3-VL's frozen ViT gives the LLM more than its last block: the outputs of blocks
 ``deepstack_visual_indexes`` pass their own (trainable) DeepStack mergers. So a Qwen3-VL frame's

@@ -1,4 +1,4 @@
-"""Checkpoints move both ways between janus and the reference JanusVLN trainer (issue 12, items 3, 4),
+"""Checkpoints move both ways between janus and the reference JanusVLN trainer,
 in one process: import, export, the refusals and the live-check parts.
 
 A reference checkpoint directory is built by hand (helpers.reference, a session fixture), in the

@@ -1,5 +1,5 @@
 """The tokenizer and preprocessor files of a ``--format janusvln`` export load in the reference's
-transformers 4.50 (issue 24, item 2).
+transformers 4.50.
 
 The tiny Qwen folder was saved by transformers 5: copied as it is, 4.50 loads none of it (fast and
 ``AutoProcessor``: its ``extra_special_tokens`` is a list, 4.50 calls ``.keys()`` on it; slow: no

@@ -1,4 +1,4 @@
-"""Elastic resume's rule (issue 14 item 2), as a function: the split over processes may change
+"""Elastic resume's rule, as a function: the split over processes may change
 (zarr); the global batch, the data and a streaming cache's world may not (the runs that resume on
 another world for real are tests/e2e/test_elastic_resume.py)."""
 

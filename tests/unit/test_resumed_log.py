@@ -1,4 +1,4 @@
-"""A resumed run's log (issue 13, item 5): ``metrics.jsonl`` and TensorBoard hold each step once
+"""A resumed run's log: ``metrics.jsonl`` and TensorBoard hold each step once
 after a kill, with the resumed run's values (the runs that kill and resume for real are
 tests/e2e/test_checkpoints.py)."""
 

@@ -1,4 +1,4 @@
-"""M-RoPE position ids built with the batch (issue 23, item 3): the loader's collate computes them
+"""M-RoPE position ids built with the batch: the loader's collate computes them
 with Qwen's own code, the model takes them from the batch without walking the sequence, and a
 step with them is the step without them, bit for bit."""
 

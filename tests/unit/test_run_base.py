@@ -1,4 +1,4 @@
-"""A run directory records the base model it trains (issue 27): each start's entry in ``run.json``
+"""A run directory records the base model it trains: each start's entry in ``run.json``
 names ``qwen.path``'s ``model_type``; once the run holds a checkpoint, ``janus-train export RUN
 --profile P`` and a resume with a profile of another base are refused in one line naming the run,
 both bases and the fix (not an error deep in model loading). A run recorded before runs named their

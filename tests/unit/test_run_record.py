@@ -1,4 +1,4 @@
-"""A run's recorded profile (issue 25, items 2-3), as functions: it binds the run only once the
+"""A run's recorded profile, as functions: it binds the run only once the
 run holds a checkpoint (the run directories of real runs are tests/e2e/test_run_directory.py)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Several dataset sources (issue 14 item 3): ``r2r=A rxr=B`` names each source, and the combined
+"""Several dataset sources: ``r2r=A rxr=B`` names each source, and the combined
 index prefixes every key with its source and offsets the rows per source. (A cache of several
 sources: tests/e2e/test_sources.py; a dataset that moves: tests/e2e/test_moved_dataset.py.)
 """
@@ -44,7 +44,7 @@ def test_the_combined_index_prefixes_keys_and_offsets_rows_per_source(sources: t
     assert {s.source for s in single.samples} == {"A"}
 
 
-# A dataset that moves (issue 28 item 4): DATA reaches the commands unsplit, whatever characters the path holds.
+# A dataset that moves: DATA reaches the commands unsplit, whatever characters the path holds.
 
 
 def test_one_value_naming_an_existing_path_is_one_source_whatever_its_characters(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""Preemption (issue 25 item 1), in this process and a fork of it: the first stop signal is a
+"""Preemption, in this process and a fork of it: the first stop signal is a
 request and the second ends the process at once, a signal repeated at once is the same request, and
 only the configured signals stop a run (the launches that stop and resume for real are
 tests/e2e/test_preemption.py)."""

@@ -1,4 +1,4 @@
-"""One encoder of text columns (issue 26 item 6): a cache's tables and a stored dataset index keep
+"""One encoder of text columns: a cache's tables and a stored dataset index keep
 text in the same form, made by :mod:`janus_core.text_column`.
 
 The stored bytes are pinned: caches and index stores written before the encoder was shared must

@@ -1,4 +1,4 @@
-"""Stage 2's inputs and start-up check, in this process (issue 7): the trainer's data path from the
+"""Stage 2's inputs and start-up check, in this process: the trainer's data path from the
 cache and live give the same features and loss, a micro-batch of two gives each sample its own
 results, and the start-up check refuses caches of other settings or with broken layouts.
 

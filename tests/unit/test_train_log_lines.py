@@ -1,4 +1,4 @@
-"""Readable training logs (issue 14, item 4), as functions: the step line names every part, the ETA
+"""Readable training logs, as functions: the step line names every part, the ETA
 averages the steps after the first, and Weights & Biases is off unless the profile names a project
 (the runs' own logs are tests/e2e/test_train_logs.py)."""
 

@@ -1,4 +1,4 @@
-"""`verify --data` compares a cache with its dataset on columns (issue 24 item 9).
+"""`verify --data` compares a cache with its dataset on columns.
 
 At the real set's 612,560 samples, holding the dataset index as a row object per frame and sample
 took rank 0 of `verify --data` to 2.4 GB. The comparison now reads the index the cache's index

@@ -1,4 +1,4 @@
-"""Specification of the VGGT window's speed levers (issue 23 item 5), on CPU in float32.
+"""Specification of the VGGT window's speed levers, on CPU in float32.
 
 * frames repeated across (and inside) the windows of one encoder call are patch-embedded once,
   with features bit-identical to embedding every window frame;

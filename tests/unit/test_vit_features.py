@@ -1,4 +1,4 @@
-"""The frozen Qwen ViT's output cached per frame (issue 23 item 2, ``cache.vit_features``): the model side.
+"""The frozen Qwen ViT's output cached per frame (``cache.vit_features``): the model side.
 
 In process, the tiny model at pad56: a step whose batch carries the frames' cached ViT output
 equals the live step bit for bit (loss and every trainable gradient, CPU float32) without running
