@@ -28,6 +28,10 @@ command line, versions and cache digests to ``run.json``; without ``--profile`` 
 one resumes with it, and one that disagrees with it on a setting that shapes the model is refused
 (``janus_train.run.record``). Rank 0's console is also appended to ``train.log``.
 
+The run's parts (tokenizer, data, checkpoints, model, engine) are built by ``pipelines.train_parts``
+and run by :class:`janus_train.loop.trainer.Trainer`; the user errors each end every rank with one
+line, mapped in one place (:data:`USER_ERRORS`, :func:`error_line`).
+
 Output: rank 0 prints one line per logged step (``janus_train.run.logs``); warnings that libraries
 raise on every step are filtered here, each with its reason. A non-finite step
 (``janus_train.loop.nonfinite``) ends every rank with exit code 1 and one ``error:`` line from rank 0.

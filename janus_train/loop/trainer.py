@@ -79,6 +79,9 @@ def answer_logits(hidden: torch.Tensor, labels: torch.Tensor, lm_head_weight: to
 
 
 class Trainer:
+    """Runs a training run's built parts on this rank: resume, the steps, and the policies after
+    each (every rank builds one and calls its methods together)."""
+
     def __init__(self, parts: TrainParts, preemption: Preemption | None = None) -> None:
         """Run ``parts``; ``preemption``: the stop signals that end the run after the current step."""
         self.parts = parts
