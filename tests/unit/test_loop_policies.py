@@ -232,7 +232,9 @@ def test_a_step_is_saved_once_and_its_checkpoint_holds_the_progress(tmp_path: Pa
     assert state["data_layout"] == writer.layout.to_dict()
 
 
-def test_a_stop_signal_ends_the_run_after_the_step_it_arrived_in() -> None:
+def test_a_stop_signal_ends_the_run_after_the_step_it_arrived_in(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Arming also has every later fork of this process die with it: not for the test session's forks.
+    monkeypatch.setattr("janus_train.loop.preemption.forks_die_with_this_process", lambda: None)
     preemption = Preemption(("SIGUSR2",)).arm()
     try:
         stop = StopOnSignal(preemption, CPU)

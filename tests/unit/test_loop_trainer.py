@@ -42,12 +42,15 @@ def one_process(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
     DeepSpeed's shared-memory all-reduce kernel is left out: loading the JIT-built op runs ninja, a
     process this tier refuses, and one process reduces nothing (gloo does what there is). DeepSpeed's
-    CPU accelerator counts the node's devices from ``LOCAL_SIZE``, else by running numactl."""
+    CPU accelerator counts the node's devices from ``LOCAL_SIZE``, else by running numactl. The
+    accelerator is named here, so the test session's later launches do not inherit the one
+    init_distributed would set for good."""
     comm = importlib.import_module("deepspeed.comm.torch")  # the package's ``torch`` is torch itself
 
     monkeypatch.setattr(comm, "build_shm_op", lambda: None)
     for name, value in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "RANK": "0",
-                        "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1", "LOCAL_SIZE": "1"}.items():
+                        "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1", "LOCAL_SIZE": "1",
+                        "DS_ACCELERATOR": "cpu"}.items():
         monkeypatch.setenv(name, value)
     yield
     if dist.is_initialized():
