@@ -40,13 +40,7 @@ from janus_train.data.damaged import DamagedSample, draw_step
 from janus_train.data.live_check import compare_features, worst_of
 from janus_train.data.prompt import IGNORE_INDEX
 from janus_train.data.samples import collate
-from janus_train.loop.parts import (  # noqa: F401 - the data parts' makers, for callers
-    TrainParts,
-    lr_lambda,
-    make_dataset,
-    open_training_cache,
-    prompt_builder,
-)
+from janus_train.loop.parts import TrainParts
 from janus_train.loop.policies import (
     AfterStep,
     CheckpointWriter,
@@ -66,8 +60,6 @@ from janus_train.loop.preemption import Preemption
 from janus_train.loop.progress import Progress
 from janus_train.loop.step_metrics import StepTimes, step_record
 from janus_train.model.loss import LossDenominators, micro_batch_loss
-from janus_train.run.layout import CHECKPOINTS_DIR as CHECKPOINTS  # noqa: F401 - the run layout's names, for callers
-from janus_train.run.layout import EXPORT_DIR, METRICS_FILE  # noqa: F401
 
 
 def answer_logits(hidden: torch.Tensor, labels: torch.Tensor, lm_head_weight: torch.Tensor) -> torch.Tensor:

@@ -26,7 +26,7 @@ from helpers.profiles import REPO_ROOT
 from helpers.shared_runs import ReferenceRun, TinyTraining
 from helpers.training import MAX_STEPS, SAVE_EVERY, assert_succeeded, read_metrics, torchrun_train
 from janus_train.checkpoint.tags import CHECKSUMS_FILE, LATEST_FILE, Checkpoints, NoIntactCheckpoint, sha256_file
-from janus_train.loop.trainer import CHECKPOINTS, METRICS_FILE
+from janus_train.run.layout import CHECKPOINTS_DIR, METRICS_FILE
 
 STEPS = MAX_STEPS
 TAGS = [f"step{s:08d}" for s in (*range(SAVE_EVERY, STEPS, SAVE_EVERY), STEPS)]  # 3, 6, 9 and the final 10
@@ -48,8 +48,8 @@ class Setup:
         checkpoints saved up to that step, ``latest`` naming the newest."""
         tags = [tag for tag in TAGS if int(tag.removeprefix("step")) <= up_to_step]
         for tag in tags:
-            shutil.copytree(self.reference / CHECKPOINTS / tag, out / CHECKPOINTS / tag)
-        (out / CHECKPOINTS / LATEST_FILE).write_text(tags[-1])
+            shutil.copytree(self.reference / CHECKPOINTS_DIR / tag, out / CHECKPOINTS_DIR / tag)
+        (out / CHECKPOINTS_DIR / LATEST_FILE).write_text(tags[-1])
         (out / METRICS_FILE).write_text("".join(json.dumps(r) + "\n" for r in self.records[:up_to_step]))
         return out
 
@@ -89,7 +89,7 @@ def assert_steps_match_the_reference(setup: Setup, records: list[dict[str, Any]]
 
 
 def test_latest_names_the_last_checkpoint_and_every_file_of_each_tag_is_recorded(setup: Setup) -> None:
-    checkpoints = setup.reference / CHECKPOINTS
+    checkpoints = setup.reference / CHECKPOINTS_DIR
     assert (checkpoints / LATEST_FILE).read_text() == TAGS[-1]
     assert sorted(p.name for p in checkpoints.glob("step*")) == TAGS
     for tag in TAGS:
@@ -106,7 +106,7 @@ def test_latest_names_the_last_checkpoint_and_every_file_of_each_tag_is_recorded
 def test_rotation_keeps_the_newest_and_never_the_tag_latest_does_not_name(setup: Setup, tmp_path: Path) -> None:
     """Keep 2: the tag ``latest`` names and the one before it stay; older ones go, and so does a
     leftover newer than ``latest`` (a run abandoned at a resume)."""
-    checkpoints = setup.copy_run(tmp_path / "run", STEPS) / CHECKPOINTS
+    checkpoints = setup.copy_run(tmp_path / "run", STEPS) / CHECKPOINTS_DIR
     (checkpoints / LATEST_FILE).write_text(TAGS[2])
     assert Checkpoints(checkpoints).rotate(keep=2) == [TAGS[3], TAGS[0]]
     assert sorted(p.name for p in checkpoints.glob("step*")) == TAGS[1:3]
@@ -129,7 +129,7 @@ def test_rotation_keeps_the_newest_and_never_the_tag_latest_does_not_name(setup:
 def test_a_damaged_latest_falls_back_to_the_newest_intact_tag_and_repoints_latest(
     setup: Setup, tmp_path: Path, damage: Any, reason: str,
 ) -> None:
-    checkpoints = setup.copy_run(tmp_path / "run", STEPS) / CHECKPOINTS
+    checkpoints = setup.copy_run(tmp_path / "run", STEPS) / CHECKPOINTS_DIR
     damage(checkpoints / TAGS[-1])
     chosen = Checkpoints(checkpoints).resumable()
     assert chosen is not None and chosen.tag == TAGS[-2] and chosen.step == 9
@@ -142,7 +142,7 @@ def test_a_damaged_latest_falls_back_to_the_newest_intact_tag_and_repoints_lates
 def test_an_empty_missing_or_dangling_latest_falls_back_to_the_newest_intact_tag(
     setup: Setup, tmp_path: Path, latest: str | None,
 ) -> None:
-    checkpoints = setup.copy_run(tmp_path / "run", STEPS) / CHECKPOINTS
+    checkpoints = setup.copy_run(tmp_path / "run", STEPS) / CHECKPOINTS_DIR
     if latest is None:
         (checkpoints / LATEST_FILE).unlink()
     else:
@@ -156,14 +156,14 @@ def test_an_empty_missing_or_dangling_latest_falls_back_to_the_newest_intact_tag
 def test_an_intact_latest_is_resumed_without_a_note_and_no_checkpoint_means_a_fresh_start(
     setup: Setup, tmp_path: Path,
 ) -> None:
-    checkpoints = setup.copy_run(tmp_path / "run", STEPS) / CHECKPOINTS
+    checkpoints = setup.copy_run(tmp_path / "run", STEPS) / CHECKPOINTS_DIR
     chosen = Checkpoints(checkpoints).resumable()
     assert chosen is not None and (chosen.tag, chosen.note) == (TAGS[-1], None)
     assert Checkpoints(tmp_path / "none").resumable() is None
 
 
 def test_no_intact_checkpoint_is_an_error_naming_each_problem(setup: Setup, tmp_path: Path) -> None:
-    checkpoints = setup.copy_run(tmp_path / "run", STEPS) / CHECKPOINTS
+    checkpoints = setup.copy_run(tmp_path / "run", STEPS) / CHECKPOINTS_DIR
     for tag in TAGS:
         flip_byte(largest_file(checkpoints / tag))
     with pytest.raises(NoIntactCheckpoint) as err:
@@ -184,7 +184,7 @@ def test_training_resumes_past_a_damaged_latest_in_one_line_and_continues(
     prints one line naming the damage, resumes from step 6 and repeats the reference's steps 7 to 10
     (so it really loaded step 6's weights, optimizer and data position); each step logged once."""
     out = setup.copy_run(tmp_path / "run", 9)
-    checkpoints = out / CHECKPOINTS
+    checkpoints = out / CHECKPOINTS_DIR
     if damage == "empty latest":
         (checkpoints / LATEST_FILE).write_text("")
         # The newest tag was never completed: its checksums were never recorded.
@@ -214,11 +214,11 @@ def test_training_resumes_past_a_damaged_latest_in_one_line_and_continues(
 def test_a_run_with_no_intact_checkpoint_ends_in_one_error_line(setup: Setup, tmp_path: Path) -> None:
     out = setup.copy_run(tmp_path / "run", STEPS)
     for tag in TAGS:
-        truncate(largest_file(out / CHECKPOINTS / tag))
+        truncate(largest_file(out / CHECKPOINTS_DIR / tag))
     result = setup.train(out)
     assert result.returncode != 0
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and errors[0].startswith(f"error: no intact checkpoint in {out / CHECKPOINTS}: ")
+    assert len(errors) == 1 and errors[0].startswith(f"error: no intact checkpoint in {out / CHECKPOINTS_DIR}: ")
     assert "Traceback (most recent call last)" not in result.stderr.split(errors[0])[0]
 
 

@@ -48,7 +48,8 @@ from janus_cache.store.layout import TEXT_PAYLOAD, wds_shard_name
 from janus_cache.store.wds_store import encode_key
 from janus_core.profile import load_profile
 from janus_train.data.samples import CachedSamples
-from janus_train.loop.trainer import CHECKPOINTS, METRICS_FILE, open_training_cache
+from janus_train.loop.parts import open_training_cache
+from janus_train.run.layout import CHECKPOINTS_DIR, METRICS_FILE
 from pipelines.precompute import Options, run
 
 
@@ -72,7 +73,7 @@ def damaged_zarr(workdir: tuple[Path, Path], clean_zarr: tuple[Path, Path]) -> D
 
 @pytest.fixture(scope="module")
 def builder(clean_zarr: tuple[Path, Path]) -> Any:
-    from janus_train.loop.trainer import prompt_builder
+    from janus_train.loop.parts import prompt_builder
 
     return prompt_builder(load_profile(clean_zarr[0]))
 
@@ -95,7 +96,7 @@ def test_a_damaged_sample_stops_every_rank_naming_the_shard_file_and_the_sample(
                                  f"{damaged_zarr.file}: checksum mismatch (crc32c) (read for sample {damaged_zarr.key})")
     assert "janus_cache/store" not in result.stderr  # no traceback through the reader
     # Nothing of the damaged step was trained or saved.
-    assert (out / CHECKPOINTS / "latest").read_text().strip() == "step00000001"
+    assert (out / CHECKPOINTS_DIR / "latest").read_text().strip() == "step00000001"
     assert [r["step"] for r in records(out)] == [1]
 
 
@@ -151,7 +152,7 @@ def test_a_flipped_action_digit_in_a_tar_stops_naming_the_tar_and_the_sample(
     reports = error_lines(result)
     assert len(reports) == 1 and f"{tar}: member {encode_key(key)}.json fails its crc32c" in reports[0], reports
     assert f"(read for sample {key})" in reports[0]
-    assert not (out / CHECKPOINTS / "latest").exists()
+    assert not (out / CHECKPOINTS_DIR / "latest").exists()
 
 
 # -- Damage anywhere a sample is read ends the run on every rank --------------------------------

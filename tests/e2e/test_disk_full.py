@@ -41,7 +41,7 @@ from helpers.training import TRAIN as TRAIN_TEST_SETTINGS
 from helpers.training import read_metrics, write_train_profile
 from janus_train.checkpoint.best import BEST_FILE, BEST_TAG
 from janus_train.checkpoint.tags import CHECKSUMS_FILE, LATEST_FILE
-from janus_train.loop.trainer import CHECKPOINTS
+from janus_train.run.layout import CHECKPOINTS_DIR
 
 STEPS, SAVE_EVERY = 4, 2
 TRAIN = {"max_steps": STEPS, "save_every": SAVE_EVERY, "save_total_limit": 10, "live_check_every": 0}
@@ -110,7 +110,7 @@ def setup(tiny_training: TinyTraining, tmp_path_factory: pytest.TempPathFactory)
 
 def test_a_checkpoint_save_on_a_full_disk_is_one_line_and_the_same_command_resumes_once_there_is_room(
         setup: Setup, tmp_path: Path) -> None:
-    checkpoint = tag_bytes(setup.reference / CHECKPOINTS / f"step{SAVE_EVERY:08d}")
+    checkpoint = tag_bytes(setup.reference / CHECKPOINTS_DIR / f"step{SAVE_EVERY:08d}")
     size = (checkpoint * 3 // 2 // PAGE) * PAGE  # step 2's checkpoint fits, step 4's does not
     mount, kept = tmp_path / "small-disk", tmp_path / "kept"
     out = mount / "run"
@@ -123,15 +123,15 @@ def test_a_checkpoint_save_on_a_full_disk_is_one_line_and_the_same_command_resum
     tag = f"step{2 * SAVE_EVERY:08d}"
     assert len(errors) == 1, output[-5000:]
     assert re.fullmatch(
-        rf"error: {re.escape(str(out / CHECKPOINTS / tag))}: no room left saving checkpoint {tag} \(No space left on "
+        rf"error: {re.escape(str(out / CHECKPOINTS_DIR / tag))}: no room left saving checkpoint {tag} \(No space left on "
         rf"device\): the disk has {SIZE} free and a checkpoint of this run takes {SIZE}; the partial checkpoint was "
         rf"removed, latest still names step{SAVE_EVERY:08d}: free space and run the same command again to resume "
         r"from it", errors[0]), errors[0]
     assert "Traceback" not in output and "Logging error" not in output, output[-5000:]
     assert lines(result, "launcher:") == [f"launcher: rank 0 exited with code 1; torchrun's report: "
                                           f"{out / 'launcher.log'}"], output[-3000:]
-    assert (kept / CHECKPOINTS / LATEST_FILE).read_text() == f"step{SAVE_EVERY:08d}"
-    assert not (kept / CHECKPOINTS / tag).exists(), "the partial checkpoint was left behind"
+    assert (kept / CHECKPOINTS_DIR / LATEST_FILE).read_text() == f"step{SAVE_EVERY:08d}"
+    assert not (kept / CHECKPOINTS_DIR / tag).exists(), "the partial checkpoint was left behind"
 
     # Room again (the run moved to a disk with space): the same command resumes and finishes the run.
     resumed = run(train_command(kept, setup.cache, setup.profile, "--no-export"))
@@ -158,23 +158,23 @@ def test_a_best_checkpoint_that_does_not_fit_is_one_line_and_keeps_the_best_ther
                           "best_metric": "val_loss"})
     profile.write_text(yaml.safe_dump(data, sort_keys=False))
     earlier = tmp_path / BEST_TAG  # the best there was: a checkpoint with a worse val_loss than any to come
-    shutil.copytree(setup.reference / CHECKPOINTS / f"step{SAVE_EVERY:08d}", earlier)
+    shutil.copytree(setup.reference / CHECKPOINTS_DIR / f"step{SAVE_EVERY:08d}", earlier)
     (earlier / BEST_FILE).write_text(json.dumps({"metric": "val_loss", "value": 1e9, "step": 0}) + "\n")
-    checkpoint = tag_bytes(setup.reference / CHECKPOINTS / f"step{SAVE_EVERY:08d}")
+    checkpoint = tag_bytes(setup.reference / CHECKPOINTS_DIR / f"step{SAVE_EVERY:08d}")
     best_pages = sum(-(-p.stat().st_size // PAGE) for p in earlier.rglob("*") if p.is_file())
     size = best_pages * PAGE + (checkpoint * 3 // 2 // PAGE) * PAGE
     mount, kept = tmp_path / "small-disk", tmp_path / "kept"
     out = mount / "run"
     command = shlex.join(train_command(out, setup.cache, profile, "--no-export"))
-    place = (f"mkdir -p {shlex.quote(str(out / CHECKPOINTS))} && "
-             f"cp -a {shlex.quote(str(earlier))} {shlex.quote(str(out / CHECKPOINTS / BEST_TAG))}")
+    place = (f"mkdir -p {shlex.quote(str(out / CHECKPOINTS_DIR))} && "
+             f"cp -a {shlex.quote(str(earlier))} {shlex.quote(str(out / CHECKPOINTS_DIR / BEST_TAG))}")
     result = on_small_disk(mount, size, f"{place} && {command}; code=$?; "
                                         f"cp -a {shlex.quote(str(out))} {shlex.quote(str(kept))}; exit $code")
     output = result.stdout + result.stderr
     assert result.returncode == 1, output[-5000:]
     errors = lines(result, "error:")
     assert len(errors) == 1, output[-5000:]
-    partial = out / CHECKPOINTS / f"{BEST_TAG}.partial"
+    partial = out / CHECKPOINTS_DIR / f"{BEST_TAG}.partial"
     assert re.fullmatch(
         rf"error: {re.escape(str(partial))}: no room left saving the best checkpoint of step {STEPS} \(val_loss "
         rf"[0-9.e+-]+\) \(No space left on device\): the disk has {SIZE} free and the best checkpoint takes {SIZE}; "
@@ -184,14 +184,14 @@ def test_a_best_checkpoint_that_does_not_fit_is_one_line_and_keeps_the_best_ther
     assert "Traceback" not in output and "Logging error" not in output, output[-5000:]
     assert lines(result, "launcher:") == [f"launcher: rank 0 exited with code 1; torchrun's report: "
                                           f"{out / 'launcher.log'}"], output[-3000:]
-    assert file_digests(kept / CHECKPOINTS / BEST_TAG) == file_digests(earlier)
-    assert not (kept / CHECKPOINTS / f"{BEST_TAG}.partial").exists(), "the partial best was left behind"
-    assert (kept / CHECKPOINTS / LATEST_FILE).read_text() == f"step{SAVE_EVERY:08d}"
+    assert file_digests(kept / CHECKPOINTS_DIR / BEST_TAG) == file_digests(earlier)
+    assert not (kept / CHECKPOINTS_DIR / f"{BEST_TAG}.partial").exists(), "the partial best was left behind"
+    assert (kept / CHECKPOINTS_DIR / LATEST_FILE).read_text() == f"step{SAVE_EVERY:08d}"
 
     resumed = run(train_command(kept, setup.cache, profile, "--no-export"))
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-5000:]
     assert f"resumed at step {SAVE_EVERY}" in resumed.stdout
-    best = json.loads((kept / CHECKPOINTS / BEST_TAG / BEST_FILE).read_text())
+    best = json.loads((kept / CHECKPOINTS_DIR / BEST_TAG / BEST_FILE).read_text())
     assert best["step"] == STEPS and best["value"] == read_metrics(kept)[-1]["val_loss"]
 
 

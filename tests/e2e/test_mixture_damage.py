@@ -22,7 +22,8 @@ from helpers.damage import copies, error_lines, flip_byte, launch_train, write_p
 from helpers.shared_runs import OneSampleShards
 from janus_cache.store.layout import SAMPLES_TABLE, TEXT_PAYLOAD, table_group
 from janus_core.profile import load_profile
-from janus_train.loop.trainer import CHECKPOINTS, open_training_cache
+from janus_train.loop.parts import open_training_cache
+from janus_train.run.layout import CHECKPOINTS_DIR
 
 
 @pytest.fixture(scope="module")
@@ -52,4 +53,4 @@ def test_a_mixture_run_reading_a_damaged_table_column_ends_every_rank_with_one_l
         reports[0]), reports
     assert "(read for sample b/" in reports[0]
     assert "Traceback" not in result.stdout + result.stderr
-    assert not (out / CHECKPOINTS / "latest").exists()
+    assert not (out / CHECKPOINTS_DIR / "latest").exists()

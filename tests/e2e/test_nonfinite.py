@@ -32,7 +32,8 @@ from janus_cache.store.zarr_store import ZarrCacheWriter
 from janus_core.profile import load_profile
 from janus_core.resolution import Resolution
 from janus_train.data.mixture import Mixture
-from janus_train.loop.trainer import CHECKPOINTS, METRICS_FILE, open_training_cache
+from janus_train.loop.parts import open_training_cache
+from janus_train.run.layout import CHECKPOINTS_DIR, METRICS_FILE
 
 N_PROC, PER_RANK_STEP, STEPS_PER_EPOCH = 2, 2, 2
 MAX_STEPS = 4
@@ -132,7 +133,7 @@ def test_a_nan_loss_stops_every_rank_naming_the_step_rank_and_sample(poisoned: P
     exits = [line.split(":", 1)[1].split()[0] for line in output if line.strip().startswith("exitcode")]
     assert "1" in exits and set(exits) <= {"1", "-15"}, "\n".join(output)
     # Nothing of the bad step was written: step 1's checkpoint is the latest, step 1's record the last.
-    checkpoints = out / CHECKPOINTS
+    checkpoints = out / CHECKPOINTS_DIR
     assert sorted(p.name for p in checkpoints.glob("step*")) == ["step00000001"]
     assert (checkpoints / "latest").read_text().strip() == "step00000001"
     assert [r["step"] for r in strict_records(out)] == [1]
@@ -159,6 +160,6 @@ def test_with_nonfinite_skip_the_run_completes_and_counts_the_skipped_steps(pois
     for step in skipped:
         if step < MAX_STEPS:
             assert records[step]["lr"] == records[step - 1]["lr"]
-    assert (out / CHECKPOINTS / "latest").read_text().strip() == f"step{MAX_STEPS:08d}"
+    assert (out / CHECKPOINTS_DIR / "latest").read_text().strip() == f"step{MAX_STEPS:08d}"
     line = next(line for line in result.stdout.splitlines() if line.startswith(f"step {MAX_STEPS}/{MAX_STEPS}"))
     assert line.endswith(f"| non-finite skips {len(skipped)}")

@@ -24,7 +24,7 @@ from helpers.processes import GRACE_S, RUN_TIMEOUT, Launch, alive, descendants, 
 from helpers.profiles import REPO_ROOT, write_test_profile
 from janus_cache.store.layout import REPORT_NAME
 from janus_core.lock import lock_path
-from janus_train.loop.trainer import METRICS_FILE
+from janus_train.run.layout import METRICS_FILE
 
 """How long the launcher's processes may take to die after it is killed."""
 

@@ -36,14 +36,9 @@ from janus_core.sample_data import write_sample_data
 from janus_train.checkpoint.export import HEADS_FILE, load_exported
 from janus_train.config import load_train_settings
 from janus_train.data.samples import CachedSamples, collate
-from janus_train.loop.trainer import (
-    CHECKPOINTS,
-    EXPORT_DIR,
-    METRICS_FILE,
-    answer_logits,
-    open_training_cache,
-    prompt_builder,
-)
+from janus_train.loop.parts import open_training_cache, prompt_builder
+from janus_train.loop.trainer import answer_logits
+from janus_train.run.layout import CHECKPOINTS_DIR, EXPORT_DIR, METRICS_FILE
 
 QWEN3_DIR = Path(__file__).resolve().parents[2] / "configs" / "models" / "tiny-qwen3_vl"
 RECORDED_SAMPLES = 2
@@ -93,9 +88,9 @@ def test_a_qwen3_run_resumed_after_step_k_repeats_the_uninterrupted_run_bit_for_
     4..10 equal the uninterrupted run's losses, gradient norms and LRs exactly."""
     out = tmp_path / "run"
     tag = f"step{SAVE_EVERY:08d}"
-    (out / CHECKPOINTS).mkdir(parents=True)
-    shutil.copytree(qwen3["run"] / CHECKPOINTS / tag, out / CHECKPOINTS / tag)
-    (out / CHECKPOINTS / "latest").write_text(tag)
+    (out / CHECKPOINTS_DIR).mkdir(parents=True)
+    shutil.copytree(qwen3["run"] / CHECKPOINTS_DIR / tag, out / CHECKPOINTS_DIR / tag)
+    (out / CHECKPOINTS_DIR / "latest").write_text(tag)
     reference = read_metrics(qwen3["run"])
     (out / METRICS_FILE).write_text("".join(json.dumps(r) + "\n" for r in reference[:SAVE_EVERY]))
     result = torchrun_train("--out", out, "--cache", qwen3["cache"], "--profile", qwen3["profile"], "--no-export")

@@ -41,17 +41,11 @@ from janus_train.checkpoint.export import HEADS_FILE, load_exported
 from janus_train.data.mixture import Mixture
 from janus_train.data.prompt import SEGMENT_NAMES
 from janus_train.data.samples import CachedSamples, collate
-from janus_train.loop.trainer import (
-    CHECKPOINTS,
-    EXPORT_DIR,
-    METRICS_FILE,
-    answer_logits,
-    lr_lambda,
-    open_training_cache,
-    prompt_builder,
-)
+from janus_train.loop.parts import lr_lambda, open_training_cache, prompt_builder
+from janus_train.loop.trainer import answer_logits
 from janus_train.model.janus_model import JanusVLNModel
 from janus_train.model.loss import LossDenominators, micro_batch_loss
+from janus_train.run.layout import CHECKPOINTS_DIR, EXPORT_DIR, METRICS_FILE
 from pipelines.distributed import usable_cores
 
 
@@ -90,7 +84,7 @@ def test_a_zero2_run_trains_what_the_zero3_run_trains(setup: TinyTraining, refer
     for zero2, zero3 in zip(records, reference_run.records[:2], strict=True):
         assert zero2["loss"] == pytest.approx(zero3["loss"], rel=1e-5)
         assert zero2["grad_norm"] == pytest.approx(zero3["grad_norm"], rel=1e-4)
-    latest = out / CHECKPOINTS / (out / CHECKPOINTS / "latest").read_text().strip()
+    latest = out / CHECKPOINTS_DIR / (out / CHECKPOINTS_DIR / "latest").read_text().strip()
     assert (latest / "mp_rank_00_model_states.pt").is_file()  # ZeRO-3 writes one model file per rank
     assert (out / EXPORT_DIR / HEADS_FILE).is_file()
 
@@ -212,9 +206,9 @@ def test_resume_after_step_k_repeats_the_uninterrupted_losses(reference_run: Ref
     schedule and RNG all come from the checkpoint)."""
     out = tmp_path / "run"
     tag = f"step{SAVE_EVERY:08d}"
-    (out / CHECKPOINTS).mkdir(parents=True)
-    shutil.copytree(reference_run.out / CHECKPOINTS / tag, out / CHECKPOINTS / tag)
-    (out / CHECKPOINTS / "latest").write_text(tag)
+    (out / CHECKPOINTS_DIR).mkdir(parents=True)
+    shutil.copytree(reference_run.out / CHECKPOINTS_DIR / tag, out / CHECKPOINTS_DIR / tag)
+    (out / CHECKPOINTS_DIR / "latest").write_text(tag)
     (out / METRICS_FILE).write_text("".join(json.dumps(r) + "\n" for r in reference_run.records[:SAVE_EVERY]))
 
     result = torchrun_train("--out", out, "--cache", setup.fp32_cache, "--profile", setup.fp32_profile, "--no-export")
@@ -226,7 +220,7 @@ def test_resume_after_step_k_repeats_the_uninterrupted_losses(reference_run: Ref
     for got, want in zip(resumed, expected):
         for name in ("loss", "token_loss", "action_loss", "grad_norm", "lr", "epoch"):
             assert got[name] == pytest.approx(want[name], rel=1e-6, abs=1e-9), (got["step"], name)
-    kept = sorted(p.name for p in (out / CHECKPOINTS).glob("step*"))
+    kept = sorted(p.name for p in (out / CHECKPOINTS_DIR).glob("step*"))
     assert kept == [f"step{s:08d}" for s in (3, 6, 9, 10)]
 
 

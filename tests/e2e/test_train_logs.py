@@ -21,7 +21,7 @@ import yaml
 from helpers.profiles import REPO_ROOT, write_test_profile
 from helpers.shared_runs import ReferenceRun
 from helpers.training import MAX_STEPS, TRAIN
-from janus_train.loop.trainer import METRICS_FILE
+from janus_train.run.layout import METRICS_FILE
 from janus_train.run.logs import WandbMissing, check_wandb
 
 STEPS = MAX_STEPS

@@ -23,7 +23,8 @@ from helpers.shared_runs import TinyTraining
 from janus_cache.store import read_manifest
 from janus_core.profile import load_profile
 from janus_core.resolution import Resolution, visual_tokens
-from janus_train.loop.trainer import METRICS_FILE, open_training_cache
+from janus_train.loop.parts import open_training_cache
+from janus_train.run.layout import METRICS_FILE
 from pipelines.precompute import Options, run
 
 OTHER = "pad112"

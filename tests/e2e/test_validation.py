@@ -40,7 +40,7 @@ from janus_train.checkpoint.export import load_exported
 from janus_train.config import load_train_settings
 from janus_train.data.samples import CachedSamples, collate
 from janus_train.data.segments import SEGMENT_NAMES
-from janus_train.loop.trainer import CHECKPOINTS, EXPORT_DIR
+from janus_train.run.layout import CHECKPOINTS_DIR, EXPORT_DIR
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +54,7 @@ def run(built: dict[str, Path]) -> dict[str, Any]:
     result = torchrun_train("--out", out, "--cache", built["cache"], "--profile", built["profile"])
     assert_succeeded(result)
     records = read_metrics(out)
-    best = json.loads((out / CHECKPOINTS / BEST_TAG / BEST_FILE).read_text())
+    best = json.loads((out / CHECKPOINTS_DIR / BEST_TAG / BEST_FILE).read_text())
     return {"out": out, "stdout": result.stdout, "records": records, "best": best}
 
 
@@ -169,7 +169,7 @@ def test_the_best_checkpoint_is_kept_apart_from_rotation(built: dict[str, Path],
     assert run["best"] == {"metric": BEST, "value": best[BEST], "step": best["step"]}
     assert [r["val_best"] for r in evaluated] == [r is expected_best(evaluated[: i + 1])
                                                   for i, r in enumerate(evaluated)]
-    checkpoints = run["out"] / CHECKPOINTS
+    checkpoints = run["out"] / CHECKPOINTS_DIR
     assert sorted(p.name for p in checkpoints.iterdir() if p.is_dir()) == [BEST_TAG, f"step{MAX_STEPS:08d}"]
     assert (checkpoints / "latest").read_text().strip() == f"step{MAX_STEPS:08d}"
 
@@ -194,6 +194,6 @@ def test_the_best_checkpoint_survives_a_resume(built: dict[str, Path], run: dict
     evaluated = [r for r in read_metrics(run["out"]) if "val_loss" in r]
     assert [r["step"] for r in evaluated] == [2, 4, 6, 8]
     best = expected_best(evaluated)
-    kept = json.loads((run["out"] / CHECKPOINTS / BEST_TAG / BEST_FILE).read_text())
+    kept = json.loads((run["out"] / CHECKPOINTS_DIR / BEST_TAG / BEST_FILE).read_text())
     assert kept == {"metric": BEST, "value": best[BEST], "step": best["step"]}
     assert evaluated[-1]["val_best"] == (best["step"] == RESUMED_STEPS)

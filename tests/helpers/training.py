@@ -12,9 +12,7 @@ from typing import Any
 import yaml
 
 from helpers.profiles import REPO_ROOT, write_test_profile
-from janus_train.loop.trainer import (
-    METRICS_FILE,
-)
+from janus_train.run.layout import METRICS_FILE
 
 N_PROC = 2
 

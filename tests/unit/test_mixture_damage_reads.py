@@ -28,7 +28,7 @@ from janus_core.sample_data import write_sample_data
 from janus_train.data.damaged import DamagedSample, draw_step
 from janus_train.data.mixture import MixedSamples, Mixture, mixed_samples
 from janus_train.data.samples import collate
-from janus_train.loop.trainer import open_training_cache
+from janus_train.loop.parts import open_training_cache
 from pipelines.precompute import Options, run
 
 N_PER_CACHE = 8
@@ -45,7 +45,7 @@ def clean_caches(one_sample_shards: OneSampleShards) -> tuple[Path, Path, Path]:
 
 @pytest.fixture(scope="module")
 def builder(clean_caches: tuple[Path, Path, Path]) -> Any:
-    from janus_train.loop.trainer import prompt_builder
+    from janus_train.loop.parts import prompt_builder
 
     return prompt_builder(load_profile(clean_caches[0]))
 

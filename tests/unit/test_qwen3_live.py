@@ -29,7 +29,7 @@ from janus_core.profile import Profile, load_profile
 from janus_core.sample_data import write_sample_data
 from janus_train.data.live_check import compare_features, live_check_refusal, source_windows
 from janus_train.data.samples import CachedSamples, LiveFrames, LiveSamples, collate
-from janus_train.loop.trainer import make_dataset, open_training_cache, prompt_builder
+from janus_train.loop.parts import make_dataset, open_training_cache, prompt_builder
 from janus_train.model.janus_model import JanusVLNModel, ModelInputError
 
 SMALL = ("cache.resolution=pad56", "cache.frames_per_shard=4", "cache.samples_per_shard=3", "cache.history=3")

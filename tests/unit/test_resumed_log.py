@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from helpers.training import read_metrics
-from janus_train.loop.trainer import METRICS_FILE
+from janus_train.run.layout import METRICS_FILE
 
 
 def logged_record(step: int, loss: float) -> dict[str, Any]:
