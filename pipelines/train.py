@@ -80,7 +80,9 @@ from janus_train.run.layout import RunLayout
 from janus_train.run.logs import ConsoleCopy, WandbMissing, check_wandb
 from janus_train.run.record import append_start, run_profile, write_profile
 from pipelines.distributed import Control, RankFailed, Ranks, fail_alike, lock_on_main, usable_cores
+from pipelines.train_options import CacheOption, DataOption, OutOption, ProfileOption
 from pipelines.train_parts import TooFewSamples, build_parts, init_distributed
+
 
 def quiet_library_warnings() -> None:
     """Warnings a user can do nothing about, which would otherwise repeat on every rank and step."""
@@ -327,17 +329,11 @@ def leave_process_group() -> None:
 
 
 def command(
-    out: Annotated[Path, typer.Option("--out", help="Run directory: checkpoints, metrics, export.")],
-    cache: Annotated[Optional[list[str]], typer.Option(
-        help="Cache directory to train from; repeat as NAME=PATH:WEIGHT to draw from several zarr caches "
-             "with sampling weights (e.g. --cache r2r=caches/r2r:0.7 --cache rxr=caches/rxr:0.3).")] = None,
+    out: OutOption,
+    cache: CacheOption = None,
     live_data: Annotated[Optional[Path], typer.Option(help="Train live from source data (baseline).")] = None,
-    data: Annotated[Optional[str], typer.Option(
-        "--data", help="The dataset --cache was built from, as given to precompute (a path, or NAME=PATH sources "
-                       "separated by spaces): refuse the cache when the dataset changed since (frames, texts, "
-                       "actions, episodes).")] = None,
-    profile: Annotated[Optional[str], typer.Option(
-        help="Profile name or YAML path (default: the profile --out recorded, for a resume; else tiny).")] = None,
+    data: DataOption = None,
+    profile: ProfileOption = None,
     overrides: Annotated[Optional[list[str]], typer.Option(SET_OPTION, help=SET_HELP)] = None,
     max_steps: Annotated[Optional[int], typer.Option(min=1, help="Override train.max_steps.")] = None,
     val_cache: Annotated[Optional[Path], typer.Option(help="Override train.val_cache (a cache to validate on).")] = None,

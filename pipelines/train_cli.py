@@ -15,6 +15,7 @@ from typing import Annotated, Optional
 import typer
 
 from janus_core.profile import SET_HELP, SET_OPTION
+from pipelines.train_options import CacheOption, DataOption, OutOption, ProfileOption
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Train from janus caches and export the result.")
 
@@ -29,42 +30,48 @@ def _commands() -> None:
     pass
 
 
+def _help_train(value: bool) -> None:
+    if value:
+        os.execv(sys.executable, [sys.executable, "-m", TRAIN_MODULE, "--help"])
+
+
 @app.command("run", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def run_cmd(
     ctx: typer.Context,
-    out: Annotated[Optional[Path], typer.Option(
-        "--out", help="Run directory (checkpoints, metrics); the same command resumes it.")] = None,
-    profile: Annotated[str, typer.Option(help="Profile name or YAML path.")] = "tiny",
+    out: OutOption,
+    cache: CacheOption = None,
+    data: DataOption = None,
+    profile: ProfileOption = None,
     overrides: Annotated[Optional[list[str]], typer.Option(SET_OPTION, help=SET_HELP)] = None,
     nproc: Annotated[Optional[int], typer.Option(
         min=1, help="Processes on this node (default: the profile's nproc_per_node).")] = None,
     torchrun: Annotated[str, typer.Option(
         help="torchrun's own options, e.g. '--nnodes 2 --node_rank 0 --rdzv_endpoint HOST:29500' for several "
              "nodes.")] = "--standalone",
-    help_train: Annotated[bool, typer.Option("--help-train", help="Show the training options and exit.")] = False,
+    _help: Annotated[bool, typer.Option(
+        "--help-train", is_eager=True, callback=_help_train,
+        help="Show every training option (--max-steps, --live-data, --no-export, ...) and exit.")] = False,
 ) -> None:
-    """Start (or resume) a training run on this node: torchrun with the profile's processes, each
-    training with the options that follow (--cache DIR or --cache NAME=DIR:WEIGHT ..., --data,
-    --max-steps, ...: see --help-train), as `make train` does."""
-    if help_train:
-        os.execv(sys.executable, [sys.executable, "-m", TRAIN_MODULE, "--help"])
-    if out is None:
-        typer.echo("error: janus-train run needs --out RUN (the run directory to start or resume)", err=True)
-        raise typer.Exit(2)
-    from janus_core.profile import ProfileError, load_profile
+    """Start (or resume) a training run on this node, as `make train` does: torchrun with the
+    profile's processes, each rank training with these options and any other training option that
+    follows (see --help-train)."""
+    from janus_core.profile import ProfileError
     from janus_train.run.layout import RunLayout
+    from janus_train.run.record import run_profile
     from pipelines.launch import LOG_OPTION
 
     settings = list(overrides or ())
     if nproc is None:
         try:
-            nproc = load_profile(profile, settings).nproc_per_node
+            nproc = run_profile(out, profile, settings).nproc_per_node
         except ProfileError as err:
             typer.echo(f"error: {err}", err=True)
             raise typer.Exit(1)
+    passed = [*(a for c in cache or () for a in ("--cache", c)), *(("--data", data) if data is not None else ()),
+              *(("--profile", profile) if profile is not None else ()), *(a for s in settings for a in (SET_OPTION, s))]
     argv = [sys.executable, "-m", "pipelines.launch", LOG_OPTION, str(RunLayout(out).launcher_log),
-            *shlex.split(torchrun), "--nproc_per_node", str(nproc), "-m", TRAIN_MODULE,
-            "--out", str(out), "--profile", profile, *(a for s in settings for a in (SET_OPTION, s)), *ctx.args]
+            *shlex.split(torchrun), "--nproc_per_node", str(nproc), "-m", TRAIN_MODULE, "--out", str(out), *passed,
+            *ctx.args]
     if nproc > 1:
         # torchrun's own default, set here so it does not print its warning about it on every launch.
         os.environ.setdefault("OMP_NUM_THREADS", "1")
