@@ -72,12 +72,17 @@ $(STAMP): pyproject.toml $(TORCH_CONSTRAINTS)
 
 setup: $(STAMP)
 
+# Tests run in TEST_WORKERS pytest-xdist processes (a unit test keeps one core busy; an e2e test's
+# ranks mostly wait on each other); TEST_WORKERS=0 runs them in this process.
+TEST_WORKERS ?= 2
+TEST_RUN = $(PY) -m pytest -q $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile)
+
 test: $(STAMP)
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(TEST_RUN) $(PYTEST_ARGS)
 
 # The unit tier alone (no process starts: tests/unit/conftest.py refuses them).
 test-fast: $(STAMP)
-	$(PY) -m pytest -q tests/unit $(PYTEST_ARGS)
+	$(TEST_RUN) tests/unit $(PYTEST_ARGS)
 
 demo: $(STAMP)
 	rm -rf $(DEMO_DIR)
@@ -103,9 +108,8 @@ RUN ?= runs/$(PROFILE)
 TRAIN_ARGS ?=
 
 train: $(STAMP)
-	$(LAUNCH_ENV) $(LAUNCH) --launcher-log $(RUN)/launcher.log $(TORCHRUN_ARGS) --nproc_per_node $(NPROC) -m pipelines.train \
-		$(if $(MIXTURE),$(foreach c,$(MIXTURE),--cache $(c)),--cache $(CACHE)) --out $(RUN) --profile $(PROFILE) $(SET_ARGS) \
-		$(if $(value DATA),--data $(DATA_ARG)) $(TRAIN_ARGS)
+	$(JANUS_TRAIN) run --out $(RUN) --profile $(PROFILE) $(SET_ARGS) --nproc $(NPROC) --torchrun '$(TORCHRUN_ARGS)' \
+		$(if $(MIXTURE),$(foreach c,$(MIXTURE),--cache $(c)),--cache $(CACHE)) $(if $(value DATA),--data $(DATA_ARG)) $(TRAIN_ARGS)
 
 verify: $(STAMP)
 	@test -n "$(CACHE)" || { echo "make verify: set CACHE=<cache directory> (and DATA=<dataset> for the dataset and live checks)" >&2; exit 2; }

@@ -411,7 +411,7 @@ def test_a_profile_whose_qwen_path_is_a_qwen3_vl_directory_builds_the_qwen3_vl_m
         assert torch.isfinite(model(pair_batch).loss_parts.segment_ce_sum).all()
     live = JanusVLNModel.from_profile(profile, JanusModelConfig(merger_hidden=MERGER_HIDDEN), live=True)
     with pytest.raises(ModelInputError, match=r"^a live Qwen3-VL batch needs 'vggt_frames' \(VGGT's frames of the "
-                                              r"same sources, janus_train\.data\.LiveFrames\): VGGT does not run on "
+                                              r"same sources, janus_train\.data\.samples\.LiveFrames\): VGGT does not run on "
                                               r"Qwen3-VL's frames$"):
         live({k: v for k, v in pair_batch.items() if k != "features"})
 
