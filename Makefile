@@ -108,8 +108,9 @@ RUN ?= runs/$(PROFILE)
 TRAIN_ARGS ?=
 
 train: $(STAMP)
-	$(JANUS_TRAIN) run --out $(RUN) --profile $(PROFILE) $(SET_ARGS) --nproc $(NPROC) --torchrun '$(TORCHRUN_ARGS)' \
-		$(if $(MIXTURE),$(foreach c,$(MIXTURE),--cache $(c)),--cache $(CACHE)) $(if $(value DATA),--data $(DATA_ARG)) $(TRAIN_ARGS)
+	$(LAUNCH_ENV) $(LAUNCH) --launcher-log $(RUN)/launcher.log $(TORCHRUN_ARGS) --nproc_per_node $(NPROC) -m pipelines.train \
+		$(if $(MIXTURE),$(foreach c,$(MIXTURE),--cache $(c)),--cache $(CACHE)) --out $(RUN) --profile $(PROFILE) $(SET_ARGS) \
+		$(if $(value DATA),--data $(DATA_ARG)) $(TRAIN_ARGS)
 
 verify: $(STAMP)
 	@test -n "$(CACHE)" || { echo "make verify: set CACHE=<cache directory> (and DATA=<dataset> for the dataset and live checks)" >&2; exit 2; }
