@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import importlib
+import io
 import json
 import os
 import pickle
@@ -175,7 +177,7 @@ def decode_column(kind: str, arrays: dict[str, np.ndarray], base: Path) -> list[
             flat = [strings[c] for c in arrays["codes"].tolist()]
         return [tuple(flat[a:b]) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
     if kind == "pickle":
-        return pickle.loads(bytes(arrays["pickle"]))
+        return _unpickle(bytes(arrays["pickle"]))
     raise ValueError(f"unknown column kind {kind!r}")
 
 
@@ -227,7 +229,30 @@ def load_parts(directory: Path, mmap: bool = True) -> dict[str, dict[str, dict[s
 
 def read_scalars(directory: Path) -> dict[str, Any]:
     """The index-wide values (all but ``source`` and the tables)."""
-    return pickle.loads((directory / INDEX_SCALARS).read_bytes())
+    return _unpickle((directory / INDEX_SCALARS).read_bytes())
+
+
+MOVED_FROM = "janus_cache."
+"""The package the shared domain (the index among it) lived in when older stored indexes were
+pickled; it lives in ``janus_core`` now."""
+
+
+class _Unpickler(pickle.Unpickler):
+    """Reads values pickled before the shared domain moved to ``janus_core``: a class of a
+    ``janus_cache`` module that is no longer there is looked up under ``janus_core``, so an index
+    stored by an earlier janus (in a cache or the index store) reads as it was written."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if module.startswith(MOVED_FROM):
+            try:
+                importlib.import_module(module)
+            except ModuleNotFoundError:
+                module = "janus_core." + module[len(MOVED_FROM):]
+        return super().find_class(module, name)
+
+
+def _unpickle(blob: bytes) -> Any:
+    return _Unpickler(io.BytesIO(blob)).load()
 
 
 def read_columns(directory: Path, meta: dict[str, Any], source: Path, base: Path,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import shutil
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from janus_core.index import (
     load_stored,
     store_sources_index,
 )
+from janus_core.index.columns import INDEX_SCALARS
 from janus_core.index.episode_folders import EpisodeFolderBuilder
 
 EP, OTHER = "episode_0000", "episode_0001"
@@ -121,6 +123,26 @@ def test_the_stored_index_keeps_problems_windows_and_settings(dataset: Path, tmp
     assert len(os.listdir(store)) == 3
     with pytest.raises(DatasetError, match="strict mode"):
         build_stored_index(dataset, store, strict=True)
+
+
+def test_an_index_stored_before_the_shared_domain_moved_to_janus_core_is_reused_as_written(
+        dataset: Path, tmp_path: Path) -> None:
+    """Indexes stored by an earlier janus (in a cache, or the index store) pickled their index-wide
+    values (the problem report among them) under ``janus_cache.index``; such an entry is still
+    reused, not rebuilt, and reads back equal to a fresh build."""
+    (dataset / OTHER / sorted(os.listdir(dataset / OTHER))[0]).write_bytes(b"not a png")
+    age(dataset)
+    fresh = build_index(dataset)
+    assert fresh.report.entries
+    stored = build_stored_index(dataset, tmp_path / "store")
+    scalars = stored.entry / INDEX_SCALARS
+    values = pickle.loads(scalars.read_bytes())
+    old = pickle.dumps(values, protocol=0).replace(b"janus_core.index", b"janus_cache.index")  # text opcodes
+    assert b"janus_cache.index.problems" in old and b"janus_core" not in old
+    scalars.write_bytes(old)
+    again = build_stored_index(dataset, tmp_path / "store")
+    assert again.reused and again.checked == 0
+    assert_same_index(again.index, fresh)
 
 
 def test_a_relative_source_path_gives_relative_frame_paths_as_a_fresh_build(
