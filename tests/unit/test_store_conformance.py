@@ -17,6 +17,7 @@ from __future__ import annotations
 import re
 import shutil
 import tarfile
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -113,7 +114,7 @@ def content() -> Content:
     return make_content(resolutions={RESOLUTION: (28, 28), OTHER: (56, 42)})
 
 
-class StoreConformance:
+class StoreConformance(ABC):
     """The contract of a cache store; subclassed once per format (``Test<Format>Store``), not
     collected itself (no ``Test`` prefix)."""
 
@@ -121,17 +122,17 @@ class StoreConformance:
 
     # -- what differs per format: where its data lies on disk ------------------------------------
 
+    @abstractmethod
     def samples_array(self, resolution: str) -> str:
         """The array (commit records' name) of the per-sample shards of ``resolution``."""
-        raise NotImplementedError
 
+    @abstractmethod
     def sample_shard_file(self, root: Path, shard: int) -> Path:
         """The file sample shard ``shard`` of RESOLUTION is stored in."""
-        raise NotImplementedError
 
+    @abstractmethod
     def stored_frame_byte(self, root: Path) -> tuple[Path, int]:
         """A file and an offset in it holding a byte of a frame that reading the samples decodes."""
-        raise NotImplementedError
 
     # -- shared by every format -----------------------------------------------------------------
 
