@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -41,6 +42,9 @@ def test_bench_scale_runs_at_a_tiny_size_and_prints_the_table(tmp_path: Path) ->
         assert wall.strip().startswith("x") and cpu.strip().startswith("x"), row  # two sizes: a growth
     assert "read latency at 120 samples: ms per sample" in table
     assert "second plan >= 5x faster than the first" in run.stdout
+    # The memory targets of the dataset-sized costs: verify --data and the first index build.
+    for target, samples in (("verify --data RSS <= 1 GB", 120), ("first index build RSS <= 1 GB", 360)):
+        assert re.search(rf"^PASS {re.escape(target)}: \d+ MB at {samples}$", run.stdout, re.MULTILINE), target
     saved = json.loads(results.read_text())
     measured = {(m["metric"], m["samples"]) for m in saved["measures"] if m["ok"] and m["seconds"] > 0}
     assert {(m, 120) for m in METRICS[1:]} | {(METRICS[0], 0)} <= measured
