@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers.built_once import build_once, shared_folder
 from janus_core.index import DatasetIndex, build_index
 from janus_core.sample_data import write_sample_data
 
@@ -21,8 +22,8 @@ SAMPLE_SEED = 0
 @pytest.fixture(scope="session")
 def sample_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Episode-folder root with 3 episodes x 12 frames (640x480 PNG). Read-only: copy to damage it."""
-    root = tmp_path_factory.mktemp("sample") / "data"
-    return write_sample_data(root, episodes=SAMPLE_EPISODES, steps=SAMPLE_STEPS, seed=SAMPLE_SEED)
+    return build_once(shared_folder(tmp_path_factory, "sample") / "data",
+                      lambda root: write_sample_data(root, episodes=SAMPLE_EPISODES, steps=SAMPLE_STEPS, seed=SAMPLE_SEED))
 
 
 @pytest.fixture(scope="session")

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers.built_once import build_once, shared_folder
 from helpers.profiles import write_test_profile
 
 SMALL_SHARDS = {"frames_per_shard": 4, "samples_per_shard": 2}
@@ -34,7 +35,8 @@ def build_cache(data: Path | str | tuple[str | Path, ...], out: Path, profile: P
 @pytest.fixture(scope="session")
 def small_shards_profile(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny profile with SMALL_SHARDS."""
-    return write_test_profile(tmp_path_factory.mktemp("small-shards") / "small-shards.yaml", cache=SMALL_SHARDS)
+    return build_once(shared_folder(tmp_path_factory, "small-shards") / "small-shards.yaml",
+                      lambda path: write_test_profile(path, cache=SMALL_SHARDS))
 
 
 @pytest.fixture(scope="session")
@@ -46,8 +48,9 @@ def small_shards_cache(sample_dataset: Path, small_shards_profile: Path,
 
     def cache(cache_format: str) -> Path:
         if cache_format not in built:
-            out = tmp_path_factory.mktemp(f"small-shards-{cache_format}") / "cache"
-            built[cache_format] = build_cache(sample_dataset, out, small_shards_profile, cache_format)
+            out = shared_folder(tmp_path_factory, f"small-shards-{cache_format}") / "cache"
+            built[cache_format] = build_once(
+                out, lambda out: build_cache(sample_dataset, out, small_shards_profile, cache_format))
         return built[cache_format]
 
     return cache
@@ -62,8 +65,9 @@ def source_profile(tmp_path_factory: pytest.TempPathFactory) -> Path:
     partially filled shard (rows 8-9), which an append must rewrite."""
     from helpers.sources import ROWS_PER_SHARD
 
-    return write_test_profile(tmp_path_factory.mktemp("profiles") / "sources.yaml",
-                              cache={"frames_per_shard": ROWS_PER_SHARD, "samples_per_shard": ROWS_PER_SHARD})
+    return build_once(shared_folder(tmp_path_factory, "profiles") / "sources.yaml",
+                      lambda path: write_test_profile(path, cache={"frames_per_shard": ROWS_PER_SHARD,
+                                                                   "samples_per_shard": ROWS_PER_SHARD}))
 
 
 @pytest.fixture(scope="session")
@@ -73,9 +77,9 @@ def sources(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     from helpers.sources import STEPS
     from janus_core.sample_data import write_sample_data
 
-    root = tmp_path_factory.mktemp("sources")
-    return (write_sample_data(root / "A", episodes=2, steps=STEPS, seed=0),
-            write_sample_data(root / "B", episodes=1, steps=STEPS, seed=1))
+    root = shared_folder(tmp_path_factory, "sources")
+    return (build_once(root / "A", lambda out: write_sample_data(out, episodes=2, steps=STEPS, seed=0)),
+            build_once(root / "B", lambda out: write_sample_data(out, episodes=1, steps=STEPS, seed=1)))
 
 
 @pytest.fixture(scope="session")
@@ -90,8 +94,9 @@ def source_caches(sources: tuple[Path, Path], source_profile: Path, tmp_path_fac
 
     def cache(cache_format: str, which: str) -> Path:
         if (cache_format, which) not in built:
-            out = tmp_path_factory.mktemp(f"sources-{cache_format}-{which}") / "cache"
-            built[cache_format, which] = build_cache(named[which], out, source_profile, cache_format)
+            out = shared_folder(tmp_path_factory, f"sources-{cache_format}-{which}") / "cache"
+            built[cache_format, which] = build_once(
+                out, lambda out: build_cache(named[which], out, source_profile, cache_format))
         return built[cache_format, which]
 
     return cache
@@ -114,6 +119,11 @@ def step_of(frame: Path) -> int:
     return int(frame.name.split("_")[1])
 
 
+def failing_episode(data: Path) -> Path:
+    """The episode of ``verify_caches``'s data whose last frame cannot be made into a frame."""
+    return sorted(p for p in data.iterdir() if p.is_dir())[1]
+
+
 @pytest.fixture(scope="session")
 def verify_caches(tmp_path_factory: pytest.TempPathFactory) -> VerifyCaches:
     """A small dataset (2 episodes x 10 frames: padded and linspace windows) and its caches in both
@@ -125,17 +135,18 @@ def verify_caches(tmp_path_factory: pytest.TempPathFactory) -> VerifyCaches:
     from janus_core.sample_data import write_sample_data
     from pipelines.precompute import Options, run
 
-    root = tmp_path_factory.mktemp("verify")
-    data = write_sample_data(root / "data", episodes=2, steps=10, seed=0)
-    # As in real data, one source cannot be made into a frame: a valid image too elongated for any
-    # resolution. Its sample fails at precompute and is reported, which verify must accept.
-    episode = sorted(p for p in data.iterdir() if p.is_dir())[1]
-    last = max(episode.glob("step_*.png"), key=step_of)
-    Image.new("RGB", (2000, 10), (90, 90, 90)).save(last)
-    caches = {}
-    for fmt in ("zarr", "wds"):
-        caches[fmt] = root / fmt
-        assert run(Options(data, caches[fmt], cache_format=fmt, workers=1, allow_failures=1)) == 0
-    failed = f"{episode.name}/{step_of(last)}"
-    assert list(json.loads((caches["zarr"] / "report.json").read_text())["failed_samples"]) == [failed]
-    return VerifyCaches(data, caches["zarr"], caches["wds"], failed)
+    def build(root: Path) -> None:
+        data = write_sample_data(root / "data", episodes=2, steps=10, seed=0)
+        # As in real data, one source cannot be made into a frame: a valid image too elongated for
+        # any resolution. Its sample fails at precompute and is reported, which verify must accept.
+        last = max(failing_episode(data).glob("step_*.png"), key=step_of)
+        Image.new("RGB", (2000, 10), (90, 90, 90)).save(last)
+        for fmt in ("zarr", "wds"):
+            assert run(Options(data, root / fmt, cache_format=fmt, workers=1, allow_failures=1)) == 0
+
+    root = build_once(shared_folder(tmp_path_factory, "verify") / "caches", build)
+    data = root / "data"
+    episode = failing_episode(data)
+    failed = f"{episode.name}/{max(step_of(p) for p in episode.glob('step_*.png'))}"
+    assert list(json.loads((root / "zarr" / "report.json").read_text())["failed_samples"]) == [failed]
+    return VerifyCaches(data, root / "zarr", root / "wds", failed)

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from helpers.built_once import build_once, shared_folder
 from helpers.training import assert_succeeded, precompute, read_metrics, torchrun_train, write_train_profile
 from janus_core.profile import Profile, load_profile
 from janus_core.sample_data import write_sample_data
@@ -40,17 +41,19 @@ class TinyTraining:
 
     def __init__(self, root: Path, episodes: int = EPISODES) -> None:
         self.root = root
-        self.data = write_sample_data(root / "data", episodes=episodes, steps=STEPS, seed=0)
-        self.fp32_profile = write_train_profile(root / "fp32.yaml", cache={"feature_dtype": "float32"})
-        self.bf16_profile = write_train_profile(root / "bf16.yaml")
+        self.data = build_once(root / "data",
+                               lambda data: write_sample_data(data, episodes=episodes, steps=STEPS, seed=0))
+        self.fp32_profile = build_once(root / "fp32.yaml", lambda path: write_train_profile(
+            path, cache={"feature_dtype": "float32"}))
+        self.bf16_profile = build_once(root / "bf16.yaml", write_train_profile)
 
     @cached_property
     def fp32_cache(self) -> Path:
-        return precompute(self.data, self.root / "cache-fp32", self.fp32_profile)
+        return build_once(self.root / "cache-fp32", lambda out: precompute(self.data, out, self.fp32_profile))
 
     @cached_property
     def bf16_cache(self) -> Path:
-        return precompute(self.data, self.root / "cache-bf16", self.bf16_profile)
+        return build_once(self.root / "cache-bf16", lambda out: precompute(self.data, out, self.bf16_profile))
 
     def profile(self, features: str = "float32") -> Profile:
         return load_profile(self.fp32_profile if features == "float32" else self.bf16_profile)
@@ -84,24 +87,30 @@ class ReferenceRun:
 @pytest.fixture(scope="session")
 def tiny_training(tmp_path_factory: pytest.TempPathFactory) -> TinyTraining:
     """The 8-sample data, precomputed into a float32 and a bfloat16 zarr cache. Read-only."""
-    return TinyTraining(tmp_path_factory.mktemp("tiny-training"))
+    return TinyTraining(shared_folder(tmp_path_factory, "tiny-training"))
 
 
 @pytest.fixture(scope="session")
 def three_episodes(tmp_path_factory: pytest.TempPathFactory) -> TinyTraining:
     """The same with 3 episodes x 4 steps (12 samples: 3 optimizer steps of 4 per epoch). Read-only."""
-    return TinyTraining(tmp_path_factory.mktemp("three-episodes"), episodes=3)
+    return TinyTraining(shared_folder(tmp_path_factory, "three-episodes"), episodes=3)
 
 
 @pytest.fixture(scope="session")
 def reference_run(tiny_training: TinyTraining, tmp_path_factory: pytest.TempPathFactory) -> ReferenceRun:
     """The reference run on the float32 cache (see the module's docstring). Read-only: copy it."""
-    out = tmp_path_factory.mktemp("reference") / "run"
-    outputs = out / "final_outputs.safetensors"
-    result = torchrun_train("--out", out, "--cache", tiny_training.fp32_cache, "--profile", tiny_training.fp32_profile,
-                            "--record-outputs", outputs, "--record-samples", RECORDED_SAMPLES)
-    assert_succeeded(result)
-    return ReferenceRun(out, read_metrics(out), outputs, result.stdout, result.stderr)
+    def train(root: Path) -> None:
+        result = torchrun_train("--out", root / "run", "--cache", tiny_training.fp32_cache,
+                                "--profile", tiny_training.fp32_profile,
+                                "--record-outputs", root / "final_outputs.safetensors",
+                                "--record-samples", RECORDED_SAMPLES)
+        assert_succeeded(result)
+        (root / "stdout.txt").write_text(result.stdout)
+        (root / "stderr.txt").write_text(result.stderr)
+
+    root = build_once(shared_folder(tmp_path_factory, "reference") / "reference", train)
+    return ReferenceRun(root / "run", read_metrics(root / "run"), root / "final_outputs.safetensors",
+                        (root / "stdout.txt").read_text(), (root / "stderr.txt").read_text())
 
 
 @dataclass(frozen=True)
@@ -151,7 +160,7 @@ class OneSampleShards:
         from helpers.damage import write_profile
 
         self.root = root
-        self.profile = write_profile(root / "profile.yaml")
+        self.profile = build_once(root / "profile.yaml", write_profile)
         self._caches: dict[str, Path] = {}
 
     def data(self, name: str) -> Path:
@@ -160,11 +169,12 @@ class OneSampleShards:
 
     def cache(self, name: str) -> Path:
         if name not in self._caches:
-            data = write_sample_data(self.data(name), episodes=EPISODES, steps=STEPS, seed=self.SEEDS[name])
-            self._caches[name] = precompute(data, self.root / name, self.profile)
+            data = build_once(self.data(name), lambda data: write_sample_data(
+                data, episodes=EPISODES, steps=STEPS, seed=self.SEEDS[name]))
+            self._caches[name] = build_once(self.root / name, lambda out: precompute(data, out, self.profile))
         return self._caches[name]
 
 
 @pytest.fixture(scope="session")
 def one_sample_shards(tmp_path_factory: pytest.TempPathFactory) -> OneSampleShards:
-    return OneSampleShards(tmp_path_factory.mktemp("one-sample-shards"))
+    return OneSampleShards(shared_folder(tmp_path_factory, "one-sample-shards"))

@@ -30,6 +30,7 @@ from janus_train.config import load_train_settings
 from janus_train.model.activation_checkpointing import FULL, NONE, ActivationCheckpointing
 from janus_train.model.janus_model import TrainableParts
 from janus_train.perf.flops import (
+    FlopTable,
     build_model,
     build_vggt,
     count_flops,
@@ -151,8 +152,14 @@ def deep_tiny_qwen(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
-def test_flop_table_extrapolation_equals_counting_the_whole_model(deep_tiny_qwen: Path) -> None:
-    table = count_flops(deep_tiny_qwen, TINY_VGGT, SHAPE, FULL, merger_hidden=96)
+@pytest.fixture(scope="module")
+def full_table(deep_tiny_qwen: Path) -> FlopTable:
+    """``deep_tiny_qwen``'s FLOP table under full checkpointing (counted once: each count takes seconds)."""
+    return count_flops(deep_tiny_qwen, TINY_VGGT, SHAPE, FULL, merger_hidden=96)
+
+
+def test_flop_table_extrapolation_equals_counting_the_whole_model(deep_tiny_qwen: Path, full_table: FlopTable) -> None:
+    table = full_table
     model = build_model(deep_tiny_qwen, 128, merger_hidden=96)
     runner = StepRunner(model, vit=merger_only, reference_vggt=lambda f: torch.empty(1, 16, 128, device="meta"))
     direct = count_step(runner, "janus", make_batch(model, SHAPE), FULL)
@@ -174,8 +181,8 @@ def test_flop_table_extrapolation_equals_counting_the_whole_model(deep_tiny_qwen
     assert vggt_stream_flops(config, SHAPE) == pytest.approx(counter.get_total_flops(), rel=1e-9)
 
 
-def test_flop_table_of_janus_and_reference_steps(deep_tiny_qwen: Path) -> None:
-    full = count_flops(deep_tiny_qwen, TINY_VGGT, SHAPE, FULL, merger_hidden=96)
+def test_flop_table_of_janus_and_reference_steps(deep_tiny_qwen: Path, full_table: FlopTable) -> None:
+    full = full_table
     none = count_flops(deep_tiny_qwen, TINY_VGGT, SHAPE, NONE, merger_hidden=96)
     janus, reference = full.janus.components, full.reference.components
     assert janus["vggt"] == 0 and reference["vggt"] > 0  # janus's VGGT ran in precompute
