@@ -22,8 +22,8 @@ SAMPLE_SEED = 0
 @pytest.fixture(scope="session")
 def sample_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Episode-folder root with 3 episodes x 12 frames (640x480 PNG). Read-only: copy to damage it."""
-    return build_once(shared_folder(tmp_path_factory, "sample") / "data",
-                      lambda root: write_sample_data(root, episodes=SAMPLE_EPISODES, steps=SAMPLE_STEPS, seed=SAMPLE_SEED))
+    return build_once(shared_folder(tmp_path_factory, "sample") / "data", lambda root: write_sample_data(
+        root, episodes=SAMPLE_EPISODES, steps=SAMPLE_STEPS, seed=SAMPLE_SEED))
 
 
 @pytest.fixture(scope="session")

@@ -159,12 +159,11 @@ def full_table(deep_tiny_qwen: Path) -> FlopTable:
 
 
 def test_flop_table_extrapolation_equals_counting_the_whole_model(deep_tiny_qwen: Path, full_table: FlopTable) -> None:
-    table = full_table
     model = build_model(deep_tiny_qwen, 128, merger_hidden=96)
     runner = StepRunner(model, vit=merger_only, reference_vggt=lambda f: torch.empty(1, 16, 128, device="meta"))
     direct = count_step(runner, "janus", make_batch(model, SHAPE), FULL)
     for name in ("llm_forward", "logits", "backward", "recompute", "merger"):
-        assert table.janus.components[name] == pytest.approx(direct[name], rel=1e-9), name
+        assert full_table.janus.components[name] == pytest.approx(direct[name], rel=1e-9), name
     vit, vit_direct = vit_block_flops(deep_tiny_qwen, SHAPE, FULL), vit_flops_one_image(model, SHAPE) * SHAPE.images
     assert vit.forward == pytest.approx(vit_direct.forward, rel=1e-9) and vit.forward > 0
     assert vit.backward == vit_direct.backward == 0  # frozen: outside autograd
@@ -182,23 +181,23 @@ def test_flop_table_extrapolation_equals_counting_the_whole_model(deep_tiny_qwen
 
 
 def test_flop_table_of_janus_and_reference_steps(deep_tiny_qwen: Path, full_table: FlopTable) -> None:
-    full = full_table
     none = count_flops(deep_tiny_qwen, TINY_VGGT, SHAPE, NONE, merger_hidden=96)
-    janus, reference = full.janus.components, full.reference.components
+    janus, reference = full_table.janus.components, full_table.reference.components
     assert janus["vggt"] == 0 and reference["vggt"] > 0  # janus's VGGT ran in precompute
     assert janus["vit"] == reference["vit"] > 0 and janus["llm_forward"] == reference["llm_forward"] > 0
     # The frozen ViT runs nothing in the backward, under any policy.
     assert janus["vit_backward"] == none.janus.components["vit_backward"] == reference["vit_backward"] == 0
     # With the ViT cache its blocks do not run at all; its patch merger still does.
-    cached = full.janus_vit_cache.components
+    cached = full_table.janus_vit_cache.components
     assert cached["vit"] == cached["vit_backward"] == 0 and cached["merger"] == janus["merger"] > 0
-    assert full.janus_vit_cache.total == pytest.approx(full.janus.total - janus["vit"], rel=1e-12)
+    assert full_table.janus_vit_cache.total == pytest.approx(full_table.janus.total - janus["vit"], rel=1e-12)
     # Every one of the 354 positions vs the 100 answer rows (+ the action head in both).
     assert reference["logits"] > 3 * janus["logits"] > 0
     assert janus["recompute"] > 0 and none.janus.components["recompute"] == 0
     assert none.janus.components["backward"] == pytest.approx(janus["backward"], rel=1e-9)
-    assert full.ratio == pytest.approx(full.reference.total / full.janus.total) and full.ratio > 1
-    assert full.janus.model_flops == pytest.approx(full.janus.total - janus["recompute"])
+    assert full_table.ratio == pytest.approx(full_table.reference.total / full_table.janus.total)
+    assert full_table.ratio > 1
+    assert full_table.janus.model_flops == pytest.approx(full_table.janus.total - janus["recompute"])
     with pytest.raises(ValueError, match="full or no checkpointing"):
         count_flops(deep_tiny_qwen, TINY_VGGT, SHAPE, ActivationCheckpointing(2))
 
