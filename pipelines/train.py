@@ -40,7 +40,6 @@ raise on every step are filtered here, each with its reason. A non-finite step
 from __future__ import annotations
 
 import contextlib
-import io
 import json
 import logging
 import os
@@ -80,6 +79,7 @@ from janus_train.run.layout import RunLayout
 from janus_train.run.logs import ConsoleCopy, WandbMissing, check_wandb
 from janus_train.run.record import append_start, run_profile, write_profile
 from pipelines.distributed import Control, RankFailed, Ranks, fail_alike, lock_on_main, usable_cores
+from pipelines.library_output import library_chatter_hidden
 from pipelines.train_options import CacheOption, DataOption, OutOption, ProfileOption
 from pipelines.train_parts import TooFewSamples, build_parts, init_distributed
 
@@ -106,18 +106,9 @@ def loader_note(num_workers: int, local_processes: int) -> str | None:
 
 
 def quiet_export(checkpoints: Path, out: Path, prof: Profile, settings: TrainSettings) -> Path:
-    """:func:`export` without its libraries' chatter: DeepSpeed's checkpoint converter print()s six
-    progress lines and draws two tqdm bars (on stderr), transformers one more; the caller prints one
-    summary line. Should the export fail, what it printed is shown before the error."""
-    chatter = io.StringIO()
-    try:
-        with contextlib.redirect_stdout(chatter), contextlib.redirect_stderr(chatter):
-            return export(checkpoints, out, prof, run_model_config(settings))
-    except NoRoom:  # its one line says it all
-        raise
-    except BaseException:
-        sys.stderr.write(chatter.getvalue())
-        raise
+    """:func:`export` without its libraries' chatter (the caller prints one summary line)."""
+    with library_chatter_hidden(NoRoom):
+        return export(checkpoints, out, prof, run_model_config(settings))
 
 
 def cache_refusal(cache: Path, profile: Profile) -> str | None:

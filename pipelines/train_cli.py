@@ -102,6 +102,7 @@ def export_cmd(
     from janus_train.config import load_train_settings
     from janus_train.run.layout import RunLayout
     from janus_train.run.record import run_profile
+    from pipelines.library_output import library_chatter_hidden, name_deepspeed_accelerator
 
     layout = RunLayout(run)
     try:
@@ -126,11 +127,13 @@ def export_cmd(
         typer.echo(f"note: profile {prof.name} names no vggt.path: the export holds its own VGGT, seeded random "
                    f"weights from {prof.vggt.config} (seed {prof.vggt.seed}), the encoder its caches were made with; "
                    f"--vggt PATH includes a checkpoint instead", err=True)
+    name_deepspeed_accelerator(prof.device)
     try:
-        if fmt == "janusvln":
-            path = export_janusvln(layout.checkpoints, out, prof, settings, vggt, tag=tag, dtype=dtype)
-        else:
-            path = export(layout.checkpoints, out, prof, run_model_config(settings), tag=tag, dtype=dtype)
+        with library_chatter_hidden(ReferenceCheckpointError, ValueError):
+            if fmt == "janusvln":
+                path = export_janusvln(layout.checkpoints, out, prof, settings, vggt, tag=tag, dtype=dtype)
+            else:
+                path = export(layout.checkpoints, out, prof, run_model_config(settings), tag=tag, dtype=dtype)
     except (ReferenceCheckpointError, ValueError) as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(1)

@@ -11,8 +11,6 @@ a universal checkpoint, which the engine must know when it is built), the valida
 
 from __future__ import annotations
 
-import contextlib
-import io
 import os
 from collections.abc import Sequence
 from dataclasses import replace
@@ -48,6 +46,7 @@ from janus_train.model.kernels import apply_liger, compile_decoder_layers
 from janus_train.model.rope import RopeIndex
 from janus_train.run.layout import RunLayout
 from janus_train.run.logs import RunLog
+from pipelines.library_output import library_chatter_hidden, name_deepspeed_accelerator
 
 
 class TooFewSamples(ValueError):
@@ -62,16 +61,13 @@ def init_distributed(profile: Profile, alloc_conf: str = "") -> torch.device:
     (unless already set) before CUDA initialises, when it still counts.
     """
     cuda = profile.device == "cuda"
-    # Naming the accelerator spares every rank DeepSpeed's "Setting accelerator to CPU" warning
-    # (it only applies before DeepSpeed is first imported).
-    os.environ.setdefault("DS_ACCELERATOR", "cuda" if cuda else "cpu")
+    name_deepspeed_accelerator(profile.device)  # spares every rank DeepSpeed's detection warning
     import deepspeed
 
     if alloc_conf and cuda:
         os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", alloc_conf)
-    # DeepSpeed print()s "... shm_comm_op built successfully" on every rank at every start; errors
-    # still raise (and go to stderr).
-    with contextlib.redirect_stdout(io.StringIO()):
+    # DeepSpeed print()s "... shm_comm_op built successfully" on every rank at every start.
+    with library_chatter_hidden():
         deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo")
     if not cuda:
         return torch.device("cpu")
