@@ -2,7 +2,8 @@
 checkpoints; a resume verifies them and falls back past a damaged one in one line; rotation never
 deletes the checkpoint ``latest`` names; ``metrics.jsonl`` holds each step once after kills.
 
-The runs: real 2-process torchrun launches (DeepSpeed ZeRO-3 over gloo) of the tiny profile on the
+The runs: 2-process launches by torch's elastic agent (helpers.training.train_on_ranks; the kills:
+real torchrun launches), DeepSpeed ZeRO-3 over gloo, of the tiny profile on the
 session's float32 cache of 2 episodes x 4 steps (8 samples, 2 optimizer steps per epoch). The
 reference is the session's reference run (helpers.shared_runs): 10 steps with a checkpoint every 3
 (tags 3, 6, 9 and the final 10). Damage is done to copies of its checkpoints.
@@ -24,7 +25,7 @@ import pytest
 
 from helpers.profiles import REPO_ROOT
 from helpers.shared_runs import ReferenceRun, TinyTraining
-from helpers.training import MAX_STEPS, SAVE_EVERY, assert_succeeded, read_metrics, torchrun_train
+from helpers.training import MAX_STEPS, SAVE_EVERY, assert_succeeded, read_metrics, train_on_ranks
 from janus_train.checkpoint.tags import CHECKSUMS_FILE, LATEST_FILE, Checkpoints, NoIntactCheckpoint, sha256_file
 from janus_train.run.layout import CHECKPOINTS_DIR, METRICS_FILE
 
@@ -41,7 +42,7 @@ class Setup:
         self.records = reference.records
 
     def train(self, out: Path, *extra: str | int) -> subprocess.CompletedProcess[str]:
-        return torchrun_train("--out", out, "--cache", self.cache, "--profile", self.profile, "--no-export", *extra)
+        return train_on_ranks("--out", out, "--cache", self.cache, "--profile", self.profile, "--no-export", *extra)
 
     def copy_run(self, out: Path, up_to_step: int) -> Path:
         """The reference run directory as a run that ended after step ``up_to_step`` leaves it: the

@@ -4,7 +4,8 @@ Real caches of 2 episodes x 4 steps (tiny profile, one sample per feature shard)
 precompute the way a disk does (one flipped byte), which the trainer's start-up check (shard
 presence and size, no hashing) lets through: the damage is found when the sample is read.
 
-The runs: real torchrun, 2 processes, DeepSpeed ZeRO-3 over gloo; micro-batch 1, gradient
+The runs: 2 processes started by torch's elastic agent (helpers.training.train_on_ranks;
+the killed launcher: a real ``pipelines.launch``), DeepSpeed ZeRO-3 over gloo; micro-batch 1, gradient
 accumulation 2, so a step takes 4 samples and an epoch of 8 samples is 2 steps. The damaged
 sample is rank 1's first micro-batch of step 2. The clean cache is the session's
 (helpers.shared_runs); the start-up check and a step's reads in one process are
@@ -17,7 +18,6 @@ import itertools
 import json
 import os
 import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -35,14 +35,12 @@ from helpers.damage import (
     damaged_copy,
     error_lines,
     flip_byte,
-    launch,
-    launch_train,
     training_order,
     write_profile,
 )
 from helpers.profiles import REPO_ROOT
 from helpers.shared_runs import OneSampleShards
-from helpers.training import assert_succeeded
+from helpers.training import assert_succeeded, train_on_ranks
 from janus_cache.store.damage import REPAIR_HINT
 from janus_cache.store.layout import TEXT_PAYLOAD, wds_shard_name
 from janus_cache.store.wds_store import encode_key
@@ -86,7 +84,7 @@ def test_a_damaged_sample_stops_every_rank_naming_the_shard_file_and_the_sample(
     damaged_zarr: Damaged, tmp_path: Path,
 ) -> None:
     out = tmp_path / "run"
-    result = torchrun_train("--out", out, "--cache", damaged_zarr.cache, "--profile", damaged_zarr.profile,
+    result = train_on_ranks("--out", out, "--cache", damaged_zarr.cache, "--profile", damaged_zarr.profile,
                             "--no-export")
     output = (result.stdout + result.stderr).splitlines()
     assert result.returncode == 1, "\n".join(output)
@@ -119,7 +117,7 @@ def damaged_draws(row: int, step: int) -> int:
 def test_with_skip_the_run_leaves_damaged_samples_out_and_counts_them(damaged_zarr: Damaged, tmp_path: Path) -> None:
     profile = write_profile(tmp_path / "skip.yaml", damaged_samples="skip")
     out = tmp_path / "run"
-    result = torchrun_train("--out", out, "--cache", damaged_zarr.cache, "--profile", profile, "--no-export")
+    result = train_on_ranks("--out", out, "--cache", damaged_zarr.cache, "--profile", profile, "--no-export")
     assert_succeeded(result)
     assert not error_lines(result)
     logged = records(out)
@@ -147,7 +145,7 @@ def test_a_flipped_action_digit_in_a_tar_stops_naming_the_tar_and_the_sample(
     tar.write_bytes(content[:at] + (b"1" if digit != b"1" else b"2") + content[at + 1:])
 
     out = tmp_path / "run"
-    result = torchrun_train("--out", out, "--cache", cache, "--profile", profile, "--no-export")
+    result = train_on_ranks("--out", out, "--cache", cache, "--profile", profile, "--no-export")
     assert result.returncode == 1, result.stdout + result.stderr
     reports = error_lines(result)
     assert len(reports) == 1 and f"{tar}: member {encode_key(key)}.json fails its crc32c" in reports[0], reports
@@ -165,11 +163,6 @@ H800_PROFILE = REPO_ROOT / "configs" / "profiles" / "h800.yaml"
 H800_WORKERS = int(yaml.safe_load(H800_PROFILE.read_text())["train"]["num_workers"])
 
 
-def torchrun_train(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    """torchrun itself on 2 processes (:func:`launch`)."""
-    return launch("torch.distributed.run", *args)
-
-
 @pytest.mark.parametrize(("target", "workers", "policy"), [
     ("description_2d/utf8", 0, "stop"),  # the reported run: a text column, the tiny profile's loader
     ("window_rows", H800_WORKERS, "skip"),  # every sample damaged: skip has nothing to train on
@@ -183,7 +176,7 @@ def test_a_run_reading_damaged_data_ends_on_every_rank_with_one_line(
     cache, file = damaged_copy(clean_zarr, target, tmp_path / "cache")
     profile = write_profile(tmp_path / "profile.yaml", num_workers=workers, damaged_samples=policy)
     out = tmp_path / "run"
-    result = launch_train("--out", out, "--cache", cache, "--profile", profile, "--no-export")
+    result = train_on_ranks("--out", out, "--cache", cache, "--profile", profile, "--no-export")
     assert result.returncode == 1, result.stdout + result.stderr
     reports = error_lines(result)
     assert len(reports) == 1, result.stdout + result.stderr
@@ -213,7 +206,7 @@ def test_damaged_validation_data_stops_every_rank_or_is_skipped_and_counted(
     flip_byte(file, 0)
 
     out = tmp_path / "run"
-    result = launch_train("--out", out, "--cache", cache, "--profile", profile, "--no-export", "--max-steps", "1")
+    result = train_on_ranks("--out", out, "--cache", cache, "--profile", profile, "--no-export", "--max-steps", "1")
     assert "Traceback" not in result.stdout + result.stderr
     if policy == "stop":
         assert result.returncode == 1, result.stdout + result.stderr
@@ -235,7 +228,7 @@ def test_a_damaged_episode_column_read_for_the_hold_out_ends_every_rank_with_one
     damage there is the same one line on every rank (before: a traceback from each rank)."""
     cache, file = damaged_copy(clean_zarr, f"episode_id/{TEXT_PAYLOAD}", tmp_path / "cache")
     profile = write_profile(tmp_path / "profile.yaml", val_episodes=1)
-    result = launch_train("--out", tmp_path / "run", "--cache", cache, "--profile", profile, "--no-export")
+    result = train_on_ranks("--out", tmp_path / "run", "--cache", cache, "--profile", profile, "--no-export")
     assert result.returncode == 1, result.stdout + result.stderr
     assert error_lines(result) == [f"error: damaged cache data: {file}: checksum mismatch (crc32c); {REPAIR_HINT}"], (
         result.stdout + result.stderr)

@@ -2,8 +2,9 @@
 sample order and, within float32 tolerance, the losses of an uninterrupted run.
 
 Real components: a zarr cache of 3 episodes x 4 steps = 12 samples (the session's,
-helpers.shared_runs), torchrun launches of the trainer, DeepSpeed ZeRO-3 over gloo. Every run takes steps of 4 samples (micro-batch 1 x
-accumulation 2 x 2 processes, or x 4 x 1 process), so an epoch is 3 steps and step 4 is the first
+helpers.shared_runs), launches of the trainer by torch's elastic agent (helpers.training.train_on_ranks),
+DeepSpeed ZeRO-3 over gloo. Every run takes steps of 4 samples (micro-batch 1 x accumulation 2 x 2
+processes, or x 4 x 1 process), so an epoch is 3 steps and step 4 is the first
 of epoch 1; 8 steps with a checkpoint at step 4. The runs log each step's sample keys in the order
 of the global sequence.
 
@@ -18,10 +19,8 @@ The resume rule as a function is tests/unit/test_resume_rule.py.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,8 +28,9 @@ from typing import Any
 import pytest
 import yaml
 
-from helpers.profiles import REPO_ROOT, write_test_profile
+from helpers.profiles import write_test_profile
 from helpers.shared_runs import TinyTraining
+from helpers.training import train_on_ranks
 from janus_core.sample_data import write_sample_data
 from janus_train.checkpoint.elastic import GradAccum, read_client_state
 
@@ -53,13 +53,10 @@ def write_profile(path: Path, grad_accum: int, cache: dict | None = None) -> Pat
     return path
 
 
-def torchrun(out: Path, cache: Path, profile: Path, nproc: int, extra: list[str] | None = None
-             ) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-               "-m", "pipelines.train", "--out", str(out), "--cache", str(cache), "--profile", str(profile),
-               "--no-export", *(extra or [])]
-    return subprocess.run(command, cwd=REPO_ROOT, env=dict(os.environ), capture_output=True, text=True,
-                          check=False, timeout=TIMEOUT_S)
+def train(out: Path, cache: Path, profile: Path, nproc: int, extra: list[str] | None = None
+          ) -> subprocess.CompletedProcess[str]:
+    return train_on_ranks("--out", out, "--cache", cache, "--profile", profile, "--no-export", *(extra or []),
+                          nproc=nproc)
 
 
 def succeeded(result: subprocess.CompletedProcess[str]) -> subprocess.CompletedProcess[str]:
@@ -95,8 +92,8 @@ def setup(three_episodes: TinyTraining, tmp_path_factory: pytest.TempPathFactory
     root = tmp_path_factory.mktemp("elastic")
     two, one = write_profile(root / "two.yaml", grad_accum=2), write_profile(root / "one.yaml", grad_accum=4)
     cache = three_episodes.fp32_cache  # the session's: the same cache settings as these profiles
-    succeeded(torchrun(root / "A", cache, two, nproc=2))
-    succeeded(torchrun(root / "B", cache, one, nproc=1))
+    succeeded(train(root / "A", cache, two, nproc=2))
+    succeeded(train(root / "B", cache, one, nproc=1))
     return Setup(cache, two, one, root / "A", root / "B")
 
 
@@ -111,7 +108,7 @@ def two_on_one(setup: Setup, tmp_path_factory: pytest.TempPathFactory) -> Contin
     """A's step-4 checkpoint continued on 1 process to step 8 (its conversion stays in the run).
     Read-only: copy what a test changes."""
     out = continue_from(setup.run_two, tmp_path_factory.mktemp("two-on-one") / "run")
-    return Continued(out, succeeded(torchrun(out, setup.cache, setup.one, nproc=1)))
+    return Continued(out, succeeded(train(out, setup.cache, setup.one, nproc=1)))
 
 
 def same_run(got: list[dict[str, Any]], want: list[dict[str, Any]]) -> None:
@@ -149,7 +146,7 @@ def test_two_processes_continue_on_one(setup: Setup, two_on_one: Continued) -> N
 def test_one_process_continues_on_two(setup: Setup, tmp_path: Path) -> None:
     """1 -> 2: the reverse, compared with both uninterrupted runs."""
     out = continue_from(setup.run_one, tmp_path / "run")
-    result = succeeded(torchrun(out, setup.cache, setup.two, nproc=2))
+    result = succeeded(train(out, setup.cache, setup.two, nproc=2))
     assert "converted checkpoint step00000004 (saved on 1 processes) for 2" in result.stdout
     resumed = metrics(out)[SAVE_AT:]
     same_run(resumed, metrics(setup.run_one)[SAVE_AT:])
@@ -163,7 +160,7 @@ def test_the_same_profile_on_one_process_continues_with_the_grad_accum_that_keep
     """A's profile (grad_accum 2) resumed on 1 process would take steps of 2 samples;
     grad_accum 4 keeps A's 4, said in one line, and the run is A's (before: refused naming grad_accum 4)."""
     out = continue_from(setup.run_two, tmp_path / "run")
-    result = succeeded(torchrun(out, setup.cache, setup.two, nproc=1))
+    result = succeeded(train(out, setup.cache, setup.two, nproc=1))
     notes = [line for line in result.stdout.splitlines() if "grad_accum" in line]
     assert notes == ["note: grad_accum 4 instead of the profile's 2 on 1 process keeps the global batch of checkpoint "
                      "step00000004 (1 x 2 x 2 processes = 4 samples); train.resume_grad_accum: keep refuses such a "
@@ -186,7 +183,7 @@ def test_another_global_batch_is_refused_in_one_line_naming_the_grad_accum_that_
     data["train"]["resume_grad_accum"] = "keep"
     keep.write_text(yaml.safe_dump(data, sort_keys=False))
     out = continue_from(setup.run_two, tmp_path / "run")
-    result = torchrun(out, setup.cache, keep, nproc=1)  # grad_accum 2 on 1 process: 2 samples per step
+    result = train(out, setup.cache, keep, nproc=1)  # grad_accum 2 on 1 process: 2 samples per step
     assert result.returncode != 0
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1, result.stderr[-3000:]
@@ -228,8 +225,8 @@ def test_a_webdataset_run_resumed_on_another_world_is_refused_in_one_line(tmp_pa
     cache = tmp_path / "wds"
     assert run(Options(data, cache, profile=str(two), cache_format="wds", workers=1)) == 0
     out = tmp_path / "run"
-    succeeded(torchrun(out, cache, two, nproc=2, extra=["--max-steps", "2"]))
-    result = torchrun(out, cache, one, nproc=1, extra=["--max-steps", "4"])
+    succeeded(train(out, cache, two, nproc=2, extra=["--max-steps", "2"]))
+    result = train(out, cache, one, nproc=1, extra=["--max-steps", "4"])
     assert result.returncode != 0
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1, result.stderr[-3000:]
@@ -263,7 +260,7 @@ def test_a_damaged_universal_checkpoint_is_converted_again_with_one_warning(
         victim.write_bytes(raw[: len(raw) // 2] + bytes([raw[len(raw) // 2] ^ 0x01]) + raw[len(raw) // 2 + 1:])
         problem = f"file {name}: checksum"
 
-    result = succeeded(torchrun(out, setup.cache, setup.one, nproc=1))
+    result = succeeded(train(out, setup.cache, setup.one, nproc=1))
     warnings = [line for line in result.stderr.splitlines() if line.startswith("warning:")]
     assert warnings == [f"warning: {universal} is damaged ({problem}); converting checkpoint step{SAVE_AT:08d} "
                         "again"], result.stderr[-3000:]

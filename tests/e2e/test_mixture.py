@@ -7,31 +7,20 @@ as functions: tests/unit/test_mixture_order.py."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
 import pytest
 import yaml
 
-from helpers.profiles import REPO_ROOT, write_test_profile
+from helpers.profiles import write_test_profile
+from helpers.training import train_on_ranks
 from janus_core.sample_data import write_sample_data
 from janus_train.data.mixture import Mixture
 
-TIMEOUT_S = 600
-
 
 # ----------------------------------------------------------------------------------------------
-# through torchrun on two real caches
-
-
-def torchrun(*args: str | Path, nproc: int = 2) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-               "-m", "pipelines.train", *map(str, args)]
-    return subprocess.run(command, cwd=REPO_ROOT, env=dict(os.environ), capture_output=True, text=True,
-                          check=False, timeout=TIMEOUT_S)
+# 2-process runs (torch's elastic agent, helpers.training.train_on_ranks) on two real caches
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +53,7 @@ def test_two_processes_train_on_a_weighted_mixture_of_two_caches_and_resume_it_e
     cache_a, cache_b, profile = two_caches
     args = ["--cache", f"a={cache_a}:3", "--cache", f"b={cache_b}:1", "--profile", profile, "--no-export"]
     out = tmp_path / "run"
-    result = torchrun("--out", out, *args)
+    result = train_on_ranks("--out", out, *args)
     assert result.returncode == 0, result.stderr[-4000:]
     assert "from a (weight 3), b (weight 1)" in result.stdout
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -90,7 +79,7 @@ def test_two_processes_train_on_a_weighted_mixture_of_two_caches_and_resume_it_e
 
     shutil.copytree(out / "checkpoints" / tag, resumed / "checkpoints" / tag)
     (resumed / "checkpoints" / "latest").write_text(tag)
-    result = torchrun("--out", resumed, *args)
+    result = train_on_ranks("--out", resumed, *args)
     assert result.returncode == 0, result.stderr[-4000:]
     assert "resumed at step 3 (epoch 0, sample 12 of the epoch)" in result.stdout
     again = [json.loads(line) for line in (resumed / "metrics.jsonl").read_text().splitlines()]
@@ -100,7 +89,7 @@ def test_two_processes_train_on_a_weighted_mixture_of_two_caches_and_resume_it_e
         assert got["loss"] == pytest.approx(want["loss"], rel=1e-6)
 
     # Weights that differ from the checkpoint's are refused in one line, before any model is built.
-    changed = torchrun("--out", resumed, "--cache", f"a={cache_a}:1", "--cache", f"b={cache_b}:1",
+    changed = train_on_ranks("--out", resumed, "--cache", f"a={cache_a}:1", "--cache", f"b={cache_b}:1",
                        "--profile", profile, "--no-export")
     assert changed.returncode != 0
     error = [line for line in changed.stderr.splitlines() if line.startswith("error:")]
@@ -111,8 +100,8 @@ def test_two_processes_train_on_a_weighted_mixture_of_two_caches_and_resume_it_e
 def test_caches_that_do_not_match_the_profile_or_a_bad_cache_argument_are_refused_in_one_line(
         two_caches: tuple[Path, Path, Path], tmp_path: Path) -> None:
     cache_a, _, profile = two_caches
-    bad = torchrun("--out", tmp_path / "run", "--cache", f"a={cache_a}:3", "--cache", f"b={tmp_path / 'none'}:1",
+    bad = train_on_ranks("--out", tmp_path / "run", "--cache", f"a={cache_a}:3", "--cache", f"b={tmp_path / 'none'}:1",
                    "--profile", profile, nproc=1)
     assert bad.returncode != 0 and "cache 'b'" in bad.stderr and "janus_train/" not in bad.stderr
-    weightless = torchrun("--out", tmp_path / "run", "--cache", f"a={cache_a}", "--profile", profile, nproc=1)
+    weightless = train_on_ranks("--out", tmp_path / "run", "--cache", f"a={cache_a}", "--profile", profile, nproc=1)
     assert weightless.returncode != 0 and "NAME=PATH:WEIGHT" in weightless.stderr

@@ -18,8 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from helpers.damage import copies, error_lines, flip_byte, launch_train, write_profile
+from helpers.damage import copies, error_lines, flip_byte, write_profile
 from helpers.shared_runs import OneSampleShards
+from helpers.training import train_on_ranks
 from janus_cache.store.layout import SAMPLES_TABLE, TEXT_PAYLOAD, table_group
 from janus_core.profile import load_profile
 from janus_train.loop.parts import open_training_cache
@@ -44,7 +45,7 @@ def test_a_mixture_run_reading_a_damaged_table_column_ends_every_rank_with_one_l
     flip_byte(file, 0)
 
     out = tmp_path / "run"
-    result = launch_train("--out", out, "--cache", f"a={a}:1", "--cache", f"b={b}:1", "--profile", profile,
+    result = train_on_ranks("--out", out, "--cache", f"a={a}:1", "--cache", f"b={b}:1", "--profile", profile,
                           "--no-export")
     assert result.returncode == 1, result.stdout + result.stderr
     reports = error_lines(result)

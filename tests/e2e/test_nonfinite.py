@@ -6,7 +6,8 @@ rewritten through the cache's own writer with a NaN in one sample's feature (a v
 record) and precompute is run again, which keeps the committed shards and writes the manifest
 from them: a cache that passes the trainer's start-up check and holds one poisoned sample.
 
-The runs: real torchrun, 2 processes, DeepSpeed ZeRO-3 over gloo; micro-batch 1, gradient
+The runs: 2 processes started by torch's elastic agent (helpers.training.train_on_ranks),
+DeepSpeed ZeRO-3 over gloo; micro-batch 1, gradient
 accumulation 2, so a step takes 4 samples and an epoch of 8 samples is 2 steps. The poisoned
 sample is the first micro-batch of rank 1 at step 2 (and appears once more in epoch 1).
 """
@@ -26,7 +27,7 @@ import yaml
 
 from helpers.profiles import write_test_profile
 from helpers.shared_runs import TinyTraining
-from helpers.training import assert_succeeded, precompute, torchrun_train
+from helpers.training import assert_succeeded, precompute, train_on_ranks
 from janus_cache.keys import window_variant
 from janus_cache.store.zarr_store import ZarrCacheWriter
 from janus_core.profile import load_profile
@@ -120,7 +121,7 @@ def test_the_poisoned_cache_holds_one_nan_feature_and_passes_the_start_up_check(
 
 def test_a_nan_loss_stops_every_rank_naming_the_step_rank_and_sample(poisoned: Poisoned, tmp_path: Path) -> None:
     out = tmp_path / "run"
-    result = torchrun_train("--out", out, "--cache", poisoned.cache, "--profile", poisoned.profile)
+    result = train_on_ranks("--out", out, "--cache", poisoned.cache, "--profile", poisoned.profile)
     output = (result.stdout + result.stderr).splitlines()
     assert result.returncode == 1, "\n".join(output)
     # One report, from rank 0, which learned of rank 1's NaN through the all-reduced metrics.
@@ -143,7 +144,7 @@ def test_with_nonfinite_skip_the_run_completes_and_counts_the_skipped_steps(pois
                                                                            tmp_path: Path) -> None:
     profile = write_profile(tmp_path / "skip.yaml", nonfinite="skip")
     out = tmp_path / "run"
-    result = torchrun_train("--out", out, "--cache", poisoned.cache, "--profile", profile, "--no-export")
+    result = train_on_ranks("--out", out, "--cache", poisoned.cache, "--profile", profile, "--no-export")
     assert_succeeded(result)
     records = strict_records(out)
     n_samples = len(open_training_cache(load_profile(profile), poisoned.cache).reader)

@@ -117,7 +117,10 @@ def profile(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = write_test_profile(tmp_path_factory.mktemp("orphans") / "profile.yaml",
                               cache={"frames_per_shard": 4, "samples_per_shard": 2})
     data = yaml.safe_load(path.read_text())
-    data["train"].update({"max_steps": 10_000, "save_every": 10_000, "num_workers": 0, "log_every": 1})
+    # Epochs as well as steps: the profile's 2 epochs of 36 samples end in 18 steps, which a slow
+    # machine can finish before the test kills the launch.
+    data["train"].update({"epochs": 10_000, "max_steps": 10_000, "save_every": 10_000, "num_workers": 0,
+                          "log_every": 1})
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
 

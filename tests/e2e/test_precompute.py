@@ -1,7 +1,8 @@
-"""Stage 1 precompute end to end: real torchrun processes on CPU write real caches.
+"""Stage 1 precompute end to end: real processes on CPU write real caches.
 
-Every run here is the installed pipeline started as a subprocess (``torchrun -m pipelines.precompute``
-or ``janus-cache precompute``) on the session's sample dataset (3 episodes x 12 frames), with the
+Every run here is the installed pipeline in processes of its own: 2 ranks of ``pipelines.precompute``
+(torch's elastic agent, helpers.precompute_runs.precompute_on_ranks; a run killed mid-way: a real
+torchrun launch) or ``janus-cache precompute``, on the session's sample dataset (3 episodes x 12 frames), with the
 tiny profile cut into small shards (4 frames, 2 samples per shard: 9 frame shards, 18 sample
 shards), so that shards are spread over both ranks and a run can be killed between two commits.
 The session's shared uninterrupted cache per format (``small_shards_cache``, one process) is the
@@ -36,6 +37,7 @@ from helpers.precompute_runs import (
     flip_byte,
     output,
     precompute_command,
+    precompute_on_ranks,
     profile,
     run,
     run_env,
@@ -144,7 +146,7 @@ def two_process_runs(sample_dataset: Path, profile: Path, workdir: Path) -> Call
     def reference(cache_format: str) -> Path:
         if cache_format not in built:
             out = workdir / f"two-processes-{cache_format}"
-            result = run(precompute_command(sample_dataset, out, profile, cache_format=cache_format))
+            result = precompute_on_ranks(sample_dataset, out, profile, cache_format=cache_format)
             assert succeeded(result), tail(result)
             out.with_suffix(".log").write_text(output(result))
             built[cache_format] = out
@@ -344,7 +346,7 @@ def test_a_keyed_field_change_is_refused_with_the_field_named(
         vggt=change.get("vggt"),
     )
 
-    refused = (run(precompute_command(sample_dataset, cache, profile)) if "vggt" in change
+    refused = (precompute_on_ranks(sample_dataset, cache, profile) if "vggt" in change
                else run_in_process(capsys, sample_dataset, cache, profile))
     assert refused.returncode != 0
     assert field in output(refused), tail(refused)
@@ -424,7 +426,7 @@ def test_images_that_fail_to_decode_are_reported_and_their_samples_left_out(
     assert len(failed) == 13  # 12 samples of episode 0, 1 of episode 2
 
     cache = tmp_path / "cache"
-    result = run(precompute_command(data, cache, profile))
+    result = precompute_on_ranks(data, cache, profile)
     assert result.returncode == 1, tail(result)
     assert "13 samples failed" in output(result)
     first_failed = next(s.key for s in index.samples if s.key in failed)  # listed first, with its reason
@@ -579,6 +581,6 @@ def test_a_failing_rank_fails_the_whole_run_with_its_error(
     blocked.unlink()
     blocked.mkdir()
 
-    result = run(precompute_command(sample_dataset, cache, profile))
+    result = precompute_on_ranks(sample_dataset, cache, profile)
     assert result.returncode != 0
     assert "IsADirectoryError" in output(result) and record.file in output(result), tail(result)

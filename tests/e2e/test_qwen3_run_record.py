@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from helpers.commands import assert_one_error_line
-from helpers.training import assert_succeeded, read_metrics, torchrun_train, write_train_profile
+from helpers.training import assert_succeeded, read_metrics, train_on_ranks, write_train_profile
 from janus_train.run.layout import RunLayout
 
 QWEN3_DIR = Path(__file__).resolve().parents[2] / "configs" / "models" / "tiny-qwen3_vl"
@@ -36,7 +36,7 @@ def live_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     data["qwen"]["path"] = str(QWEN3_DIR)
     qwen3.write_text(yaml.safe_dump(data, sort_keys=False))
     run, source = root / "run", write_sample_data(root / "data", episodes=2, steps=3, seed=3)
-    assert_succeeded(torchrun_train("--out", run, "--live-data", source, "--profile", qwen3, "--max-steps", STEPS,
+    assert_succeeded(train_on_ranks("--out", run, "--live-data", source, "--profile", qwen3, "--max-steps", STEPS,
                                     "--no-export", nproc=1))
     return {"run": run, "data": source, "qwen3": qwen3, "qwen25": write_train_profile(root / "qwen25.yaml")}
 
@@ -59,7 +59,7 @@ def test_export_and_resume_with_a_qwen25_profile_are_refused_in_one_line(live_ru
     assert_one_error_line(exported, *naming)
     assert not (tmp_path / "export").exists()
     before = RunLayout(run).run_file.read_bytes()
-    resumed = torchrun_train("--out", run, "--live-data", live_run["data"], "--profile", qwen25,
+    resumed = train_on_ranks("--out", run, "--live-data", live_run["data"], "--profile", qwen25,
                              "--max-steps", STEPS + 1, nproc=1)
     errors = [line for line in resumed.stderr.splitlines() if line.startswith("error:")]  # torchrun adds its report
     assert resumed.returncode != 0 and len(errors) == 1 and all(text in errors[0] for text in naming), resumed.stderr

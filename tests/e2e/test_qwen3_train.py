@@ -26,7 +26,7 @@ from helpers.training import (
     assert_succeeded,
     precompute,
     read_metrics,
-    torchrun_train,
+    train_on_ranks,
     write_train_profile,
 )
 from janus_cache.store import load_manifest
@@ -63,7 +63,7 @@ def qwen3(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     cache = precompute(data, root / "cache", profile)
     out = root / "run"
     outputs = out / "final_outputs.safetensors"
-    assert_succeeded(torchrun_train("--out", out, "--cache", cache, "--profile", profile,
+    assert_succeeded(train_on_ranks("--out", out, "--cache", cache, "--profile", profile,
                                     "--record-outputs", outputs, "--record-samples", RECORDED_SAMPLES))
     return {"root": root, "profile": profile, "data": data, "cache": cache, "cache_b": precompute(other, root / "cache-b",
                                                                                                    profile),
@@ -93,7 +93,7 @@ def test_a_qwen3_run_resumed_after_step_k_repeats_the_uninterrupted_run_bit_for_
     (out / CHECKPOINTS_DIR / "latest").write_text(tag)
     reference = read_metrics(qwen3["run"])
     (out / METRICS_FILE).write_text("".join(json.dumps(r) + "\n" for r in reference[:SAVE_EVERY]))
-    result = torchrun_train("--out", out, "--cache", qwen3["cache"], "--profile", qwen3["profile"], "--no-export")
+    result = train_on_ranks("--out", out, "--cache", qwen3["cache"], "--profile", qwen3["profile"], "--no-export")
     assert_succeeded(result)
     assert f"resumed at step {SAVE_EVERY} (epoch 1, sample 4 of the epoch)" in result.stdout
     resumed = read_metrics(out)[SAVE_EVERY:]
@@ -147,7 +147,7 @@ def test_a_qwen3_mixture_with_validation_trains_and_validates(qwen3: dict[str, P
         "max_steps": 4, "log_sample_keys": True, "val_episodes": 1, "val_max_samples": 4, "eval_every": 2,
         "best_metric": "val_loss"})
     out = tmp_path / "run"
-    result = torchrun_train("--out", out, "--cache", f"a={qwen3['cache']}:3", "--cache", f"b={qwen3['cache_b']}:1",
+    result = train_on_ranks("--out", out, "--cache", f"a={qwen3['cache']}:3", "--cache", f"b={qwen3['cache_b']}:1",
                             "--profile", profile, "--no-export")
     assert_succeeded(result)
     assert "from a (weight 3), b (weight 1)" in result.stdout
@@ -165,7 +165,7 @@ def test_the_live_check_of_a_qwen3_cache_decodes_vggts_frames_from_its_dataset(
     of the dataset's sources (the cache holds Qwen3-VL's): without --data it is refused at start in
     one line, with no run directory left; with --data the checks of a real run match the cache."""
     checked = qwen3_profile(tmp_path / "checked.yaml", train={"live_check_every": 2, "log_sample_keys": True})
-    refused = torchrun_train("--out", tmp_path / "refused", "--cache", qwen3["cache"], "--profile", checked, nproc=1)
+    refused = train_on_ranks("--out", tmp_path / "refused", "--cache", qwen3["cache"], "--profile", checked, nproc=1)
     assert refused.returncode != 0
     assert [line for line in refused.stderr.splitlines() if line.startswith("error:")] == [
         f"error: {checked}: train.live_check_every on a Qwen3-VL cache decodes VGGT's frames from the dataset's "
@@ -174,7 +174,7 @@ def test_the_live_check_of_a_qwen3_cache_decodes_vggts_frames_from_its_dataset(
     assert not (tmp_path / "refused").exists()
 
     out = tmp_path / "checked"
-    result = torchrun_train("--out", out, "--cache", qwen3["cache"], "--data", qwen3["data"], "--profile", checked,
+    result = train_on_ranks("--out", out, "--cache", qwen3["cache"], "--data", qwen3["data"], "--profile", checked,
                             "--max-steps", 4, "--no-export", nproc=1)
     assert_succeeded(result)
     assert "warning: live check" not in result.stderr

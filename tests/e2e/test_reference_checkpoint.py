@@ -40,7 +40,7 @@ def test_train_refuses_a_damaged_init_from_in_one_line_before_starting(reference
 
 def test_two_process_zero3_run_starts_from_the_directory_and_exports_it_back(reference_dir_with_heads: Path,
                                                                             tmp_path: Path) -> None:
-    """``train.init_from`` through the real trainer (torchrun, 2 processes, ZeRO-3 over gloo), at
+    """``train.init_from`` through the real trainer (2 processes, ZeRO-3 over gloo), at
     learning rate 0 so the weights stay the initial ones; ``janus-train export --format janusvln``
     of its checkpoint then gives back the directory's state dict, tensor for tensor. The directory
     holds VGGT's unused depth and point heads, as every reference checkpoint does: the run says
@@ -48,7 +48,7 @@ def test_two_process_zero3_run_starts_from_the_directory_and_exports_it_back(ref
     reference_dir = reference_dir_with_heads
     from typer.testing import CliRunner
 
-    from helpers.training import assert_succeeded, precompute, torchrun_train, write_train_profile
+    from helpers.training import assert_succeeded, precompute, train_on_ranks, write_train_profile
     from janus_core.sample_data import write_sample_data
     from pipelines.train_cli import app
 
@@ -58,7 +58,7 @@ def test_two_process_zero3_run_starts_from_the_directory_and_exports_it_back(ref
     data = write_sample_data(tmp_path / "data", episodes=2, steps=4, seed=0)
     cache = precompute(data, tmp_path / "cache", profile_path)
     run = tmp_path / "run"
-    result = torchrun_train("--out", run, "--cache", cache, "--profile", profile_path, "--no-export")
+    result = train_on_ranks("--out", run, "--cache", cache, "--profile", profile_path, "--no-export")
     assert_succeeded(result)
     notes = [line for line in result.stderr.splitlines() if "depth and point heads" in line]
     assert notes == [unused_heads_note(reference_dir)] and "124 tensors" in notes[0], result.stderr[-3000:]

@@ -35,6 +35,7 @@ from safetensors import safe_open
 
 from helpers.profiles import REPO_ROOT
 from helpers.shared_runs import TinyTraining
+from helpers.training import train_on_ranks
 from janus_cache.store.layout import CacheLayout
 from janus_core.index import build_index
 from janus_core.profile import load_profile
@@ -67,12 +68,6 @@ class Trained:
     ended: datetime
 
 
-def torchrun_train(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-               "-m", "pipelines.train", *map(str, args)]
-    return subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=TIMEOUT_S, check=False)
-
-
 def janus_train(*args: str | Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run([JANUS_TRAIN, *map(str, args)], cwd=REPO_ROOT, capture_output=True, text=True,
                           timeout=TIMEOUT_S, check=False)
@@ -93,10 +88,10 @@ def trained(tiny_training: TinyTraining, tmp_path_factory: pytest.TempPathFactor
     data, cache = tiny_training.data, tiny_training.bf16_cache
     out = root / "run"
     started = datetime.now(timezone.utc)
-    first = succeeded(torchrun_train("--out", out, "--cache", cache, "--profile", profile,
+    first = succeeded(train_on_ranks("--out", out, "--cache", cache, "--profile", profile,
                                      *(f"--set={o}" for o in OVERRIDES)))
     # The same run continued for a step: no --profile, the run's own is read back.
-    resumed = succeeded(torchrun_train("--out", out, "--cache", cache, "--set", "train.max_steps=3", "--no-export"))
+    resumed = succeeded(train_on_ranks("--out", out, "--cache", cache, "--set", "train.max_steps=3", "--no-export"))
     return Trained(data, cache, profile, out, first, resumed, started, datetime.now(timezone.utc))
 
 
@@ -208,7 +203,7 @@ def test_show_sample_of_a_run_uses_its_prompt_template(trained: Trained) -> None
 def test_a_resume_with_a_profile_that_disagrees_is_one_line_and_changes_nothing(trained: Trained) -> None:
     layout = RunLayout(trained.run)
     before = {path: path.read_bytes() for path in (layout.profile, layout.run_file, layout.metrics, layout.latest)}
-    result = torchrun_train("--out", trained.run, "--cache", trained.cache, "--profile", "tiny", "--no-export")
+    result = train_on_ranks("--out", trained.run, "--cache", trained.cache, "--profile", "tiny", "--no-export")
     assert result.returncode != 0
     errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1 and "train.merger_hidden is 128, the run's is 64" in errors[0], result.stderr[-3000:]

@@ -34,6 +34,7 @@ from helpers.training import (
     assert_succeeded,
     read_metrics,
     torchrun_train,
+    train_on_ranks,
     write_train_profile,
 )
 from janus_core.resolution import Resolution, visual_tokens
@@ -78,7 +79,7 @@ def test_a_zero2_run_trains_what_the_zero3_run_trains(setup: TinyTraining, refer
     profile = write_train_profile(tmp_path / "zero2.yaml", cache={"feature_dtype": "float32"},
                                   train={"zero_stage": 2, "max_steps": 2})
     out = tmp_path / "run"
-    assert_succeeded(torchrun_train("--out", out, "--cache", setup.fp32_cache, "--profile", profile))
+    assert_succeeded(train_on_ranks("--out", out, "--cache", setup.fp32_cache, "--profile", profile))
     records = read_metrics(out)
     assert [r["step"] for r in records] == [1, 2]
     for zero2, zero3 in zip(records, reference_run.records[:2], strict=True):
@@ -165,7 +166,7 @@ def test_live_two_process_run_with_micro_batch_2_starts_with_the_cached_runs_los
     profile = write_train_profile(tmp_path / "live.yaml", cache={"feature_dtype": "float32"},
                                   train={"micro_batch": 2, "grad_accum": 1})
     out = tmp_path / "live-run"
-    assert_succeeded(torchrun_train("--out", out, "--live-data", setup.data, "--profile", profile,
+    assert_succeeded(train_on_ranks("--out", out, "--live-data", setup.data, "--profile", profile,
                                     "--max-steps", 1, "--no-export"))
     live, cached = read_metrics(out)[0], reference_run.records[0]
     assert live["step"] == cached["step"] == 1
@@ -211,7 +212,7 @@ def test_resume_after_step_k_repeats_the_uninterrupted_losses(reference_run: Ref
     (out / CHECKPOINTS_DIR / "latest").write_text(tag)
     (out / METRICS_FILE).write_text("".join(json.dumps(r) + "\n" for r in reference_run.records[:SAVE_EVERY]))
 
-    result = torchrun_train("--out", out, "--cache", setup.fp32_cache, "--profile", setup.fp32_profile, "--no-export")
+    result = train_on_ranks("--out", out, "--cache", setup.fp32_cache, "--profile", setup.fp32_profile, "--no-export")
     assert_succeeded(result)
     assert f"resumed at step {SAVE_EVERY} (epoch 1, sample 4 of the epoch)" in result.stdout
     resumed = read_metrics(out)[SAVE_EVERY:]
@@ -308,7 +309,7 @@ def test_training_refuses_a_cache_made_with_another_reference_frame(setup: TinyT
     """torchrun exits non-zero before building any model, naming the differing field."""
     profile = write_train_profile(tmp_path / "first.yaml", cache={"feature_dtype": "float32", "reference_frame": "first"})
     out = tmp_path / "run"
-    result = torchrun_train("--out", out, "--cache", setup.fp32_cache, "--profile", profile)
+    result = train_on_ranks("--out", out, "--cache", setup.fp32_cache, "--profile", profile)
     assert result.returncode != 0
     assert "window.reference_frame: cache has 'last'" in result.stderr
     assert not out.exists()

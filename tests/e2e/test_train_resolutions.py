@@ -20,6 +20,7 @@ import yaml
 
 from helpers.profiles import REPO_ROOT, write_test_profile
 from helpers.shared_runs import TinyTraining
+from helpers.training import train_on_ranks
 from janus_cache.store import read_manifest
 from janus_core.profile import load_profile
 from janus_core.resolution import Resolution, visual_tokens
@@ -61,11 +62,7 @@ def test_the_cache_holds_both_resolutions_and_opens_each(two_resolution_cache) -
 def test_a_two_resolution_cache_trains_on_the_profiles_resolution(two_resolution_cache, tmp_path: Path) -> None:
     _, profile_path, cache = two_resolution_cache
     out = tmp_path / "run"
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-               "-m", "pipelines.train", "--out", str(out), "--cache", str(cache), "--profile", str(profile_path),
-               "--no-export"]
-    result = subprocess.run(command, cwd=REPO_ROOT, env=dict(os.environ), capture_output=True, text=True,
-                            check=False, timeout=TIMEOUT_S)
+    result = train_on_ranks("--out", out, "--cache", cache, "--profile", profile_path, "--no-export")
     assert result.returncode == 0, f"training failed:\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}"
     records = [json.loads(line) for line in (out / METRICS_FILE).read_text().splitlines()]
     assert [r["step"] for r in records] == list(range(1, STEPS + 1))

@@ -1,7 +1,7 @@
 """Validation: held-out episodes, val_* metrics averaged over all ranks, the best
 checkpoint kept apart from the rotation.
 
-The run (one torchrun launch, 2 processes, DeepSpeed ZeRO-3 over gloo): 3 episodes x 4 steps of
+The run (one launch of 2 processes, DeepSpeed ZeRO-3 over gloo): 3 episodes x 4 steps of
 sample data precomputed into a real zarr cache (the session's, helpers.shared_runs); the tiny profile's own validation source (one
 episode held out) capped at 3 of its 4 samples, so the ranks' shares differ (2 and 1: rank 1 runs
 an uncounted filler micro-batch to keep ZeRO-3's collectives in step). 8 training samples, 4 per
@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from helpers.shared_runs import TinyTraining
-from helpers.training import assert_succeeded, read_metrics, torchrun_train
+from helpers.training import assert_succeeded, read_metrics, train_on_ranks
 from helpers.validation import (
     BEST,
     EPISODES,
@@ -51,7 +51,7 @@ def built(three_episodes: TinyTraining, tmp_path_factory: pytest.TempPathFactory
 @pytest.fixture(scope="module")
 def run(built: dict[str, Path]) -> dict[str, Any]:
     out = built["root"] / "run"
-    result = torchrun_train("--out", out, "--cache", built["cache"], "--profile", built["profile"])
+    result = train_on_ranks("--out", out, "--cache", built["cache"], "--profile", built["profile"])
     assert_succeeded(result)
     records = read_metrics(out)
     best = json.loads((out / CHECKPOINTS_DIR / BEST_TAG / BEST_FILE).read_text())
@@ -116,7 +116,7 @@ def assert_metrics_equal(logged: dict[str, Any], expected: dict[str, float]) -> 
 
 def test_an_unusable_hold_out_ends_the_launch_in_one_line(built: dict[str, Path], tmp_path: Path) -> None:
     profile = profile_with(tmp_path / "all.yaml", val_episodes=EPISODES)
-    result = torchrun_train("--out", tmp_path / "run", "--cache", built["cache"], "--profile", profile, nproc=1)
+    result = train_on_ranks("--out", tmp_path / "run", "--cache", built["cache"], "--profile", profile, nproc=1)
     assert result.returncode != 0
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert errors == [f"error: {profile}: train.val_episodes / val_episodes_fraction: holding out 3 of 3 episodes "
@@ -187,7 +187,7 @@ def test_the_best_checkpoint_is_kept_apart_from_rotation(built: dict[str, Path],
 def test_the_best_checkpoint_survives_a_resume(built: dict[str, Path], run: dict[str, Any]) -> None:
     """A second launch continues the run to 8 steps: it validates at 8 and keeps the best of all
     four validations, whichever part of the run it came from."""
-    result = torchrun_train("--out", run["out"], "--cache", built["cache"], "--profile", built["profile"],
+    result = train_on_ranks("--out", run["out"], "--cache", built["cache"], "--profile", built["profile"],
                             "--max-steps", RESUMED_STEPS, "--no-export")
     assert_succeeded(result)
     assert f"resumed at step {MAX_STEPS}" in result.stdout

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -24,7 +22,7 @@ import yaml
 
 from helpers.model_cases import QWEN_DIR
 from helpers.precompute_runs import flip_byte
-from helpers.profiles import REPO_ROOT, file_digests, write_test_profile
+from helpers.profiles import file_digests, write_test_profile
 from helpers.sources import (
     ROWS_PER_SHARD,
     STEPS,
@@ -33,6 +31,7 @@ from helpers.sources import (
     precompute_in_process,
     tail,
 )
+from helpers.training import train_on_ranks
 from janus_cache.store import CacheOpenError, open_cache, read_manifest
 from janus_cache.store.commit import read_record
 from janus_cache.store.layout import CacheLayout, vit_array
@@ -215,10 +214,7 @@ def test_a_two_process_run_from_the_vit_cache_trains_exactly_as_the_live_vit(
         profile = tmp_path / f"train-{vit_features}.yaml"
         profile.write_text(yaml.safe_dump(settings, sort_keys=False))
         out = tmp_path / f"run-{vit_features}"
-        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                   "-m", "pipelines.train", "--out", str(out), "--cache", str(caches["zarr-ab"]),
-                   "--profile", str(profile)]
-        result = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, check=False, timeout=600)
+        result = train_on_ranks("--out", out, "--cache", caches["zarr-ab"], "--profile", profile)
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
         # The start line says which path trains.
         assert (" (the frozen ViT from the cache: only its mergers run)" in result.stdout) == vit_features

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers.forked_ranks import forked_launch
 from helpers.profiles import REPO_ROOT
 from helpers.shared_caches import SMALL_SHARDS
 
@@ -44,6 +45,14 @@ def run_env() -> dict[str, str]:
     """One compute thread per process, as torchrun gives its ranks: the test machine is shared, and
     an oversubscribed OpenMP pool makes a plain process many times slower."""
     return {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def precompute_on_ranks(data: Path, out: Path, profile: Path, *args: str,
+                        cache_format: str = "zarr") -> subprocess.CompletedProcess[str]:
+    """:func:`precompute_command`'s 2-process run, its ranks started as torchrun starts them, each
+    forked from a process that imported the command once (:mod:`helpers.forked_ranks`)."""
+    return forked_launch("pipelines.precompute", data, "--out", out, "--profile", profile, "--format", cache_format,
+                         "--workers", "1", *args, env=run_env(), timeout=RUN_TIMEOUT)
 
 
 def run(command: list[str]) -> subprocess.CompletedProcess[str]:

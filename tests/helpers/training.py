@@ -11,6 +11,7 @@ from typing import Any
 
 import yaml
 
+from helpers.forked_ranks import forked_launch
 from helpers.profiles import REPO_ROOT, write_test_profile
 from janus_train.run.layout import METRICS_FILE
 
@@ -69,6 +70,12 @@ def torchrun_train(*args: str | Path | int, nproc: int = N_PROC) -> subprocess.C
                "-m", "pipelines.train", *map(str, args)]
     return subprocess.run(command, cwd=REPO_ROOT, env=dict(os.environ), capture_output=True, text=True, check=False,
                           timeout=TIMEOUT_S)
+
+
+def train_on_ranks(*args: str | Path | int, nproc: int = N_PROC) -> subprocess.CompletedProcess[str]:
+    """``pipelines.train ARGS`` on ``nproc`` ranks as torchrun starts them, each forked from a process
+    that imported the command once (:mod:`helpers.forked_ranks`)."""
+    return forked_launch("pipelines.train", *args, nproc=nproc, timeout=TIMEOUT_S)
 
 
 def assert_succeeded(result: subprocess.CompletedProcess[str]) -> None:
