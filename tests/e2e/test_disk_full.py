@@ -2,9 +2,11 @@
 launcher's own log each end in one line naming the path, the bytes free and needed and the fix.
 
 The disks are real, size-limited tmpfs mounts in an unprivileged user+mount namespace of the
-test's own (``unshare -rm``): the writes hit the kernel's own ENOSPC. The runs: real 2-process
-launches through ``pipelines.launch`` (as ``make train`` starts them) of the tiny profile on the
-session's float32 cache of 2 episodes x 4 steps (helpers.shared_runs), 4 steps with a checkpoint every 2.
+test's own (``unshare -rm``): the writes hit the kernel's own ENOSPC. The runs on a small disk: real
+2-process launches through ``pipelines.launch`` (as ``make train`` starts them) of the tiny profile on
+the session's float32 cache of 2 episodes x 4 steps (helpers.shared_runs), 4 steps with a checkpoint
+every 2; the uninterrupted run and the resumes on a disk with room: the same command on 2 ranks
+started by torch's elastic agent (helpers.training.train_on_ranks).
 
 * A run directory with room for one checkpoint and a half: the step-4 save fails on the full
   disk; one ``error:`` line, no traceback, the partial tag removed, ``latest`` still names step 2.
@@ -38,7 +40,7 @@ import yaml
 from helpers.profiles import REPO_ROOT, file_digests, write_test_profile
 from helpers.shared_runs import TinyTraining
 from helpers.training import TRAIN as TRAIN_TEST_SETTINGS
-from helpers.training import read_metrics, write_train_profile
+from helpers.training import read_metrics, train_on_ranks, write_train_profile
 from janus_train.checkpoint.best import BEST_FILE, BEST_TAG
 from janus_train.checkpoint.tags import CHECKSUMS_FILE, LATEST_FILE
 from janus_train.run.layout import CHECKPOINTS_DIR
@@ -73,11 +75,14 @@ def on_small_disk(mount: Path, size: int, script: str) -> subprocess.CompletedPr
                 f"mount -t tmpfs -o size={size} tmpfs {shlex.quote(str(mount))} && {script}"])
 
 
+def train_args(out: Path, cache: Path, profile: Path, *extra: str) -> list[str]:
+    return ["--out", str(out), "--cache", str(cache), "--profile", str(profile), *extra]
+
+
 def train_command(out: Path, cache: Path, profile: Path, *extra: str) -> list[str]:
     """The launch ``make train`` makes: torchrun through pipelines.launch, its log in the run."""
     return [sys.executable, "-m", "pipelines.launch", "--launcher-log", str(out / "launcher.log"), "--standalone",
-            "--nproc_per_node", "2", "-m", "pipelines.train", "--out", str(out), "--cache", str(cache),
-            "--profile", str(profile), *extra]
+            "--nproc_per_node", "2", "-m", "pipelines.train", *train_args(out, cache, profile, *extra)]
 
 
 def tag_bytes(tag_dir: Path) -> int:
@@ -103,7 +108,7 @@ def setup(tiny_training: TinyTraining, tmp_path_factory: pytest.TempPathFactory)
     profile = write_train_profile(root / "profile.yaml", cache={"feature_dtype": "float32"}, train=TRAIN)
     cache = tiny_training.fp32_cache
     reference = root / "reference"
-    result = run(train_command(reference, cache, profile))
+    result = train_on_ranks(*train_args(reference, cache, profile))
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
     return Setup(cache, profile, reference, read_metrics(reference))
 
@@ -134,7 +139,7 @@ def test_a_checkpoint_save_on_a_full_disk_is_one_line_and_the_same_command_resum
     assert not (kept / CHECKPOINTS_DIR / tag).exists(), "the partial checkpoint was left behind"
 
     # Room again (the run moved to a disk with space): the same command resumes and finishes the run.
-    resumed = run(train_command(kept, setup.cache, setup.profile, "--no-export"))
+    resumed = train_on_ranks(*train_args(kept, setup.cache, setup.profile, "--no-export"))
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-5000:]
     assert f"resumed at step {SAVE_EVERY}" in resumed.stdout
     records = read_metrics(kept)
@@ -188,7 +193,7 @@ def test_a_best_checkpoint_that_does_not_fit_is_one_line_and_keeps_the_best_ther
     assert not (kept / CHECKPOINTS_DIR / f"{BEST_TAG}.partial").exists(), "the partial best was left behind"
     assert (kept / CHECKPOINTS_DIR / LATEST_FILE).read_text() == f"step{SAVE_EVERY:08d}"
 
-    resumed = run(train_command(kept, setup.cache, profile, "--no-export"))
+    resumed = train_on_ranks(*train_args(kept, setup.cache, profile, "--no-export"))
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-5000:]
     assert f"resumed at step {SAVE_EVERY}" in resumed.stdout
     best = json.loads((kept / CHECKPOINTS_DIR / BEST_TAG / BEST_FILE).read_text())
