@@ -135,13 +135,11 @@ def forked_launch(module: str, *args: str | Path | int, nproc: int = 2, env: dic
             code, report = 1, f"{type(failed).__name__}: {failed}\n"
         finally:
             timer.cancel()
-        stdout = "".join(_read(path) for path in sorted(Path(work, "logs").rglob("stdout.log")))
-        stderr = "".join(_read(path) for path in sorted(Path(work, "logs").rglob("stderr.log"))) + report
+        stdout, stderr = (
+            "".join(path.read_text(errors="replace") for path in sorted(Path(work, "logs").rglob(f"{stream}.log")))
+            for stream in ("stdout", "stderr"))
+        stderr += report
     command = ["torchrun", "--standalone", f"--nproc_per_node={nproc}", "-m", module, *argv]
     if timed_out.is_set():
         raise subprocess.TimeoutExpired(command, timeout, stdout, stderr)
     return subprocess.CompletedProcess(command, code, stdout, stderr)
-
-
-def _read(path: Path) -> str:
-    return path.read_text(errors="replace")
