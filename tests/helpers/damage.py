@@ -1,22 +1,15 @@
-"""Helpers shared by several test modules (moved from tests/test_damage_training.py)."""
+"""Damaged caches for the tests: byte flips in a chosen array, the damage tests' profile and their
+sample order."""
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
-import subprocess
-import sys
-import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 
-from helpers.profiles import REPO_ROOT, write_test_profile
+from helpers.profiles import write_test_profile
 
 N_PROC = 2  # the ranks of a launched training
 
@@ -43,9 +36,6 @@ def error_lines(result: Any) -> list[str]:
     return [line for line in (result.stdout + result.stderr).splitlines() if line.startswith("error:")]
 
 
-RUN_TIMEOUT_S = 300  # start-up on a loaded 2-core machine; a hang fails the test at this point
-
-
 class OneProcess:
     """The collective of a single process (what draw_step agrees through, without a process group)."""
 
@@ -54,70 +44,6 @@ class OneProcess:
 
     def gather(self, value: Any) -> list[Any]:
         return [value]
-
-
-STOP_GRACE_S = 60
-
-
-def start_time(pid: int) -> str | None:
-    """When ``pid`` started (/proc's stat field 22; None once it has ended)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return None
-
-
-def launch(launcher: str, *args: str | Path, timeout: float = RUN_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
-    """``python -m LAUNCHER --standalone --nproc_per_node 2 -m pipelines.train ARGS`` as a real launch.
-
-    Its output goes to files, not pipes, so a process that outlives the launch cannot block the test
-    reading them. Still running after ``timeout`` seconds fails the test: the launcher is asked to
-    stop its ranks (SIGTERM), and ``STOP_GRACE_S`` later every process the launch started (recorded
-    while it ran: the ranks are in sessions of their own, out of reach of a signal to the launcher's
-    group) is SIGKILLed by pid.
-    """
-    from helpers.processes import alive, descendants
-
-    command = [sys.executable, "-m", launcher, "--standalone", f"--nproc_per_node={N_PROC}",
-               "-m", "pipelines.train", *map(str, args)]
-    with tempfile.TemporaryDirectory() as logs:
-        stdout_file, stderr_file = Path(logs, "stdout"), Path(logs, "stderr")
-        with open(stdout_file, "w") as out, open(stderr_file, "w") as err:
-            process = subprocess.Popen(command, cwd=REPO_ROOT, env=dict(os.environ), stdout=out, stderr=err,
-                                       start_new_session=True)
-        started: dict[int, str] = {}  # pid -> its start time: a pid reused since is not the launch's
-
-        def record() -> None:
-            for pid in descendants(process.pid) - started.keys():
-                if (since := start_time(pid)) is not None:
-                    started[pid] = since
-
-        def ended_by(deadline: float) -> bool:
-            while process.poll() is None and time.monotonic() < deadline:
-                record()
-                time.sleep(0.5)
-            return process.poll() is not None
-
-        ended = ended_by(time.monotonic() + timeout)
-        if not ended:
-            process.send_signal(signal.SIGTERM)  # the launcher stops its ranks after their step
-            ended_by(time.monotonic() + STOP_GRACE_S)
-            record()
-        process.kill()
-        for pid, since in started.items():  # whatever is left, ended or not (none, normally)
-            if alive(pid) and start_time(pid) == since:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-        process.wait()
-        stdout, stderr = stdout_file.read_text(), stderr_file.read_text()
-    if not ended:
-        pytest.fail(f"the run did not end within {timeout} s:\n{stdout[-2000:]}\n{stderr[-3000:]}")
-    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
-
-
-def launch_train(*args: str | Path, timeout: float = RUN_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
-    """``python -m pipelines.launch`` (what ``make train`` runs) on 2 processes (:func:`launch`)."""
-    return launch("pipelines.launch", *args, timeout=timeout)
 
 
 def copies(clean_caches: tuple[Path, Path, Path], dest: Path) -> tuple[Path, Path]:

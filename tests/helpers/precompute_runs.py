@@ -1,5 +1,5 @@
-"""Precompute runs as processes (``torchrun -m pipelines.precompute`` or ``janus-cache precompute``)
-and what their tests share: the small-shards profile of the session's shared caches."""
+"""Precompute runs as processes (a real ``torchrun -m pipelines.precompute``, its 2 ranks forked by
+torch's elastic agent, or ``janus-cache precompute``) and what their tests share: the small-shards profile of the session's shared caches."""
 
 from __future__ import annotations
 

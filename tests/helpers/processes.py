@@ -1,4 +1,5 @@
-"""Helpers shared by several test modules (moved from tests/test_orphans.py)."""
+"""Real launches a test kills: the launch, the processes it started (Linux /proc) and which of
+them outlive it."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Helpers shared by several test modules (moved from tests/test_reference_checkpoint.py)."""
+"""Reference JanusVLN checkpoint directories at the tiny sizes, written as the reference trainer
+lays them out, and damaged copies of them."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Helpers shared by several test modules (moved from tests/test_train.py)."""
+"""Training runs for the tests: the test profile's train settings, the trainer on 2 ranks (forked,
+:func:`train_on_ranks`, or a real torchrun launch, :func:`torchrun_train`) and its metrics."""
 
 from __future__ import annotations
 
