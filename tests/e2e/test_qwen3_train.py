@@ -1,4 +1,4 @@
-"""Training a Qwen3-VL base from its cache: torchrun + DeepSpeed ZeRO-3, 2 processes on the
+"""Training a Qwen3-VL base from its cache: DeepSpeed ZeRO-3, 2 forked ranks (train_on_ranks) on the
 CPU (gloo), the tiny Qwen3-VL; the base comes from qwen.path alone.
 
 The data: 2 episodes x 4 steps of sample data = 8 samples (and a second set of 6 for a mixture),

@@ -35,7 +35,7 @@ def test_train_refuses_a_damaged_init_from_in_one_line_before_starting(reference
     assert result.stderr.strip().count("\n") == 0 and "action_head.0.weight" in result.stderr, result.stderr
 
 
-# ------------------------------------------------------------- training from it, under torchrun
+# ------------------------------------------------------------- training from it, on 2 ranks
 
 
 def test_two_process_zero3_run_starts_from_the_directory_and_exports_it_back(reference_dir_with_heads: Path,

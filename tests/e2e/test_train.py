@@ -1,4 +1,5 @@
-"""Stage 2: training under torchrun + DeepSpeed ZeRO-3 on the CPU, tiny profile, 2 processes.
+"""Stage 2: training under DeepSpeed ZeRO-3 on the CPU, tiny profile, 2 processes (the reference
+and h800 runs: real torchrun launches; the others: forked ranks, helpers.training.train_on_ranks).
 
 The data (helpers.shared_runs, shared by the session): 2 episodes x 4 steps of sample data = 8
 samples, precomputed into two real zarr caches, one with float32 features (the reference run
@@ -306,7 +307,7 @@ def test_janus_train_export_writes_16_bit_weights_of_a_checkpoint(setup: TinyTra
 
 
 def test_training_refuses_a_cache_made_with_another_reference_frame(setup: TinyTraining, tmp_path: Path) -> None:
-    """torchrun exits non-zero before building any model, naming the differing field."""
+    """The launch exits non-zero before building any model, naming the differing field."""
     profile = write_train_profile(tmp_path / "first.yaml", cache={"feature_dtype": "float32", "reference_frame": "first"})
     out = tmp_path / "run"
     result = train_on_ranks("--out", out, "--cache", setup.fp32_cache, "--profile", profile)

@@ -1,9 +1,9 @@
 """A cache holding two resolutions trains on the profile's one and verifies.
 
 The way docs/precompute.md gives of adding a resolution: precompute the same data again with another
-``--resolution`` (here into a copy of the session's cache, helpers.shared_runs). Then a real 2-process torchrun of ``pipelines.train`` (tiny profile, DeepSpeed
-ZeRO-3 on the CPU) trains a few steps on the profile's resolution, and ``janus-cache verify``
-(the console script) passes on the cache.
+``--resolution`` (here into a copy of the session's cache, helpers.shared_runs). Then a 2-process
+run of ``pipelines.train`` (forked ranks; tiny profile, DeepSpeed ZeRO-3 on the CPU) trains a few
+steps on the profile's resolution, and ``janus-cache verify`` (the console script) passes on the cache.
 """
 
 from __future__ import annotations

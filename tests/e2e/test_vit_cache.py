@@ -5,7 +5,8 @@ datasets, both formats: precompute stores ``vit/<resolution>`` once per frame, k
 by the ViT's fingerprint, base model and resolution; the reader gives every sample its window's
 rows, equal to the ViT run on the stored frames; ``verify --live`` compares them with the live ViT,
 a flipped byte in a ViT shard is named by verify; an append and a resume give the cache a build
-from scratch gives; a 2-process training (torchrun) from the cache trains exactly as the live ViT.
+from scratch gives; a 2-process training (forked ranks, helpers.training.train_on_ranks) from the
+cache trains exactly as the live ViT.
 (The model side, in process: tests/unit/test_vit_features.py.)
 """
 
