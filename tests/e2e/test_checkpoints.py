@@ -12,18 +12,14 @@ reference is the session's reference run (helpers.shared_runs): 10 steps with a 
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import signal
 import subprocess
-import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from helpers.profiles import REPO_ROOT
+from helpers.processes import Launch
 from helpers.shared_runs import ReferenceRun, TinyTraining
 from helpers.training import MAX_STEPS, SAVE_EVERY, assert_succeeded, read_metrics, train_on_ranks
 from janus_train.checkpoint.tags import CHECKSUMS_FILE, LATEST_FILE, Checkpoints, NoIntactCheckpoint, sha256_file
@@ -31,7 +27,6 @@ from janus_train.run.layout import CHECKPOINTS_DIR, METRICS_FILE
 
 STEPS = MAX_STEPS
 TAGS = [f"step{s:08d}" for s in (*range(SAVE_EVERY, STEPS, SAVE_EVERY), STEPS)]  # 3, 6, 9 and the final 10
-RUN_TIMEOUT = 300
 
 
 class Setup:
@@ -228,24 +223,16 @@ def test_a_run_with_no_intact_checkpoint_ends_in_one_error_line(setup: Setup, tm
 
 def launch_until(out: Path, setup: Setup, log: Path, step: int) -> None:
     """``python -m pipelines.launch`` (what ``make train`` runs) until ``metrics.jsonl`` holds
-    ``step``, then SIGKILL of the launcher alone: its ranks die with it."""
-    command = [sys.executable, "-m", "pipelines.launch", "--standalone", "--nproc_per_node", "2",
-               "-m", "pipelines.train", "--out", str(out), "--cache", str(setup.cache),
-               "--profile", str(setup.profile), "--no-export"]
-    with open(log, "w") as sink:
-        process = subprocess.Popen(command, cwd=REPO_ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"},
-                                   stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
+    ``step``, then SIGKILL of the launcher alone: its ranks die with it (tests/e2e/test_orphans.py)."""
+    launch = Launch("pipelines.train", "--out", out, "--cache", setup.cache, "--profile", setup.profile, "--no-export",
+                    log=log, launcher="pipelines.launch")
     metrics = out / METRICS_FILE
-    deadline = time.monotonic() + RUN_TIMEOUT
     try:
-        while not (metrics.is_file() and f'"step": {step},' in metrics.read_text()):
-            assert process.poll() is None, f"the run ended before step {step}:\n{log.read_text()[-3000:]}"
-            assert time.monotonic() < deadline, f"timed out waiting for step {step}"
-            time.sleep(0.02)
-    finally:
-        os.kill(process.pid, signal.SIGKILL)
-        process.wait()
-    time.sleep(3)  # the ranks die with the launcher (tests/test_orphans.py); let them go
+        launch.wait_until(lambda: metrics.is_file() and f'"step": {step},' in metrics.read_text(), f"step {step}")
+        assert launch.kill_launcher() == [], "processes of the killed launch outlived it"
+    except BaseException:
+        launch.cleanup()
+        raise
 
 
 def test_metrics_hold_each_step_once_after_two_kills(setup: Setup, tmp_path: Path) -> None:

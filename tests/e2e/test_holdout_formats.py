@@ -6,8 +6,9 @@ cache and a mixture of caches validate with the shipped profiles' hold-out, as a
   (``janus_cache.store.split``), checked here with 2 ranks x 16 real DataLoader workers (h800's
   ``num_workers``);
 * mixture: each cache holds out its own episodes by the same seeded rule as a single cache;
-* through ``make train`` (2 processes, the tiny profile with h800's ``num_workers``): the run starts,
-  validates (``val_*`` records) and trains only on the other episodes' samples, every one of them.
+* a 2-process run (the tiny profile with h800's ``num_workers``; a mixture through ``make train
+  MIXTURE=...``): the run starts, validates (``val_*`` records) and trains only on the other
+  episodes' samples, every one of them.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import torch
 import yaml
 
 from helpers.profiles import REPO_ROOT, write_test_profile
+from helpers.training import train_on_ranks
 from janus_cache.store.layout import KEY_COLUMN, SAMPLES_TABLE
 from janus_cache.store.records import EPISODE_COLUMN
 from janus_core.profile import load_profile
@@ -147,7 +149,7 @@ def test_a_mixture_holds_out_episodes_of_each_cache_by_the_single_cache_rule(bui
 
 
 # ----------------------------------------------------------------------------------------------
-# through make train: 2 processes, the tiny profile with h800's loader workers
+# 2 processes (a mixture through make train), the tiny profile with h800's loader workers
 
 
 def make_train(run: Path, profile: Path, **variables: str | Path) -> subprocess.CompletedProcess[str]:
@@ -169,13 +171,15 @@ def trained_and_validated(result: subprocess.CompletedProcess[str], run: Path) -
 
 
 @pytest.mark.parametrize("kind", ["webdataset", "mixture"])
-def test_make_train_validates_on_held_out_episodes_and_trains_on_all_the_others(
+def test_a_two_process_run_validates_on_held_out_episodes_and_trains_on_all_the_others(
         kind: str, built: dict[str, Path], tmp_path: Path) -> None:
     run = tmp_path / "run"
     if kind == "webdataset":
         # 32 training samples in 4 tar shards, 2 per rank: one epoch is 8 steps of 2 x 2 x 1.
+        # `make train CACHE=` is many tests' command; MIXTURE= (below) is this test's alone. Here the same
+        # ranks start as torchrun starts them (helpers.forked_ranks).
         profile = tiny_with_h800_workers(tmp_path / "p.yaml", max_steps=8, eval_every=0)
-        result = make_train(run, profile, CACHE=built["wds"])
+        result = train_on_ranks("--cache", built["wds"], "--out", run, "--profile", profile, "--no-export")
         reader = open_training_cache(load_profile(profile), built["wds"]).reader
         episodes = [str(e) for e in reader.read_column(SAMPLES_TABLE, EPISODE_COLUMN)]
         held = set(split_by_episode(episodes, 1, 0).val_episodes)

@@ -1,5 +1,6 @@
-"""A precompute (torchrun, 2 processes), its resume and ``janus-cache verify`` reuse the dataset
-index kept in the cache. (The index store itself, in process: tests/unit/test_index_cache.py.)"""
+"""A precompute (2 processes, started as torchrun starts them: helpers.forked_ranks), its resume and
+``janus-cache verify`` reuse the dataset index kept in the cache. (The index store itself, in process:
+tests/unit/test_index_cache.py.)"""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import os
 from pathlib import Path
 
 from helpers.dataset_files import age, images, scramble_keeping_size_and_mtime
+from helpers.forked_ranks import forked_launch
 from janus_core.index.cached import COMBINED_PREFIX
 
 
@@ -26,21 +28,24 @@ def test_precompute_resume_and_verify_reuse_the_index_kept_in_the_cache(tmp_path
     profile = write_test_profile(tmp_path / "profile.yaml", cache={"resolution": "pad112"})
     cache = tmp_path / "cache"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    precompute = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                  "-m", "pipelines.precompute", str(data), "--out", str(cache), "--profile", str(profile),
-                  "--workers", "1"]
+    precompute = [data, "--out", cache, "--profile", profile, "--workers", "1"]
 
-    def run(command: list[str]) -> str:
-        done = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=900,
-                              check=False)
+    def output(done: subprocess.CompletedProcess[str]) -> str:
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
         return done.stdout + done.stderr
 
-    assert "20 image(s) read and hashed" in run(precompute)
+    def run(command: list[str]) -> str:
+        return output(subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=900,
+                                     check=False))
+
+    def run_precompute(*extra: str) -> str:
+        return output(forked_launch("pipelines.precompute", *precompute, *extra, timeout=900))
+
+    assert "20 image(s) read and hashed" in run_precompute()
     stored = sorted(os.listdir(CacheLayout(cache).index_store))  # the source's entry and the job's combined one
     assert len(stored) == 2 and stored[1].startswith(COMBINED_PREFIX)
-    assert "reused the stored index" in run(precompute)
-    assert "reused the stored index" in run([*precompute, "--overwrite"])  # the index outlives the cache
+    assert "reused the stored index" in run_precompute()
+    assert "reused the stored index" in run_precompute("--overwrite")  # the index outlives the cache
     scramble_keeping_size_and_mtime(images(data))
     verify = [str(Path(sys.executable).parent / "janus-cache"), "verify", str(cache), "--data", str(data),
               "--profile", str(profile), "--live", "0"]

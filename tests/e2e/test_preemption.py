@@ -2,7 +2,8 @@
 checkpoint, exit code 75 and one line naming the step it resumes from; a second signal ends it at once.
 
 Real components: a zarr cache of 3 episodes x 4 steps, ``python -m pipelines.launch`` (what
-``make train`` runs) of 2 processes under DeepSpeed ZeRO-3 on gloo, signals to the launcher.
+``make train`` runs) of 2 processes under DeepSpeed ZeRO-3 on gloo, signals to the launcher; the
+uninterrupted run and the resume (the same command's ranks) run on forked ranks (helpers.forked_ranks).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import yaml
 
 from helpers.profiles import REPO_ROOT, write_test_profile
 from helpers.shared_runs import TinyTraining
+from helpers.training import assert_succeeded, train_on_ranks
 from janus_train.checkpoint.tags import Checkpoints, tag_name
 from janus_train.loop.preemption import PREEMPTED_EXIT_CODE
 
@@ -87,8 +89,9 @@ def setup(three_episodes: TinyTraining, tmp_path_factory: pytest.TempPathFactory
 def test_sigterm_to_the_launcher_saves_the_step_and_the_same_command_resumes_with_the_uninterrupted_losses(
         setup: tuple[Path, Path], tmp_path: Path) -> None:
     cache, profile = setup
-    reference = launch(launch_command(tmp_path / "reference", cache, profile))
-    assert reference.returncode == 0, reference.stderr[-4000:]
+    # The uninterrupted run: the same command's ranks, started as torchrun starts them (helpers.forked_ranks).
+    assert_succeeded(train_on_ranks("--out", tmp_path / "reference", "--cache", cache, "--profile", profile,
+                                    "--no-export"))
 
     out = tmp_path / "run"
     command = launch_command(out, cache, profile)
@@ -110,8 +113,9 @@ def test_sigterm_to_the_launcher_saves_the_step_and_the_same_command_resumes_wit
     assert checkpoints.latest() == tag_name(step) and checkpoints.tags() == [tag_name(step)]
     assert checkpoints.damage(tag_name(step)) is None
 
-    resumed = launch(command)
-    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    # The same command again (its ranks alone: the launcher has no part in a resume).
+    resumed = train_on_ranks(*command[command.index("pipelines.train") + 1:])
+    assert_succeeded(resumed)
     assert f"resumed at step {step} " in resumed.stdout
     want, got = losses(tmp_path / "reference"), losses(out)
     assert sorted(got) == sorted(want) == list(range(1, STEPS + 1))

@@ -1,16 +1,15 @@
 """A cache made stale by its dataset: the dataset identity covers every
 episode's frames, texts and actions, so ``verify --data`` fails naming the episode and the edited
-file (a description JSON, the milestones file, an annotation record, a PNG), and ``make train
-DATA=...`` runs the same check before training and refuses the cache.
+file (a description JSON, the milestones file, an annotation record, a PNG), and a training run
+with ``--data`` (``make train DATA=...``) runs the same check before training and refuses the cache.
 
-Real PNG datasets, real ``janus-cache`` commands (their CLI, run in this process) and real ``make
-verify`` / ``make train`` runs (torchrun).
+Real PNG datasets, real ``janus-cache`` commands (their CLI, run in this process), a 2-rank verify
+and a 1-rank training run (their ranks started as torchrun starts them: helpers.forked_ranks).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -18,13 +17,14 @@ from pathlib import Path
 import pytest
 from PIL import Image, ImageOps
 
-from helpers.profiles import REPO_ROOT
+from helpers.forked_ranks import forked_launch
 from helpers.sources import (
     assert_one_line_error,
     precompute_in_process,
     tail,
     verify_in_process,
 )
+from helpers.training import train_on_ranks
 from janus_core.index import build_index
 
 
@@ -92,27 +92,25 @@ def test_an_edited_png_fails_verify_naming_it(stale_setup: tuple[Path, Path], so
     assert_one_line_error(result, "changed episode episode_0001", f"changed source file {path}", "content hash")
 
 
-def test_two_ranks_of_make_verify_name_the_edited_description_and_pass_on_the_restored_one(
+def test_two_ranks_of_verify_name_the_edited_description_and_pass_on_the_restored_one(
     stale_setup: tuple[Path, Path], source_profile: Path
 ) -> None:
     """Completeness runs on rank 0; without the live check the other rank never receives the index
-    (over a gigabyte per rank at the real set's size), and the verdict is the same."""
+    (over a gigabyte per rank at the real set's size), and the verdict is the same. The ranks start as
+    torchrun starts them (helpers.forked_ranks)."""
     data, cache = stale_setup
 
-    def make_verify() -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            ["make", "--no-print-directory", "verify", f"CACHE={cache}", f"DATA={data}", f"PROFILE={source_profile}",
-             "NPROC=2", "VERIFY_ARGS=--live 0 --checksums none"],
-            cwd=REPO_ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
-            timeout=600, check=False)
+    def verify() -> subprocess.CompletedProcess[str]:
+        return forked_launch("pipelines.verify", cache, "--data", data, "--profile", source_profile, "--live", "0",
+                             "--checksums", "none", timeout=600)
 
     with Edited(min((data / "episode_0000").glob("step_0002_*.json"))) as path:
         edit_json(path, "spatial_description", "The stairs lead down now.")
-        result = make_verify()
+        result = verify()
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert result.returncode != 0 and "Traceback" not in result.stderr, tail(result)
     assert errors and "changed episode episode_0000" in errors[0] and str(path) in errors[0], tail(result)
-    restored = make_verify()
+    restored = verify()
     assert restored.returncode == 0, tail(restored)
 
 
@@ -140,18 +138,17 @@ def test_an_edited_annotation_record_fails_verify_naming_its_line(
     assert_one_line_error(result, f"subinstruction of sample {records[6]['id']} changed in {annotation}:7")
 
 
-def test_make_train_with_data_refuses_a_stale_cache_naming_the_file(
+def test_a_training_run_with_data_refuses_a_stale_cache_naming_the_file(
     stale_setup: tuple[Path, Path], source_profile: Path, tmp_path: Path
 ) -> None:
+    """``pipelines.train --data`` (``make train DATA=...``, whose quoting of an awkward path
+    tests/e2e/test_moved_dataset.py runs) on one rank started as torchrun starts it."""
     data, cache = stale_setup
     run = tmp_path / "run"
     with Edited(min((data / "episode_0000").glob("step_0001_*.json"))) as path:
         edit_json(path, "landmark_description", "A staircase that was not there.")
-        result = subprocess.run(
-            ["make", "--no-print-directory", "train", f"CACHE={cache}", f"DATA={data}", f"PROFILE={source_profile}",
-             "NPROC=1", f"RUN={run}", "TRAIN_ARGS=--no-export"],
-            cwd=REPO_ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
-            timeout=600, check=False)
+        result = train_on_ranks("--cache", cache, "--data", data, "--profile", source_profile, "--out", run,
+                                "--no-export", nproc=1)
     assert result.returncode != 0, tail(result)
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert errors and "changed episode episode_0000" in errors[0] and str(path) in errors[0], tail(result)

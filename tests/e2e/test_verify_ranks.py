@@ -1,29 +1,21 @@
 """``torchrun -m pipelines.verify``: two ranks split the live check and rank 0 prints the JSON
-report. (Every check and its report, in process: tests/unit/test_verify.py.)"""
+report. The ranks start as torchrun starts them, forked from a process that imported the command
+once (helpers.forked_ranks). (Every check and its report, in process: tests/unit/test_verify.py.)"""
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
+from helpers.forked_ranks import forked_launch
 from helpers.shared_caches import VerifyCaches
-
 from janus_cache.store.layout import SAMPLES_TABLE
 from janus_cache.verify import choose_live_rows, open_for_checks
 
 
 def test_torchrun_splits_the_live_check_over_ranks_and_prints_the_json_report(verify_caches: VerifyCaches) -> None:
     built = verify_caches
-    torchrun = Path(sys.executable).parent / "torchrun"
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    result = subprocess.run(
-        [str(torchrun), "--standalone", "--nproc_per_node", "2", "-m", "pipelines.verify", str(built.zarr),
-         "--data", str(built.data), "--live", "4", "--json", "-"],
-        check=False, capture_output=True, text=True, timeout=300, env=env,
-    )
+    result = forked_launch("pipelines.verify", built.zarr, "--data", built.data, "--live", "4", "--json", "-",
+                           timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(result.stdout)
     assert report["world_size"] == 2 and report["passed"] is True

@@ -23,6 +23,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from helpers.forked_ranks import forked_launch
 from helpers.model_cases import VGGT_CONFIG
 from helpers.profiles import REPO_ROOT, write_test_profile
 from helpers.reference import (
@@ -38,7 +39,6 @@ from janus_core.profile import load_profile
 from janus_core.sample_data import write_sample_data
 from pipelines import precompute
 
-TORCHRUN = Path(sys.executable).parent / "torchrun"
 JANUS_CACHE = Path(sys.executable).parent / "janus-cache"
 
 
@@ -77,16 +77,15 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
 
 
 def verify_cli(built: Built, checkpoint: Path, nproc: int | None = None) -> subprocess.CompletedProcess[str]:
-    """The real verify command (``janus-cache verify``, or the entry point under torchrun with
-    ``nproc``) with ``--live 2``, the JSON report on stdout, the table on stderr."""
-    launcher = [str(JANUS_CACHE), "verify"] if nproc is None else [
-        str(TORCHRUN), "--standalone", "--nproc_per_node", str(nproc), "-m", "pipelines.verify"]
-    return subprocess.run(
-        [*launcher, str(built.cache), "--data", str(built.data), "--profile", str(built.profile), "--live", "2",
-         "--checkpoint", str(checkpoint), "--json", "-"],
-        cwd=REPO_ROOT, check=False, capture_output=True, text=True, timeout=300,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
+    """The real verify command (``janus-cache verify``, or the entry point on ``nproc`` ranks started
+    as torchrun starts them, forked from a process that imported it once: helpers.forked_ranks) with
+    ``--live 2``, the JSON report on stdout, the table on stderr."""
+    args = [built.cache, "--data", built.data, "--profile", built.profile, "--live", "2", "--checkpoint", checkpoint,
+            "--json", "-"]
+    if nproc is not None:
+        return forked_launch("pipelines.verify", *args, nproc=nproc, timeout=300)
+    return subprocess.run([str(JANUS_CACHE), "verify", *map(str, args)], cwd=REPO_ROOT, check=False,
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
 
 
 def check(report: dict[str, Any], name: str) -> dict[str, Any]:
