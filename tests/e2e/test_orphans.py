@@ -5,7 +5,8 @@ running unless they arranged to die with it. Each test here starts a real 2-proc
 launch of a stage, SIGKILLs the launcher process alone (not its process group) at a chosen moment
 and checks, by pid, that no process it had started (ranks and their workers) is alive 10 s later.
 A second launch into a directory still in use fails at once naming the holder; a lock left by the
-killed launch is taken over by the next one.
+killed launch is taken over by the next one (those two start their ranks as torchrun starts them,
+from a process that imported the command: helpers.forked_ranks).
 """
 
 from __future__ import annotations
@@ -20,14 +21,12 @@ from pathlib import Path
 
 import pytest
 
-from helpers.processes import GRACE_S, RUN_TIMEOUT, Launch, alive, descendants, describe, parent_pids  # noqa: F401
+from helpers.forked_ranks import forked_launch
+from helpers.processes import GRACE_S, RUN_TIMEOUT, Launch, alive, descendants, describe
 from helpers.profiles import REPO_ROOT, write_test_profile
 from janus_cache.store.layout import REPORT_NAME
 from janus_core.lock import lock_path
 from janus_train.run.layout import METRICS_FILE
-
-"""How long the launcher's processes may take to die after it is killed."""
-
 
 # ----------------------------------------------------------------------------------- processes
 
@@ -210,10 +209,9 @@ def test_a_killed_precompute_leaves_no_process_and_its_lock_is_taken_over(
     assert not (out / REPORT_NAME).exists(), "the killed run went on to finish the cache"
     assert lock_holder(out, "writer") == holder, "the killed run's lock record is gone"
 
-    resumed = Launch("pipelines.precompute", *args, log=tmp_path / "resumed.log")
-    launches.append(resumed)
-    assert resumed.process.wait(timeout=RUN_TIMEOUT) == 0, resumed.log.read_text()[-3000:]
-    log = resumed.log.read_text()
+    resumed = forked_launch("pipelines.precompute", *args, timeout=RUN_TIMEOUT)  # the same command's ranks
+    log = resumed.stdout + resumed.stderr
+    assert resumed.returncode == 0, log[-3000:]
     assert f"note: took over the lock of {out} left by writer pid {holder} " in log, log
     assert "precompute done" in log
     assert not lock_path(out).exists()
@@ -231,10 +229,7 @@ def test_a_second_training_is_refused_and_a_killed_one_leaves_no_process(
     launch.wait_until(lambda: lock_holder(run, "writer") is not None, "the run directory is locked")
     holder = lock_holder(run, "writer")
 
-    second = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
-                             "2", "-m", "pipelines.train", *map(str, args)], cwd=REPO_ROOT,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
-                            timeout=RUN_TIMEOUT)
+    second = forked_launch("pipelines.train", *args, timeout=RUN_TIMEOUT)  # the same command's ranks
     assert second.returncode == 1, second.stdout + second.stderr
     errors = error_lines(second.stderr)
     assert len(errors) == 1 and f"{run} is in use by writer pid {holder} on host " in errors[0], second.stderr
