@@ -34,6 +34,7 @@ the DeepStack mergers' inputs): with it the blocks do not run and every merger s
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import types
 from collections.abc import Callable, Iterator
@@ -334,6 +335,7 @@ def merger_only(model: JanusVLNModel, pixel_values: torch.Tensor, grid_thw: torc
     return visual.merger(hidden), deepstack
 
 
+@functools.cache  # the same count for every base and checkpointing policy a bench compares
 def vggt_stream_flops(config: AggregatorConfig, shape: SampleShape) -> float:
     """FLOPs of the reference's per-frame VGGT loop over one window (all block pairs).
 
