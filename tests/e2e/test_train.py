@@ -1,5 +1,5 @@
 """Stage 2: training under DeepSpeed ZeRO-3 on the CPU, tiny profile, 2 processes (the reference
-and h800 runs: real torchrun launches; the others: forked ranks, helpers.training.train_on_ranks).
+run: a real torchrun launch; the others: forked ranks, helpers.training.train_on_ranks).
 
 The data (helpers.shared_runs, shared by the session): 2 episodes x 4 steps of sample data = 8
 samples, precomputed into two real zarr caches, one with float32 features (the reference run
@@ -34,7 +34,6 @@ from helpers.training import (
     SAVE_EVERY,
     assert_succeeded,
     read_metrics,
-    torchrun_train,
     train_on_ranks,
     write_train_profile,
 )
@@ -186,7 +185,7 @@ def test_the_h800_profiles_16_loader_workers_per_rank_train_alike_with_one_note_
     profile = write_train_profile(tmp_path / "workers.yaml", cache={"feature_dtype": "float32"},
                                   train={"num_workers": workers})
     out = tmp_path / "workers-run"
-    result = torchrun_train("--out", out, "--cache", setup.fp32_cache, "--profile", profile, "--max-steps", 1,
+    result = train_on_ranks("--out", out, "--cache", setup.fp32_cache, "--profile", profile, "--max-steps", 1,
                             "--no-export")
     assert_succeeded(result)
     assert read_metrics(out)[0]["loss"] == pytest.approx(reference_run.records[0]["loss"], rel=1e-6)
