@@ -3,8 +3,8 @@
 * ``janus-cache plan`` prints the problem summary ``index`` prints (count per reason, the first
   problems by file, where the full report goes) and ``--strict`` fails on it, as ``index --strict``
   does; ``make precompute`` prints the same summary with its plan.
-* ``make precompute`` run a second time on a complete cache says so at once: no plan, no sample
-  measured, nothing written.
+* the same precompute run a second time on a complete cache says so at once: no plan, no sample
+  measured, nothing written (its ranks started as torchrun starts them: helpers.forked_ranks).
 
 The dataset has one of each problem a user meets: a truncated PNG, an unknown action, an episode
 without ``milestones_result.json`` and a malformed frame JSON.
@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from helpers.forked_ranks import forked_launch
 from helpers.profiles import REPO_ROOT, file_digests
 from janus_core.sample_data import write_sample_data
 from pipelines.cache_cli import app
@@ -96,7 +97,8 @@ def test_make_precompute_shows_the_problems_and_a_second_run_says_at_once_the_ca
     assert problem_block(first.stdout)[-1] == f"    full report: {out / 'report.json'} (when the run ends)"
     written = file_digests(out)
 
-    again = make_precompute(bad_data, out)
+    # The same command again (its ranks, started as torchrun starts them: helpers.forked_ranks).
+    again = forked_launch("pipelines.precompute", bad_data, "--out", out, "--profile", "tiny")
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     said = again.stdout + again.stderr
     assert [line for line in said.splitlines() if "complete" in line] == [

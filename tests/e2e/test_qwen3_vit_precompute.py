@@ -1,7 +1,8 @@
-"""``make precompute PROFILE=tiny-qwen3 SET="cache.vit_features=true ..."`` on two processes caches
-the Qwen3-VL ViT's output per frame: its levels (last block and DeepStack
-layers) are keyed in the manifest and read back equal to the frozen ViT run on the stored frames.
-(In process, the training step and the store: tests/unit/test_qwen3_vit_cache.py.)"""
+"""A precompute with the tiny-qwen3 profile and ``--set cache.vit_features=true`` (``make precompute
+PROFILE=tiny-qwen3 SET=...``) on two processes caches the Qwen3-VL ViT's output per frame: its levels
+(last block and DeepStack layers) are keyed in the manifest and read back equal to the frozen ViT run
+on the stored frames. The ranks start as torchrun starts them (helpers.forked_ranks). (In process,
+the training step and the store: tests/unit/test_qwen3_vit_cache.py.)"""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from helpers.commands import make
+from helpers.forked_ranks import forked_launch
 from janus_cache.keys import window_variant
 from janus_cache.store import open_cache, read_manifest
 from janus_core.profile import load_profile
@@ -23,7 +24,8 @@ SETTINGS = ("cache.resolution=pad56", "cache.history=3", "cache.frames_per_shard
 def test_a_two_process_qwen3_precompute_caches_its_vit_output_with_the_deepstack_levels(tmp_path: Path) -> None:
     data = write_sample_data(tmp_path / "data", episodes=2, steps=4, seed=1)
     cache = tmp_path / "cache"
-    made = make("precompute", DATA=data, OUT=cache, PROFILE="tiny-qwen3", NPROC=2, SET=" ".join(SETTINGS))
+    made = forked_launch("pipelines.precompute", data, "--out", cache, "--profile", "tiny-qwen3",
+                         *(arg for setting in SETTINGS for arg in ("--set", setting)))
     assert made.returncode == 0, made.stdout + made.stderr
 
     manifest = read_manifest(cache)
