@@ -14,9 +14,7 @@ cache and a mixture of caches validate with the shipped profiles' hold-out, as a
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -25,6 +23,7 @@ import pytest
 import torch
 import yaml
 
+from helpers.commands import make
 from helpers.profiles import REPO_ROOT, write_test_profile
 from helpers.training import train_on_ranks
 from janus_cache.store.layout import KEY_COLUMN, SAMPLES_TABLE
@@ -152,15 +151,6 @@ def test_a_mixture_holds_out_episodes_of_each_cache_by_the_single_cache_rule(bui
 # 2 processes (a mixture through make train), the tiny profile with h800's loader workers
 
 
-def make_train(run: Path, profile: Path, **variables: str | Path) -> subprocess.CompletedProcess[str]:
-    env = {name: value for name, value in os.environ.items() if name not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
-    settings = [f"{name}={value}" for name, value in variables.items()]
-    command = ["make", "--no-print-directory", "train", f"VENV={Path(sys.prefix)}", f"PROFILE={profile}",
-               f"RUN={run}", "NPROC=2", "TRAIN_ARGS=--no-export", *settings]
-    return subprocess.run(command, cwd=REPO_ROOT, env={**env, "OMP_NUM_THREADS": "1"}, capture_output=True,
-                          text=True, timeout=TIMEOUT_S)
-
-
 def trained_and_validated(result: subprocess.CompletedProcess[str], run: Path) -> tuple[set[str], list[dict]]:
     assert result.returncode == 0, f"{result.stdout[-3000:]}\n{result.stderr[-5000:]}"
     assert "holding out episodes" not in result.stderr
@@ -188,7 +178,8 @@ def test_a_two_process_run_validates_on_held_out_episodes_and_trains_on_all_the_
         # 10 + 6 training samples drawn in proportion to their counts: one epoch (4 steps) is
         # exactly one pass over each cache's training samples.
         profile = tiny_with_h800_workers(tmp_path / "p.yaml", max_steps=4, eval_every=0)
-        result = make_train(run, profile, MIXTURE=f"r2r={built['r2r']}:0.625 rxr={built['rxr']}:0.375")
+        result = make("train", PROFILE=profile, RUN=run, NPROC=2, TRAIN_ARGS="--no-export",
+                      MIXTURE=f"r2r={built['r2r']}:0.625 rxr={built['rxr']}:0.375")
         held, every = set(), set()
         for name in ("r2r", "rxr"):
             reader = open_training_cache(load_profile(profile), built[name]).reader

@@ -18,7 +18,6 @@ from helpers.training import train_on_ranks
 from janus_core.sample_data import write_sample_data
 from janus_train.data.mixture import Mixture
 
-
 # ----------------------------------------------------------------------------------------------
 # 2-process runs (torch's elastic agent, helpers.training.train_on_ranks) on two real caches
 
@@ -90,7 +89,7 @@ def test_two_processes_train_on_a_weighted_mixture_of_two_caches_and_resume_it_e
 
     # Weights that differ from the checkpoint's are refused in one line, before any model is built.
     changed = train_on_ranks("--out", resumed, "--cache", f"a={cache_a}:1", "--cache", f"b={cache_b}:1",
-                       "--profile", profile, "--no-export")
+                             "--profile", profile, "--no-export")
     assert changed.returncode != 0
     error = [line for line in changed.stderr.splitlines() if line.startswith("error:")]
     assert len(error) == 1 and "the caches differ (checkpoint a=6:3, b=10:1; now a=6:1, b=10:1)" in error[0]
@@ -100,8 +99,8 @@ def test_two_processes_train_on_a_weighted_mixture_of_two_caches_and_resume_it_e
 def test_caches_that_do_not_match_the_profile_or_a_bad_cache_argument_are_refused_in_one_line(
         two_caches: tuple[Path, Path, Path], tmp_path: Path) -> None:
     cache_a, _, profile = two_caches
-    bad = train_on_ranks("--out", tmp_path / "run", "--cache", f"a={cache_a}:3", "--cache", f"b={tmp_path / 'none'}:1",
-                   "--profile", profile, nproc=1)
+    bad = train_on_ranks("--out", tmp_path / "run", "--cache", f"a={cache_a}:3", "--cache",
+                         f"b={tmp_path / 'none'}:1", "--profile", profile, nproc=1)
     assert bad.returncode != 0 and "cache 'b'" in bad.stderr and "janus_train/" not in bad.stderr
     weightless = train_on_ranks("--out", tmp_path / "run", "--cache", f"a={cache_a}", "--profile", profile, nproc=1)
     assert weightless.returncode != 0 and "NAME=PATH:WEIGHT" in weightless.stderr

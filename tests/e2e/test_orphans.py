@@ -24,6 +24,7 @@ import pytest
 from helpers.forked_ranks import forked_launch
 from helpers.processes import GRACE_S, RUN_TIMEOUT, Launch, alive, descendants, describe
 from helpers.profiles import REPO_ROOT, write_test_profile
+from helpers.training import train_on_ranks
 from janus_cache.store.layout import REPORT_NAME
 from janus_core.lock import lock_path
 from janus_train.run.layout import METRICS_FILE
@@ -229,7 +230,7 @@ def test_a_second_training_is_refused_and_a_killed_one_leaves_no_process(
     launch.wait_until(lambda: lock_holder(run, "writer") is not None, "the run directory is locked")
     holder = lock_holder(run, "writer")
 
-    second = forked_launch("pipelines.train", *args, timeout=RUN_TIMEOUT)  # the same command's ranks
+    second = train_on_ranks(*args)  # the same command's ranks, started as torchrun starts them
     assert second.returncode == 1, second.stdout + second.stderr
     errors = error_lines(second.stderr)
     assert len(errors) == 1 and f"{run} is in use by writer pid {holder} on host " in errors[0], second.stderr

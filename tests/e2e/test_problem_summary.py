@@ -13,16 +13,14 @@ without ``milestones_result.json`` and a malformed frame JSON.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
+from helpers.commands import make
 from helpers.forked_ranks import forked_launch
-from helpers.profiles import REPO_ROOT, file_digests
+from helpers.profiles import file_digests
 from janus_core.sample_data import write_sample_data
 from pipelines.cache_cli import app
 
@@ -79,17 +77,10 @@ def test_plan_prints_the_problem_summary_of_index_and_strict_fails(bad_data: Pat
     assert "zarr cache" not in strict.output and "Traceback" not in strict.output
 
 
-def make_precompute(data: Path, out: Path) -> subprocess.CompletedProcess[str]:
-    env = {name: value for name, value in os.environ.items() if name not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
-    return subprocess.run(["make", "--no-print-directory", "precompute", f"VENV={Path(sys.prefix)}", f"DATA={data}",
-                           f"OUT={out}", "PROFILE=tiny", "NPROC=2"], cwd=REPO_ROOT, env={**env, "OMP_NUM_THREADS": "1"},
-                          capture_output=True, text=True, timeout=900)
-
-
 def test_make_precompute_shows_the_problems_and_a_second_run_says_at_once_the_cache_is_complete(
         bad_data: Path, tmp_path: Path) -> None:
     out = tmp_path / "cache"
-    first = make_precompute(bad_data, out)
+    first = make("precompute", DATA=bad_data, OUT=out, PROFILE="tiny", NPROC=2)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     assert "plan for" in first.stdout
     indexed = runner.invoke(app, ["index", str(bad_data)])

@@ -9,26 +9,26 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from helpers.commands import assert_one_error_line, make
+from helpers.commands import assert_one_error_line, make, set_options
 from helpers.forked_ranks import forked_launch
 from helpers.profiles import file_digests
 from janus_cache.store import read_manifest
 from janus_core.sample_data import write_sample_data
 
 SMALL = "cache.resolution=pad56 cache.history=3 cache.frames_per_shard=4 cache.samples_per_shard=3"
-SMALL_ARGS = [arg for setting in SMALL.split() for arg in ("--set", setting)]  # make's SET=, as --set options
 
 
 def test_a_qwen3_cache_is_made_verified_live_and_refused_to_a_qwen25_profile(tmp_path: Path) -> None:
     data = write_sample_data(tmp_path / "data", episodes=2, steps=4, seed=1)
     cache = tmp_path / "cache"
-    made = forked_launch("pipelines.precompute", data, "--out", cache, "--profile", "tiny-qwen3", *SMALL_ARGS)
+    small = set_options(*SMALL.split())
+    made = forked_launch("pipelines.precompute", data, "--out", cache, "--profile", "tiny-qwen3", *small)
     assert made.returncode == 0, made.stdout + made.stderr
     manifest = read_manifest(cache)
     assert manifest is not None and manifest.base == "qwen3_vl"
     assert manifest.resolutions["pad56"].frame_shape == (64, 64, 3)
 
-    verified = forked_launch("pipelines.verify", cache, "--data", data, "--profile", "tiny-qwen3", *SMALL_ARGS,
+    verified = forked_launch("pipelines.verify", cache, "--data", data, "--profile", "tiny-qwen3", *small,
                              "--live", "2")
     output = verified.stdout + verified.stderr
     assert verified.returncode == 0, output

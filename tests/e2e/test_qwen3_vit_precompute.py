@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from helpers.commands import set_options
 from helpers.forked_ranks import forked_launch
 from janus_cache.keys import window_variant
 from janus_cache.store import open_cache, read_manifest
@@ -25,7 +26,7 @@ def test_a_two_process_qwen3_precompute_caches_its_vit_output_with_the_deepstack
     data = write_sample_data(tmp_path / "data", episodes=2, steps=4, seed=1)
     cache = tmp_path / "cache"
     made = forked_launch("pipelines.precompute", data, "--out", cache, "--profile", "tiny-qwen3",
-                         *(arg for setting in SETTINGS for arg in ("--set", setting)))
+                         *set_options(*SETTINGS))
     assert made.returncode == 0, made.stdout + made.stderr
 
     manifest = read_manifest(cache)

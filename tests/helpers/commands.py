@@ -26,6 +26,12 @@ def make(target: str, **variables: str | Path) -> subprocess.CompletedProcess[st
                           env={**env, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=TIMEOUT_S)
 
 
+def set_options(*settings: str) -> list[str]:
+    """Profile overrides (``KEY=VALUE`` each, the words of ``make``'s ``SET=``) as the commands' own
+    options, as the Makefile passes them on: ``--set KEY=VALUE`` each."""
+    return [option for setting in settings for option in ("--set", setting)]
+
+
 def janus_lines(result: subprocess.CompletedProcess[str]) -> list[str]:
     """What the user reads, without make's own echo of the commands and its closing line."""
     lines = (result.stdout + result.stderr).splitlines()
