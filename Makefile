@@ -72,10 +72,11 @@ $(STAMP): pyproject.toml $(TORCH_CONSTRAINTS)
 
 setup: $(STAMP)
 
-# Tests run in TEST_WORKERS pytest-xdist processes (a unit test keeps one core busy; an e2e test's
-# ranks mostly wait on each other); TEST_WORKERS=0 runs them in this process.
+# Tests run in TEST_WORKERS pytest-xdist processes, one test file at a time each; TEST_WORKERS=0 runs
+# them in this process. Files go out in collection order (tests/e2e, the long ones, first), so the
+# many short unit files fill the end and neither worker waits long on the other's last file.
 TEST_WORKERS ?= 2
-TEST_RUN = $(PY) -m pytest -q $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile)
+TEST_RUN = $(PY) -m pytest -q $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 
 test: $(STAMP)
 	$(TEST_RUN) $(PYTEST_ARGS)

@@ -97,6 +97,14 @@ def _same_file(fd: int, path: Path) -> bool:
     return (mine.st_dev, mine.st_ino) == (on_disk.st_dev, on_disk.st_ino)
 
 
+def not_a_directory(directory: Path) -> str | None:
+    """Why a writer cannot lock (or create) ``directory``: it exists and is not a directory (None
+    when it can try)."""
+    if directory.exists() and not directory.is_dir():
+        return f"{directory} is not a directory"
+    return None
+
+
 class DirectoryLock:
     """A held lock on a directory; ``release()`` (or leaving the ``with`` block, or the end of the
     process) gives it up. Take one with :meth:`acquire`."""
@@ -121,8 +129,8 @@ class DirectoryLock:
         """
         directory = Path(directory)
         path = lock_path(directory)
-        if exclusive and directory.exists() and not directory.is_dir():
-            raise LockError(f"{directory} is not a directory")
+        if exclusive and (problem := not_a_directory(directory)) is not None:
+            raise LockError(problem)
         # Directories this writer creates are removed again if it leaves them empty (a refused
         # run leaves nothing behind).
         created = tuple(p for p in (directory, *directory.parents) if not p.exists()) if exclusive else ()

@@ -18,8 +18,6 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
-import torch.distributed as dist
-
 from janus_core.disk_space import format_bytes
 from janus_core.lock import DirectoryLock
 from janus_core.threads import usable_cores  # noqa: F401 - the trainer's loader note reads it here
@@ -39,7 +37,7 @@ class Ranks:
     local_world: int
 
     @classmethod
-    def from_env(cls) -> "Ranks":
+    def from_env(cls) -> Ranks:
         """Read torchrun's variables; a plain process is rank 0 of 1."""
         env = os.environ
         return cls(
@@ -80,12 +78,18 @@ class Control:
     def __init__(self, ranks: Ranks, timeout_minutes: float = 120.0) -> None:
         self.ranks = ranks
         self.distributed = ranks.world > 1
-        if self.distributed and not dist.is_initialized():
-            dist.init_process_group("gloo", timeout=timedelta(minutes=timeout_minutes))
+        if self.distributed:
+            # Imported with the first channel of several ranks: what a command checks before it (its
+            # settings, fail_alike) needs no torch.
+            import torch.distributed as dist
+
+            self.dist = dist
+            if not dist.is_initialized():
+                dist.init_process_group("gloo", timeout=timedelta(minutes=timeout_minutes))
 
     def barrier(self) -> None:
         if self.distributed:
-            dist.barrier()
+            self.dist.barrier()
 
     def on_main(self, fn: Callable[[], T]) -> T:
         """Run ``fn`` on rank 0 and give every rank its result; a failure fails every rank alike."""
@@ -96,7 +100,7 @@ class Control:
             except Exception as err:  # noqa: BLE001 - re-raised on every rank below
                 payload[0] = ("error", f"{type(err).__name__}: {err}" if not str(err) else str(err))
         if self.distributed:
-            dist.broadcast_object_list(payload, src=0)
+            self.dist.broadcast_object_list(payload, src=0)
         status, value = payload[0]
         if status == "error":
             raise RankFailed(value)
@@ -118,7 +122,7 @@ class Control:
         parts: list[Any] = [mine]
         if self.distributed:
             parts = [None] * self.ranks.world
-            dist.all_gather_object(parts, mine)
+            self.dist.all_gather_object(parts, mine)
         errors = {rank: value for rank, (status, value) in enumerate(parts) if status == "error"}
         if len(errors) == len(parts) and len(set(errors.values())) == 1:
             raise RankFailed(next(iter(errors.values())))
@@ -130,12 +134,12 @@ class Control:
         return [value for _, value in parts]
 
     def close(self) -> None:
-        if self.distributed and dist.is_initialized():
+        if self.distributed and self.dist.is_initialized():
             # Every rank past its last exchange before any tears gloo down: a rank that destroys the
             # group while a peer still sends to it can abort at exit ("terminate called ...").
             with contextlib.suppress(Exception):
-                dist.barrier()
-            dist.destroy_process_group()
+                self.dist.barrier()
+            self.dist.destroy_process_group()
 
 
 def lock_on_main(control: Control, directory: Path, exclusive: bool = True,

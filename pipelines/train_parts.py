@@ -28,10 +28,11 @@ from janus_train.checkpoint.elastic import GradAccum, ResumePoint
 from janus_train.checkpoint.reference import start_model
 from janus_train.checkpoint.tags import Checkpoints
 from janus_train.config import TrainSettings, deepspeed_config
-from janus_train.data.live_check import LiveCheckError, live_check_refusal, source_windows
-from janus_train.data.mixture import CacheSource, Mixture, as_sources
+from janus_train.data.live_check import LiveCheckError, source_windows
+from janus_train.data.mixture import Mixture
 from janus_train.data.prompt import PromptBuilder
 from janus_train.data.samples import LiveFrames
+from janus_train.data.sources import CacheSource, as_sources, live_check_refusal
 from janus_train.loop.parts import (
     ResumeChoice,
     Stepping,

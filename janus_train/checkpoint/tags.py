@@ -32,8 +32,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch.distributed as dist
-
 from janus_core.disk_space import NoRoom, bytes_under, format_bytes, free_bytes, no_room_reason
 from janus_train.run.layout import LATEST_FILE
 
@@ -161,26 +159,33 @@ class Checkpoints:
 
     # --------------------------------------------------------------------------- collectives
 
-    def _distributed(self) -> bool:
-        return self.world > 1 and dist.is_available() and dist.is_initialized()
+    def _group(self) -> Any:
+        """``torch.distributed`` when this is one of several ranks of an initialised group, else None.
+        Imported here: reading a run directory's checkpoints (a start-up check, ``janus-train``'s
+        export) needs no torch, and a rank of several has it loaded already."""
+        if self.world == 1:
+            return None
+        import torch.distributed as dist
+
+        return dist if dist.is_available() and dist.is_initialized() else None
 
     def from_main(self, value: Any) -> Any:
         """Rank 0's ``value`` on every rank."""
-        if not self._distributed():
+        if (dist := self._group()) is None:
             return value
         box = [value]
         dist.broadcast_object_list(box, src=0)
         return box[0]
 
     def _gather(self, value: Any) -> list[Any]:
-        if not self._distributed():
+        if (dist := self._group()) is None:
             return [value]
         values: list[Any] = [None] * self.world
         dist.all_gather_object(values, value)
         return values
 
     def _barrier(self) -> None:
-        if self._distributed():
+        if (dist := self._group()) is not None:
             dist.barrier()
 
     # ------------------------------------------------------------------------------- reading

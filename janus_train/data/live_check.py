@@ -4,7 +4,8 @@ features recomputed by the frozen VGGT and compared with the cache's, sample by 
 VGGT runs on VGGT's own frames of each sample: the batch's frames where the base's frames are
 VGGT's (Qwen2.5-VL); a Qwen3-VL cache stores Qwen3-VL's frames, from which VGGT's cannot be made,
 so VGGT's frames are decoded again from the dataset's source files (:class:`SourceWindows`), as
-precompute's features phase does. That is why such a run names its dataset (``--data``).
+precompute's features phase does. That is why such a run names its dataset (``--data``; refused
+at start without it: :func:`janus_train.data.sources.live_check_refusal`).
 
 A sample whose cached feature differs from the live one by more than verify's tolerance
 (:mod:`janus_cache.verify.comparison`) is named in one line: its cache is damaged or stale.
@@ -20,10 +21,8 @@ import numpy as np
 import torch
 
 from janus_cache.verify.comparison import Tolerance
-from janus_core.bases import VGGT_PATCH_SIZE, cache_base
 from janus_core.imaging import FrameError
 from janus_core.index import DatasetIndex
-from janus_core.profile import Profile
 from janus_train.data.samples import LiveFrames
 
 
@@ -65,20 +64,6 @@ def source_windows(data: str | Path, cache: Path, history: int, frames: LiveFram
                                cache_dir=CacheLayout(cache).index_store, recorded_names=manifest.dataset.sources)
     assert index is not None
     return SourceWindows(index, frames)
-
-
-def live_check_refusal(profile: Profile, live_check_every: int, caches: int, data: str | Path | None) -> str | None:
-    """Why a run from ``caches`` caches cannot run its live check (None when it can): the cache of a
-    base whose frames are not VGGT's holds no VGGT frames, so the check needs the dataset it was
-    built from (``data``), for one cache."""
-    base = cache_base(profile.qwen.path)
-    if base.patch_size == VGGT_PATCH_SIZE or not caches or not live_check_every:
-        return None
-    if data is not None and caches == 1:
-        return None
-    return (f"{profile.source}: train.live_check_every on a {base.name} cache decodes VGGT's frames from the "
-            f"dataset's source files (the cache holds {base.name}'s frames): train one --cache with --data, the "
-            "dataset it was built from (make train ... DATA=...), or set train.live_check_every: 0")
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ Everything depends only on (seed, epoch, sizes, weights), never on the number of
 resume continues the exact sequence at a global position, on any world. One source with any
 weight gives exactly the plain epoch permutation of :func:`janus_cache.store.split.epoch_order`.
 
-Sources are named on the command line as ``NAME=PATH:WEIGHT`` (:func:`parse_cache_sources`).
+Sources are named on the command line as ``NAME=PATH:WEIGHT`` (:func:`janus_train.data.sources.parse_cache_sources`).
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -38,56 +37,10 @@ from janus_cache.store import OpenedCache
 from janus_cache.store.split import epoch_order, rank_share_from
 from janus_train.data.prompt import PromptBuilder
 from janus_train.data.samples import CachedSamples, DamagedItem
+from janus_train.data.sources import MixtureError
 
 _LABEL_STREAM = 2**20
 """Permutation stream of the interleave (far above any source's stream index)."""
-
-
-class MixtureError(ValueError):
-    """A mixture that cannot be built (a bad ``--cache`` value, a duplicate name, caches that differ)."""
-
-
-@dataclass(frozen=True)
-class CacheSource:
-    """One cache of a run: its name (used in sample keys and logs), directory and sampling weight."""
-
-    name: str
-    path: Path
-    weight: float = 1.0
-
-    @classmethod
-    def parse(cls, text: str) -> CacheSource:
-        """``PATH`` (one cache, named after its directory) or ``NAME=PATH:WEIGHT``."""
-        if "=" not in text:
-            path = Path(text)
-            return cls(path.name or str(path), path, 1.0)
-        name, _, rest = text.partition("=")
-        path_text, colon, weight_text = rest.rpartition(":")
-        if not name or not colon or not path_text:
-            raise MixtureError(f"--cache {text!r}: expected PATH or NAME=PATH:WEIGHT (e.g. r2r=caches/r2r:0.7)")
-        try:
-            weight = float(weight_text)
-        except ValueError:
-            raise MixtureError(f"--cache {text!r}: the weight {weight_text!r} is not a number") from None
-        if not math.isfinite(weight) or weight <= 0:
-            raise MixtureError(f"--cache {text!r}: the weight must be a positive number, got {weight_text}")
-        return cls(name, Path(path_text), weight)
-
-
-def parse_cache_sources(texts: Sequence[str]) -> list[CacheSource]:
-    """The ``--cache`` values of a run: one ``PATH``, or several ``NAME=PATH:WEIGHT`` with distinct names."""
-    sources = [CacheSource.parse(text) for text in texts]
-    if not sources:
-        raise MixtureError("no cache given")
-    if len(sources) > 1:
-        unweighted = [t for t in texts if "=" not in t]
-        if unweighted:
-            raise MixtureError(f"--cache {unweighted[0]!r}: several caches need NAME=PATH:WEIGHT each")
-        names = [s.name for s in sources]
-        duplicates = sorted({n for n in names if names.count(n) > 1})
-        if duplicates:
-            raise MixtureError(f"--cache: the name {duplicates[0]!r} is given twice")
-    return sources
 
 
 def largest_remainder(weights: Sequence[float], total: int) -> list[int]:
@@ -185,13 +138,6 @@ class MixedSamples(Dataset):
             error = item.error
             return DamagedItem(error.for_sample(f"{self.names[source]}/{error.key}")) if error.key else item
         return replace(item, key=f"{self.names[source]}/{item.key}")
-
-
-def as_sources(cache: str | Path | Sequence[CacheSource]) -> list[CacheSource]:
-    """A run's caches: one directory (weight 1, named after it) or several weighted sources."""
-    if isinstance(cache, (str, Path)):
-        return [CacheSource(Path(cache).name or str(cache), Path(cache), 1.0)]
-    return list(cache)
 
 
 def mixed_samples(opened: Sequence[tuple[str, OpenedCache]], builder: PromptBuilder) -> MixedSamples:

@@ -31,9 +31,10 @@ from janus_train.checkpoint.elastic import DataLayout, ResumePoint
 from janus_train.checkpoint.tags import Checkpoints, Resumable
 from janus_train.config import TrainSettings, load_train_settings
 from janus_train.data.live_check import SourceWindows
-from janus_train.data.mixture import CacheSource, MixedSamples, Mixture, as_sources, mixed_samples
+from janus_train.data.mixture import MixedSamples, Mixture, mixed_samples
 from janus_train.data.prompt import PromptBuilder
 from janus_train.data.samples import CachedSamples, LiveSamples, StreamedSamples
+from janus_train.data.sources import CacheSource, as_sources
 from janus_train.loop.validation import Evaluator, ValidationSet
 from janus_train.model.rope import RopeIndex
 from janus_train.run.layout import RunLayout

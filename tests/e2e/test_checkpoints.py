@@ -2,8 +2,8 @@
 checkpoints; a resume verifies them and falls back past a damaged one in one line; rotation never
 deletes the checkpoint ``latest`` names; ``metrics.jsonl`` holds each step once after kills.
 
-The runs: 2-process launches by torch's elastic agent (helpers.training.train_on_ranks; the kills:
-real torchrun launches), DeepSpeed ZeRO-3 over gloo, of the tiny profile on the
+The runs: 2-process launches by torch's elastic agent (helpers.training.train_on_ranks; a kill is a
+SIGKILL of every rank), DeepSpeed ZeRO-3 over gloo, of the tiny profile on the
 session's float32 cache of 2 episodes x 4 steps (8 samples, 2 optimizer steps per epoch). The
 reference is the session's reference run (helpers.shared_runs): 10 steps with a checkpoint every 3
 (tags 3, 6, 9 and the final 10). Damage is done to copies of its checkpoints.
@@ -14,12 +14,12 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from helpers.processes import Launch
 from helpers.shared_runs import ReferenceRun, TinyTraining
 from helpers.training import MAX_STEPS, SAVE_EVERY, assert_succeeded, read_metrics, train_on_ranks
 from janus_train.checkpoint.tags import CHECKSUMS_FILE, LATEST_FILE, Checkpoints, NoIntactCheckpoint, sha256_file
@@ -36,8 +36,10 @@ class Setup:
         self.reference = reference.out
         self.records = reference.records
 
-    def train(self, out: Path, *extra: str | int) -> subprocess.CompletedProcess[str]:
-        return train_on_ranks("--out", out, "--cache", self.cache, "--profile", self.profile, "--no-export", *extra)
+    def train(self, out: Path, *extra: str | int,
+              kill_when: Callable[[], bool] | None = None) -> subprocess.CompletedProcess[str]:
+        return train_on_ranks("--out", out, "--cache", self.cache, "--profile", self.profile, "--no-export", *extra,
+                              kill_when=kill_when)
 
     def copy_run(self, out: Path, up_to_step: int) -> Path:
         """The reference run directory as a run that ended after step ``up_to_step`` leaves it: the
@@ -221,18 +223,14 @@ def test_a_run_with_no_intact_checkpoint_ends_in_one_error_line(setup: Setup, tm
 # ------------------------------------------------------------------- kills and metrics
 
 
-def launch_until(out: Path, setup: Setup, log: Path, step: int) -> None:
-    """``python -m pipelines.launch`` (what ``make train`` runs) until ``metrics.jsonl`` holds
-    ``step``, then SIGKILL of the launcher alone: its ranks die with it (tests/e2e/test_orphans.py)."""
-    launch = Launch("pipelines.train", "--out", out, "--cache", setup.cache, "--profile", setup.profile, "--no-export",
-                    log=log, launcher="pipelines.launch")
+def train_until_killed(out: Path, setup: Setup, step: int) -> str:
+    """The run until ``metrics.jsonl`` holds ``step``, then SIGKILL of every rank at once, as a failed
+    machine or a killed launcher ends them (tests/e2e/test_orphans.py: a killed launcher's ranks die
+    with it); returns the run's console."""
     metrics = out / METRICS_FILE
-    try:
-        launch.wait_until(lambda: metrics.is_file() and f'"step": {step},' in metrics.read_text(), f"step {step}")
-        assert launch.kill_launcher() == [], "processes of the killed launch outlived it"
-    except BaseException:
-        launch.cleanup()
-        raise
+    killed = setup.train(out, kill_when=lambda: metrics.is_file() and f'"step": {step},' in metrics.read_text())
+    assert killed.returncode != 0, killed.stdout[-2000:]
+    return killed.stdout
 
 
 def test_metrics_hold_each_step_once_after_two_kills(setup: Setup, tmp_path: Path) -> None:
@@ -240,9 +238,8 @@ def test_metrics_hold_each_step_once_after_two_kills(setup: Setup, tmp_path: Pat
     were logged twice by the killed runs; the finished run's metrics hold steps 1..10 once each,
     with the uninterrupted run's values."""
     out = tmp_path / "run"
-    launch_until(out, setup, tmp_path / "first.log", step=4)
-    launch_until(out, setup, tmp_path / "second.log", step=7)
-    assert "resumed at step " in (tmp_path / "second.log").read_text()
+    train_until_killed(out, setup, step=4)
+    assert "resumed at step " in train_until_killed(out, setup, step=7)
     assert_succeeded(setup.train(out))
     records = read_metrics(out)
     assert [r["step"] for r in records] == list(range(1, STEPS + 1))

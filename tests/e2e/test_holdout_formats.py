@@ -121,7 +121,7 @@ def test_a_webdataset_cache_holds_out_whole_episodes_split_once_over_ranks_and_w
 
 
 def test_a_mixture_holds_out_episodes_of_each_cache_by_the_single_cache_rule(built: dict[str, Path]) -> None:
-    from janus_train.data.mixture import CacheSource
+    from janus_train.data.sources import CacheSource
 
     profile = load_profile(built["profile"])
     settings = load_train_settings(profile)

@@ -1,7 +1,7 @@
 """What a light command imports, checked by running it in a new process: the command line's help,
-reading a profile (``janus-cache profile``, the Makefile's reads) and the store package's manifest
-and layout need neither torch nor transformers, and the console script's light commands start in
-under a CPU-second. Which module may import which is checked without running anything, in
+reading a profile (``janus-cache profile``, the Makefile's reads), the store package's manifest
+and layout, and a training start refused on its command line or profile need neither torch nor
+transformers, and the console script's light commands start in under a CPU-second. Which module may import which is checked without running anything, in
 ``tests/unit/test_import_layers.py``.
 """
 
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers.profiles import REPO_ROOT
+from helpers.profiles import REPO_ROOT, write_test_profile
 
 HEAVY = ("torch", "transformers", "deepspeed")
 """Packages that cost seconds to import: a light command must not need them."""
@@ -117,3 +117,49 @@ def test_a_light_command_costs_at_most_one_cpu_second(args: list[str]) -> None:
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     command = " ".join(["janus-cache", *args])
     assert cpu <= LIGHT_CPU_SECONDS, f"{command} took {cpu:.2f} CPU-s (at most {LIGHT_CPU_SECONDS})"
+
+
+TRAIN_START = """
+import sys
+from pipelines.train import main
+sys.argv = ['pipelines.train', *sys.argv[1:]]
+try:
+    main()
+except SystemExit as exit:
+    print(f"exit {exit.code}")
+""" + LOADED_HEAVY
+"""Runs ``python -m pipelines.train ARGS`` as one rank of one, then prints the exit code and the
+heavy modules loaded."""
+
+
+def test_the_training_commands_help_imports_no_torch_nor_transformers() -> None:
+    """``pipelines.train --help`` (what ``janus-train run --help-train`` shows) lists the options
+    without loading the run's half."""
+    done = fresh_interpreter(TRAIN_START + "assert 'pipelines.train_run' not in sys.modules\n", "--help")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "--cache" in done.stdout and "--live-data" in done.stdout and "exit 0" in done.stdout
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == []
+
+
+@pytest.mark.parametrize("mistake", ["a bad setting", "a run directory that is a file", "no cache yet"])
+def test_a_training_start_refused_on_its_command_line_or_profile_loads_no_torch(tmp_path: Path, mistake: str) -> None:
+    """The mistakes a user makes first are one ``error:`` line (exit code 1) before torch,
+    transformers or DeepSpeed load: a second per rank instead of several."""
+    cache, out = tmp_path / "cache", tmp_path / "run"
+    cache.mkdir()
+    overrides = ["--set", "train.num_workers=-1"] if mistake == "a bad setting" else []
+    if mistake == "a run directory that is a file":
+        out.write_text("not a directory")
+    if mistake == "no cache yet":
+        cache.rmdir()
+    done = fresh_interpreter(TRAIN_START, "--out", str(out), "--cache", str(cache), "--profile",
+                             str(write_test_profile(tmp_path / "tiny.yaml")), *overrides)
+    expected = {"a bad setting": "setting 'train.num_workers' is -1; it must be >= 0",
+                "a run directory that is a file": f"{out} is not a directory",
+                "no cache yet": f"no cache exists at {cache}: make one with `make precompute"}[mistake]
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert [line for line in done.stderr.splitlines() if line.startswith("error: ")] == [
+        line for line in done.stderr.splitlines() if expected in line], done.stderr
+    assert expected in done.stderr and "exit 1" in done.stdout
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == []
+    assert not out.is_dir(), "a refused start leaves no run directory behind"

@@ -110,7 +110,7 @@ def poisoned(tiny_training: TinyTraining, tmp_path_factory: pytest.TempPathFacto
 
 
 def test_the_poisoned_cache_holds_one_nan_feature_and_passes_the_start_up_check(poisoned: Poisoned) -> None:
-    from pipelines.train import cache_refusal
+    from pipelines.train_run import cache_refusal
 
     profile = load_profile(poisoned.profile)
     reader = open_training_cache(profile, poisoned.cache).reader

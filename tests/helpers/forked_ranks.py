@@ -26,15 +26,16 @@ import sys
 import tempfile
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from helpers.profiles import REPO_ROOT
 
-PRELOADED = ("pipelines.train", "pipelines.verify", "pipelines.precompute", "deepspeed",
+PRELOADED = ("pipelines.train", "pipelines.train_run", "pipelines.verify", "pipelines.precompute", "deepspeed",
              "deepspeed.runtime.zero.muon.muon_optimizer")
-"""What the fork server imports once: the commands, and DeepSpeed with the optimizer module its ZeRO
-check imports at every engine start (it compiles functions with torch.compile at import: ~2 CPU-s)."""
+"""What the fork server imports once: the commands (the training command's run half too), and
+DeepSpeed with the optimizer module its ZeRO check imports at every engine start (it compiles
+functions with torch.compile at import: ~2 CPU-s)."""
 
 TIMEOUT_S = 300
 
@@ -98,9 +99,13 @@ def _signal_handlers_kept() -> Iterator[None]:
 
 
 def forked_launch(module: str, *args: str | Path | int, nproc: int = 2, env: dict[str, str] | None = None,
-                  timeout: float = TIMEOUT_S) -> subprocess.CompletedProcess[str]:
+                  timeout: float = TIMEOUT_S, kill_when: Callable[[], bool] | None = None,
+                  ) -> subprocess.CompletedProcess[str]:
     """Run ``module`` on ``nproc`` ranks as ``torchrun --standalone`` would; returns what
-    ``subprocess.run`` would for it (exit code 1 when a rank failed, as torchrun's)."""
+    ``subprocess.run`` would for it (exit code 1 when a rank failed, as torchrun's).
+
+    ``kill_when``: polled while the ranks run; once true, every rank is killed with SIGKILL at once,
+    as a machine that fails kills them (exit code 1; an error when the ranks end before it holds)."""
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
@@ -117,16 +122,24 @@ def forked_launch(module: str, *args: str | Path | int, nproc: int = 2, env: dic
             min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=str(uuid.uuid4()), rdzv_backend="c10d",
             rdzv_endpoint="localhost:0", max_restarts=0, monitor_interval=0.05, start_method="forkserver",
             logs_specs=DefaultLogsSpecs(log_dir=str(Path(work, "logs")), redirects=Std.ALL))
-        timed_out = threading.Event()
+        timed_out, killed, ended = threading.Event(), threading.Event(), threading.Event()
 
-        def stop_ranks() -> None:
-            timed_out.set()
+        def kill_ranks(why: threading.Event) -> None:
+            why.set()
             for pid in pid_dir.iterdir():
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(int(pid.name), signal.SIGKILL)
 
-        timer = threading.Timer(timeout, stop_ranks)
+        def watch() -> None:
+            while not ended.wait(0.05):
+                if kill_when is not None and kill_when():
+                    kill_ranks(killed)
+                    return
+
+        timer = threading.Timer(timeout, kill_ranks, (timed_out,))
         timer.start()
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
         report = ""
         try:
             elastic_launch(config, _rank_main)(module, argv, rank_env, str(REPO_ROOT), str(pid_dir))
@@ -135,6 +148,8 @@ def forked_launch(module: str, *args: str | Path | int, nproc: int = 2, env: dic
             code, report = 1, f"{type(failed).__name__}: {failed}\n"
         finally:
             timer.cancel()
+            ended.set()
+            watcher.join()
         stdout, stderr = (
             "".join(path.read_text(errors="replace") for path in sorted(Path(work, "logs").rglob(f"{stream}.log")))
             for stream in ("stdout", "stderr"))
@@ -142,4 +157,6 @@ def forked_launch(module: str, *args: str | Path | int, nproc: int = 2, env: dic
     command = ["torchrun", "--standalone", f"--nproc_per_node={nproc}", "-m", module, *argv]
     if timed_out.is_set():
         raise subprocess.TimeoutExpired(command, timeout, stdout, stderr)
+    if kill_when is not None and not killed.is_set():
+        raise AssertionError(f"the ranks ended (exit code {code}) before they were to be killed:\n{stderr[-3000:]}")
     return subprocess.CompletedProcess(command, code, stdout, stderr)

@@ -67,13 +67,13 @@ def micro_batches(profile: Path, cache: Path, builder: Any) -> Iterator[tuple[di
 
 
 def test_the_damage_passes_the_start_up_check_and_is_found_on_read(damaged_zarr: Damaged) -> None:
-    from pipelines.train import cache_refusal
+    from pipelines.train_run import cache_refusal
 
     assert cache_refusal(damaged_zarr.cache, load_profile(damaged_zarr.profile)) is None
 
 
 def test_a_deleted_shard_is_refused_by_the_start_up_check_naming_it(damaged_zarr: Damaged, tmp_path: Path) -> None:
-    from pipelines.train import cache_refusal
+    from pipelines.train_run import cache_refusal
 
     cache = Path(shutil.copytree(damaged_zarr.cache, tmp_path / "cache"))
     missing = cache / damaged_zarr.file.relative_to(damaged_zarr.cache)
@@ -86,7 +86,7 @@ def test_an_edited_endian_is_refused_by_the_start_up_check_naming_the_zarr_json(
     damaged_zarr: Damaged, tmp_path: Path,
 ) -> None:
     """Before: 20 steps of ``loss nan`` and exit 0 (every bf16 feature read byte-swapped)."""
-    from pipelines.train import cache_refusal
+    from pipelines.train_run import cache_refusal
 
     cache = Path(shutil.copytree(damaged_zarr.cache, tmp_path / "cache"))
     reader = open_training_cache(load_profile(damaged_zarr.profile), damaged_zarr.cache).reader

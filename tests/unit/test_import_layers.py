@@ -164,7 +164,7 @@ def test_the_scan_sees_every_package_and_its_imports() -> None:
     that must exist are found (the launch layer uses both libraries, training uses the cache)."""
     graph = import_graph()
     assert all(any(m.split(".")[0] == p for m in graph) for p in PACKAGES), sorted(graph)
-    assert {"janus_cache", "janus_train"} <= graph["pipelines.train"]
+    assert {"janus_cache", "janus_train"} <= graph["pipelines.train_run"]
     assert "janus_cache" in graph["pipelines.precompute"]
     assert {"janus_core", "janus_cache"} <= graph["janus_train.loop.parts"]
     assert "janus_core" in graph["janus_cache.store.manifest"]

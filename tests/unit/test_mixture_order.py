@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from janus_cache.store.split import epoch_order, merge_rank_shares, rank_share_from
-from janus_train.data.mixture import CacheSource, Mixture, MixtureError, largest_remainder, parse_cache_sources
+from janus_train.data.mixture import Mixture, largest_remainder
+from janus_train.data.sources import CacheSource, MixtureError, parse_cache_sources
 
 
 def test_one_source_is_the_plain_epoch_permutation() -> None:

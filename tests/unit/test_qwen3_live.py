@@ -27,7 +27,8 @@ from janus_core.imaging import qwen_pixel_values
 from janus_core.index import build_index
 from janus_core.profile import Profile, load_profile
 from janus_core.sample_data import write_sample_data
-from janus_train.data.live_check import compare_features, live_check_refusal, source_windows
+from janus_train.data.live_check import compare_features, source_windows
+from janus_train.data.sources import live_check_refusal
 from janus_train.data.samples import CachedSamples, LiveFrames, LiveSamples, collate
 from janus_train.loop.parts import make_dataset, open_training_cache, prompt_builder
 from janus_train.model.janus_model import JanusVLNModel, ModelInputError
@@ -150,7 +151,7 @@ def test_the_live_check_passes_on_a_qwen3_cache_and_names_a_damaged_sample(
 
 
 def test_only_a_qwen3_cache_live_check_without_its_dataset_is_refused(profile: Profile) -> None:
-    """The refusal at start (pipelines.train, before any rank works; the Trainer checks the same):
+    """The refusal at start (pipelines.train_start, before any rank works; the Trainer checks the same):
     the live check of a Qwen3-VL cache needs --data and one cache; training live, a check given its
     dataset and Qwen2.5-VL's check (on the batch's own frames) start."""
     line = live_check_refusal(profile, 5, caches=1, data=None)

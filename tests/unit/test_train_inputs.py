@@ -25,7 +25,7 @@ from janus_core.resolution import Resolution
 from janus_train.data.samples import CachedSamples, LiveSamples, collate
 from janus_train.loop.parts import open_training_cache, prompt_builder
 from janus_train.model.janus_model import JanusOutput
-from pipelines.train import cache_refusal
+from pipelines.train_run import cache_refusal
 
 
 @pytest.fixture

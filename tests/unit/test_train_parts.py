@@ -1,7 +1,7 @@
-"""The launch layer's builder of a training run's parts (pipelines.train_parts) and the command's one
-place for user errors (pipelines.train), in this process: the step plan, the data and its hold-out,
-the resume choice over a real run directory, the refusal of too little data, and the one-line
-messages. Building the model and engine is tests/unit/test_loop_trainer.py."""
+"""The launch layer's builder of a training run's parts (pipelines.train_parts) and the command's
+user errors (pipelines.train_start, pipelines.train_run), in this process: the step plan, the data
+and its hold-out, the resume choice over a real run directory, the refusal of too little data, and
+the one-line messages. Building the model and engine is tests/unit/test_loop_trainer.py."""
 
 from __future__ import annotations
 
@@ -19,12 +19,13 @@ from janus_core.profile import load_profile
 from janus_train.checkpoint.elastic import DataLayout, ResumeError
 from janus_train.checkpoint.tags import Checkpoints, tag_name
 from janus_train.config import load_train_settings
-from janus_train.data.mixture import MixtureError, parse_cache_sources
+from janus_train.data.sources import MixtureError, parse_cache_sources
 from janus_train.loop.parts import ResumeChoice, Stepping, prompt_builder
 from janus_train.loop.progress import Progress
 from janus_train.loop.validation import ValidationError
-from pipelines.train import error_line, usage_problem
 from pipelines.train_parts import resume_choice, too_few_samples, train_data
+from pipelines.train_run import error_line
+from pipelines.train_start import usage_problem
 
 
 def test_a_step_takes_micro_batch_x_grad_accum_x_world_samples_and_an_epoch_its_whole_steps(tmp_path: Path) -> None:
