@@ -6,8 +6,8 @@ cache and a mixture of caches validate with the shipped profiles' hold-out, as a
   (``janus_cache.store.split``), checked here with 2 ranks x 16 real DataLoader workers (h800's
   ``num_workers``);
 * mixture: each cache holds out its own episodes by the same seeded rule as a single cache;
-* a 2-process run (the tiny profile with h800's ``num_workers``; a mixture through ``make train
-  MIXTURE=...``): the run starts, validates (``val_*`` records) and trains only on the other
+* a 2-process run (the tiny profile with h800's ``num_workers``; a mixture as ``make train
+  MIXTURE=...`` passes it): the run starts, validates (``val_*`` records) and trains only on the other
   episodes' samples, every one of them.
 """
 
@@ -23,7 +23,7 @@ import pytest
 import torch
 import yaml
 
-from helpers.commands import make
+from helpers.commands import make_command
 from helpers.profiles import REPO_ROOT, write_test_profile
 from helpers.training import train_on_ranks
 from janus_cache.store.layout import KEY_COLUMN, SAMPLES_TABLE
@@ -148,7 +148,7 @@ def test_a_mixture_holds_out_episodes_of_each_cache_by_the_single_cache_rule(bui
 
 
 # ----------------------------------------------------------------------------------------------
-# 2 processes (a mixture through make train), the tiny profile with h800's loader workers
+# 2 processes (a mixture as make train passes it), the tiny profile with h800's loader workers
 
 
 def trained_and_validated(result: subprocess.CompletedProcess[str], run: Path) -> tuple[set[str], list[dict]]:
@@ -166,8 +166,6 @@ def test_a_two_process_run_validates_on_held_out_episodes_and_trains_on_all_the_
     run = tmp_path / "run"
     if kind == "webdataset":
         # 32 training samples in 4 tar shards, 2 per rank: one epoch is 8 steps of 2 x 2 x 1.
-        # `make train CACHE=` is many tests' command; MIXTURE= (below) is this test's alone. Here the same
-        # ranks start as torchrun starts them (helpers.forked_ranks).
         profile = tiny_with_h800_workers(tmp_path / "p.yaml", max_steps=8, eval_every=0)
         result = train_on_ranks("--cache", built["wds"], "--out", run, "--profile", profile, "--no-export")
         reader = open_training_cache(load_profile(profile), built["wds"]).reader
@@ -177,9 +175,15 @@ def test_a_two_process_run_validates_on_held_out_episodes_and_trains_on_all_the_
     else:
         # 10 + 6 training samples drawn in proportion to their counts: one epoch (4 steps) is
         # exactly one pass over each cache's training samples.
+        # The command `make train MIXTURE=...` runs (each word one --cache NAME=PATH:WEIGHT), on ranks
+        # started as torchrun starts them (helpers.forked_ranks): the launch itself is many tests' (make
+        # train CACHE=, e.g. tests/e2e/test_user_errors.py).
         profile = tiny_with_h800_workers(tmp_path / "p.yaml", max_steps=4, eval_every=0)
-        result = make("train", PROFILE=profile, RUN=run, NPROC=2, TRAIN_ARGS="--no-export",
-                      MIXTURE=f"r2r={built['r2r']}:0.625 rxr={built['rxr']}:0.375")
+        command = make_command("train", PROFILE=profile, RUN=run, TRAIN_ARGS="--no-export",
+                               MIXTURE=f"r2r={built['r2r']}:0.625 rxr={built['rxr']}:0.375")
+        assert command[:5] == ["pipelines.train", "--cache", f"r2r={built['r2r']}:0.625",
+                               "--cache", f"rxr={built['rxr']}:0.375"], command
+        result = train_on_ranks(*command[1:])
         held, every = set(), set()
         for name in ("r2r", "rxr"):
             reader = open_training_cache(load_profile(profile), built[name]).reader

@@ -3,9 +3,9 @@ and a non-ASCII folder name are the same dataset. A bare path takes the source n
 recorded, so the identity follows the content (episode ids, texts, frame hashes), not the folder's
 name; ``DATA`` reaches the commands unsplit, whatever characters the path holds.
 
-Real PNG datasets, real ``janus-cache`` commands (their CLI, run in this process) and real ``make
-verify`` / ``make train`` / ``make precompute`` runs (torchrun) on copies of the dataset a cache was
-built from. (How such a path is read as one source: tests/unit/test_source_parsing.py.)
+Real PNG datasets, real ``janus-cache`` commands (their CLI, run in this process), real ``make
+verify`` / ``make precompute`` runs (torchrun) and the training command ``make train`` runs (its
+dry run, on a forked rank) on copies of the dataset a cache was built from. (How such a path is read as one source: tests/unit/test_source_parsing.py.)
 """
 
 from __future__ import annotations
@@ -18,8 +18,10 @@ from pathlib import Path
 
 import pytest
 
+from helpers.commands import make_command
 from helpers.profiles import REPO_ROOT, file_digests, write_test_profile
 from helpers.sources import assert_one_line_error, precompute_in_process, tail, verify_in_process
+from helpers.training import train_on_ranks
 from janus_core.sample_data import write_sample_data
 
 AWKWARD = "it's \"my\" données $HOME"
@@ -95,14 +97,17 @@ def test_make_verify_takes_a_data_path_with_spaces_quotes_dollar_and_non_ascii(
     assert f"data {copy}" in result.stdout, tail(result)
 
 
-def test_make_train_checks_a_moved_dataset_by_content_naming_only_the_edited_episode(
+def test_the_command_of_make_train_checks_a_moved_dataset_by_content_naming_only_the_edited_episode(
         built: tuple[Path, Path, Path], tmp_path: Path) -> None:
+    """The command ``make train DATA=...`` runs (make's dry run: the path arrives as one word), on a
+    rank started as torchrun starts it."""
     data, cache, profile = built
     copy = copy_of(data, tmp_path / AWKWARD)
     edited = edit_description(copy, "episode_0001")
     run = tmp_path / "run"
-    result = make("train", f"CACHE={cache}", f"DATA={copy}", f"PROFILE={profile}", f"RUN={run}",
-                  "TRAIN_ARGS=--no-export")
+    command = make_command("train", CACHE=cache, DATA=copy, PROFILE=profile, RUN=run, TRAIN_ARGS="--no-export")
+    assert command[command.index("--data") + 1] == str(copy), command
+    result = train_on_ranks(*command[1:], nproc=1)
     assert result.returncode != 0, tail(result)
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert errors and "changed episode episode_0001" in errors[0] and str(edited) in errors[0], tail(result)

@@ -25,8 +25,8 @@ from pathlib import Path
 import pytest
 from torch.distributed.run import get_args_parser
 
-from helpers.commands import SLURM_DIR
-from helpers.profiles import REPO_ROOT, file_digests
+from helpers.commands import SLURM_DIR, make_command
+from helpers.profiles import file_digests
 from janus_train.loop.preemption import PREEMPTED_EXIT_CODE
 
 HOSTS = ("gpu-07", "gpu-08")
@@ -192,20 +192,6 @@ def cluster(tmp_path: Path) -> Cluster:
     return cluster
 
 
-def makefile_command(target: str, **variables: str) -> list[str]:
-    """The arguments after ``-m`` of the torchrun command that ``make TARGET`` runs (dry run)."""
-    settings = [f"{name}={value}" for name, value in variables.items()]
-    # Under `make test` the outer make's flags and variables would reach this make: drop them.
-    env = {name: value for name, value in os.environ.items() if name not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
-    dry = subprocess.run(["make", "-n", "-s", target, "NPROC=8", "TORCHRUN_ARGS=", *settings], cwd=REPO_ROOT,
-                         env=env, capture_output=True, text=True, timeout=60, check=True).stdout
-    # make runs torchrun through pipelines.launch (its failure report into a log file): the module
-    # is the one after torchrun's --nproc_per_node.
-    line = next(line for line in dry.replace("\\\n", " ").splitlines() if "pipelines.launch" in line)
-    words = shlex.split(line)
-    return words[words.index("-m", words.index("--nproc_per_node")) + 1:]
-
-
 def check_launch(submission: Submission, module: str, module_args: list[str]) -> None:
     """Both nodes ran torchrun once, ranked by SLURM_NODEID, joining the first host with 8 processes."""
     assert submission.returncode == 0, submission.output
@@ -241,7 +227,7 @@ def test_precompute_runs_the_makefile_command_on_both_nodes(cluster: Cluster, tm
                          FORMAT="wds")
     expected = [str(data), "--out", str(out), "--profile", "h800", "--format", "wds", "--workers", "12"]
     check_launch(submission, "pipelines.precompute", expected)
-    make = makefile_command("precompute", DATA=str(data), OUT=shlex.quote(str(out)), PROFILE="h800",
+    make = make_command("precompute", DATA=str(data), OUT=shlex.quote(str(out)), PROFILE="h800",
                             FORMAT="wds", PRECOMPUTE_ARGS="--workers 12")
     assert make == ["pipelines.precompute", *expected]
 
@@ -251,7 +237,7 @@ def test_train_runs_the_makefile_command_on_both_nodes(cluster: Cluster, tmp_pat
     submission = cluster.submit("train.sbatch", "--max-steps", "100", CACHE=str(cache), RUN=str(run), PROFILE="h800")
     expected = ["--cache", str(cache), "--out", str(run), "--profile", "h800", "--max-steps", "100"]
     check_launch(submission, "pipelines.train", expected)
-    make = makefile_command("train", CACHE=shlex.quote(str(cache)), RUN=str(run), PROFILE="h800",
+    make = make_command("train", CACHE=shlex.quote(str(cache)), RUN=str(run), PROFILE="h800",
                             TRAIN_ARGS="--max-steps 100")
     assert make == ["pipelines.train", *expected]
 

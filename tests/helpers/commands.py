@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -24,6 +25,20 @@ def make(target: str, **variables: str | Path) -> subprocess.CompletedProcess[st
     venv = Path(sys.prefix)
     return subprocess.run(["make", "--no-print-directory", target, f"VENV={venv}", *settings], cwd=REPO_ROOT,
                           env={**env, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=TIMEOUT_S)
+
+
+def make_command(target: str, **variables: str | Path) -> list[str]:
+    """The module and its arguments (the words after ``-m``) of the torchrun command that ``make
+    TARGET NAME=VALUE...`` runs, read from make's dry run (``NPROC`` is torchrun's, not the module's)."""
+    settings = [f"{name}={value}" for name, value in {"NPROC": "8", **variables}.items()]
+    env = {name: value for name, value in os.environ.items() if name not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
+    dry = subprocess.run(["make", "-n", "-s", target, f"VENV={Path(sys.prefix)}", "TORCHRUN_ARGS=", *settings],
+                         cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=60, check=True).stdout
+    # make runs torchrun through pipelines.launch (its failure report into a log file): the module
+    # is the one after torchrun's --nproc_per_node.
+    line = next(line for line in dry.replace("\\\n", " ").splitlines() if "pipelines.launch" in line)
+    words = shlex.split(line)
+    return words[words.index("-m", words.index("--nproc_per_node")) + 1:]
 
 
 def set_options(*settings: str) -> list[str]:
