@@ -97,12 +97,9 @@ def export_cmd(
     """Consolidate a ZeRO-3 checkpoint into 16-bit (or fp32) weights: HF weights plus the janus
     heads, or a reference JanusVLN checkpoint directory."""
     from janus_core.profile import ProfileError
-    from janus_train.checkpoint.export import FORMATS, export, export_janusvln
-    from janus_train.checkpoint.reference import ReferenceCheckpointError, run_model_config
     from janus_train.config import load_train_settings
     from janus_train.run.layout import RunLayout
     from janus_train.run.record import run_profile
-    from pipelines.library_output import library_chatter_hidden, name_deepspeed_accelerator
 
     layout = RunLayout(run)
     try:
@@ -111,6 +108,11 @@ def export_cmd(
     except ProfileError as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(1)
+    # After the profile's checks: a run refused there costs no torch, transformers or DeepSpeed.
+    from janus_train.checkpoint.export import FORMATS, export, export_janusvln
+    from janus_train.checkpoint.reference import ReferenceCheckpointError, run_model_config
+    from pipelines.library_output import library_chatter_hidden, name_deepspeed_accelerator
+
     if fmt not in FORMATS:
         typer.echo(f"error: --format must be one of {', '.join(FORMATS)}, got {fmt!r}", err=True)
         raise typer.Exit(2)

@@ -163,3 +163,17 @@ def test_a_training_start_refused_on_its_command_line_or_profile_loads_no_torch(
     assert expected in done.stderr and "exit 1" in done.stdout
     assert json.loads(done.stdout.strip().splitlines()[-1]) == []
     assert not out.is_dir(), "a refused start leaves no run directory behind"
+
+
+def test_an_export_refused_on_its_profile_loads_no_torch(tmp_path: Path) -> None:
+    """``janus-train export`` checks the profile before it loads the model code."""
+    done = fresh_interpreter(
+        "import sys\n"
+        "from pipelines.train_cli import app\n"
+        "sys.argv = ['janus-train', 'export', *sys.argv[1:]]\n"
+        "try:\n    app()\nexcept SystemExit as exit:\n    print(f'exit {exit.code}')\n"
+        + LOADED_HEAVY, str(tmp_path / "run"), "--out", str(tmp_path / "export"), "--profile", "no-such-profile")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stderr.startswith("error: unknown profile 'no-such-profile'") and "exit 1" in done.stdout
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == []
+    assert not (tmp_path / "export").exists()
