@@ -1,8 +1,7 @@
 """Stage 1 precompute end to end: real processes on CPU write real caches.
 
 Every run here is the installed pipeline in processes of its own: 2 ranks of ``pipelines.precompute``
-(torch's elastic agent, helpers.precompute_runs.precompute_on_ranks; a run killed mid-way: a real
-torchrun launch) or ``janus-cache precompute``, on the session's sample dataset (3 episodes x 12 frames), with the
+(torch's elastic agent, helpers.precompute_runs.precompute_on_ranks) or ``janus-cache precompute``, on the session's sample dataset (3 episodes x 12 frames), with the
 tiny profile cut into small shards (4 frames, 2 samples per shard: 9 frame shards, 18 sample
 shards), so that shards are spread over both ranks and a run can be killed between two commits.
 The session's shared uninterrupted cache per format (``small_shards_cache``, one process) is the
@@ -14,11 +13,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import struct
 import subprocess
 import sys
-import time
 import zlib
 from collections.abc import Callable
 from pathlib import Path
@@ -46,7 +43,7 @@ from helpers.precompute_runs import (
     tail,
     workdir,
 )
-from helpers.profiles import REPO_ROOT, file_digests, write_test_profile
+from helpers.profiles import file_digests, write_test_profile
 from janus_cache.keys import window_variant
 from janus_cache.plan import Plan
 from janus_cache.precompute import encode_windows
@@ -75,26 +72,6 @@ def opened_reader(cache: Path, resolution: str = RESOLUTION) -> CacheReader:
 def committed(cache: Path, array: str) -> int:
     directory = CacheLayout(cache).commit_dir(array)
     return sum(1 for _ in directory.glob("*.json")) if directory.is_dir() else 0
-
-
-def processes_mentioning(text: str) -> list[int]:
-    """Pids of live processes whose command line contains ``text`` (Linux /proc)."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        try:
-            if entry.name.isdigit() and text.encode() in (entry / "cmdline").read_bytes():
-                pids.append(int(entry.name))
-        except OSError:  # the process ended while we looked
-            continue
-    return pids
-
-
-def wait_until_gone(text: str, seconds: float) -> list[int]:
-    """Wait up to ``seconds`` for every process mentioning ``text`` to end; the pids still alive."""
-    deadline = time.monotonic() + seconds
-    while (alive := processes_mentioning(text)) and time.monotonic() < deadline:
-        time.sleep(0.01)
-    return alive
 
 
 def corrupt_png_pixels(path: Path) -> None:
@@ -253,35 +230,19 @@ def test_a_run_killed_mid_way_then_resumed_equals_an_uninterrupted_run(
     cache_format: str, phase: str, resume_nproc: int | None, references: Callable[[str], Path],
     sample_dataset: Path, profile: Path, variant: str, tmp_path: Path,
 ) -> None:
-    """SIGKILL to the process group of a 2-process run right after the first commit of a phase; one
+    """SIGKILL to every rank of a 2-process run right after the first commit of a phase (as a failed
+    machine ends them; a killed launcher's ranks die with it: tests/e2e/test_orphans.py); one
     committed shard is then damaged on disk; resuming (the same command, or one plain process: the
     shards do not depend on the process count) with ``--checksums all`` gives the reference cache
     exactly."""
     out = tmp_path / "cache"
-    command = precompute_command(sample_dataset, out, profile, cache_format=cache_format)
     frames_array = frames_array_path(RESOLUTION)
     samples_array = (features_array_path if cache_format == "zarr" else wds_array_path)(variant, RESOLUTION)
     watched = frames_array if phase == "frames" else samples_array
 
-    with open(tmp_path / "killed.log", "w") as log:
-        process = subprocess.Popen(command, cwd=REPO_ROOT, env=run_env(), stdout=log, stderr=subprocess.STDOUT,
-                                   start_new_session=True)
-        try:
-            deadline = time.monotonic() + RUN_TIMEOUT
-            while committed(out, watched) == 0:
-                assert process.poll() is None, "the run ended before it could be killed:\n" + (
-                    tmp_path / "killed.log").read_text()[-3000:]
-                assert time.monotonic() < deadline, "no shard was committed in time"
-                time.sleep(0.002)
-            os.killpg(process.pid, signal.SIGKILL)
-        finally:
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-    assert process.returncode == -signal.SIGKILL
-    # torchrun puts each rank in a session of its own: they must die with the launcher, not go on
-    # writing shards while the resumed run below writes the same ones.
-    assert wait_until_gone(str(out), seconds=2) == [], "ranks outlived the killed launcher"
+    killed = precompute_on_ranks(sample_dataset, out, profile, cache_format=cache_format,
+                                 kill_when=lambda: committed(out, watched) > 0)
+    assert killed.returncode != 0, tail(killed)
     n_sample_shards = 36 // SAMPLES_PER_SHARD
     assert 0 < committed(out, watched)
     assert committed(out, samples_array) < n_sample_shards, "the run had finished its sample shards"
@@ -295,14 +256,15 @@ def test_a_run_killed_mid_way_then_resumed_equals_an_uninterrupted_run(
         assert record is not None
         flip_byte(out / record.file)
     # What a kill inside an atomic write of a commit record leaves: a temporary file no shard owns.
-    stray = CacheLayout(out).commit_record(frames_array, 0).with_name(f"000000.json.{process.pid}.{'0' * 32}.partial")
+    stray = CacheLayout(out).commit_record(frames_array, 0).with_name(f"000000.json.{os.getpid()}.{'0' * 32}.partial")
     stray.write_bytes(b'{"array": "fra')
 
     # A same-size flip is seen only by hashing, which a resume does on request (by default it
     # trusts committed shards by record and size: tests/e2e/test_resume_verify_cost.py).
-    resumed = run([*(command if resume_nproc == 2 else
-                     precompute_command(sample_dataset, out, profile, cache_format=cache_format, nproc=resume_nproc)),
-                   "--checksums", "all"])
+    resumed = (precompute_on_ranks(sample_dataset, out, profile, "--checksums", "all", cache_format=cache_format)
+               if resume_nproc == 2 else
+               run([*precompute_command(sample_dataset, out, profile, cache_format=cache_format, nproc=resume_nproc),
+                    "--checksums", "all"]))
     assert succeeded(resumed), tail(resumed)
     assert file_digests(out) == file_digests(references(cache_format))
 

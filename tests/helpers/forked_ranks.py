@@ -131,7 +131,7 @@ def forked_launch(module: str, *args: str | Path | int, nproc: int = 2, env: dic
                     os.kill(int(pid.name), signal.SIGKILL)
 
         def watch() -> None:
-            while not ended.wait(0.05):
+            while not ended.wait(0.002):  # a shard's commit can come within milliseconds of the first
                 if kill_when is not None and kill_when():
                     kill_ranks(killed)
                     return

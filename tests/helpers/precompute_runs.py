@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -47,12 +48,13 @@ def run_env() -> dict[str, str]:
     return {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
-def precompute_on_ranks(data: Path, out: Path, profile: Path, *args: str,
-                        cache_format: str = "zarr") -> subprocess.CompletedProcess[str]:
+def precompute_on_ranks(data: Path, out: Path, profile: Path, *args: str, cache_format: str = "zarr",
+                        kill_when: Callable[[], bool] | None = None) -> subprocess.CompletedProcess[str]:
     """:func:`precompute_command`'s 2-process run, its ranks started as torchrun starts them, each
-    forked from a process that imported the command once (:mod:`helpers.forked_ranks`)."""
+    forked from a process that imported the command once (:mod:`helpers.forked_ranks`; ``kill_when``:
+    SIGKILL of every rank once it holds)."""
     return forked_launch("pipelines.precompute", data, "--out", out, "--profile", profile, "--format", cache_format,
-                         "--workers", "1", *args, env=run_env(), timeout=RUN_TIMEOUT)
+                         "--workers", "1", *args, env=run_env(), timeout=RUN_TIMEOUT, kill_when=kill_when)
 
 
 def run(command: list[str]) -> subprocess.CompletedProcess[str]:
