@@ -35,7 +35,7 @@ from janus_core.profile import SET_HELP, SET_OPTION
 from janus_train.data.sources import CacheSource, parse_cache_sources
 from pipelines.distributed import Ranks, fail_alike
 from pipelines.train_options import CacheOption, DataOption, OutOption, ProfileOption
-from pipelines.train_start import START_ERRORS, Refused, missing_caches, run_settings, usage_problem
+from pipelines.train_start import START_ERRORS, Refused, first_refusal, missing_cache, run_settings, usage_problem
 
 
 def command(
@@ -61,15 +61,16 @@ def command(
         prof, settings = run_settings(out, profile, overrides, cache, data, max_steps, val_cache, ranks)
         checked = list(sources or []) + (
             [CacheSource("validation", settings.val_cache, 1.0)] if settings.val_cache is not None else [])
-        if (missing := missing_caches(checked)) is not None:
+        if (missing := first_refusal(checked, missing_cache)) is not None:
             raise Refused(missing)
     except START_ERRORS as err:
         fail_alike(ranks, str(err))
     # The run's half imports torch, transformers and DeepSpeed: several CPU-seconds on every rank.
     from pipelines.train_run import RunRequest, run
 
-    run(ranks, RunRequest(out, prof, settings, sources, checked, live_data, data, export_at_end, record_outputs_to,
-                          record_samples))
+    run(ranks, RunRequest(out=out, profile=prof, settings=settings, sources=sources, checked=checked,
+                          live_data=live_data, data=data, export_at_end=export_at_end,
+                          record_outputs_to=record_outputs_to, record_samples=record_samples))
 
 
 def main() -> None:

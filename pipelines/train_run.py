@@ -61,7 +61,7 @@ from janus_train.run.record import append_start, write_profile
 from pipelines.distributed import Control, RankFailed, Ranks, fail_alike, lock_on_main, usable_cores
 from pipelines.library_output import library_chatter_hidden
 from pipelines.train_parts import TooFewSamples, build_parts, init_distributed
-from pipelines.train_start import START_ERRORS, Refused, missing_cache
+from pipelines.train_start import START_ERRORS, Refused, first_refusal, missing_cache
 
 
 def quiet_library_warnings() -> None:
@@ -101,15 +101,6 @@ def cache_refusal(cache: Path, profile: Profile) -> str | None:
         check_cache_for_training(cache, profile)
     except CacheVerificationError as err:
         return str(err)
-    return None
-
-
-def sources_refusal(sources: list[CacheSource], profile: Profile) -> str | None:
-    """The first refusal of any of a run's caches, naming the cache when there are several."""
-    for source in sources:
-        refusal = cache_refusal(source.path, profile)
-        if refusal is not None:
-            return refusal if len(sources) == 1 else f"cache {source.name!r}: {refusal}"
     return None
 
 
@@ -189,7 +180,7 @@ def caches_refusal(ranks: Ranks, caches: list[CacheSource], data: str | None, pr
         return None
     control = Control(ranks)
     try:
-        refusal = control.on_main(lambda: sources_refusal(caches, prof))
+        refusal = control.on_main(lambda: first_refusal(caches, partial(cache_refusal, profile=prof)))
         if refusal is None and data is not None:
             refusal = control.on_main(lambda: dataset_refusal(caches[0].path, data, prof))
     except RankFailed as err:
@@ -278,7 +269,7 @@ class RunRequest:
     record_samples: int
 
 
-def train_run(ranks: Ranks, request: RunRequest) -> None:
+def run_on_rank(ranks: Ranks, request: RunRequest) -> None:
     """The run on this rank, from joining the process group to the export; a user error ends every
     rank alike with its one line."""
     prof, settings, out = request.profile, request.settings, request.out
@@ -316,10 +307,10 @@ def train_run(ranks: Ranks, request: RunRequest) -> None:
 
 @record
 def run(ranks: Ranks, request: RunRequest) -> None:
-    """:func:`train_run`, with a bug's traceback in torchrun's error file (``record``) and a failed
+    """:func:`run_on_rank`, with a bug's traceback in torchrun's error file (``record``) and a failed
     rank's exit kept clean."""
     try:
-        train_run(ranks, request)
+        run_on_rank(ranks, request)
     except SystemExit as stop:
         if isinstance(stop.code, int) and stop.code != 0 and dist.is_available() and dist.is_initialized():
             # A rank ending over a failure with its gloo group up (locks released and files closed on

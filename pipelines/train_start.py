@@ -12,6 +12,7 @@ costs several CPU-seconds of imports per rank before its first check.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -52,11 +53,12 @@ def missing_cache(cache: Path) -> str | None:
             f"(janus-cache precompute <dataset> --out {cache}), or name another with CACHE=<dir>")
 
 
-def missing_caches(sources: list[CacheSource]) -> str | None:
-    """The first of a run's caches that does not exist, named when there are several."""
+def first_refusal(sources: list[CacheSource], refusal: Callable[[Path], str | None]) -> str | None:
+    """The first ``refusal`` of a run's caches (None when there is none), naming the cache when
+    there are several."""
     for source in sources:
-        if (missing := missing_cache(source.path)) is not None:
-            return missing if len(sources) == 1 else f"cache {source.name!r}: {missing}"
+        if (problem := refusal(source.path)) is not None:
+            return problem if len(sources) == 1 else f"cache {source.name!r}: {problem}"
     return None
 
 

@@ -5,21 +5,20 @@ name; ``DATA`` reaches the commands unsplit, whatever characters the path holds.
 
 Real PNG datasets, real ``janus-cache`` commands (their CLI, run in this process), real ``make
 verify`` / ``make precompute`` runs (torchrun) and the training command ``make train`` runs (its
-dry run, on a forked rank) on copies of the dataset a cache was built from. (How such a path is read as one source: tests/unit/test_source_parsing.py.)
+dry run, on a forked rank) on copies of the dataset a cache was built from. (How such a path is
+read as one source: tests/unit/test_source_parsing.py.)
 """
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from helpers.commands import make_command
-from helpers.profiles import REPO_ROOT, file_digests, write_test_profile
+from helpers.commands import make, make_command
+from helpers.profiles import file_digests, write_test_profile
 from helpers.sources import assert_one_line_error, precompute_in_process, tail, verify_in_process
 from helpers.training import train_on_ranks
 from janus_core.sample_data import write_sample_data
@@ -50,13 +49,6 @@ def edit_description(data: Path, episode: str) -> Path:
     fields["landmark_description"] = "A staircase that was not there."
     path.write_text(json.dumps(fields))
     return path
-
-
-def make(target: str, *settings: str) -> subprocess.CompletedProcess[str]:
-    env = {name: value for name, value in os.environ.items() if name not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
-    return subprocess.run(["make", "--no-print-directory", target, "NPROC=1", *settings], cwd=REPO_ROOT,
-                          env={**env, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=600,
-                          check=False)
 
 
 # ------------------------------------------------------------------------------------ verify
@@ -91,8 +83,7 @@ def test_make_verify_takes_a_data_path_with_spaces_quotes_dollar_and_non_ascii(
         built: tuple[Path, Path, Path], tmp_path: Path) -> None:
     data, cache, profile = built
     copy = copy_of(data, tmp_path / AWKWARD)
-    result = make("verify", f"CACHE={cache}", f"DATA={copy}", f"PROFILE={profile}",
-                  "VERIFY_ARGS=--live 0 --checksums none")
+    result = make("verify", CACHE=cache, DATA=copy, PROFILE=profile, NPROC=1, VERIFY_ARGS="--live 0 --checksums none")
     assert result.returncode == 0, tail(result)
     assert f"data {copy}" in result.stdout, tail(result)
 
@@ -120,6 +111,6 @@ def test_make_precompute_of_a_moved_dataset_resumes_its_cache_unchanged(
     data, cache, profile = built
     copy = copy_of(data, tmp_path / AWKWARD)
     before = file_digests(cache)
-    result = make("precompute", f"DATA={copy}", f"OUT={cache}", f"PROFILE={profile}")
+    result = make("precompute", DATA=copy, OUT=cache, PROFILE=profile, NPROC=1)
     assert result.returncode == 0, tail(result)
     assert file_digests(cache) == before

@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 import yaml
 
+from helpers.commands import make_env
 from helpers.profiles import REPO_ROOT, write_test_profile
 from helpers.shared_runs import TinyTraining
 from helpers.training import assert_succeeded, train_on_ranks
@@ -194,8 +195,7 @@ def test_a_signal_to_make_alone_reaches_every_rank_once(tmp_path: Path, sent: in
     launch = (f"{sys.executable} -m pipelines.launch --launcher-log {tmp_path}/launcher.log --standalone "
               f"--nproc_per_node 2 {tmp_path}/rank.py {tmp_path}")
     (tmp_path / "Makefile").write_text(f"SHELL := /bin/bash\ntrain:\n\tOMP_NUM_THREADS=1 {launch}\n")
-    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
-    env["PYTHONPATH"] = str(REPO_ROOT)
+    env = {**make_env(), "PYTHONPATH": str(REPO_ROOT)}
     # make as a shell started in the background would have SIGINT ignored, and under nohup SIGHUP (make
     # then leaves it ignored): restore the defaults first, as a terminal's make has them.
     make = subprocess.Popen([sys.executable, "-c", "import os, signal, sys; signal.signal(signal.SIGINT, "

@@ -5,15 +5,13 @@ refuses Liger without its package; the rest, in one process, is tests/unit/test_
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
-from helpers.profiles import REPO_ROOT, write_test_profile
+from helpers.commands import make
+from helpers.profiles import write_test_profile
 from janus_train.model.kernels import liger_missing
 
 
@@ -28,11 +26,7 @@ def profile_with(tmp_path: Path, **train: object) -> Path:
 @pytest.mark.skipif(liger_missing() is None, reason="liger-kernel is installed here: the refusal cannot occur")
 def test_liger_kernels_without_the_package_are_refused_in_one_line_by_make_train(tmp_path: Path) -> None:
     profile = profile_with(tmp_path, liger_kernels=True)
-    env = {name: value for name, value in os.environ.items() if name not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
-    result = subprocess.run(["make", "--no-print-directory", "train", f"VENV={sys.prefix}", f"PROFILE={profile}",
-                             f"CACHE={tmp_path / 'cache'}", f"RUN={tmp_path / 'run'}", "NPROC=1"],
-                            cwd=REPO_ROOT, env={**env, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
-                            timeout=300)
+    result = make("train", PROFILE=profile, CACHE=tmp_path / "cache", RUN=tmp_path / "run", NPROC=1)
     output = result.stdout + result.stderr
     assert result.returncode != 0 and "Traceback" not in output, output
     errors = [line for line in output.splitlines() if line.startswith("error:")]

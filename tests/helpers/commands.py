@@ -17,23 +17,26 @@ SLURM_DIR = REPO_ROOT / "examples" / "slurm"
 """The SLURM batch examples."""
 
 
+def make_env() -> dict[str, str]:
+    """This test's environment for a ``make`` of its own: under ``make test`` the outer make's flags
+    and variables would reach it, so they are left out."""
+    return {name: value for name, value in os.environ.items() if name not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
+
+
 def make(target: str, **variables: str | Path) -> subprocess.CompletedProcess[str]:
     """``make TARGET NAME=VALUE...`` in the repository, with this test's environment."""
     settings = [f"{name}={value}" for name, value in variables.items()]
-    # Under `make test` the outer make's flags and variables would reach this make: drop them.
-    env = {name: value for name, value in os.environ.items() if name not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
     venv = Path(sys.prefix)
     return subprocess.run(["make", "--no-print-directory", target, f"VENV={venv}", *settings], cwd=REPO_ROOT,
-                          env={**env, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=TIMEOUT_S)
+                          env={**make_env(), "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=TIMEOUT_S)
 
 
 def make_command(target: str, **variables: str | Path) -> list[str]:
     """The module and its arguments (the words after ``-m``) of the torchrun command that ``make
     TARGET NAME=VALUE...`` runs, read from make's dry run (``NPROC`` is torchrun's, not the module's)."""
     settings = [f"{name}={value}" for name, value in {"NPROC": "8", **variables}.items()]
-    env = {name: value for name, value in os.environ.items() if name not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
     dry = subprocess.run(["make", "-n", "-s", target, f"VENV={Path(sys.prefix)}", "TORCHRUN_ARGS=", *settings],
-                         cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=60, check=True).stdout
+                         cwd=REPO_ROOT, env=make_env(), capture_output=True, text=True, timeout=60, check=True).stdout
     # make runs torchrun through pipelines.launch (its failure report into a log file): the module
     # is the one after torchrun's --nproc_per_node.
     line = next(line for line in dry.replace("\\\n", " ").splitlines() if "pipelines.launch" in line)

@@ -130,16 +130,18 @@ def forked_launch(module: str, *args: str | Path | int, nproc: int = 2, env: dic
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(int(pid.name), signal.SIGKILL)
 
-        def watch() -> None:
+        def watch(condition: Callable[[], bool]) -> None:
             while not ended.wait(0.002):  # a shard's commit can come within milliseconds of the first
-                if kill_when is not None and kill_when():
+                if condition():
                     kill_ranks(killed)
                     return
 
         timer = threading.Timer(timeout, kill_ranks, (timed_out,))
         timer.start()
-        watcher = threading.Thread(target=watch, daemon=True)
-        watcher.start()
+        # Polled only when asked for: a run to its end has no thread waking every 2 ms beside it.
+        watcher = threading.Thread(target=watch, args=(kill_when,), daemon=True) if kill_when is not None else None
+        if watcher is not None:
+            watcher.start()
         report = ""
         try:
             elastic_launch(config, _rank_main)(module, argv, rank_env, str(REPO_ROOT), str(pid_dir))
@@ -149,7 +151,8 @@ def forked_launch(module: str, *args: str | Path | int, nproc: int = 2, env: dic
         finally:
             timer.cancel()
             ended.set()
-            watcher.join()
+            if watcher is not None:
+                watcher.join()
         stdout, stderr = (
             "".join(path.read_text(errors="replace") for path in sorted(Path(work, "logs").rglob(f"{stream}.log")))
             for stream in ("stdout", "stderr"))
