@@ -11,11 +11,15 @@ a universal checkpoint, which the engine must know when it is built), the valida
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import os
-from collections.abc import Sequence
+import sys
+from collections.abc import Callable, Sequence
 from dataclasses import replace
-from functools import partial
+from functools import partial, wraps
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -111,6 +115,43 @@ def too_few_samples(data: TrainData, settings: TrainSettings, world: int, steppi
     )
 
 
+MUON_MODULE = "deepspeed.runtime.zero.muon.muon_optimizer"
+
+
+def import_muon_uncompiled() -> None:
+    """Import DeepSpeed's Muon optimizer with its functions compiled on first call, not at import.
+
+    ``deepspeed.initialize`` imports that module to check an optimizer against ZeRO's list, and the
+    import wraps three functions in ``torch.compile``, which imports the inductor compiler: 1.2
+    CPU-seconds on every rank of every start. janus trains with AdamW, so they are never called.
+    A DeepSpeed without that module (or an earlier import of it) is left as it is."""
+    if MUON_MODULE in sys.modules or importlib.util.find_spec(MUON_MODULE) is None:
+        return
+    from deepspeed.runtime import compiler
+
+    eager = compiler.compile
+
+    def compile_on_first_call() -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        def decorate(function: Callable[..., Any]) -> Callable[..., Any]:
+            compiled: list[Callable[..., Any]] = []
+
+            @wraps(function)
+            def call(*args: Any, **kwargs: Any) -> Any:
+                if not compiled:
+                    compiled.append(eager()(function))
+                return compiled[0](*args, **kwargs)
+
+            return call
+
+        return decorate
+
+    compiler.compile = compile_on_first_call
+    try:
+        importlib.import_module(MUON_MODULE)
+    finally:
+        compiler.compile = eager
+
+
 def build_parts(profile: Profile, settings: TrainSettings, out_dir: Path, device: torch.device,
                 cache: Sequence[CacheSource] | None = None, live_data: Path | None = None,
                 data: str | None = None) -> TrainParts:
@@ -163,6 +204,7 @@ def build_parts(profile: Profile, settings: TrainSettings, out_dir: Path, device
     config = deepspeed_config(settings, bf16=profile.compute_dtype == "bfloat16")
     if resume.point is not None and resume.point.elastic:
         config["checkpoint"] = {"load_universal": True}
+    import_muon_uncompiled()
     engine, _, _, scheduler = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
                                                    config=config)
     llm_params = sum(p.ds_numel if hasattr(p, "ds_numel") else p.numel()

@@ -1,8 +1,9 @@
 """What a light command imports, checked by running it in a new process: the command line's help,
 reading a profile (``janus-cache profile``, the Makefile's reads), the store package's manifest
 and layout, and a training start refused on its command line or profile need neither torch nor
-transformers, and the console script's light commands start in under a CPU-second. Which module may import which is checked without running anything, in
-``tests/unit/test_import_layers.py``.
+transformers, and the console script's light commands start in under a CPU-second; a training start
+imports DeepSpeed's Muon optimizer without the inductor compiler. Which module may import which is
+checked without running anything, in ``tests/unit/test_import_layers.py``.
 """
 
 from __future__ import annotations
@@ -177,3 +178,28 @@ def test_an_export_refused_on_its_profile_loads_no_torch(tmp_path: Path) -> None
     assert done.stderr.startswith("error: unknown profile 'no-such-profile'") and "exit 1" in done.stdout
     assert json.loads(done.stdout.strip().splitlines()[-1]) == []
     assert not (tmp_path / "export").exists()
+
+
+def test_a_training_start_imports_deepspeeds_muon_with_its_compilation_left_to_a_first_call() -> None:
+    """``deepspeed.initialize`` imports DeepSpeed's Muon optimizer (ZeRO's optimizer check), whose
+    import wraps functions in ``torch.compile`` and so imports the inductor compiler (1.2 CPU-seconds
+    on every rank). The engine's builder imports it first with each function compiled on its first
+    call: no inductor at start, DeepSpeed's own decorator restored, and a called function compiled once."""
+    done = fresh_interpreter(
+        "import sys\n"
+        "import torch\n"
+        "from pipelines.train_parts import MUON_MODULE, import_muon_uncompiled\n"
+        "import_muon_uncompiled()\n"
+        "assert MUON_MODULE in sys.modules\n"
+        "assert 'torch._inductor.compile_fx' not in sys.modules, 'the inductor compiler was imported'\n"
+        "from deepspeed.runtime import compiler\n"
+        "from deepspeed.runtime.zero.muon.original_muon import zeropower_via_newtonschulz5 as newton_schulz\n"
+        "assert compiler.compile() is torch.compile\n"
+        "compiled = []\n"
+        "torch.compile = lambda function: compiled.append(function) or function\n"
+        "for _ in range(2):\n"
+        "    newton_schulz(torch.eye(4), steps=1)\n"
+        "assert compiled == [newton_schulz.__wrapped__], compiled\n"
+        "print('ok')")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().splitlines()[-1] == "ok"

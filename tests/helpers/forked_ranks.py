@@ -31,11 +31,8 @@ from pathlib import Path
 
 from helpers.profiles import REPO_ROOT
 
-PRELOADED = ("pipelines.train", "pipelines.train_run", "pipelines.verify", "pipelines.precompute", "deepspeed",
-             "deepspeed.runtime.zero.muon.muon_optimizer")
-"""What the fork server imports once: the commands (the training command's run half too), and
-DeepSpeed with the optimizer module its ZeRO check imports at every engine start (it compiles
-functions with torch.compile at import: ~2 CPU-s)."""
+PRELOADED = ("pipelines.train", "pipelines.train_run", "pipelines.verify", "pipelines.precompute", "deepspeed")
+"""What the fork server imports once: the commands (the training command's run half too) and DeepSpeed."""
 
 TIMEOUT_S = 300
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator
+from contextlib import closing
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -84,8 +85,10 @@ def test_a_damaged_sample_of_one_cache_stops_the_step_naming_its_file_and_mixtur
     a, b = copies(clean_caches, tmp_path)
     file, key = damage_feature(profile, b, row=3)
     dataset = mixture_of(profile, a, b, builder)
-    with pytest.raises(DamagedSample) as raised:  # a step of the whole epoch: it reads the damaged sample
-        draw_step(micro_batches(dataset, builder, workers), len(dataset), len(dataset), "stop", OneProcess(), step=1)
+    # Closed here: left to the garbage collector (the raised error's frames hold it), the loader's
+    # workers would be shut down during a later test, each after a 5 s timeout.
+    with closing(micro_batches(dataset, builder, workers)) as batches, pytest.raises(DamagedSample) as raised:
+        draw_step(batches, len(dataset), len(dataset), "stop", OneProcess(), step=1)  # a whole epoch: it reads the damage
     assert str(raised.value).startswith(
         f"step 1, rank 0: damaged cache data: {file}: checksum mismatch (crc32c) (read for sample b/{key}); ")
     assert "\n" not in str(raised.value)
