@@ -45,8 +45,8 @@ from janus_core.profile import load_profile
 from janus_core.resolution import grid_shape
 from janus_core.sample_data import write_sample_data
 from janus_train.perf.flops import count_flops
-from pipelines.precompute import Options
-from pipelines.precompute import run as run_precompute
+from pipelines.precompute_run import Options
+from pipelines.precompute_run import run as run_precompute
 
 REAL_FEATURE_SHAPE = (2116, 2048)
 """VGGT-1B layer -2 patch tokens at 644x644."""

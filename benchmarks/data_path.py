@@ -21,8 +21,8 @@ from janus_core.index import build_index
 from janus_core.profile import PROFILES_DIR, load_profile
 from janus_core.resolution import Resolution, visual_tokens
 from janus_core.sample_data import write_sample_data
-from pipelines.precompute import Options
-from pipelines.precompute import run as run_precompute
+from pipelines.precompute_run import Options
+from pipelines.precompute_run import run as run_precompute
 
 
 def bench_profile(tmp: Path, resolution: str, **cache: Any) -> Path:

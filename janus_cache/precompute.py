@@ -3,7 +3,7 @@
 Plain single-process code. The job that runs these units in order and owns the cache's contract
 (refusals, free space, final manifest, report) is :mod:`janus_cache.precompute_job`; which
 process runs which shard, barriers and progress across processes live in
-``pipelines/precompute.py``. Every unit here is a pure function of the index, the profile and
+``pipelines/precompute_run.py``. Every unit here is a pure function of the index, the profile and
 the shard number, so any split of the shards over processes gives the same cache.
 
 Order of work (per resolution):

@@ -16,7 +16,7 @@ A :class:`PrecomputeJob` is plain single-process code with five steps, run in th
    ``report.json``.
 
 Which process runs which shard, barriers and progress displays belong to the caller
-(``pipelines/precompute.py``). The units of work themselves are in :mod:`janus_cache.precompute`.
+(``pipelines/precompute_run.py``). The units of work themselves are in :mod:`janus_cache.precompute`.
 
 **Appending.** A cache whose dataset identity differs from the index's is *appended to* when the
 index only adds episodes after the cache's ones (``janus_core.index.changes``): the tables are

@@ -29,8 +29,8 @@ from janus_core.profile import SET_OPTION as PROFILE_SET_OPTION
 @dataclass(frozen=True)
 class StageCommand:
     """A command that a stage's entry-point module defines (its options declared once there, for
-    torchrun and for this CLI, where it runs as a single process). The module, which imports torch,
-    is imported only when the command runs or shows its own help."""
+    torchrun and for this CLI, where it runs as a single process). The module is imported only when
+    the command runs or shows its own help (what it runs imports torch)."""
 
     module: str
     function: str = "command"

@@ -64,7 +64,7 @@ from janus_core.encoder import EncoderIdentity, WindowEncoder
 from janus_core.index import DatasetIndex
 from janus_core.profile import SET_HELP, SET_OPTION, Profile, load_profile
 from pipelines.distributed import Control, Progress, RankFailed, Ranks, lock_on_main
-from pipelines.precompute import frozen_vit
+from pipelines.precompute_run import frozen_vit
 
 T = TypeVar("T")
 

@@ -48,7 +48,7 @@ from janus_core.profile import load_profile
 from janus_train.data.samples import CachedSamples
 from janus_train.loop.parts import open_training_cache
 from janus_train.run.layout import CHECKPOINTS_DIR, METRICS_FILE
-from pipelines.precompute import Options, run
+from pipelines.precompute_run import Options, run
 
 
 @pytest.fixture(scope="module")

@@ -216,7 +216,7 @@ def test_the_grad_accum_a_resume_takes_keeps_the_checkpoints_global_batch_where_
 def test_a_webdataset_run_resumed_on_another_world_is_refused_in_one_line(tmp_path: Path) -> None:
     """A webdataset cache deals its shards to ranks, so a stream position means something only on
     the world that made it: 2 -> 1 processes is refused naming what works; no conversion happens."""
-    from pipelines.precompute import Options, run
+    from pipelines.precompute_run import Options, run
 
     # 4 shards of 2 samples: each of 2 ranks streams 2 shards.
     two = write_profile(tmp_path / "two.yaml", grad_accum=2, cache={"samples_per_shard": 2})

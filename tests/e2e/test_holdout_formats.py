@@ -55,7 +55,7 @@ def tiny_with_h800_workers(path: Path, **train: Any) -> Path:
 
 
 def precompute(data: Path, out: Path, profile: Path, cache_format: str = "zarr") -> Path:
-    from pipelines.precompute import Options, run
+    from pipelines.precompute_run import Options, run
 
     assert run(Options(data, out, profile=str(profile), cache_format=cache_format, workers=1)) == 0
     return out

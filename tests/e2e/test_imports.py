@@ -1,6 +1,6 @@
 """What a light command imports, checked by running it in a new process: the command line's help,
 reading a profile (``janus-cache profile``, the Makefile's reads), the store package's manifest
-and layout, and a training start refused on its command line or profile need neither torch nor
+and layout, and a training or precompute start refused on its command line or profile need neither torch nor
 transformers, and the console script's light commands start in under a CPU-second; a training start
 imports DeepSpeed's Muon optimizer without the inductor compiler. Which module may import which is
 checked without running anything, in ``tests/unit/test_import_layers.py``.
@@ -164,6 +164,30 @@ def test_a_training_start_refused_on_its_command_line_or_profile_loads_no_torch(
     assert expected in done.stderr and "exit 1" in done.stdout
     assert json.loads(done.stdout.strip().splitlines()[-1]) == []
     assert not out.is_dir(), "a refused start leaves no run directory behind"
+
+
+PRECOMPUTE_START = TRAIN_START.replace("pipelines.train", "pipelines.precompute")
+"""Runs ``python -m pipelines.precompute ARGS`` as one rank of one, then prints the exit code and
+the heavy modules loaded."""
+
+
+@pytest.mark.parametrize("mistake, code, expected", [
+    ("--resolution=pad13", 2, "--resolution: resolution 'pad13': resolution target must be a positive multiple"),
+    ("--set=cache.history=0", 1, "setting 'cache.history' is 0; it must be >= 1"),
+])
+def test_a_precompute_start_refused_on_its_command_line_or_profile_loads_no_torch(
+        tmp_path: Path, mistake: str, code: int, expected: str) -> None:
+    """A bad resolution or setting is one ``error:`` line before torch loads, and nothing is written."""
+    data = tmp_path / "data"
+    data.mkdir()
+    done = fresh_interpreter(PRECOMPUTE_START, str(data), "--out", str(tmp_path / "cache"), "--profile",
+                             str(write_test_profile(tmp_path / "tiny.yaml")), mistake)
+    assert done.returncode == 0, done.stderr[-3000:]
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and expected in errors[0], done.stderr
+    assert f"exit {code}" in done.stdout
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == []
+    assert not (tmp_path / "cache").exists()
 
 
 def test_an_export_refused_on_its_profile_loads_no_torch(tmp_path: Path) -> None:

@@ -200,7 +200,7 @@ def test_a_precompute_into_a_cache_a_training_run_reads_is_refused_naming_the_ru
     ``--overwrite`` (which would delete the cache under it) or an append into that cache is refused
     in one line naming the training run, and the cache is left as it was (before: both ran)."""
     from janus_core.sample_data import write_sample_data
-    from pipelines.precompute import Options, run
+    from pipelines.precompute_run import Options, run
 
     data = write_sample_data(tmp_path / "data", episodes=2, steps=4, seed=0)
     profile = write_test_profile(tmp_path / "profile.yaml")

@@ -26,7 +26,7 @@ from janus_train.data.mixture import Mixture
 def two_caches(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
     """Two real zarr caches of different sample data (6 and 10 samples) and a training profile:
     micro-batch 1 x accumulation 2 x 2 processes = 4 samples per step, sample keys logged."""
-    from pipelines.precompute import Options, run
+    from pipelines.precompute_run import Options, run
 
     root = tmp_path_factory.mktemp("mixture")
     profile = write_test_profile(root / "p.yaml", cache={"feature_dtype": "float32"})

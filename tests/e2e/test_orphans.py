@@ -127,7 +127,7 @@ def profile(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def cache(sample_dataset: Path, profile: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from pipelines.precompute import Options, run
+    from pipelines.precompute_run import Options, run
 
     out = tmp_path_factory.mktemp("orphans-cache") / "cache"
     assert run(Options(sample_dataset, out, profile=str(profile), workers=1)) == 0

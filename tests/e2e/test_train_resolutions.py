@@ -26,7 +26,7 @@ from janus_core.profile import load_profile
 from janus_core.resolution import Resolution, visual_tokens
 from janus_train.loop.parts import open_training_cache
 from janus_train.run.layout import METRICS_FILE
-from pipelines.precompute import Options, run
+from pipelines.precompute_run import Options, run
 
 OTHER = "pad112"
 STEPS = 2

@@ -37,7 +37,7 @@ from janus_cache.store import read_manifest
 from janus_core.encoder import EncoderIdentity, load_aggregator
 from janus_core.profile import load_profile
 from janus_core.sample_data import write_sample_data
-from pipelines import precompute
+from pipelines import precompute_run
 
 JANUS_CACHE = Path(sys.executable).parent / "janus-cache"
 
@@ -72,7 +72,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
                                  vggt={"path": str(checkpoint), "config": None})
     data = write_sample_data(root / "data", episodes=1, steps=6, seed=0)
     cache = root / "cache"
-    assert precompute.run(precompute.Options(data, cache, profile=str(profile), workers=1)) == 0
+    assert precompute_run.run(precompute_run.Options(data, cache, profile=str(profile), workers=1)) == 0
     return Built(data, cache, profile, checkpoint, other)
 
 

@@ -31,8 +31,10 @@ from pathlib import Path
 
 from helpers.profiles import REPO_ROOT
 
-PRELOADED = ("pipelines.train", "pipelines.train_run", "pipelines.verify", "pipelines.precompute", "deepspeed")
-"""What the fork server imports once: the commands (the training command's run half too) and DeepSpeed."""
+PRELOADED = ("pipelines.train", "pipelines.train_run", "pipelines.verify", "pipelines.precompute",
+             "pipelines.precompute_run", "deepspeed")
+"""What the fork server imports once: the commands (with the run halves of training and precompute)
+and DeepSpeed."""
 
 TIMEOUT_S = 300
 

@@ -66,8 +66,8 @@ def run_in_process(capsys: pytest.CaptureFixture[str], data: Path | str, out: Pa
                    **options: object) -> subprocess.CompletedProcess[str]:
     """What ``janus-cache precompute DATA --out OUT --profile PROFILE --workers 1`` does, run in this
     process (the same entry point, without the start of a process): its exit code and what it printed."""
-    from pipelines.precompute import Options
-    from pipelines.precompute import run as precompute
+    from pipelines.precompute_run import Options
+    from pipelines.precompute_run import run as precompute
 
     capsys.readouterr()
     code = precompute(Options(data, out, profile=str(profile), workers=1, **options))

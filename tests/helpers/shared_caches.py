@@ -25,7 +25,7 @@ shards spread over both ranks of a 2-process run, and a run can be stopped betwe
 def build_cache(data: Path | str | tuple[str | Path, ...], out: Path, profile: Path, cache_format: str = "zarr",
                 ) -> Path:
     """``janus-cache precompute DATA --out OUT --profile PROFILE --format F --workers 1`` in this process."""
-    from pipelines.precompute import Options, run
+    from pipelines.precompute_run import Options, run
 
     code = run(Options(data, out, profile=str(profile), cache_format=cache_format, workers=1))
     assert code == 0, f"the precompute of {out} exited {code}"
@@ -133,7 +133,7 @@ def verify_caches(tmp_path_factory: pytest.TempPathFactory) -> VerifyCaches:
     from PIL import Image
 
     from janus_core.sample_data import write_sample_data
-    from pipelines.precompute import Options, run
+    from pipelines.precompute_run import Options, run
 
     def build(root: Path) -> None:
         data = write_sample_data(root / "data", episodes=2, steps=10, seed=0)

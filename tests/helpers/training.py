@@ -60,7 +60,7 @@ def write_train_profile(path: Path, cache: dict | None = None, vggt: dict | None
 
 
 def precompute(data: Path, out: Path, profile: Path) -> Path:
-    from pipelines.precompute import Options, run
+    from pipelines.precompute_run import Options, run
 
     assert run(Options(data, out, profile=str(profile), workers=1)) == 0, f"precompute of {out} failed"
     return out

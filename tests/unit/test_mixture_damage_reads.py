@@ -30,7 +30,7 @@ from janus_train.data.damaged import DamagedSample, draw_step
 from janus_train.data.mixture import MixedSamples, Mixture, mixed_samples
 from janus_train.data.samples import collate
 from janus_train.loop.parts import open_training_cache
-from pipelines.precompute import Options, run
+from pipelines.precompute_run import Options, run
 
 N_PER_CACHE = 8
 

@@ -17,7 +17,7 @@ from janus_core.resolution import Resolution
 from janus_train.data.mixture import Mixture
 from janus_train.data.samples import CachedSamples, LiveSamples, StreamedSamples, TrainItem, collate
 from janus_train.loop.parts import open_training_cache, prompt_builder
-from pipelines.precompute import Options, run
+from pipelines.precompute_run import Options, run
 
 # 16 workers (the h800 profile's value) on a 2-core test machine: torch warns; the split must hold.
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")

@@ -22,7 +22,7 @@ from janus_core.encoder import checkpoint_identity, encoder_fingerprint
 from janus_core.profile import PROFILES_DIR
 from janus_core.sample_data import write_sample_data
 from janus_core.vggt import AggregatorConfig, VGGTAggregator
-from pipelines import precompute
+from pipelines import precompute_run
 
 MID_SIZE = {
     "img_size": 518, "patch_size": 14, "embed_dim": 256, "depth": 3, "num_heads": 4, "mlp_ratio": 4.0,
@@ -87,7 +87,7 @@ def test_the_training_gate_never_constructs_the_aggregator(
     profile_file.write_text(yaml.safe_dump(profile))
     data = write_sample_data(tmp_path / "data", episodes=1, steps=3, seed=0)
     cache = tmp_path / "cache"
-    assert precompute.run(precompute.Options(data, cache, profile=str(profile_file), workers=1)) == 0
+    assert precompute_run.run(precompute_run.Options(data, cache, profile=str(profile_file), workers=1)) == 0
 
     built: list[str] = []
 
