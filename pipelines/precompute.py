@@ -9,6 +9,7 @@ frames, features, on every rank) imported and run.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -19,6 +20,9 @@ from janus_cache.store.formats import DEFAULT_FORMAT, FORMATS, FORMATS_HELP
 from janus_core.profile import SET_HELP, SET_OPTION, ProfileError, load_profile
 from janus_core.resolution import Resolution
 from pipelines.distributed import Ranks, fail_alike
+
+TORCHRUN_VARIABLE = "TORCHELASTIC_RUN_ID"
+"""Set by torchrun (its elastic agent) in the environment of every rank it starts."""
 
 
 def command(
@@ -58,11 +62,13 @@ def command(
     except ProfileError as err:
         fail_alike(ranks, str(err))
     # The run's half imports torch and the encoders: seconds on every rank.
-    from pipelines.precompute_run import Options, launched
+    from pipelines.precompute_run import Options, launched, run
 
     opts = Options(tuple(data), out, profile, cache_format, parsed, overwrite, force, allow_failures, workers, strict,
                    image_root, checksums, tuple(overrides or ()))
-    raise typer.Exit(launched(opts))
+    # torchrun names its run in every rank's environment: there a rank's uncaught exception goes to
+    # torchrun's failure summary (launched); janus-cache's single process runs it bare.
+    raise typer.Exit((launched if TORCHRUN_VARIABLE in os.environ else run)(opts))
 
 
 def main() -> None:
