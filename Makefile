@@ -67,6 +67,9 @@ $(STAMP): pyproject.toml $(TORCH_CONSTRAINTS)
 	@test -x $(PY) || $(PYTHON_SYS) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q $(if $(TORCH_CONSTRAINTS),-c $(TORCH_CONSTRAINTS)) -e ".[$(EXTRAS)]"
+	@# An editable install leaves the source tree uncompiled: compile it once, as pip does for a regular
+	@# install (where PYTHONDONTWRITEBYTECODE is set, every process would otherwise compile each module).
+	$(PY) -m compileall -q janus_core janus_cache janus_train pipelines benchmarks
 	$(PY) -m pipelines.warm_deepspeed
 	@touch $(STAMP)
 
