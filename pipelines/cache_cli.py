@@ -210,12 +210,18 @@ def plan_cmd(
 ) -> None:
     """Estimate a cache's size per format and the precompute time, measured on a few real samples;
     the dataset's problems (the samples precompute would skip) are summarised as ``index`` does."""
+    from janus_core.profile import ProfileError, load_profile
+    from janus_core.resolution import Resolution
+
+    try:  # a mistake in the profile or the resolution is one line before the encoders' imports
+        prof = load_profile(profile, overrides or ())
+        res = Resolution.parse(resolution or prof.cache.resolution)
+    except (ProfileError, ValueError) as err:
+        fail(str(err))
     from janus_cache.plan import make_plan
     from janus_core.bases import cache_base
     from janus_core.encoder import WindowEncoder
     from janus_core.index import DatasetError, build_sources_index, source_values, user_index_dir
-    from janus_core.profile import ProfileError, load_profile
-    from janus_core.resolution import Resolution
     from janus_core.threads import default_decode_workers, set_compute_threads
     from janus_core.vit_encoder import ViTEncoder
 
@@ -223,8 +229,6 @@ def plan_cmd(
     workers = workers or default_decode_workers(nproc)
     set_compute_threads(nproc)
     try:
-        prof = load_profile(profile, overrides or ())
-        res = Resolution.parse(resolution or prof.cache.resolution)
         idx = build_sources_index(source_values(data), history=prof.cache.history, image_root=image_root,
                                   strict=strict, subinstruction_rule=prof.cache.subinstruction_rule,
                                   cache_dir=user_index_dir(), processes=os.cpu_count() or 1)

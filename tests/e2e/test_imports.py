@@ -1,6 +1,6 @@
 """What a light command imports, checked by running it in a new process: the command line's help,
 reading a profile (``janus-cache profile``, the Makefile's reads), the store package's manifest
-and layout, and a training or precompute start refused on its command line or profile need neither torch nor
+and layout, and a training, precompute or plan start refused on its command line or profile need neither torch nor
 transformers, and the console script's light commands start in under a CPU-second; a training start
 imports DeepSpeed's Muon optimizer without the inductor compiler. Which module may import which is
 checked without running anything, in ``tests/unit/test_import_layers.py``.
@@ -188,6 +188,19 @@ def test_a_precompute_start_refused_on_its_command_line_or_profile_loads_no_torc
     assert f"exit {code}" in done.stdout
     assert json.loads(done.stdout.strip().splitlines()[-1]) == []
     assert not (tmp_path / "cache").exists()
+
+
+def test_a_plan_refused_on_its_resolution_loads_no_torch(tmp_path: Path) -> None:
+    """``janus-cache plan`` reads the profile and the resolution before it loads the encoders."""
+    done = fresh_interpreter(
+        "import sys\n"
+        "from pipelines.cache_cli import app\n"
+        "sys.argv = ['janus-cache', 'plan', *sys.argv[1:]]\n"
+        "try:\n    app()\nexcept SystemExit as exit:\n    print(f'exit {exit.code}')\n"
+        + LOADED_HEAVY, str(tmp_path), "--resolution", "pad13")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stderr.startswith("error: resolution 'pad13': ") and "exit 1" in done.stdout
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == []
 
 
 def test_an_export_refused_on_its_profile_loads_no_torch(tmp_path: Path) -> None:
