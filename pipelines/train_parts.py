@@ -11,7 +11,7 @@ a universal checkpoint, which the engine must know when it is built), the valida
 
 from __future__ import annotations
 
-import importlib
+import functools
 import importlib.util
 import os
 import sys
@@ -133,13 +133,11 @@ def import_muon_uncompiled() -> None:
 
     def compile_on_first_call() -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         def decorate(function: Callable[..., Any]) -> Callable[..., Any]:
-            compiled: list[Callable[..., Any]] = []
+            compiled = functools.cache(lambda: eager()(function))
 
             @wraps(function)
             def call(*args: Any, **kwargs: Any) -> Any:
-                if not compiled:
-                    compiled.append(eager()(function))
-                return compiled[0](*args, **kwargs)
+                return compiled()(*args, **kwargs)
 
             return call
 
