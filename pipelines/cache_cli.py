@@ -24,6 +24,7 @@ from typer.core import TyperGroup
 
 from janus_core.profile import SET_HELP
 from janus_core.profile import SET_OPTION as PROFILE_SET_OPTION
+from pipelines.frozen_imports import frozen_imports
 
 
 @dataclass(frozen=True)
@@ -45,7 +46,9 @@ class StageCommand:
 
     def load(self) -> click.Command:
         single = typer.Typer(add_completion=False)
-        single.command()(getattr(importlib.import_module(self.module), self.function))
+        with frozen_imports():
+            module = importlib.import_module(self.module)
+        single.command()(getattr(module, self.function))
         return typer.main.get_command(single)
 
 
@@ -218,12 +221,13 @@ def plan_cmd(
         res = Resolution.parse(resolution or prof.cache.resolution)
     except (ProfileError, ValueError) as err:
         fail(str(err))
-    from janus_cache.plan import make_plan
-    from janus_core.bases import cache_base
-    from janus_core.encoder import WindowEncoder
-    from janus_core.index import DatasetError, build_sources_index, source_values, user_index_dir
-    from janus_core.threads import default_decode_workers, set_compute_threads
-    from janus_core.vit_encoder import ViTEncoder
+    with frozen_imports():
+        from janus_cache.plan import make_plan
+        from janus_core.bases import cache_base
+        from janus_core.encoder import WindowEncoder
+        from janus_core.index import DatasetError, build_sources_index, source_values, user_index_dir
+        from janus_core.threads import default_decode_workers, set_compute_threads
+        from janus_core.vit_encoder import ViTEncoder
 
     # Timed as precompute runs: --nproc processes on this node, each with its share of the cores.
     workers = workers or default_decode_workers(nproc)

@@ -40,6 +40,7 @@ import time
 from pathlib import Path
 
 from janus_train.loop.preemption import PREEMPTED_EXIT_CODE, STOP_SIGNAL_CHOICES, signal_numbers
+from pipelines.frozen_imports import frozen_imports
 from pipelines.parent_death import LAUNCHER_PID_VARIABLE
 
 LOG_OPTION = "--launcher-log"
@@ -233,9 +234,10 @@ def exit_code(code: int) -> int:
 def main(argv: list[str] | None = None) -> int:
     log, torchrun_args = split_arguments(list(sys.argv[1:] if argv is None else argv))
     log = usable_log(log)
-    from torch.distributed.elastic.multiprocessing.api import SignalException
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.run import parse_args, run
+    with frozen_imports():
+        from torch.distributed.elastic.multiprocessing.api import SignalException
+        from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+        from torch.distributed.run import parse_args, run
 
     handler = log_to_file(log)
 

@@ -20,6 +20,7 @@ from janus_cache.store.formats import DEFAULT_FORMAT, FORMATS, FORMATS_HELP
 from janus_core.profile import SET_HELP, SET_OPTION, ProfileError, load_profile
 from janus_core.resolution import Resolution
 from pipelines.distributed import Ranks, fail_alike
+from pipelines.frozen_imports import frozen_imports
 
 TORCHRUN_VARIABLE = "TORCHELASTIC_RUN_ID"
 """Set by torchrun (its elastic agent) in the environment of every rank it starts."""
@@ -62,7 +63,8 @@ def command(
     except ProfileError as err:
         fail_alike(ranks, str(err))
     # The run's half imports torch and the encoders: seconds on every rank.
-    from pipelines.precompute_run import Options, launched, run
+    with frozen_imports():
+        from pipelines.precompute_run import Options, launched, run
 
     opts = Options(tuple(data), out, profile, cache_format, parsed, overwrite, force, allow_failures, workers, strict,
                    image_root, checksums, tuple(overrides or ()))

@@ -34,6 +34,7 @@ import typer
 from janus_core.profile import SET_HELP, SET_OPTION
 from janus_train.data.sources import CacheSource, parse_cache_sources
 from pipelines.distributed import Ranks, fail_alike
+from pipelines.frozen_imports import frozen_imports
 from pipelines.train_options import CacheOption, DataOption, OutOption, ProfileOption
 from pipelines.train_start import START_ERRORS, Refused, first_refusal, missing_cache, run_settings, usage_problem
 
@@ -66,7 +67,8 @@ def command(
     except START_ERRORS as err:
         fail_alike(ranks, str(err))
     # The run's half imports torch, transformers and DeepSpeed: several CPU-seconds on every rank.
-    from pipelines.train_run import RunRequest, run
+    with frozen_imports():
+        from pipelines.train_run import RunRequest, run
 
     run(ranks, RunRequest(out=out, profile=prof, settings=settings, sources=sources, checked=checked,
                           live_data=live_data, data=data, export_at_end=export_at_end,

@@ -15,6 +15,7 @@ from typing import Annotated, Optional
 import typer
 
 from janus_core.profile import SET_HELP, SET_OPTION
+from pipelines.frozen_imports import frozen_imports
 from pipelines.train_options import CacheOption, DataOption, OutOption, ProfileOption
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Train from janus caches and export the result.")
@@ -109,9 +110,10 @@ def export_cmd(
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(1)
     # After the profile's checks: a run refused there costs no torch, transformers or DeepSpeed.
-    from janus_train.checkpoint.export import FORMATS, export, export_janusvln
-    from janus_train.checkpoint.reference import ReferenceCheckpointError, run_model_config
-    from pipelines.library_output import library_chatter_hidden, name_deepspeed_accelerator
+    with frozen_imports():
+        from janus_train.checkpoint.export import FORMATS, export, export_janusvln
+        from janus_train.checkpoint.reference import ReferenceCheckpointError, run_model_config
+        from pipelines.library_output import library_chatter_hidden, name_deepspeed_accelerator
 
     if fmt not in FORMATS:
         typer.echo(f"error: --format must be one of {', '.join(FORMATS)}, got {fmt!r}", err=True)
@@ -154,12 +156,13 @@ def show_sample_cmd(
 ) -> None:
     """Print one sample as trained: user and target text, token counts, and the weight and segment
     of every supervised token."""
-    from janus_core.index import DatasetError, build_index
-    from janus_core.profile import ProfileError, load_profile
-    from janus_train.data.prompt import PromptError
-    from janus_train.data.sample_view import describe_sample
-    from janus_train.loop.parts import prompt_builder
-    from janus_train.run.record import run_profile
+    with frozen_imports():
+        from janus_core.index import DatasetError, build_index
+        from janus_core.profile import ProfileError, load_profile
+        from janus_train.data.prompt import PromptError
+        from janus_train.data.sample_view import describe_sample
+        from janus_train.loop.parts import prompt_builder
+        from janus_train.run.record import run_profile
 
     try:
         if run is not None:

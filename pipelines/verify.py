@@ -64,6 +64,7 @@ from janus_core.encoder import EncoderIdentity, WindowEncoder
 from janus_core.index import DatasetIndex
 from janus_core.profile import SET_HELP, SET_OPTION, Profile, load_profile
 from pipelines.distributed import Control, Progress, RankFailed, Ranks, lock_on_main
+from pipelines.frozen_imports import freeze_imported
 from pipelines.precompute_run import frozen_vit
 
 T = TypeVar("T")
@@ -365,6 +366,7 @@ def command(
     """Check that a cache is complete, intact, current and equal to the live path; exit 1 if not."""
     if checksums not in CHECKSUM_MODES:
         raise typer.BadParameter(f"--checksums must be one of {', '.join(CHECKSUM_MODES)}, got {checksums!r}")
+    freeze_imported()  # this module imported torch as it loaded (pipelines.frozen_imports)
     raise typer.Exit(run(Options(cache, data, profile, live, checksums, seed, json_report, checkpoint, threads,
                                  tuple(overrides or ()))))
 

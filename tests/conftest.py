@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -10,9 +11,19 @@ import pytest
 from helpers.built_once import build_once, shared_folder
 from janus_core.index import DatasetIndex, build_index
 from janus_core.sample_data import write_sample_data
+from pipelines.frozen_imports import frozen_imports
 
 # Session-wide artifacts (a precomputed cache, a trained run) built once and shared by both tiers.
 pytest_plugins = ["helpers.shared_caches", "helpers.shared_runs"]
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_collection() -> Iterator[None]:
+    """Collecting imports torch, transformers and DeepSpeed in every test process: with them frozen
+    as janus's commands freeze theirs, the full collections during the tests do not walk them."""
+    with frozen_imports():
+        yield
+
 
 SAMPLE_EPISODES = 3
 SAMPLE_STEPS = 12  # > 9, so the dataset has padded windows (j <= 8) and linspace windows (j > 8)

@@ -2,8 +2,9 @@
 reading a profile (``janus-cache profile``, the Makefile's reads), the store package's manifest
 and layout, and a training, precompute or plan start refused on its command line or profile need neither torch nor
 transformers, and the console script's light commands start in under a CPU-second; a training start
-imports DeepSpeed's Muon optimizer without the inductor compiler. Which module may import which is
-checked without running anything, in ``tests/unit/test_import_layers.py``.
+imports DeepSpeed's Muon optimizer without the inductor compiler; a stage command's imports end
+frozen for the garbage collector. Which module may import which is checked without running
+anything, in ``tests/unit/test_import_layers.py``.
 """
 
 from __future__ import annotations
@@ -240,3 +241,19 @@ def test_a_training_start_imports_deepspeeds_muon_with_its_compilation_left_to_a
         "print('ok')")
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip().splitlines()[-1] == "ok"
+
+
+def test_a_stage_commands_imports_end_frozen_with_the_collector_on() -> None:
+    """``janus-cache`` loads a stage command (verify: torch and the cache checks) with the collector
+    paused, and what the load made is frozen: the collector is on, and its full collections walk
+    only what the command makes from then on (pipelines.frozen_imports)."""
+    done = fresh_interpreter(
+        "import gc, sys\n"
+        "from pipelines.cache_cli import STAGE_COMMANDS\n"
+        "STAGE_COMMANDS['verify'].load()\n"
+        "assert 'torch' in sys.modules\n"
+        "print(gc.isenabled(), gc.get_freeze_count(), len(gc.get_objects()))")
+    assert done.returncode == 0, done.stderr[-3000:]
+    enabled, frozen, tracked = done.stdout.split()
+    assert enabled == "True"
+    assert int(frozen) > 100_000 and int(tracked) < 1_000, (frozen, tracked)
