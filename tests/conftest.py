@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import atexit
+import os
 import shutil
+import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -10,6 +14,7 @@ import pytest
 
 from helpers.built_once import build_once, shared_folder
 from janus_core.index import DatasetIndex, build_index
+from janus_core.index.cached import INDEX_CACHE_ENV
 from janus_core.sample_data import write_sample_data
 from pipelines.frozen_imports import frozen_imports
 
@@ -51,10 +56,9 @@ def dataset_copy(sample_dataset: Path, tmp_path: Path) -> Path:
 
 # DeepSpeed JIT-builds its CPU communication op once; reuse the build inside the environment (as
 # the Makefile does) instead of compiling it in every test that starts a training process.
-import os  # noqa: E402
-import sys  # noqa: E402
-import tempfile  # noqa: E402
-
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions"))
-# `janus-cache index` and `plan` keep bare datasets' indexes in a user folder; the tests' stay apart.
-os.environ.setdefault("JANUS_INDEX_CACHE", tempfile.mkdtemp(prefix="janus-test-index-"))
+# `janus-cache index` and `plan` keep bare datasets' indexes in a user folder; the tests' stay apart,
+# in one folder made by the session's first process (its test workers inherit it) and removed with it.
+if INDEX_CACHE_ENV not in os.environ:
+    os.environ[INDEX_CACHE_ENV] = tempfile.mkdtemp(prefix="janus-test-index-")
+    atexit.register(shutil.rmtree, os.environ[INDEX_CACHE_ENV], ignore_errors=True)
