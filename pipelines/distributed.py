@@ -12,7 +12,7 @@ import signal
 import sys
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -162,6 +162,25 @@ def lock_on_main(control: Control, directory: Path, exclusive: bool = True,
 
     control.on_main(take)
     return held[0] if held else None
+
+
+@contextlib.contextmanager
+def job_on_directory(ranks: Ranks, directory: Path, exclusive: bool = True) -> Iterator[tuple[Control, Progress]]:
+    """The frame of a job of every rank on one directory (the cache a precompute writes or a verify
+    reads): the control channel, rank 0's progress display, and rank 0's lock on ``directory``
+    (:func:`lock_on_main`), taken before the job reads or deletes anything; all three are released
+    however the job ends."""
+    control = Control(ranks)
+    progress = Progress(enabled=ranks.is_main)
+    lock = None
+    try:
+        lock = lock_on_main(control, directory, exclusive)
+        yield control, progress
+    finally:
+        progress.close()
+        if lock is not None:
+            lock.release()
+        control.close()
 
 
 class CommitTally:

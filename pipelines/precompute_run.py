@@ -18,6 +18,7 @@ from __future__ import annotations
 import resource
 import sys
 import time
+from collections.abc import Callable, Iterable
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,7 +46,7 @@ from janus_core.profile import Profile, load_profile
 from janus_core.resolution import Resolution
 from janus_core.threads import default_decode_workers, set_compute_threads
 from janus_core.vit_encoder import ViTEncoder
-from pipelines.distributed import CommitTally, Control, Progress, RankFailed, Ranks, lock_on_main
+from pipelines.distributed import CommitTally, Control, RankFailed, Ranks, job_on_directory
 from pipelines.index_worker import store_index_in_worker
 from pipelines.parent_death import spawn_pool
 
@@ -195,89 +196,80 @@ def _finish(job: PrecomputeJob, opts: Options, seconds: float, peaks: list[tuple
 
 def run(opts: Options) -> int:
     ranks = Ranks.from_env()
-    control = Control(ranks)
-    progress = Progress(enabled=ranks.is_main)
     started = time.perf_counter()
-    cache_lock = None
     try:
         # One writer per cache, for the whole run: taken before anything is read or deleted.
-        cache_lock = lock_on_main(control, opts.out)
-        profile = control.on_main(lambda: load_profile(opts.profile, opts.overrides))
-        base = control.on_main(lambda: precompute_base(profile))
-        resolution = Resolution.parse(opts.resolution or profile.cache.resolution)
-        workers = opts.workers or default_workers(ranks.local_world)
-        # Before any model is built: torch's threads sized from this process's share of the node's cores.
-        set_compute_threads(ranks.local_world)
-        index = index_on_every_rank(opts, profile, control)
-        encoder = WindowEncoder.from_settings(profile.vggt, profile.cache, _device(profile, ranks))
-        # Built on every rank inside an exchange: a Qwen directory without a loadable ViT is one line.
-        vits: list[ViTEncoder | None] = []
-        control.gather(lambda: vits.append(frozen_vit(profile, _device(profile, ranks))), (ValueError,))
-        job = PrecomputeJob(index, opts.out, opts.cache_format, profile.cache, resolution, encoder, vits[0], base)
-        prepared = control.on_main(lambda: _prepare(job, opts, resolution, ranks.world, workers))
-        if prepared.complete:  # nothing measured, nothing written
-            return control.on_main(lambda: _complete(opts, prepared, resolution))
-        job.planned_bytes = prepared.plan.needed_bytes(opts.cache_format)
-        # Every rank's shard work ends in an exchange instead of a barrier: a rank that fails (a
-        # full disk, a bad file) makes every rank stop with its one-line reason, none waits for it.
-        user_errors = (ValueError, PrecomputeError)
+        with job_on_directory(ranks, opts.out) as (control, progress):
+            profile = control.on_main(lambda: load_profile(opts.profile, opts.overrides))
+            base = control.on_main(lambda: precompute_base(profile))
+            resolution = Resolution.parse(opts.resolution or profile.cache.resolution)
+            workers = opts.workers or default_workers(ranks.local_world)
+            # Before any model is built: torch's threads sized from this process's share of the node's cores.
+            set_compute_threads(ranks.local_world)
+            index = index_on_every_rank(opts, profile, control)
+            encoder = WindowEncoder.from_settings(profile.vggt, profile.cache, _device(profile, ranks))
+            # Built on every rank inside an exchange: a Qwen directory without a loadable ViT is one line.
+            vits: list[ViTEncoder | None] = []
+            control.gather(lambda: vits.append(frozen_vit(profile, _device(profile, ranks))), (ValueError,))
+            job = PrecomputeJob(index, opts.out, opts.cache_format, profile.cache, resolution, encoder, vits[0], base)
+            prepared = control.on_main(lambda: _prepare(job, opts, resolution, ranks.world, workers))
+            if prepared.complete:  # nothing measured, nothing written
+                return control.on_main(lambda: _complete(opts, prepared, resolution))
+            job.planned_bytes = prepared.plan.needed_bytes(opts.cache_format)
+            # Every rank's shard work ends in an exchange instead of a barrier: a rank that fails (a
+            # full disk, a bad file) makes every rank stop with its one-line reason, none waits for it.
+            user_errors = (ValueError, PrecomputeError)
 
-        # Frames phase: decode sources in worker processes, one writer per shard.
-        pending = control.gather(lambda: job.pending_frame_shards(
-            shards_for(job.n_frame_shards, ranks.rank, ranks.world), opts.checksums), user_errors)
-        mine = pending[ranks.rank]
-        tally = CommitTally(lambda shard: is_committed(opts.out, job.frames_array, shard), job.frame_shard_rows, pending)
-        progress.phase("frames", job.n_frames, "frames", tally.done)
+            def phase(what: str, pending_of: Callable[[Iterable[int], str], list[int]], shards: int, array: str,
+                      shard_rows: list[int], total: int, unit: str) -> tuple[list[int], CommitTally]:
+                """A phase's start: this rank's pending shards (of the ones it owns), and the tally of
+                every rank's that rank 0's progress display counts."""
+                pending = control.gather(lambda: pending_of(shards_for(shards, ranks.rank, ranks.world),
+                                                            opts.checksums), user_errors)
+                tally = CommitTally(lambda shard: is_committed(opts.out, array, shard), shard_rows, pending)
+                progress.phase(what, total, unit, tally.done)
+                return pending[ranks.rank], tally
 
-        def frames() -> None:
-            with spawn_pool(workers) if workers > 1 and mine else nullcontext(None) as pool:
-                for shard in mine:
-                    job.frame_shard(shard, pool)
-                    progress.poll(tally)
+            # Frames phase: decode sources in worker processes, one writer per shard.
+            mine, tally = phase("frames", job.pending_frame_shards, job.n_frame_shards, job.frames_array,
+                                job.frame_shard_rows, job.n_frames, "frames")
 
-        control.gather(frames, user_errors)
-        progress.poll(tally, force=True)
+            def frames() -> None:
+                with spawn_pool(workers) if workers > 1 and mine else nullcontext(None) as pool:
+                    for shard in mine:
+                        job.frame_shard(shard, pool)
+                        progress.poll(tally)
 
-        # ViT phase (cache.vit_features): the frozen ViT's output of every stored frame, once per frame.
-        if job.vit is not None:
-            pending = control.gather(lambda: job.pending_vit_shards(
-                shards_for(job.n_vit_shards, ranks.rank, ranks.world), opts.checksums), user_errors)
-            mine = pending[ranks.rank]
-            tally = CommitTally(lambda shard: is_committed(opts.out, job.vit_array, shard), job.frame_shard_rows,
-                                pending)
-            progress.phase("ViT features", job.n_frames, "frames", tally.done)
-
-            def vit_shards() -> None:
-                for shard in mine:
-                    job.vit_shard(shard)
-                    progress.poll(tally)
-
-            control.gather(vit_shards, user_errors)
+            control.gather(frames, user_errors)
             progress.poll(tally, force=True)
 
-        # Features phase: windows read back from the stored frames, encoded in batches.
-        control.on_main(job.prepare_features)
-        pending = control.gather(lambda: job.pending_feature_shards(
-            shards_for(job.n_feature_shards, ranks.rank, ranks.world), opts.checksums), user_errors)
-        mine = pending[ranks.rank]
-        tally = CommitTally(lambda shard: is_committed(opts.out, job.samples_array, shard), job.feature_shard_rows,
-                            pending)
-        progress.phase("features", len(job.usable_rows), "samples", tally.done)
-        control.gather(lambda: job.feature_shards(mine, on_done=lambda shard, n: progress.poll(tally)), user_errors)
-        progress.poll(tally, force=True)
-        progress.close()
-        seconds = time.perf_counter() - started
-        peaks = control.gather(peak_memory)
-        return control.on_main(lambda: _finish(job, opts, seconds, peaks))
+            # ViT phase (cache.vit_features): the frozen ViT's output of every stored frame, once per frame.
+            if job.vit is not None:
+                mine, tally = phase("ViT features", job.pending_vit_shards, job.n_vit_shards, job.vit_array,
+                                    job.frame_shard_rows, job.n_frames, "frames")
+
+                def vit_shards() -> None:
+                    for shard in mine:
+                        job.vit_shard(shard)
+                        progress.poll(tally)
+
+                control.gather(vit_shards, user_errors)
+                progress.poll(tally, force=True)
+
+            # Features phase: windows read back from the stored frames, encoded in batches.
+            control.on_main(job.prepare_features)
+            mine, tally = phase("features", job.pending_feature_shards, job.n_feature_shards, job.samples_array,
+                                job.feature_shard_rows, len(job.usable_rows), "samples")
+            control.gather(lambda: job.feature_shards(mine, on_done=lambda shard, n: progress.poll(tally)), user_errors)
+            progress.poll(tally, force=True)
+            progress.close()
+            seconds = time.perf_counter() - started
+            peaks = control.gather(peak_memory)
+            return control.on_main(lambda: _finish(job, opts, seconds, peaks))
     except RankFailed as err:
         if ranks.is_main:  # every rank failed alike: one line for the user
             print(f"error: {err}", file=sys.stderr)
         return 1
-    finally:
-        progress.close()
-        if cache_lock is not None:
-            cache_lock.release()
-        control.close()
 
 
 @record  # torchrun's failure summary then shows the failing rank's exception

@@ -63,7 +63,7 @@ from janus_core.dtypes import TORCH_DTYPES
 from janus_core.encoder import EncoderIdentity, WindowEncoder
 from janus_core.index import DatasetIndex
 from janus_core.profile import SET_HELP, SET_OPTION, Profile, load_profile
-from pipelines.distributed import Control, Progress, RankFailed, Ranks, lock_on_main
+from pipelines.distributed import Control, Progress, RankFailed, Ranks, job_on_directory
 from pipelines.frozen_imports import freeze_imported
 from pipelines.precompute_run import frozen_vit
 
@@ -321,25 +321,17 @@ def _emit(opts: Options, results: list[CheckResult], world: int, seconds: float)
 
 def run(opts: Options) -> int:
     ranks = Ranks.from_env()
-    control = Control(ranks)
-    progress = Progress(enabled=ranks.is_main)
     started = time.perf_counter()
-    cache_lock = None
     try:
         # A reader's lock: no precompute writes (or deletes) the cache while it is checked. A
         # cache this process cannot write to (read-only) is checked without one.
-        cache_lock = lock_on_main(control, opts.cache, exclusive=False)
-        results = run_checks(opts, ranks, control, progress)
-        return control.on_main(lambda: _emit(opts, results, ranks.world, time.perf_counter() - started))
+        with job_on_directory(ranks, opts.cache, exclusive=False) as (control, progress):
+            results = run_checks(opts, ranks, control, progress)
+            return control.on_main(lambda: _emit(opts, results, ranks.world, time.perf_counter() - started))
     except (RankFailed, ValueError) as err:
         if ranks.is_main:  # every rank fails alike; one of them says why
             print(f"error: {err}", file=sys.stderr)
         return 1
-    finally:
-        progress.close()
-        if cache_lock is not None:
-            cache_lock.release()
-        control.close()
 
 
 def command(
