@@ -27,12 +27,12 @@ from janus_cache.precompute import encode_windows
 from janus_cache.store.compression import FEATURES_COMPRESSION, FRAMES_COMPRESSION
 from janus_cache.store.features import to_stored
 from janus_core.bases import QWEN2_5_VL, QwenBase
-from janus_core.disk_space import format_bytes
+from janus_core.system.disk_space import format_bytes
 from janus_core.encoder import WindowEncoder
 from janus_core.imaging import FrameError, load_frame, load_qwen_frame
 from janus_core.index import DatasetIndex
 from janus_core.resolution import Resolution, grid_shape
-from janus_core.threads import PIPELINE_THREADS, usable_cores
+from janus_core.system.threads import PIPELINE_THREADS, usable_cores
 from janus_core.vit_encoder import ViTEncoder
 
 TAR_BYTES_PER_MEMBER = 1024
@@ -242,7 +242,7 @@ def make_plan(
 ) -> Plan:
     """Measure ``probe`` samples of ``index`` and extrapolate to the whole dataset; with ``vit`` (the
     profile sets ``cache.vit_features``) the frozen ViT's per-frame output too. The encoder runs
-    with the caller's torch threads (set them as precompute does: :mod:`janus_core.threads`).
+    with the caller's torch threads (set them as precompute does: :mod:`janus_core.system.threads`).
     ``base``: whose frames the cache stores (a Qwen3-VL frame holds the VGGT frame's patches at
     16 px: its bytes are estimated from VGGT's frame by the area)."""
     started = time.perf_counter()

@@ -89,7 +89,7 @@ from janus_cache.store.manifest import (
     write_episodes,
 )
 from janus_core.bases import BASES, DEFAULT_BASE, QwenBase, cache_base
-from janus_core.disk_space import DISK_FULL_ERRNOS, format_bytes
+from janus_core.system.disk_space import DISK_FULL_ERRNOS, format_bytes
 from janus_core.encoder import WindowEncoder
 from janus_core.index import (
     CachedRows,
@@ -100,7 +100,7 @@ from janus_core.index import (
     episode_identities,
     prefixes_keys,
 )
-from janus_core.lock import LOCK_NAME
+from janus_core.system.lock import LOCK_NAME
 from janus_core.profile import CacheSettings, Profile
 from janus_core.resolution import Resolution
 from janus_core.vit_encoder import ViTEncoder

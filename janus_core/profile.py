@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from janus_core.device import DEVICES
+from janus_core.system.device import DEVICES
 from janus_core.dtypes import DTYPE_NAMES
 from janus_core.index.subinstructions import DEFAULT_SUBINSTRUCTION_RULE, SUBINSTRUCTION_RULES
 from janus_core.resolution import Resolution

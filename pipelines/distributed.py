@@ -18,9 +18,9 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
-from janus_core.disk_space import format_bytes
-from janus_core.lock import DirectoryLock
-from janus_core.threads import usable_cores  # noqa: F401 - the trainer's loader note reads it here
+from janus_core.system.disk_space import format_bytes
+from janus_core.system.lock import DirectoryLock
+from janus_core.system.threads import usable_cores  # noqa: F401 - the trainer's loader note reads it here
 
 T = TypeVar("T")
 

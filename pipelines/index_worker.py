@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from janus_core.index import StoredIndex, StoredSources, store_sources_index
-from janus_core.processes import die_with_parent
+from janus_core.system.processes import die_with_parent
 
 
 def _show(stored: StoredIndex) -> None:

@@ -110,7 +110,7 @@ class ReportFile(logging.FileHandler):
         """Where ``what`` is, or the one-line reason it could not be written (bytes and the fix)."""
         if self.failure is None:
             return f"{what}: {self.path}"
-        from janus_core.disk_space import format_bytes
+        from janus_core.system.disk_space import format_bytes
 
         free = shutil.disk_usage(self.path.parent).free if self.path.parent.is_dir() else 0
         return (f"{what} could not be written to {self.path} ({self.failure.strerror or self.failure}): the disk has "

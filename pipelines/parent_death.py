@@ -1,5 +1,5 @@
 """A rank process dies with the launcher that started it, a worker process with its rank
-(imported first: the standard library and ``janus_core.processes`` only).
+(imported first: the standard library and ``janus_core.system.processes`` only).
 
 torchrun starts every rank in a session of its own, so a signal to the launcher's process group
 (``kill -9 -PGID``, an OOM kill of the agent, a closed terminal) does not reach the ranks: they
@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
-from janus_core.processes import die_with_parent
+from janus_core.system.processes import die_with_parent
 
 LAUNCHER_VARIABLE = "LOCAL_RANK"
 """Set by every launcher (torchrun, the DeepSpeed launcher) in the environment of the ranks it

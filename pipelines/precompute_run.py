@@ -39,12 +39,12 @@ from janus_cache.store.formats import DEFAULT_FORMAT
 from janus_cache.store.layout import REPORT_NAME, CacheLayout
 from janus_cache.store.manifest import read_manifest
 from janus_cache.store.split import shards_for
-from janus_core.device import process_device
+from janus_core.system.device import process_device
 from janus_core.encoder import WindowEncoder
 from janus_core.index import DatasetIndex, StoredSources
 from janus_core.profile import Profile, load_profile
 from janus_core.resolution import Resolution
-from janus_core.threads import default_decode_workers, set_compute_threads
+from janus_core.system.threads import default_decode_workers, set_compute_threads
 from janus_core.vit_encoder import ViTEncoder
 from pipelines.distributed import CommitTally, Control, RankFailed, Ranks, job_on_directory
 from pipelines.index_worker import store_index_in_worker

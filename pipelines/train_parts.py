@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 from janus_core.bases import cache_base
-from janus_core.device import process_device
+from janus_core.system.device import process_device
 from janus_core.profile import Profile
 from janus_train.checkpoint.best import BestCheckpoint
 from janus_train.checkpoint.elastic import GradAccum, ResumePoint

@@ -41,7 +41,7 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from janus_cache.store import DamagedData
-from janus_core.disk_space import NoRoom
+from janus_core.system.disk_space import NoRoom
 from janus_core.profile import Profile
 from janus_train.checkpoint.elastic import ResumeError
 from janus_train.checkpoint.export import export

@@ -58,7 +58,7 @@ from janus_cache.verify import (
     report_dict,
     skipped,
 )
-from janus_core.device import process_device
+from janus_core.system.device import process_device
 from janus_core.dtypes import TORCH_DTYPES
 from janus_core.encoder import EncoderIdentity, WindowEncoder
 from janus_core.index import DatasetIndex

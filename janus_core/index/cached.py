@@ -60,7 +60,7 @@ from janus_core.index.identity import IDENTITY_RULE, EpisodeIdentity, StreamedId
 from janus_core.index.lazy import read_lazy
 from janus_core.index.model import DatasetIndex
 from janus_core.index.sources import DataSource, combine, combined_rows
-from janus_core.processes import die_with_parent
+from janus_core.system.processes import die_with_parent
 
 INDEX_CACHE_ENV = "JANUS_INDEX_CACHE"
 """Environment variable naming the store of bare datasets' indexes (see :func:`user_index_dir`)."""

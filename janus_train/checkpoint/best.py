@@ -9,7 +9,7 @@ leaves a complete best under one of the two names; reading falls back to ``best.
 record is on disk, a resumed run keeps comparing against the best of its earlier part.
 
 A better one that runs out of room (any rank, any file) ends every rank alike with one line
-(:class:`~janus_core.disk_space.NoRoom`), as a step checkpoint's save does: ``best.partial`` is
+(:class:`~janus_core.system.disk_space.NoRoom`), as a step checkpoint's save does: ``best.partial`` is
 removed, the kept best is left as it was, and the same command resumes from ``latest`` (the
 step checkpoint before this validation) once there is room, validating and offering again.
 """
@@ -22,7 +22,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from janus_core.disk_space import NoRoom, bytes_under, format_bytes, free_bytes
+from janus_core.system.disk_space import NoRoom, bytes_under, format_bytes, free_bytes
 from janus_train.checkpoint.tags import Checkpoints
 from janus_train.loop.val_metric_names import better
 from janus_train.run.layout import BEST_TAG

@@ -14,7 +14,7 @@ moment of a save and a disk can damage a file later, so:
 * rotation (``save_total_limit``) never deletes the tag ``latest`` names, which is intact: it was
   recorded before ``latest`` moved, or verified by the resume that repointed ``latest``.
 * a save that runs out of room (any rank, any of its files) ends every rank alike with one line
-  (:class:`~janus_core.disk_space.NoRoom`): the partial tag is removed, ``latest`` keeps naming
+  (:class:`~janus_core.system.disk_space.NoRoom`): the partial tag is removed, ``latest`` keeps naming
   the previous checkpoint, and the same command resumes from it once there is room.
 
 Every rank must call :meth:`Checkpoints.save` and :meth:`Checkpoints.resumable` (collectives);
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from janus_core.disk_space import NoRoom, bytes_under, format_bytes, free_bytes, no_room_reason
+from janus_core.system.disk_space import NoRoom, bytes_under, format_bytes, free_bytes, no_room_reason
 from janus_train.run.layout import LATEST_FILE
 
 CHECKSUMS_FILE = "checksums.json"

@@ -23,7 +23,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from types import FrameType
 
-from janus_core.processes import forks_die_with_this_process
+from janus_core.system.processes import forks_die_with_this_process
 
 PREEMPTED_EXIT_CODE = 75
 """Exit code of a run stopped by a stop signal after saving its checkpoint (sysexits.h's

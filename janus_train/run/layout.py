@@ -17,7 +17,7 @@ A run directory (``--out RUN``, ``make train RUN=...``) holds::
                                    (and <tag>_universal/ for a resume on another world size)
     checkpoints/best/    the best checkpoint by train.best_metric (with validation)
     export/              the end-of-run export (transformers-loadable weights + janus heads)
-    .janus.lock          the run's writer lock (janus_core.lock)
+    .janus.lock          the run's writer lock (janus_core.system.lock)
 
 Leaf module: nothing but paths, so every part of the trainer and the CLIs can name them.
 """

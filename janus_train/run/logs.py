@@ -26,7 +26,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
-from janus_core.disk_space import NoRoom, format_bytes, free_bytes, no_room_reason
+from janus_core.system.disk_space import NoRoom, format_bytes, free_bytes, no_room_reason
 from janus_train.checkpoint.tags import Checkpoints
 from janus_train.run.layout import RunLayout
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from janus_core.sample_data import write_sample_data
-from janus_core.threads import compute_threads, default_decode_workers, usable_cores
+from janus_core.system.threads import compute_threads, default_decode_workers, usable_cores
 
 JANUS_CACHE = Path(sys.executable).parent / "janus-cache"
 

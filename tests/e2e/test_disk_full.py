@@ -262,7 +262,7 @@ NO_ROOM_WRITES = """
 import sys, torch
 from pathlib import Path
 from safetensors.torch import save_file
-from janus_core.disk_space import NoRoom, export_room, no_room_reason
+from janus_core.system.disk_space import NoRoom, export_room, no_room_reason
 
 out = Path(sys.argv[1])
 tensors = {"w": torch.zeros(1 << 20)}  # 4 MiB, on a 2 MiB disk
@@ -307,7 +307,7 @@ FULL_LOG = """
 import json, sys
 from pathlib import Path
 from janus_train.checkpoint.tags import Checkpoints, LATEST_FILE, record_directory
-from janus_core.disk_space import NoRoom
+from janus_core.system.disk_space import NoRoom
 from janus_train.run.logs import RunLog, write_alike
 
 disk, elsewhere, sink = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]

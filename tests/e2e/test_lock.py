@@ -24,14 +24,14 @@ import yaml
 
 from helpers.profiles import REPO_ROOT, file_digests, write_test_profile
 from helpers.sources import janus_cache_in_process
-from janus_core.lock import LOCK_NAME, DirectoryBusy, DirectoryLock, lock_path
+from janus_core.system.lock import LOCK_NAME, DirectoryBusy, DirectoryLock, lock_path
 
 RUN_TIMEOUT = 300
 
 
 HOLDER_SCRIPT = """
 import sys, time
-from janus_core.lock import DirectoryLock
+from janus_core.system.lock import DirectoryLock
 lock = DirectoryLock.acquire(sys.argv[1], exclusive=sys.argv[2] == "writer")
 print("held", flush=True)
 time.sleep(600)

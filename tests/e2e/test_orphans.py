@@ -26,7 +26,7 @@ from helpers.processes import GRACE_S, RUN_TIMEOUT, Launch, alive, descendants, 
 from helpers.profiles import REPO_ROOT, write_test_profile
 from helpers.training import train_on_ranks
 from janus_cache.store.layout import REPORT_NAME
-from janus_core.lock import lock_path
+from janus_core.system.lock import lock_path
 from janus_train.run.layout import METRICS_FILE
 
 # ----------------------------------------------------------------------------------- processes

@@ -41,7 +41,7 @@ from janus_cache.store.layout import (
 )
 from janus_cache.store.manifest import read_manifest
 from janus_cache.verify import check_cache_for_training, check_integrity
-from janus_core.lock import LOCK_NAME
+from janus_core.system.lock import LOCK_NAME
 from pipelines import precompute_run
 from pipelines.distributed import CommitTally
 

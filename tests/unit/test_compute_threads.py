@@ -18,7 +18,7 @@ import dataclasses
 import pytest
 
 from janus_cache.plan import Plan
-from janus_core.threads import compute_threads
+from janus_core.system.threads import compute_threads
 
 
 @pytest.mark.parametrize(("cores", "processes", "threads"), [

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from janus_core.device import DEVICES, process_device
+from janus_core.system.device import DEVICES, process_device
 from janus_core.dtypes import DTYPE_NAMES, TORCH_DTYPES, dtype_name
 
 REPO = Path(__file__).resolve().parents[2]
@@ -34,8 +34,8 @@ HOMES: tuple[tuple[str, str, str], ...] = (
     ("attention modes", r"^\s*ATTENTION_MODES\b\s*[:=]|\(\s*\"causal\",\s*\"full\"\s*\)", "janus_core/windows.py"),
     ("dtype name maps",  # STORED_DTYPES is the store's on-disk representation, another fact
      r"\"bfloat16\":\s*torch\.bfloat16|^\s*(?!STORED_)\w*DTYPES\b\s*[:=].*\"float32\"", "janus_core/dtypes.py"),
-    ("device of a process", r"[\"']cuda:[{\"']|f\"cuda:\{", "janus_core/device.py"),
-    ("device names", r"^\s*DEVICES\b\s*[:=]", "janus_core/device.py"),
+    ("device of a process", r"[\"']cuda:[{\"']|f\"cuda:\{", "janus_core/system/device.py"),
+    ("device names", r"^\s*DEVICES\b\s*[:=]", "janus_core/system/device.py"),
 )
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from janus_core.lock import LOCK_NAME, DirectoryLock, LockError
+from janus_core.system.lock import LOCK_NAME, DirectoryLock, LockError
 
 
 def test_releasing_deletes_the_lock_file_and_the_directories_left_empty(tmp_path: Path) -> None:
