@@ -13,8 +13,7 @@ from typing import Any
 from janus_core.profile import CONFIGS_DIR, Profile, ProfileError
 from janus_core.settings import SettingsError, read_settings, setting
 from janus_train.data.prompt_template import DEFAULT_TEMPLATE, PromptTemplate
-from janus_train.loop.preemption import STOP_SIGNAL_CHOICES
-from janus_train.loop.val_metric_names import BEST_METRICS, VAL_LOSS
+from janus_train.data.val_metric_names import BEST_METRICS, VAL_LOSS
 from janus_train.model.activation_checkpointing import FULL, ActivationCheckpointing
 from janus_train.model.config import JanusModelConfig, TrainableParts
 from janus_train.model.kernels import liger_missing
@@ -25,6 +24,8 @@ NONFINITE_POLICIES = ("stop", "skip")
 DAMAGED_SAMPLE_POLICIES = ("stop", "skip")
 ZERO_STAGES = (2, 3)
 RESUME_GRAD_ACCUM_POLICIES = ("adapt", "keep")
+STOP_SIGNAL_CHOICES = ("SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2")
+"""Signals ``train.stop_signals`` may name: the ones ``pipelines.launch`` forwards to its ranks."""
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,8 @@ import threading
 import time
 from pathlib import Path
 
-from janus_train.loop.preemption import PREEMPTED_EXIT_CODE, STOP_SIGNAL_CHOICES, signal_numbers
+from janus_train.config import STOP_SIGNAL_CHOICES
+from janus_train.loop.preemption import PREEMPTED_EXIT_CODE, signal_numbers
 from pipelines.frozen_imports import frozen_imports
 from pipelines.parent_death import LAUNCHER_PID_VARIABLE
 

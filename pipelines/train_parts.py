@@ -48,9 +48,9 @@ from janus_train.loop.parts import (
 )
 from janus_train.loop.validation import Evaluator, plan_validation
 from janus_train.model.kernels import apply_liger, compile_decoder_layers
-from janus_train.model.rope import RopeIndex
+from janus_train.data.rope import RopeIndex
 from janus_train.run.layout import RunLayout
-from janus_train.run.logs import RunLog
+from janus_train.loop.logs import RunLog
 from pipelines.library_output import library_chatter_hidden, name_deepspeed_accelerator
 
 

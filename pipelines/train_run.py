@@ -19,7 +19,7 @@ The run's parts (tokenizer, data, checkpoints, model, engine) are built by ``pip
 and run by :class:`janus_train.loop.trainer.Trainer`; the user errors each end every rank with one
 line, mapped in one place (:data:`USER_ERRORS`, :func:`error_line`).
 
-Output: rank 0 prints one line per logged step (``janus_train.run.logs``); warnings that libraries
+Output: rank 0 prints one line per logged step (``janus_train.loop.logs``); warnings that libraries
 raise on every step are filtered here, each with its reason. A non-finite step
 (``janus_train.loop.nonfinite``) ends every rank with exit code 1 and one ``error:`` line from rank 0.
 """
@@ -56,7 +56,7 @@ from janus_train.loop.preemption import PREEMPTED_EXIT_CODE, Preemption, stopped
 from janus_train.loop.trainer import Trainer
 from janus_train.loop.validation import ValidationError
 from janus_train.run.layout import RunLayout
-from janus_train.run.logs import ConsoleCopy
+from janus_train.loop.logs import ConsoleCopy
 from janus_train.run.record import append_start, write_profile
 from pipelines.distributed import Control, RankFailed, Ranks, fail_alike, lock_on_main, usable_cores
 from pipelines.library_output import library_chatter_hidden

@@ -24,7 +24,7 @@ from typing import Any
 
 from janus_core.system.disk_space import NoRoom, bytes_under, format_bytes, free_bytes
 from janus_train.checkpoint.tags import Checkpoints
-from janus_train.loop.val_metric_names import better
+from janus_train.data.val_metric_names import better
 from janus_train.run.layout import BEST_TAG
 
 BEST_FILE = "best.json"

@@ -40,7 +40,7 @@ from janus_core.imaging import load_frame, load_qwen_frame
 from janus_core.index import DatasetIndex
 from janus_core.resolution import Resolution
 from janus_train.data.prompt import EncodedPrompt, PromptBuilder, PromptFields
-from janus_train.model.rope import RopeIndex
+from janus_train.data.rope import RopeIndex
 
 
 @dataclass(frozen=True)

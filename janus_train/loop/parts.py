@@ -36,9 +36,9 @@ from janus_train.data.prompt import PromptBuilder
 from janus_train.data.samples import CachedSamples, LiveSamples, StreamedSamples
 from janus_train.data.sources import CacheSource, as_sources
 from janus_train.loop.validation import Evaluator, ValidationSet
-from janus_train.model.rope import RopeIndex
+from janus_train.data.rope import RopeIndex
 from janus_train.run.layout import RunLayout
-from janus_train.run.logs import RunLog
+from janus_train.loop.logs import RunLog
 
 # ----------------------------------------------------------------------------------- data parts
 

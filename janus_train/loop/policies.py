@@ -29,8 +29,8 @@ from janus_train.data.damaged import Collective
 from janus_train.loop.nonfinite import NonFiniteStep, nonfinite_message
 from janus_train.loop.preemption import Preemption
 from janus_train.loop.progress import Progress
-from janus_train.loop.val_metric_names import VAL_LOSS
-from janus_train.run.logs import RunLog, write_alike
+from janus_train.data.val_metric_names import VAL_LOSS
+from janus_train.loop.logs import RunLog, write_alike
 
 
 @dataclass

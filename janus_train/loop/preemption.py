@@ -32,10 +32,6 @@ EX_TEMPFAIL: try again later): a job script requeues the run on it (examples/slu
 SAME_REQUEST_S = 2.0
 """A stop signal this soon after the first one repeats it (the launcher forwards a signal at once)."""
 
-STOP_SIGNAL_CHOICES = ("SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2")
-"""Signals ``train.stop_signals`` may name: the ones ``pipelines.launch`` forwards to its ranks."""
-
-
 def signal_numbers(names: Iterable[str]) -> tuple[signal.Signals, ...]:
     return tuple(signal.Signals[name] for name in names)
 

@@ -48,7 +48,7 @@ from janus_train.data.mixture import MixedSamples
 from janus_train.data.prompt import PromptBuilder
 from janus_train.data.samples import CachedSamples, LiveSamples, StreamedSamples, TrainItem, collate
 from janus_train.data.segments import ANSWER_LABELS, N_SEGMENTS, SEGMENT_NAMES
-from janus_train.loop.val_metric_names import VAL_LOSS
+from janus_train.data.val_metric_names import VAL_LOSS
 
 _ACTION_SEGMENT = N_SEGMENTS  # segment ids are 1-based; the action line is the last
 _SUMS = ("weighted_ce_sum", "weight_sum", "action_ce_sum", "action_correct", "action_token_correct", "samples")

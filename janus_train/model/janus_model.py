@@ -16,7 +16,7 @@ Per micro-batch (B samples, each with S images of H x W pixels and one VGGT feat
    ``T`` embeddings, which are added, times ``lam``, to the image embeddings of every image of
    *that* sample (JanusVLN adds one 3-D embedding to all images of a sample).
 3. Image embeddings replace the ``<|image_pad|>`` token embeddings; M-RoPE positions come with the
-   batch (built by the loader workers, :mod:`janus_train.model.rope`) or, for a batch without them, from
+   batch (built by the loader workers, :mod:`janus_train.data.rope`) or, for a batch without them, from
    Qwen's own ``get_rope_index`` here; the language model runs on the embeddings.
 4. Token logits are computed only for the supervised answer tokens; the action head reads the
    hidden state just before the answer. The forward returns the loss sums
@@ -65,7 +65,7 @@ from janus_core.vit_encoder import merge as vit_merge
 from janus_train.model.activation_checkpointing import ActivationCheckpointing
 from janus_train.model.config import JanusModelConfig, TrainableParts
 from janus_train.model.loss import LossParts, action_cross_entropy, token_cross_entropy
-from janus_train.model.rope import RopeIndex
+from janus_train.data.rope import RopeIndex
 from janus_train.model.vision_attention import use_varlen_vision_attention
 
 PARTS: tuple[str, ...] = ("language_model", "projector", "vision_tower", "vggt_merger", "action_head")

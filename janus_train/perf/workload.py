@@ -39,7 +39,7 @@ from janus_core.vit_encoder import deepstack_levels, merge_cached, merge_cached_
 from janus_train.data.prompt import IGNORE_INDEX, N_SEGMENTS
 from janus_train.model.janus_model import JanusVLNModel, vit_embeddings
 from janus_train.model.loss import action_cross_entropy, token_cross_entropy
-from janus_train.model.rope import RopeIndex
+from janus_train.data.rope import RopeIndex
 
 Phase = Callable[[str], contextlib.AbstractContextManager[None]]
 """``phase(name)``: a context manager around one phase of a step (timing, FLOP counting, nothing)."""

@@ -28,6 +28,7 @@ import platform
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +40,6 @@ from janus_core.profile import Profile, load_profile
 from janus_core.settings import settings_data
 from janus_train.config import TrainSettings
 from janus_train.run.layout import RunLayout
-from janus_train.run.logs import utc_now
 
 PACKAGES: tuple[str, ...] = ("torch", "transformers", "deepspeed", "zarr", "numcodecs", "webdataset", "numpy",
                              "safetensors", "tokenizers", "accelerate", "liger-kernel", "flash-attn")
@@ -57,6 +57,11 @@ same checkpoint sits at another path on another machine (export or resume there 
 
 _REPO = Path(__file__).resolve().parent.parent
 _GIT_TIMEOUT_S = 10
+
+
+def utc_now() -> str:
+    """Now as ISO 8601 in UTC with milliseconds, e.g. ``2026-01-31T12:00:00.123+00:00``."""
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
 
 
 def resolved_profile_data(profile: Profile, settings: TrainSettings) -> dict[str, Any]:

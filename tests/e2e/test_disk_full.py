@@ -308,7 +308,7 @@ import json, sys
 from pathlib import Path
 from janus_train.checkpoint.tags import Checkpoints, LATEST_FILE, record_directory
 from janus_core.system.disk_space import NoRoom
-from janus_train.run.logs import RunLog, write_alike
+from janus_train.loop.logs import RunLog, write_alike
 
 disk, elsewhere, sink = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
 checkpoints = Checkpoints(elsewhere / "checkpoints")  # a run whose step-2 checkpoint is complete
@@ -362,7 +362,7 @@ def test_a_metrics_record_that_does_not_fit_is_one_line_and_leaves_whole_records
 STILL_FULL = """
 import json, sys
 from pathlib import Path
-from janus_train.run.logs import RunLog
+from janus_train.loop.logs import RunLog
 
 metrics = Path(sys.argv[1]) / "metrics.jsonl"
 RunLog(metrics.parent, metrics, total_steps=5).resume_at(3)

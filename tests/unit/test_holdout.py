@@ -28,9 +28,9 @@ from janus_train.data.holdout import HoldoutError, heldout_count, split_by_episo
 from janus_train.data.prompt import PromptFields, collate_prompts
 from janus_train.data.samples import CachedSamples, LiveSamples
 from janus_train.loop.parts import open_training_cache, prompt_builder
-from janus_train.loop.val_metric_names import BEST_METRICS, better
+from janus_train.data.val_metric_names import BEST_METRICS, better
 from janus_train.loop.validation import ActionSpan, ValidationError, action_tokens_correct, episode_ids, plan_validation
-from janus_train.run.logs import step_line
+from janus_train.loop.logs import step_line
 
 
 @pytest.fixture

@@ -40,7 +40,7 @@ from janus_train.loop.policies import (
 from janus_train.loop.preemption import Preemption
 from janus_train.loop.progress import Progress
 from janus_train.run.layout import RunLayout
-from janus_train.run.logs import RunLog
+from janus_train.loop.logs import RunLog
 
 TOTAL = 6
 CPU = torch.device("cpu")

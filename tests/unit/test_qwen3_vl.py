@@ -40,7 +40,7 @@ from janus_train.data.prompt import IGNORE_INDEX, PromptBuilder
 from janus_train.data.samples import TrainItem, collate
 from janus_train.model.janus_model import JanusModelConfig, JanusVLNModel, ModelInputError, load_qwen, part_of
 from janus_train.model.loss import LossConfig, LossDenominators, micro_batch_loss
-from janus_train.model.rope import RopeIndex
+from janus_train.data.rope import RopeIndex
 from tools.tiny_model import QWEN_DIR_FILES, write_tiny_qwen_dir
 
 REPO = Path(__file__).resolve().parents[2]

@@ -23,7 +23,7 @@ def test_a_resumed_log_drops_later_records_from_metrics_and_tensorboard(tmp_path
     values of the resumed run."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from janus_train.run.logs import RunLog
+    from janus_train.loop.logs import RunLog
 
     killed = RunLog(tmp_path, tmp_path / METRICS_FILE, total_steps=5)
     for step in range(1, 6):

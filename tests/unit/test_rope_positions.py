@@ -14,7 +14,7 @@ from helpers.model_cases import QWEN_DIR, RESOLUTION, builder, tiny_model
 from janus_core.index import DatasetIndex
 from janus_train.data.samples import LiveSamples, TrainItem, collate
 from janus_train.model.janus_model import JanusVLNModel
-from janus_train.model.rope import RopeIndex
+from janus_train.data.rope import RopeIndex
 
 
 @pytest.fixture(scope="module")

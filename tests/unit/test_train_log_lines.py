@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from janus_train.run.logs import Eta, check_wandb, step_line
+from janus_train.loop.logs import Eta, check_wandb, step_line
 
 
 def test_the_line_names_step_total_epoch_loss_parts_lr_speed_wait_and_eta() -> None:

@@ -22,21 +22,17 @@ import os
 import sys
 import threading
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from janus_core.system.disk_space import NoRoom, format_bytes, free_bytes, no_room_reason
 from janus_train.checkpoint.tags import Checkpoints
 from janus_train.run.layout import RunLayout
+from janus_train.run.record import utc_now
 
 TIME_FIELD = "time"
 """The wall-clock time of a record: ISO 8601, UTC (:func:`utc_now`)."""
-
-
-def utc_now() -> str:
-    """Now as ISO 8601 in UTC with milliseconds, e.g. ``2026-01-31T12:00:00.123+00:00``."""
-    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
 
 
 class WandbMissing(ValueError):
