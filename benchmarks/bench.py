@@ -9,7 +9,7 @@ Sections: (1) data path at the real shape (:mod:`benchmarks.data_path`); (2) sto
 extrapolated to the real set; (3) precompute throughput per phase; (4) training step cached vs
 live (tiny profile, 2 processes); (5) FLOPs per sample of a janus and a reference step at the real
 shapes of each base, Qwen2.5-VL-7B and Qwen3-VL-8B with VGGT-1B, counted on the meta device
-(:mod:`janus_train.perf.flops`); (6) the GPU bench
+(:mod:`benchmarks.flops`); (6) the GPU bench
 (:mod:`benchmarks.bench_gpu`) where CUDA is available.
 """
 
@@ -44,7 +44,7 @@ from janus_core.index import build_index
 from janus_core.profile import load_profile
 from janus_core.resolution import grid_shape
 from janus_core.sample_data import write_sample_data
-from janus_train.perf.flops import count_flops
+from benchmarks.flops import count_flops
 from pipelines.precompute_run import Options
 from pipelines.precompute_run import run as run_precompute
 

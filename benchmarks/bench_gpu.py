@@ -6,13 +6,13 @@ warm-up:
 
 * **precompute**: VGGT window features, janus's one-pass batched window (B = 1, 2, 4, 8) vs the
   reference's per-frame loop with a key/value cache (B = 1): windows/s, TFLOP/s, peak memory;
-* **training compute per sample**: forward + backward of :mod:`janus_train.perf.workload`'s janus and
+* **training compute per sample**: forward + backward of :mod:`benchmarks.workload`'s janus and
   reference steps (no optimizer state: ZeRO-3 shards it over 8 GPUs, its per-GPU share is given
   analytically), per activation-checkpointing policy, then each lever on its own and all together
   on the fastest policy: the ViT cache, regional ``torch.compile`` of the decoder layers, Liger's
   fused Qwen2.5-VL kernels (:mod:`janus_train.model.kernels`; a row says why when not installed); every
   row on a freshly built model; s/sample, tokens/s, MFU, peak memory;
-* FLOPs per component from :mod:`janus_train.perf.flops` (meta device) and the projection to an
+* FLOPs per component from :mod:`benchmarks.flops` (meta device) and the projection to an
   epoch on 8 GPUs (:mod:`benchmarks.bench_projection`);
 * the data path at the real shape on the host's cores (``--no-data-path`` skips it).
 
@@ -57,8 +57,8 @@ from janus_train.model.activation_checkpointing import ActivationCheckpointing
 from janus_train.model.janus_model import JanusVLNModel, attention_implementation
 from janus_train.model.kernels import apply_liger, compile_decoder_layers, liger_missing
 from janus_train.model.vision_attention import describe_attention
-from janus_train.perf.flops import FlopTable, build_model, build_vggt, count_flops, load_vggt_config
-from janus_train.perf.workload import VGGT_LAYER, SampleShape, StepRunner, make_batch, stream_window_features
+from benchmarks.flops import FlopTable, build_model, build_vggt, count_flops, load_vggt_config
+from benchmarks.workload import VGGT_LAYER, SampleShape, StepRunner, make_batch, stream_window_features
 
 MODELS = Path(__file__).resolve().parent.parent / "configs" / "models"
 

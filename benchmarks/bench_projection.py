@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from janus_train.perf.gpu_specs import DeviceSpec, device_spec
+from janus_train.loop.step_metrics import DeviceSpec, device_spec
 
 REAL_SAMPLES = 612_492
 """Samples (= frames with descriptions) of the real R2R-CE training set."""

@@ -14,7 +14,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the backend)
 
-from janus_train.perf.flops import COMPONENTS  # noqa: E402
+from benchmarks.flops import COMPONENTS  # noqa: E402
 
 COMPONENT_LABELS = {
     "vggt": "VGGT (in the step)",

@@ -14,7 +14,7 @@ from PIL import Image
 from torch.utils.flop_counter import FlopCounterMode
 from transformers import Qwen2_5_VLConfig
 
-import janus_train.perf.flops
+import benchmarks.flops
 from benchmarks import bench_gpu
 from benchmarks.bench_projection import (
     REFERENCE_GPU_S_PER_SAMPLE,
@@ -29,7 +29,7 @@ from janus_core.profile import PROFILES_DIR, ProfileError, load_profile
 from janus_train.config import load_train_settings
 from janus_train.model.activation_checkpointing import FULL, NONE, ActivationCheckpointing
 from janus_train.model.janus_model import TrainableParts
-from janus_train.perf.flops import (
+from benchmarks.flops import (
     FlopTable,
     build_model,
     build_vggt,
@@ -41,7 +41,7 @@ from janus_train.perf.flops import (
     vit_block_flops,
     vit_flops_one_image,
 )
-from janus_train.perf.workload import SampleShape, StepRunner, make_batch, stream_window_features
+from benchmarks.workload import SampleShape, StepRunner, make_batch, stream_window_features
 
 MODELS = Path(__file__).resolve().parents[2] / "configs" / "models"
 TINY_QWEN = MODELS / "tiny-qwen2_5_vl"
@@ -207,7 +207,7 @@ def test_the_flop_counter_shows_a_frozen_vit_pulled_into_the_backward() -> None:
     checkpointing through transformers' own enabling (which hooks the ViT's patch_embed)."""
     model = build_model(TINY_QWEN, 128, merger_hidden=96)
     model.qwen.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-    with mock.patch.object(janus_train.perf.flops, "vit_embeddings",
+    with mock.patch.object(benchmarks.flops, "vit_embeddings",
                            lambda visual, pixel_values, grid, **layout: visual(pixel_values, grid, **layout).pooler_output):
         before = vit_flops_one_image(model, SHAPE)
     model.set_gradient_checkpointing(FULL)

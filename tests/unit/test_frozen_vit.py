@@ -22,7 +22,7 @@ from helpers.model_cases import QWEN_DIR, make_batch, tiny_model
 from janus_core.index import DatasetIndex
 from janus_train.model.activation_checkpointing import FULL, NONE, ActivationCheckpointing
 from janus_train.model.janus_model import JanusVLNModel, TrainableParts
-from janus_train.perf.flops import build_model
+from benchmarks.flops import build_model
 
 POLICIES = (NONE, ActivationCheckpointing(2), FULL)
 DECODER_LAYERS = 2  # the tiny Qwen's

@@ -20,7 +20,7 @@ from benchmarks.bench_report import flops_by_base_markdown, flops_markdown
 from janus_core.bases import QWEN3_VL
 from janus_train.model.activation_checkpointing import FULL, NONE
 from janus_train.model.janus_model import TrainableParts
-from janus_train.perf.flops import (
+from benchmarks.flops import (
     VIT_COMPONENTS,
     build_model,
     count_flops,
@@ -29,7 +29,7 @@ from janus_train.perf.flops import (
     vit_block_flops,
     vit_flops_one_image,
 )
-from janus_train.perf.workload import SampleShape, StepRunner, make_batch
+from benchmarks.workload import SampleShape, StepRunner, make_batch
 
 MODELS = Path(__file__).resolve().parents[2] / "configs" / "models"
 TINY_QWEN3 = MODELS / "tiny-qwen3_vl"

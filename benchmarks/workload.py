@@ -16,7 +16,7 @@ model and janus's grid rule do (docs/bases.md).
 
 Both steps are composed from the real modules of a :class:`~janus_train.model.janus_model.JanusVLNModel` and
 report each phase through a ``phase(name)`` context manager, so the same code is timed on a GPU
-(``benchmarks.bench_gpu``) and FLOP-counted on the meta device (:mod:`janus_train.perf.flops`). The
+(``benchmarks.bench_gpu``) and FLOP-counted on the meta device (:mod:`benchmarks.flops`). The
 batch is synthetic (random frames, features and token ids) but has the real layout: 9 image
 blocks of ``<|vision_start|> + T x <|image_pad|> + <|vision_end|>``, text around them and a
 supervised answer of four segments.

@@ -1,7 +1,7 @@
 """FLOPs of one training step, per component, counted on any machine.
 
 The models are built on PyTorch's meta device (shapes only: no memory, no arithmetic) from their
-config files, and one step of each path of :mod:`janus_train.perf.workload` runs under
+config files, and one step of each path of :mod:`benchmarks.workload` runs under
 ``torch.utils.flop_counter.FlopCounterMode``, one counter per phase. So the counts are of the very
 code that runs in training and in the GPU bench, at the real 7B / VGGT-1B shapes, in seconds.
 
@@ -57,7 +57,7 @@ from janus_core.bases import DEFAULT_BASE, QwenBase, base_of_config
 from janus_core.vggt import AggregatorConfig, VGGTAggregator, window_flops
 from janus_train.model.activation_checkpointing import FULL, NONE, ActivationCheckpointing
 from janus_train.model.janus_model import JanusModelConfig, JanusVLNModel, TrainableParts, vit_embeddings, vit_merge
-from janus_train.perf.workload import (
+from benchmarks.workload import (
     VGGT_LAYER,
     SampleShape,
     StepRunner,
