@@ -35,11 +35,11 @@ from benchmarks.bench_projection import REAL_SAMPLES
 from benchmarks.data_path import data_path
 from benchmarks.measure import RESULTS_DIR, Stat
 from janus_cache.keys import frame_shape
-from janus_cache.precompute import compute_frame_shard, encode_windows, read_windows
+from janus_cache.work_units import compute_frame_shard, encode_windows, read_windows
 from janus_cache.store import CacheLayout, load_manifest, open_writer
 from janus_cache.store.layout import FEATURES_GROUP, FRAMES_GROUP, WDS_DIR
 from janus_core.bases import QWEN2_5_VL
-from janus_core.encoder import WindowEncoder
+from janus_core.vggt.encoder import WindowEncoder
 from janus_core.index import build_index
 from janus_core.profile import load_profile
 from janus_core.resolution import grid_shape
@@ -122,7 +122,7 @@ def precompute_phases(work: Path, repeats: int) -> dict[str, Any]:
     for _ in range(repeats):
         shutil.rmtree(out, ignore_errors=True)
         writer = open_writer("zarr", out, "bench")
-        from janus_cache.precompute import frame_table, sample_table
+        from janus_cache.work_units import frame_table, sample_table
 
         writer.write_table("frames", frame_table(index))
         writer.prepare_frames(res.name, shape, len(index.frames))

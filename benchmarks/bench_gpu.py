@@ -50,7 +50,7 @@ from benchmarks.bench_projection import (
 )
 from benchmarks.measure import RESULTS_DIR, Stat
 from janus_core.bases import BASES, DEFAULT_BASE, QWEN2_5_VL, QWEN3_VL, QwenBase, base_of_qwen_dir
-from janus_core.encoder import LEVER_BATCH, WindowEncoder, distinct_frames, lever_batches, lever_settings
+from janus_core.vggt.encoder import LEVER_BATCH, WindowEncoder, distinct_frames, lever_batches, lever_settings
 from janus_core.vggt import VGGTAggregator, window_flops
 from janus_core.vggt.attention import BENCH_KERNELS
 from janus_train.model.activation_checkpointing import ActivationCheckpointing
@@ -198,7 +198,7 @@ def precompute(settings: GpuBenchSettings, device: Device) -> dict[str, Any]:
 
 
 def vggt_levers(vggt: VGGTAggregator, settings: GpuBenchSettings, device: Device) -> dict[str, Any]:
-    """Each VGGT speed lever on its own (janus_core.encoder.lever_settings): the encoder on uint8
+    """Each VGGT speed lever on its own (janus_core.vggt.encoder.lever_settings): the encoder on uint8
     windows of consecutive samples of one episode, B = 4; compile only on CUDA (minutes on a CPU)."""
     side, frames = settings.shape.side, settings.shape.images
     batches = lever_batches(side)

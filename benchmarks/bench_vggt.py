@@ -4,7 +4,7 @@ CPU: the tiny profile's aggregator (configs/models/tiny-vggt.json) at a small re
 2 threads. CUDA (when available): the VGGT-1B architecture with random weights at 644×644 in
 bf16 autocast for B = 1, 2, 4 windows per call, with achieved TFLOP/s from the analytic cost.
 
-Then each speed lever on its own (janus_core.encoder.lever_settings): the encoder on uint8
+Then each speed lever on its own (janus_core.vggt.encoder.lever_settings): the encoder on uint8
 windows of consecutive samples of one 64-frame episode (B = 4, the frame sharing of a real
 precompute batch), today's path (no dedup, PyTorch's SDPA dispatch, eager) against dedup alone,
 each attention kernel alone, compile alone, and all levers together. TFLOP/s there counts a whole
@@ -30,7 +30,7 @@ from typing import Callable
 import torch
 
 from benchmarks.measure import RESULTS_DIR
-from janus_core.encoder import (
+from janus_core.vggt.encoder import (
     LEVER_BATCH,
     LEVER_EPISODE_FRAMES,
     LEVER_FIRST_STEPS,

@@ -35,7 +35,7 @@ from janus_core.bases import VGGT_PATCH_SIZE, QwenBase
 from janus_core.imaging import qwen_pixel_values
 from janus_core.resolution import visual_tokens_for_shape
 from janus_core.vggt import VGGTAggregator
-from janus_core.vit_encoder import deepstack_levels, merge_cached, merge_cached_deepstack
+from janus_core.qwen_vit import deepstack_levels, merge_cached, merge_cached_deepstack
 from janus_train.data.prompt import IGNORE_INDEX, N_SEGMENTS
 from janus_train.model.janus_model import JanusVLNModel, vit_embeddings
 from janus_train.model.loss import action_cross_entropy, token_cross_entropy
@@ -160,10 +160,10 @@ def run_vit(model: JanusVLNModel, pixel_values: torch.Tensor, grid_thw: torch.Te
 
 
 def merge_vit_cache(model: JanusVLNModel, vit_features: torch.Tensor, grid: tuple[int, int]) -> VisionOutput:
-    """The ViT cache's path as the model runs it (:func:`janus_core.vit_encoder.merge_cached`): only
+    """The ViT cache's path as the model runs it (:func:`janus_core.qwen_vit.merge_cached`): only
     the patch merger, on cached ViT output [B, S, grid tokens, D]: [B*S*T, hidden] (Qwen2.5-VL); a
     DeepStack base's [B, S, levels, grid tokens, D] through the patch and DeepStack mergers
-    (:func:`janus_core.vit_encoder.merge_cached_deepstack`), with its DeepStack embeddings."""
+    (:func:`janus_core.qwen_vit.merge_cached_deepstack`), with its DeepStack embeddings."""
     visual = model.qwen.model.visual
     frames = vit_features.flatten(0, 1).to(model.device, non_blocking=True)
     if model.base.deepstack:

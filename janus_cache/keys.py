@@ -20,19 +20,19 @@ from typing import Any
 from janus_cache.store.compression import FEATURES_COMPRESSION, FRAMES_COMPRESSION
 from janus_cache.store.manifest import (
     DatasetIdentity,
-    Layout,
     Manifest,
     ResolutionEntry,
+    ShardSizes,
     ViTFeaturesEntry,
     WindowVariant,
     library_versions,
 )
 from janus_core.bases import DEFAULT_BASE, VGGT_PATCH_SIZE, QwenBase
-from janus_core.encoder import WindowEncoder, encoder_fingerprint
+from janus_core.vggt.encoder import WindowEncoder, encoder_fingerprint
 from janus_core.index import DatasetIndex, EpisodeIdentity, episode_identities
 from janus_core.profile import CacheSettings
 from janus_core.resolution import Resolution
-from janus_core.vit_encoder import ViTEncoder
+from janus_core.qwen_vit import ViTEncoder
 
 SAMPLING_RULE = "linspace"
 """Name of the window rule of janus_core.windows (front padding with frame 0, then linspace)."""
@@ -118,7 +118,7 @@ def wanted_manifest(
         encoder_fingerprint=encoder_fingerprint(encoder.model),
         feature_dtype=cache.feature_dtype,
         dataset=dataset_identity(index, episodes),
-        layout=Layout(frames_per_shard=cache.frames_per_shard, samples_per_shard=cache.samples_per_shard),
+        layout=ShardSizes(frames_per_shard=cache.frames_per_shard, samples_per_shard=cache.samples_per_shard),
         resolutions={resolution.name: entry},
         counts={"episodes": len(index.episodes), "frames": len(index.frames), "samples": len(index.samples)},
         compression={"frames": FRAMES_COMPRESSION.to_dict(), "features": FEATURES_COMPRESSION.to_dict()},

@@ -58,7 +58,7 @@ class CacheSettings:
     vggt_batch: int = setting(1, "Windows per VGGT forward pass.", min=1)
     vit_features: bool = setting(
         False, "Also cache the frozen Qwen ViT's output per frame (the patch merger's input; bf16 when compute_dtype "
-        "is bfloat16, else compute_dtype) so training runs only the merger on it (janus_core.vit_encoder).")
+        "is bfloat16, else compute_dtype) so training runs only the merger on it (janus_core.qwen_vit).")
     subinstruction_rule: str = setting(
         DEFAULT_SUBINSTRUCTION_RULE, "Which subinstruction a frame gets: reference (the reference trainer's rule) or "
         "janus (see janus_core.index.subinstructions); it changes stored texts, so it is keyed.",

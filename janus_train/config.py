@@ -15,9 +15,8 @@ from janus_core.settings import SettingsError, read_settings, setting
 from janus_train.data.prompt_template import DEFAULT_TEMPLATE, PromptTemplate
 from janus_train.data.val_metric_names import BEST_METRICS, VAL_LOSS
 from janus_train.model.activation_checkpointing import FULL, ActivationCheckpointing
-from janus_train.model.config import JanusModelConfig, TrainableParts
 from janus_train.model.kernels import liger_missing
-from janus_train.model.loss_config import LossConfig
+from janus_train.model.model_config import JanusModelConfig, LossConfig, TrainableParts
 
 DEEPSPEED_DIR = CONFIGS_DIR / "deepspeed"
 NONFINITE_POLICIES = ("stop", "skip")

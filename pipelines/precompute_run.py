@@ -1,6 +1,6 @@
 """The run half of stage 1's entry point (:mod:`pipelines.precompute`, which checks the command line
 first): a precompute on every rank of a launch, or in one plain process. The cache's contract is the
-library's :class:`~janus_cache.precompute_job.PrecomputeJob`; this module only decides who runs
+library's :class:`~janus_cache.job.PrecomputeJob`; this module only decides who runs
 which step: rank 0 indexes the dataset and prepares the cache, every rank writes the shards it
 owns (shard i belongs to rank i mod world), frames first, then (``cache.vit_features``) the
 frozen ViT's output per frame, features last, with barriers in between, and rank 0 finishes.
@@ -27,7 +27,7 @@ from typing import Optional
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from janus_cache.plan import Plan
-from janus_cache.precompute_job import (
+from janus_cache.job import (
     PrecomputeError,
     PrecomputeJob,
     Prepared,
@@ -40,12 +40,12 @@ from janus_cache.store.layout import REPORT_NAME, CacheLayout
 from janus_cache.store.manifest import read_manifest
 from janus_cache.store.split import shards_for
 from janus_core.system.device import process_device
-from janus_core.encoder import WindowEncoder
+from janus_core.vggt.encoder import WindowEncoder
 from janus_core.index import DatasetIndex, StoredSources
 from janus_core.profile import Profile, load_profile
 from janus_core.resolution import Resolution
 from janus_core.system.threads import default_decode_workers, set_compute_threads
-from janus_core.vit_encoder import ViTEncoder
+from janus_core.qwen_vit import ViTEncoder
 from pipelines.distributed import CommitTally, Control, RankFailed, Ranks, job_on_directory
 from pipelines.index_worker import store_index_in_worker
 from pipelines.parent_death import spawn_pool

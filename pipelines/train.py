@@ -21,7 +21,7 @@ leaves no episode to train on) ends every rank with one ``error:`` line.
 safetensors, with the sample keys in the metadata: what an export must reproduce.
 
 Without ``--profile`` a run that recorded one resumes with it, and one that disagrees with it on a
-setting that shapes the model is refused (``janus_train.run.record``).
+setting that shapes the model is refused (``janus_train.run.provenance``).
 """
 
 from __future__ import annotations

@@ -58,7 +58,7 @@ def run_cmd(
     follows (see --help-train)."""
     from janus_core.profile import ProfileError
     from janus_train.run.layout import RunLayout
-    from janus_train.run.record import run_profile
+    from janus_train.run.provenance import run_profile
     from pipelines.launch import LOG_OPTION
 
     settings = list(overrides or ())
@@ -100,7 +100,7 @@ def export_cmd(
     from janus_core.profile import ProfileError
     from janus_train.config import load_train_settings
     from janus_train.run.layout import RunLayout
-    from janus_train.run.record import run_profile
+    from janus_train.run.provenance import run_profile
 
     layout = RunLayout(run)
     try:
@@ -162,7 +162,7 @@ def show_sample_cmd(
         from janus_train.data.prompt import PromptError
         from janus_train.data.sample_view import describe_sample
         from janus_train.loop.parts import prompt_builder
-        from janus_train.run.record import run_profile
+        from janus_train.run.provenance import run_profile
 
     try:
         if run is not None:

@@ -30,7 +30,7 @@ from janus_core.profile import Profile
 from janus_train.checkpoint.best import BestCheckpoint
 from janus_train.checkpoint.elastic import GradAccum, ResumePoint
 from janus_train.checkpoint.reference import start_model
-from janus_train.checkpoint.tags import Checkpoints
+from janus_train.checkpoint.store import Checkpoints
 from janus_train.config import TrainSettings, deepspeed_config
 from janus_train.data.live_check import LiveCheckError, source_windows
 from janus_train.data.mixture import Mixture

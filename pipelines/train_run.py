@@ -12,7 +12,7 @@ the file. A reference checkpoint to start from (``train.init_from``) is checked 
 
 The run directory describes itself (``janus_train.run.layout``): at start rank 0 writes the resolved
 profile (``profile.yaml``, after ``extends`` and ``--set KEY=VALUE`` overrides) and appends the
-command line, versions and cache digests to ``run.json`` (``janus_train.run.record``). Rank 0's
+command line, versions and cache digests to ``run.json`` (``janus_train.run.provenance``). Rank 0's
 console is also appended to ``train.log``.
 
 The run's parts (tokenizer, data, checkpoints, model, engine) are built by ``pipelines.train_parts``
@@ -46,7 +46,7 @@ from janus_core.profile import Profile
 from janus_train.checkpoint.elastic import ResumeError
 from janus_train.checkpoint.export import export
 from janus_train.checkpoint.reference import ReferenceCheckpointError, run_model_config
-from janus_train.checkpoint.tags import NoIntactCheckpoint, tag_name
+from janus_train.checkpoint.store import NoIntactCheckpoint, tag_name
 from janus_train.config import TrainSettings
 from janus_train.data.damaged import DamagedSample
 from janus_train.data.live_check import LiveCheckError
@@ -57,7 +57,7 @@ from janus_train.loop.trainer import Trainer
 from janus_train.loop.validation import ValidationError
 from janus_train.run.layout import RunLayout
 from janus_train.loop.logs import ConsoleCopy
-from janus_train.run.record import append_start, write_profile
+from janus_train.run.provenance import append_start, write_profile
 from pipelines.distributed import Control, RankFailed, Ranks, fail_alike, lock_on_main, usable_cores
 from pipelines.library_output import library_chatter_hidden
 from pipelines.train_parts import TooFewSamples, build_parts, init_distributed

@@ -22,7 +22,7 @@ from janus_core.profile import Profile, ProfileError
 from janus_train.config import TrainSettings, load_train_settings
 from janus_train.data.sources import CacheSource, MixtureError, live_check_refusal
 from janus_train.loop.logs import WandbMissing, check_wandb
-from janus_train.run.record import run_profile
+from janus_train.run.provenance import run_profile
 from pipelines.distributed import Ranks
 
 

@@ -60,7 +60,7 @@ from janus_cache.verify import (
 )
 from janus_core.system.device import process_device
 from janus_core.dtypes import TORCH_DTYPES
-from janus_core.encoder import EncoderIdentity, WindowEncoder
+from janus_core.vggt.encoder import EncoderIdentity, WindowEncoder
 from janus_core.index import DatasetIndex
 from janus_core.profile import SET_HELP, SET_OPTION, Profile, load_profile
 from pipelines.distributed import Control, Progress, RankFailed, Ranks, job_on_directory

@@ -209,7 +209,7 @@ class ViTFeaturesEntry:
     """The cached output of Qwen's frozen ViT blocks for the frames of one resolution (``vit/<name>``):
     which tower made it (the weights' fingerprint, the base model's directory name) and the stored
     per-frame shape ``(grid tokens, D)`` (a DeepStack base, Qwen3-VL: ``(levels, grid tokens, D)``,
-    :mod:`janus_core.vit_encoder`) and logical dtype (bf16 is stored as its uint16 bits)."""
+    :mod:`janus_core.qwen_vit`) and logical dtype (bf16 is stored as its uint16 bits)."""
 
     name: str
     fingerprint: str
@@ -233,7 +233,7 @@ class ViTFeaturesEntry:
 
 
 @dataclass(frozen=True)
-class Layout:
+class ShardSizes:
     """Rows per shard of the frame arrays and of the per-sample arrays."""
 
     frames_per_shard: int
@@ -267,7 +267,7 @@ class Manifest:
     encoder_fingerprint: str
     feature_dtype: str
     dataset: DatasetIdentity
-    layout: Layout
+    layout: ShardSizes
     resolutions: Mapping[str, ResolutionEntry]
     counts: Mapping[str, int] = field(default_factory=dict)
     shards: Mapping[str, tuple[ShardEntry, ...]] = field(default_factory=dict)
@@ -339,7 +339,7 @@ class Manifest:
                 encoder_fingerprint=data["encoder_fingerprint"],
                 feature_dtype=data["feature_dtype"],
                 dataset=DatasetIdentity(**data["dataset"]),
-                layout=Layout(**data["layout"]),
+                layout=ShardSizes(**data["layout"]),
                 resolutions={name: ResolutionEntry(**entry) for name, entry in data["resolutions"].items()},
                 counts=dict(data["counts"]),
                 shards={

@@ -11,7 +11,7 @@ path is named in :mod:`janus_cache.store.layout`):
     :mod:`janus_cache.store.features`).
 ``vit/<resolution>`` (optional, ``cache.vit_features``)
     ``[n_frames, grid tokens, D]``: the frozen Qwen ViT's output per frame, sharded like the frames
-    (both formats keep it here, once per frame; see :mod:`janus_core.vit_encoder`).
+    (both formats keep it here, once per frame; see :mod:`janus_core.qwen_vit`).
 ``tables/frames/<column>``, ``tables/samples/<column>``
     The frame and sample tables, row-aligned with the arrays above. Required columns: ``key``
     (str) in both, ``window_rows`` (int ``[n_samples, history + 1]``, rows of ``frames/*``) in

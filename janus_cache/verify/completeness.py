@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from janus_cache.keys import dataset_identity
-from janus_cache.precompute import read_frame_failures
+from janus_cache.work_units import read_frame_failures
 from janus_cache.store import DatasetIdentity, ManifestError, StoreError
 from janus_cache.store.layout import FRAMES_TABLE, REPORT_NAME, SAMPLES_TABLE, WINDOW_ROWS_COLUMN
 from janus_cache.store.manifest import read_episodes

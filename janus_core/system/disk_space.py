@@ -1,6 +1,6 @@
 """A write that ran out of room (a full disk, a quota, a file-size limit), told apart from other
 failures, so a checkpoint save or an export ends in one line with real byte counts instead of the
-writer's traceback (precompute does the same for cache shards: ``janus_cache.precompute_job``)."""
+writer's traceback (precompute does the same for cache shards: ``janus_cache.job``)."""
 
 from __future__ import annotations
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from janus_core.system.disk_space import NoRoom, bytes_under, format_bytes, free_bytes
-from janus_train.checkpoint.tags import Checkpoints
+from janus_train.checkpoint.store import Checkpoints
 from janus_train.data.val_metric_names import better
 from janus_train.run.layout import BEST_TAG
 

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from janus_train.checkpoint.tags import UNIVERSAL_SUFFIX, directory_problem, record_directory
+from janus_train.checkpoint.store import UNIVERSAL_SUFFIX, directory_problem, record_directory
 
 
 class ResumeError(ValueError):

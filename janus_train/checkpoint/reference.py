@@ -28,7 +28,7 @@ from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTra
 
 from janus_core.bases import QWEN2_5_VL
 from janus_core.dtypes import TORCH_DTYPES
-from janus_core.encoder import WindowEncoder
+from janus_core.vggt.encoder import WindowEncoder
 from janus_core.profile import CacheSettings, Profile
 from janus_core.vggt import REFERENCE_FRAMES, AggregatorConfig, VGGTAggregator
 from janus_core.vggt.checkpoint import (

@@ -27,9 +27,9 @@ from pathlib import Path
 from typing import Any
 
 from janus_core.system.disk_space import NoRoom, format_bytes, free_bytes, no_room_reason
-from janus_train.checkpoint.tags import Checkpoints
+from janus_train.checkpoint.store import Checkpoints
 from janus_train.run.layout import RunLayout
-from janus_train.run.record import utc_now
+from janus_train.run.provenance import utc_now
 
 TIME_FIELD = "time"
 """The wall-clock time of a record: ISO 8601, UTC (:func:`utc_now`)."""

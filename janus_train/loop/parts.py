@@ -28,7 +28,7 @@ from janus_core.profile import Profile
 from janus_core.resolution import visual_tokens
 from janus_train.checkpoint.best import BestCheckpoint
 from janus_train.checkpoint.elastic import DataLayout, ResumePoint
-from janus_train.checkpoint.tags import Checkpoints, Resumable
+from janus_train.checkpoint.store import Checkpoints, Resumable
 from janus_train.config import TrainSettings, load_train_settings
 from janus_train.data.live_check import SourceWindows
 from janus_train.data.mixture import MixedSamples, Mixture, mixed_samples

@@ -24,7 +24,7 @@ import torch.distributed as dist
 
 from janus_cache.store.split import merge_rank_shares
 from janus_train.checkpoint.elastic import DataLayout, rng_states
-from janus_train.checkpoint.tags import Checkpoints, tag_name
+from janus_train.checkpoint.store import Checkpoints, tag_name
 from janus_train.data.damaged import Collective
 from janus_train.loop.nonfinite import NonFiniteStep, nonfinite_message
 from janus_train.loop.preemption import Preemption

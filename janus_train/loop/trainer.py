@@ -17,7 +17,7 @@ its seeded permutation), and every optimizer step consumes its next ``samples_pe
 position as samples consumed of the epoch's sequence, so a resumed run continues with the next
 unseen sample at once, on the same or (zarr caches) another number of processes, provided the
 global batch is unchanged (``janus_train.checkpoint.elastic``). Checkpoints are verified before a resume
-(``janus_train.checkpoint.tags``). With a validation source, ``validate`` runs every ``eval_every``
+(``janus_train.checkpoint.store``). With a validation source, ``validate`` runs every ``eval_every``
 steps and at the end (``janus_train.loop.validation``) and keeps the best checkpoint apart.
 """
 

@@ -50,20 +50,20 @@ from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VLRMSNorm
 
 from janus_core.bases import DEFAULT_BASE, VGGT_PATCH_SIZE, QwenBase, base_of_config
 from janus_core.dtypes import TORCH_DTYPES
-from janus_core.encoder import WindowEncoder
+from janus_core.vggt.encoder import WindowEncoder
 from janus_core.imaging import qwen_pixel_values
 from janus_core.index import ACTIONS
 from janus_core.profile import EncoderSettings, LanguageModelSettings, Profile
 from janus_core.resolution import grid_shape
 from janus_core.vggt import AggregatorConfig
 from janus_core.vggt.checkpoint import resolve_config, resolve_weights_file
-from janus_core.vit_encoder import TRAINABLE_PREFIXES as VIT_TRAINABLE_PREFIXES
-from janus_core.vit_encoder import deepstack_levels, merge_cached, merge_cached_deepstack, vit_blocks
+from janus_core.qwen_vit import TRAINABLE_PREFIXES as VIT_TRAINABLE_PREFIXES
+from janus_core.qwen_vit import deepstack_levels, merge_cached, merge_cached_deepstack, vit_blocks
 
 # The frozen blocks and the merger's order: one function each for the live and the cached ViT path.
-from janus_core.vit_encoder import merge as vit_merge
+from janus_core.qwen_vit import merge as vit_merge
 from janus_train.model.activation_checkpointing import ActivationCheckpointing
-from janus_train.model.config import JanusModelConfig, TrainableParts
+from janus_train.model.model_config import JanusModelConfig, TrainableParts
 from janus_train.model.loss import LossParts, action_cross_entropy, token_cross_entropy
 from janus_train.data.rope import RopeIndex
 from janus_train.model.vision_attention import use_varlen_vision_attention
@@ -461,7 +461,7 @@ def fuse_image_embeddings(visual: nn.Module, merger: VGGTMerger, lam: float, fra
 
     With ``vit_features`` (the frames' cached ViT output [B, S, grid tokens, D],
     ``cache.vit_features``) only the tower's trainable merger runs: no pixel values, no ViT blocks
-    (:mod:`janus_core.vit_encoder` computes both paths)."""
+    (:mod:`janus_core.qwen_vit` computes both paths)."""
     b, s, height, width, _ = frames.shape
     grid = grid_shape(height, width)
     if vit_features is not None:

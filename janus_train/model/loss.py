@@ -41,7 +41,7 @@ from torch.utils.checkpoint import checkpoint
 
 from janus_train.data.prompt import IGNORE_INDEX
 from janus_train.data.segments import N_SEGMENTS
-from janus_train.model.loss_config import DEFAULT_LOGIT_CHUNK_ROWS, LossConfig
+from janus_train.model.model_config import DEFAULT_LOGIT_CHUNK_ROWS, LossConfig
 
 
 class LossParts(NamedTuple):

@@ -6,7 +6,7 @@ A run directory (``--out RUN``, ``make train RUN=...``) holds::
                          environment variables, extends and --set (pass it back as --profile)
     run.json             one entry per start: the command line, janus version and git commit,
                          package versions, the caches' manifest digests, the base model trained
-                         (qwen.path's model_type; none recorded: Qwen2.5-VL) (janus_train.run.record)
+                         (qwen.path's model_type; none recorded: Qwen2.5-VL) (janus_train.run.provenance)
     train.log            rank 0's console output, appended across resumes
     launcher.log         torchrun's own report of a failed launch (make train; pipelines.launch)
     metrics.jsonl        one JSON record per logged step, each with its wall-clock "time"

@@ -42,7 +42,7 @@ from helpers.shared_runs import TinyTraining
 from helpers.training import TRAIN as TRAIN_TEST_SETTINGS
 from helpers.training import read_metrics, train_on_ranks, write_train_profile
 from janus_train.checkpoint.best import BEST_FILE, BEST_TAG
-from janus_train.checkpoint.tags import CHECKSUMS_FILE, LATEST_FILE
+from janus_train.checkpoint.store import CHECKSUMS_FILE, LATEST_FILE
 from janus_train.run.layout import CHECKPOINTS_DIR
 
 STEPS, SAVE_EVERY = 4, 2
@@ -306,7 +306,7 @@ def test_every_writer_running_out_of_room_is_told_apart_from_other_failures(tmp_
 FULL_LOG = """
 import json, sys
 from pathlib import Path
-from janus_train.checkpoint.tags import Checkpoints, LATEST_FILE, record_directory
+from janus_train.checkpoint.store import Checkpoints, LATEST_FILE, record_directory
 from janus_core.system.disk_space import NoRoom
 from janus_train.loop.logs import RunLog, write_alike
 

@@ -244,7 +244,7 @@ def test_a_damaged_universal_checkpoint_is_converted_again_with_one_warning(
     is wrong with it, converts the intact ZeRO checkpoint again and continues with the
     uninterrupted run's losses (the damaged weights would shift them; a truncated file would crash
     the loader)."""
-    from janus_train.checkpoint.tags import directory_problem
+    from janus_train.checkpoint.store import directory_problem
 
     out = continue_from(setup.run_two, tmp_path / "run")
     universal = out / "checkpoints" / f"step{SAVE_AT:08d}_universal"

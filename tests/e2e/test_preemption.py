@@ -25,7 +25,7 @@ from helpers.commands import make_env
 from helpers.profiles import REPO_ROOT, write_test_profile
 from helpers.shared_runs import TinyTraining
 from helpers.training import assert_succeeded, train_on_ranks
-from janus_train.checkpoint.tags import Checkpoints, tag_name
+from janus_train.checkpoint.store import Checkpoints, tag_name
 from janus_train.loop.preemption import PREEMPTED_EXIT_CODE
 
 STEPS = 8

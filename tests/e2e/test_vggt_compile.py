@@ -9,7 +9,7 @@ import torch
 
 from helpers.vggt_cases import CPU, episode_windows, tiny_model
 from janus_cache.verify.comparison import compare, feature_tolerance
-from janus_core.encoder import WindowEncoder
+from janus_core.vggt.encoder import WindowEncoder
 
 
 @pytest.mark.slow

@@ -39,7 +39,7 @@ from janus_cache.store.layout import CacheLayout, vit_array
 from janus_cache.store.open import reader_of
 from janus_cache.store.zarr_group import ZarrGroup
 from janus_core.profile import load_profile
-from janus_core.vit_encoder import ViTEncoder
+from janus_core.qwen_vit import ViTEncoder
 from janus_train.loop.parts import open_training_cache
 
 RESOLUTION = "pad224"

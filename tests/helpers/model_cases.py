@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-from janus_core.encoder import WindowEncoder
+from janus_core.vggt.encoder import WindowEncoder
 from janus_core.imaging import load_frame
 from janus_core.index import DatasetIndex, Sample
 from janus_core.profile import CacheSettings, EncoderSettings, LanguageModelSettings

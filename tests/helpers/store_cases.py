@@ -18,10 +18,10 @@ from janus_cache.store import (
     CacheSample,
     CacheWriter,
     DatasetIdentity,
-    Layout,
     Manifest,
     ResolutionEntry,
     SampleMeta,
+    ShardSizes,
     WindowVariant,
     open_writer,
     write_manifest,
@@ -195,7 +195,7 @@ def write_cache_manifest(writer: CacheWriter, content: Content, resolutions: lis
         feature_dtype=content.feature_dtype,
         dataset=DatasetIdentity(digest="store-test", n_episodes=1, n_frames=len(content.frame_keys),
                                 n_samples=content.n_samples),
-        layout=Layout(frames_per_shard=FRAMES_PER_SHARD, samples_per_shard=SAMPLES_PER_SHARD),
+        layout=ShardSizes(frames_per_shard=FRAMES_PER_SHARD, samples_per_shard=SAMPLES_PER_SHARD),
         resolutions={
             name: ResolutionEntry(name, {}, content.frames[name].shape[1:], tuple(content.features[name].shape[1:]))
             for name in resolutions

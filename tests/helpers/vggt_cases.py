@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import torch
 
-import janus_core.encoder as encoder_module
+import janus_core.vggt.encoder as encoder_module
 from helpers.profiles import REPO_ROOT
 from janus_core.vggt import AggregatorConfig, VGGTAggregator
 

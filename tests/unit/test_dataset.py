@@ -228,7 +228,7 @@ def test_the_subinstruction_rule_is_a_cache_setting_keyed_in_the_dataset_identit
 
     from helpers.profiles import write_test_profile
     from janus_cache.keys import dataset_identity
-    from janus_cache.store.manifest import DatasetIdentity, Layout, Manifest, WindowVariant, keyed_differences
+    from janus_cache.store.manifest import DatasetIdentity, ShardSizes, Manifest, WindowVariant, keyed_differences
     from janus_core.profile import ProfileError, load_profile
 
     assert load_profile("tiny").cache.subinstruction_rule == "reference"
@@ -245,7 +245,7 @@ def test_the_subinstruction_rule_is_a_cache_setting_keyed_in_the_dataset_identit
     def manifest_with(identity: DatasetIdentity) -> Manifest:
         window = WindowVariant(history=8, sampling="linspace", reference_frame="first", layer=-2, attention="causal")
         return Manifest(format="zarr", window=window, encoder_fingerprint="sha256:" + "12" * 32,
-                        feature_dtype="bfloat16", dataset=identity, layout=Layout(64, 16), resolutions={})
+                        feature_dtype="bfloat16", dataset=identity, layout=ShardSizes(64, 16), resolutions={})
 
     stored = Manifest.from_json(manifest_with(janus).to_json())
     assert stored.dataset.subinstruction_rule == "janus"

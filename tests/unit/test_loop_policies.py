@@ -21,7 +21,7 @@ import torch
 
 from helpers.damage import OneProcess
 from janus_train.checkpoint.elastic import DataLayout
-from janus_train.checkpoint.tags import CHECKSUMS_FILE, Checkpoints, tag_name
+from janus_train.checkpoint.store import CHECKSUMS_FILE, Checkpoints, tag_name
 from janus_train.loop.nonfinite import NonFiniteStep
 from janus_train.loop.policies import (
     CheckpointWriter,

@@ -12,12 +12,12 @@ import janus_cache.store.commit as commit_module
 from janus_cache.store import (
     DatasetIdentity,
     FieldDiff,
-    Layout,
     Manifest,
     ManifestError,
     ManifestMismatch,
     ResolutionEntry,
     ShardEntry,
+    ShardSizes,
     WindowVariant,
     check_compatible,
     keyed_differences,
@@ -50,7 +50,7 @@ def manifest(**changes: object) -> Manifest:
         encoder_fingerprint="sha256:" + "12" * 32,
         feature_dtype="bfloat16",
         dataset=DatasetIdentity.compute(EPISODES, sources=["r2r"]),
-        layout=Layout(frames_per_shard=64, samples_per_shard=16),
+        layout=ShardSizes(frames_per_shard=64, samples_per_shard=16),
         resolutions={"pad644": pad644()},
         counts={"frames": 3, "samples": 3},
         shards={"frames/pad644": (ShardEntry(0, 0, 3, True, 1234, "ab" * 32),)},
@@ -150,7 +150,7 @@ def test_a_new_resolution_is_an_addition_and_merging_keeps_both() -> None:
 
 def test_mismatch_error_message_names_the_fields_and_both_values() -> None:
     existing = manifest()
-    wanted = manifest(layout=Layout(frames_per_shard=32, samples_per_shard=16), format="wds")
+    wanted = manifest(layout=ShardSizes(frames_per_shard=32, samples_per_shard=16), format="wds")
     with pytest.raises(ManifestMismatch) as caught:
         check_compatible(existing, wanted, source="cache /data/c")
     message = str(caught.value)

@@ -11,14 +11,14 @@ import numpy as np
 import pytest
 
 from helpers.precompute_runs import RESOLUTION
-from janus_cache.precompute import (
+from janus_cache.work_units import (
     check_windows,
     compute_frame_shard,
     frame_table,
     sample_table,
     usable_samples,
 )
-from janus_cache.precompute_job import PrecomputeError, check_free_space, free_space_problem
+from janus_cache.job import PrecomputeError, check_free_space, free_space_problem
 from janus_core.index import build_index, build_sources_index, store_sources_index
 from janus_core.resolution import Resolution
 

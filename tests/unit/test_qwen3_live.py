@@ -18,11 +18,11 @@ import pytest
 import torch
 
 from janus_cache.keys import window_variant
-from janus_cache.precompute_job import PrecomputeJob, precompute_base
+from janus_cache.job import PrecomputeJob, precompute_base
 from janus_cache.store import open_cache, open_writer
 from janus_cache.verify.comparison import feature_tolerance
 from janus_core.bases import QWEN3_VL
-from janus_core.encoder import WindowEncoder
+from janus_core.vggt.encoder import WindowEncoder
 from janus_core.imaging import qwen_pixel_values
 from janus_core.index import build_index
 from janus_core.profile import Profile, load_profile

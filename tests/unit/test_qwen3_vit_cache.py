@@ -21,17 +21,17 @@ from transformers import AutoTokenizer
 
 from helpers.model_cases import FEATURE_DIM, MERGER_HIDDEN, tiny_encoder, window_frames
 from janus_cache.keys import window_variant
-from janus_cache.precompute_job import PrecomputeJob, precompute_base
+from janus_cache.job import PrecomputeJob, precompute_base
 from janus_cache.store import open_cache, read_manifest
 from janus_cache.verify import check_cache_for_training
 from janus_cache.verify.live import check_live
 from janus_core.bases import QWEN3_VL
-from janus_core.encoder import WindowEncoder
+from janus_core.vggt.encoder import WindowEncoder
 from janus_core.imaging import load_qwen_frame
 from janus_core.index import DatasetIndex, Sample, build_index
 from janus_core.profile import LanguageModelSettings, Profile, load_profile
 from janus_core.sample_data import write_sample_data
-from janus_core.vit_encoder import ViTEncoder, load_vision_tower, vit_fingerprint
+from janus_core.qwen_vit import ViTEncoder, load_vision_tower, vit_fingerprint
 from janus_train.data.prompt import PromptBuilder
 from janus_train.model.janus_model import JanusModelConfig, JanusVLNModel, ModelInputError, load_qwen
 

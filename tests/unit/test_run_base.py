@@ -17,7 +17,7 @@ from janus_core.bases import QWEN2_5_VL, QWEN3_VL
 from janus_core.profile import Profile, ProfileError, load_profile
 from janus_train.config import load_train_settings
 from janus_train.run.layout import RunLayout
-from janus_train.run.record import append_start, recorded_base, run_profile, write_profile
+from janus_train.run.provenance import append_start, recorded_base, run_profile, write_profile
 from pipelines.train_cli import app
 
 
@@ -25,7 +25,7 @@ from pipelines.train_cli import app
 def no_git(monkeypatch: pytest.MonkeyPatch) -> None:
     """A start records janus's git commit by running git, a process the unit tier starts none of;
     the commit is not what these tests are about."""
-    monkeypatch.setattr("janus_train.run.record.git_state", lambda: {"git_commit": None, "git_dirty": None})
+    monkeypatch.setattr("janus_train.run.provenance.git_state", lambda: {"git_commit": None, "git_dirty": None})
 
 
 def trained_run(run: Path, profile: Profile) -> RunLayout:

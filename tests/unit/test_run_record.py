@@ -16,7 +16,7 @@ def test_a_recorded_profile_binds_a_run_only_once_it_holds_a_checkpoint(tmp_path
     """A start that failed before its first checkpoint recorded its profile; a corrected profile may
     start the run again. Once a checkpoint exists, the same profile is refused in one line."""
     from janus_core.profile import ProfileError
-    from janus_train.run.record import run_profile, write_profile
+    from janus_train.run.provenance import run_profile, write_profile
 
     run = tmp_path / "run"
     variant = load_profile("tiny", ["train.lam=0.3"])

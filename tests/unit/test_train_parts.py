@@ -17,7 +17,7 @@ from helpers.shared_caches import SMALL_SHARDS
 from helpers.training import write_train_profile
 from janus_core.profile import load_profile
 from janus_train.checkpoint.elastic import DataLayout, ResumeError
-from janus_train.checkpoint.tags import Checkpoints, tag_name
+from janus_train.checkpoint.store import Checkpoints, tag_name
 from janus_train.config import load_train_settings
 from janus_train.data.sources import MixtureError, parse_cache_sources
 from janus_train.loop.parts import ResumeChoice, Stepping, prompt_builder

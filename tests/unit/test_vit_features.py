@@ -20,8 +20,8 @@ from helpers.profiles import write_test_profile
 from janus_core.imaging import qwen_pixel_values
 from janus_core.index import DatasetIndex
 from janus_core.profile import LanguageModelSettings, load_profile
-from janus_core.vit_encoder import ViTEncoder, load_vision_tower, merge_cached, vit_blocks, vit_fingerprint
-from janus_core.vit_encoder import merge as vit_merge
+from janus_core.qwen_vit import ViTEncoder, load_vision_tower, merge_cached, vit_blocks, vit_fingerprint
+from janus_core.qwen_vit import merge as vit_merge
 from janus_train.config import load_train_settings
 from janus_train.model.janus_model import ModelInputError, TrainableParts
 

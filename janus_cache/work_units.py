@@ -1,7 +1,7 @@
 """Stage 1 work units: what a cache should hold, and the computation of one shard.
 
 Plain single-process code. The job that runs these units in order and owns the cache's contract
-(refusals, free space, final manifest, report) is :mod:`janus_cache.precompute_job`; which
+(refusals, free space, final manifest, report) is :mod:`janus_cache.job`; which
 process runs which shard, barriers and progress across processes live in
 ``pipelines/precompute_run.py``. Every unit here is a pure function of the index, the profile and
 the shard number, so any split of the shards over processes gives the same cache.
@@ -45,11 +45,11 @@ from janus_cache.store.commit import atomic_write_bytes
 from janus_cache.store.layout import KEY_COLUMN, WINDOW_ROWS_COLUMN, CacheLayout
 from janus_cache.store.records import ACTION_COLUMN, EPISODE_COLUMN, SOURCE_COLUMN, TEXT_COLUMNS
 from janus_core.bases import BASES, DEFAULT_BASE, VGGT_PATCH_SIZE, QwenBase
-from janus_core.encoder import WindowEncoder
+from janus_core.vggt.encoder import WindowEncoder
 from janus_core.imaging import FrameError, load_frame, load_qwen_frame
 from janus_core.index import ACTION_IDS, DatasetIndex, Frame
 from janus_core.resolution import Resolution
-from janus_core.vit_encoder import ViTEncoder
+from janus_core.qwen_vit import ViTEncoder
 
 # ------------------------------------------------------------------------------------ tables
 

@@ -16,7 +16,7 @@ A :class:`PrecomputeJob` is plain single-process code with five steps, run in th
    ``report.json``.
 
 Which process runs which shard, barriers and progress displays belong to the caller
-(``pipelines/precompute_run.py``). The units of work themselves are in :mod:`janus_cache.precompute`.
+(``pipelines/precompute_run.py``). The units of work themselves are in :mod:`janus_cache.work_units`.
 
 **Appending.** A cache whose dataset identity differs from the index's is *appended to* when the
 index only adds episodes after the cache's ones (``janus_core.index.changes``): the tables are
@@ -44,7 +44,7 @@ import numpy as np
 
 from janus_cache.keys import frame_shape, stored_frame_shape, wanted_manifest, window_variant
 from janus_cache.plan import Plan, make_plan
-from janus_cache.precompute import (
+from janus_cache.work_units import (
     check_windows,
     frame_table,
     read_frame_failures,
@@ -90,7 +90,7 @@ from janus_cache.store.manifest import (
 )
 from janus_core.bases import BASES, DEFAULT_BASE, QwenBase, cache_base
 from janus_core.system.disk_space import DISK_FULL_ERRNOS, format_bytes
-from janus_core.encoder import WindowEncoder
+from janus_core.vggt.encoder import WindowEncoder
 from janus_core.index import (
     CachedRows,
     DatasetIndex,
@@ -103,7 +103,7 @@ from janus_core.index import (
 from janus_core.system.lock import LOCK_NAME
 from janus_core.profile import CacheSettings, Profile
 from janus_core.resolution import Resolution
-from janus_core.vit_encoder import ViTEncoder
+from janus_core.qwen_vit import ViTEncoder
 
 
 class PrecomputeError(RuntimeError):

@@ -100,7 +100,7 @@ def file_problem(tag_dir: Path, name: str, recorded: dict[str, Any]) -> str | No
     return None
 
 
-def read_record(tag_dir: Path) -> dict[str, dict[str, Any]] | str:
+def read_checksums(tag_dir: Path) -> dict[str, dict[str, Any]] | str:
     """The recorded files of a tag, or why there is no usable record."""
     path = tag_dir / CHECKSUMS_FILE
     if not tag_dir.is_dir():
@@ -130,7 +130,7 @@ def record_directory(tag_dir: Path) -> None:
 def directory_problem(tag_dir: Path) -> str | None:
     """One process: why ``tag_dir`` does not match its ``checksums.json`` (the first problem, files
     in name order), None when every recorded file does."""
-    record = read_record(tag_dir)
+    record = read_checksums(tag_dir)
     if isinstance(record, str):
         return record
     return next((problem for name in sorted(record)
@@ -211,7 +211,7 @@ class Checkpoints:
         """Why ``tag`` cannot be resumed from (None when every recorded file matches); each rank
         checks a share of the files, every rank gets the same verdict."""
         tag_dir = self.directory / tag
-        record = self.from_main(read_record(tag_dir) if self.rank == 0 else None)
+        record = self.from_main(read_checksums(tag_dir) if self.rank == 0 else None)
         if isinstance(record, str):
             return record
         names = sorted(record)
@@ -285,7 +285,7 @@ class Checkpoints:
     def rerun_hint(self) -> str:
         """Rank 0, after a write ran out of room: how the same command goes on once there is room."""
         latest = self.latest()
-        if latest and isinstance(read_record(self.directory / latest), dict):
+        if latest and isinstance(read_checksums(self.directory / latest), dict):
             return f"{LATEST_FILE} still names {latest}: free space and run the same command again to resume from it"
         return "no checkpoint is kept yet: free space and run the same command again"
 
@@ -335,7 +335,7 @@ class Checkpoints:
         shutil.rmtree(tag_dir, ignore_errors=True)
         (self.directory / f".{LATEST_FILE}.tmp").unlink(missing_ok=True)
         latest = self.latest()
-        record = read_record(self.directory / latest) if latest else "none"
+        record = read_checksums(self.directory / latest) if latest else "none"
         if isinstance(record, dict):
             takes = f"a checkpoint of this run takes {format_bytes(sum(e['bytes'] for e in record.values()))}"
         else:
