@@ -16,11 +16,18 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
+from janus_core.system.device import process_device
 from janus_core.system.disk_space import format_bytes
 from janus_core.system.lock import DirectoryLock
 from janus_core.system.threads import usable_cores  # noqa: F401 - the trainer's loader note reads it here
+from pipelines.library_output import library_chatter_hidden, name_deepspeed_accelerator
+
+if TYPE_CHECKING:  # imported when a training rank joins its group: the light commands need no torch
+    import torch
+
+    from janus_core.profile import Profile
 
 T = TypeVar("T")
 
@@ -55,6 +62,30 @@ class Ranks:
 LAUNCHER_GRACE_S = 30.0
 """How long a rank other than 0 waits, after a failure every rank meets alike, for the launcher to
 end it once rank 0 has said why and exited."""
+
+
+def init_distributed(profile: Profile, alloc_conf: str = "") -> torch.device:
+    """Join the launcher's process group (NCCL on GPU, gloo on CPU); returns this process's device.
+
+    Idempotent, so the entry point calls it before building the parts (e.g. to run a start-up
+    check on rank 0 and broadcast the verdict). ``alloc_conf`` is set as ``PYTORCH_CUDA_ALLOC_CONF``
+    (unless already set) before CUDA initialises, when it still counts.
+    """
+    cuda = profile.device == "cuda"
+    name_deepspeed_accelerator(profile.device)  # spares every rank DeepSpeed's detection warning
+    import deepspeed
+    import torch
+
+    if alloc_conf and cuda:
+        os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", alloc_conf)
+    # DeepSpeed print()s "... shm_comm_op built successfully" on every rank at every start.
+    with library_chatter_hidden():
+        deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo")
+    if not cuda:
+        return torch.device("cpu")
+    device = process_device(profile.device, int(os.environ.get("LOCAL_RANK", "0")))
+    torch.cuda.set_device(device)
+    return device
 
 
 def fail_alike(ranks: Ranks, message: str, code: int = 1) -> NoReturn:

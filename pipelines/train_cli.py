@@ -161,7 +161,7 @@ def show_sample_cmd(
         from janus_core.profile import ProfileError, load_profile
         from janus_train.data.prompt import PromptError
         from janus_train.data.sample_view import describe_sample
-        from janus_train.loop.parts import prompt_builder
+        from janus_train.build import prompt_builder
         from janus_train.run.provenance import run_profile
 
     try:

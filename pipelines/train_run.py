@@ -15,7 +15,7 @@ profile (``profile.yaml``, after ``extends`` and ``--set KEY=VALUE`` overrides) 
 command line, versions and cache digests to ``run.json`` (``janus_train.run.provenance``). Rank 0's
 console is also appended to ``train.log``.
 
-The run's parts (tokenizer, data, checkpoints, model, engine) are built by ``pipelines.train_parts``
+The run's parts (tokenizer, data, checkpoints, model, engine) are built by :func:`janus_train.build.build_parts`
 and run by :class:`janus_train.loop.trainer.Trainer`; the user errors each end every rank with one
 line, mapped in one place (:data:`USER_ERRORS`, :func:`error_line`).
 
@@ -60,7 +60,8 @@ from janus_train.loop.logs import ConsoleCopy
 from janus_train.run.provenance import append_start, write_profile
 from pipelines.distributed import Control, RankFailed, Ranks, fail_alike, lock_on_main, usable_cores
 from pipelines.library_output import library_chatter_hidden
-from pipelines.train_parts import TooFewSamples, build_parts, init_distributed
+from janus_train.build import TooFewSamples, build_parts
+from pipelines.distributed import init_distributed
 from pipelines.train_start import START_ERRORS, Refused, first_refusal, missing_cache
 
 

@@ -1,7 +1,7 @@
 """The trainer stage: a DeepSpeed ZeRO-3 engine loop over cached (or live) samples.
 
-The trainer receives its parts built (:class:`janus_train.loop.parts.TrainParts`: the launch layer's
-``pipelines.train_parts`` joins the process group and makes them from the profile) and runs them:
+The trainer receives its parts built (:class:`janus_train.loop.parts.TrainParts`, made from the profile
+by :func:`janus_train.build.build_parts` once the launch layer joined the process group) and runs them:
 each optimizer step, then the loop's policies after it (:mod:`janus_train.loop.policies`: the
 non-finite guard, the record's extras, validation, logging, cache flushes, checkpoints, the stop on
 a signal), each a small object with one job.

@@ -46,7 +46,7 @@ from janus_cache.store.layout import TEXT_PAYLOAD, wds_shard_name
 from janus_cache.store.wds_store import encode_key
 from janus_core.profile import load_profile
 from janus_train.data.samples import CachedSamples
-from janus_train.loop.parts import open_training_cache
+from janus_train.data.from_profile import open_training_cache
 from janus_train.run.layout import CHECKPOINTS_DIR, METRICS_FILE
 from pipelines.precompute_run import Options, run
 
@@ -71,7 +71,7 @@ def damaged_zarr(workdir: tuple[Path, Path], clean_zarr: tuple[Path, Path]) -> D
 
 @pytest.fixture(scope="module")
 def builder(clean_zarr: tuple[Path, Path]) -> Any:
-    from janus_train.loop.parts import prompt_builder
+    from janus_train.build import prompt_builder
 
     return prompt_builder(load_profile(clean_zarr[0]))
 

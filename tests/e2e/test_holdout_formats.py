@@ -34,7 +34,8 @@ from janus_train.config import load_train_settings
 from janus_train.data.holdout import split_by_episode
 from janus_train.data.mixture import MixedSamples
 from janus_train.data.samples import CachedSamples, StreamedSamples
-from janus_train.loop.parts import make_dataset, open_training_cache, prompt_builder
+from janus_train.build import prompt_builder
+from janus_train.data.from_profile import make_dataset, open_training_cache
 from janus_train.loop.validation import plan_validation
 
 H800 = yaml.safe_load((REPO_ROOT / "configs/profiles/h800.yaml").read_text())["train"]

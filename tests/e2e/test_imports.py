@@ -226,7 +226,7 @@ def test_a_training_start_imports_deepspeeds_muon_with_its_compilation_left_to_a
     done = fresh_interpreter(
         "import sys\n"
         "import torch\n"
-        "from pipelines.train_parts import MUON_MODULE, import_muon_uncompiled\n"
+        "from janus_train.build import MUON_MODULE, import_muon_uncompiled\n"
         "import_muon_uncompiled()\n"
         "assert MUON_MODULE in sys.modules\n"
         "assert 'torch._inductor.compile_fx' not in sys.modules, 'the inductor compiler was imported'\n"

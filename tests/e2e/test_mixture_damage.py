@@ -23,7 +23,7 @@ from helpers.shared_runs import OneSampleShards
 from helpers.training import train_on_ranks
 from janus_cache.store.layout import SAMPLES_TABLE, TEXT_PAYLOAD, table_group
 from janus_core.profile import load_profile
-from janus_train.loop.parts import open_training_cache
+from janus_train.data.from_profile import open_training_cache
 from janus_train.run.layout import CHECKPOINTS_DIR
 
 

@@ -24,7 +24,7 @@ from helpers.training import train_on_ranks
 from janus_cache.store import read_manifest
 from janus_core.profile import load_profile
 from janus_core.resolution import Resolution, visual_tokens
-from janus_train.loop.parts import open_training_cache
+from janus_train.data.from_profile import open_training_cache
 from janus_train.run.layout import METRICS_FILE
 from pipelines.precompute_run import Options, run
 

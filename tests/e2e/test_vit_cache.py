@@ -40,7 +40,7 @@ from janus_cache.store.open import reader_of
 from janus_cache.store.zarr_group import ZarrGroup
 from janus_core.profile import load_profile
 from janus_core.qwen_vit import ViTEncoder
-from janus_train.loop.parts import open_training_cache
+from janus_train.data.from_profile import open_training_cache
 
 RESOLUTION = "pad224"
 TOKENS, VIT_DIM = 16 * 16, 32  # pad224: a 16x16 patch grid; the tiny ViT's hidden size (config.json)

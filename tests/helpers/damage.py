@@ -97,7 +97,7 @@ def damage_the_drawn_feature(profile: Path, clean: Path, dest: Path) -> Damaged:
     import shutil
 
     from janus_core.profile import load_profile
-    from janus_train.loop.parts import open_training_cache
+    from janus_train.data.from_profile import open_training_cache
 
     cache = Path(shutil.copytree(clean, dest))
     reader = open_training_cache(load_profile(profile), cache).reader
@@ -116,7 +116,7 @@ def damaged_copy(clean_zarr: tuple[Path, Path], target: str, dest: Path) -> tupl
 
     from janus_cache.store.layout import SAMPLES_TABLE, table_group
     from janus_core.profile import load_profile
-    from janus_train.loop.parts import open_training_cache
+    from janus_train.data.from_profile import open_training_cache
 
     profile, clean = clean_zarr
     cache = Path(shutil.copytree(clean, dest))

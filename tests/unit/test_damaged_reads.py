@@ -35,7 +35,7 @@ from janus_cache.store.layout import SAMPLES_TABLE, table_group
 from janus_core.profile import load_profile
 from janus_train.data.damaged import DamagedSample, draw_step
 from janus_train.data.samples import CachedSamples, collate
-from janus_train.loop.parts import open_training_cache
+from janus_train.data.from_profile import open_training_cache
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +51,7 @@ def damaged_zarr(clean_zarr: tuple[Path, Path], tmp_path_factory: pytest.TempPat
 
 @pytest.fixture(scope="module")
 def builder(clean_zarr: tuple[Path, Path]) -> Any:
-    from janus_train.loop.parts import prompt_builder
+    from janus_train.build import prompt_builder
 
     return prompt_builder(load_profile(clean_zarr[0]))
 

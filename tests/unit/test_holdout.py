@@ -27,7 +27,8 @@ from janus_train.config import load_train_settings
 from janus_train.data.holdout import HoldoutError, heldout_count, split_by_episode
 from janus_train.data.prompt import PromptFields, collate_prompts
 from janus_train.data.samples import CachedSamples, LiveSamples
-from janus_train.loop.parts import open_training_cache, prompt_builder
+from janus_train.build import prompt_builder
+from janus_train.data.from_profile import open_training_cache
 from janus_train.data.val_metric_names import BEST_METRICS, better
 from janus_train.loop.validation import ActionSpan, ValidationError, action_tokens_correct, episode_ids, plan_validation
 from janus_train.loop.logs import step_line

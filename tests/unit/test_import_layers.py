@@ -166,7 +166,7 @@ def test_the_scan_sees_every_package_and_its_imports() -> None:
     assert all(any(m.split(".")[0] == p for m in graph) for p in PACKAGES), sorted(graph)
     assert {"janus_cache", "janus_train"} <= graph["pipelines.train_run"]
     assert "janus_cache" in graph["pipelines.precompute_run"]
-    assert {"janus_core", "janus_cache"} <= graph["janus_train.loop.parts"]
+    assert {"janus_core", "janus_cache"} <= graph["janus_train.data.from_profile"]
     assert "janus_core" in graph["janus_cache.store.manifest"]
     assert {"janus_cache", "pipelines", "benchmarks"} <= graph["benchmarks.bench"]
     assert "janus_train" in graph["benchmarks.flops"]
@@ -250,3 +250,38 @@ def test_no_package_holds_an_import_loop() -> None:
     loops = import_loops(module_graph())
     assert loops == [], "import loops (put what both modules need in a module below both):\n" + "\n".join(
         " <-> ".join(loop) for loop in loops)
+
+
+RUN_BUILDING = ("torch.optim", "lr_scheduler", "AdamW", "LambdaLR", "deepspeed.initialize", "DeepSpeedEngine")
+"""Names that make an optimizer, an LR schedule or a DeepSpeed engine: a training run's parts."""
+
+
+def run_building(path: Path) -> list[str]:
+    """``file:line name`` of every name, attribute or import in ``path`` that builds a run's parts."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, (ast.Name, ast.Attribute)):
+            names = [ast.unparse(node)]
+        elif isinstance(node, ast.ImportFrom):
+            names = [f"{node.module}.{alias.name}" for alias in node.names]
+        elif isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        else:
+            continue
+        found += [f"{path.name}:{node.lineno} {name}" for name in names if any(part in name for part in RUN_BUILDING)]
+    return sorted(set(found))
+
+
+def test_the_launch_layer_builds_no_optimizer_scheduler_or_engine(tmp_path: Path) -> None:
+    """Building a run has one home, ``janus_train.build``: no module of ``pipelines`` (ranks, locks,
+    signals, exit codes) makes an optimizer, an LR schedule or a DeepSpeed engine; the check finds
+    each of them where a module does."""
+    builder = tmp_path / "builder.py"
+    builder.write_text("import torch\nfrom deepspeed import initialize\n"
+                       "opt = torch.optim.AdamW([])\nsched = torch.optim.lr_scheduler.LambdaLR(opt, len)\n")
+    assert {line.split(" ", 1)[1] for line in run_building(builder)} == {
+        "deepspeed.initialize", "torch.optim", "torch.optim.AdamW", "torch.optim.lr_scheduler",
+        "torch.optim.lr_scheduler.LambdaLR"}
+    found = [hit for path in modules_of("pipelines") for hit in run_building(path)]
+    assert found == [], "pipelines/ building a run's parts (build them in janus_train.build):\n" + "\n".join(found)
+    assert run_building(REPO_ROOT / "janus_train" / "build.py")  # where they are built

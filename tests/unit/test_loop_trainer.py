@@ -1,7 +1,7 @@
 """The trainer on built parts, in this process: a one-process gloo group, the tiny profile, a small
 cache, DeepSpeed's ZeRO-3 engine on the CPU (what torchrun would start, without the process start).
 
-The launch layer's builder (pipelines.train_parts) makes the parts from the profile, the trainer
+The run's builder (janus_train.build) makes the parts from the profile, the trainer
 runs them, its policies act after each step: records logged, a checkpoint every ``save_every``
 steps and at the end, and a second trainer on the same run directory resumes after the last
 saved step. The two-process runs and the command's lines are tests/e2e/test_train.py.
@@ -25,7 +25,8 @@ from janus_train.checkpoint.store import tag_name
 from janus_train.config import load_train_settings
 from janus_train.data.sources import parse_cache_sources
 from janus_train.loop.trainer import Trainer
-from pipelines.train_parts import build_parts, init_distributed
+from janus_train.build import build_parts
+from pipelines.distributed import init_distributed
 
 STEPS, SAVE_EVERY = 3, 2
 

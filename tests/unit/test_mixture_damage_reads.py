@@ -29,7 +29,7 @@ from janus_core.sample_data import write_sample_data
 from janus_train.data.damaged import DamagedSample, draw_step
 from janus_train.data.mixture import MixedSamples, Mixture, mixed_samples
 from janus_train.data.samples import collate
-from janus_train.loop.parts import open_training_cache
+from janus_train.data.from_profile import open_training_cache
 from pipelines.precompute_run import Options, run
 
 N_PER_CACHE = 8
@@ -46,7 +46,7 @@ def clean_caches(one_sample_shards: OneSampleShards) -> tuple[Path, Path, Path]:
 
 @pytest.fixture(scope="module")
 def builder(clean_caches: tuple[Path, Path, Path]) -> Any:
-    from janus_train.loop.parts import prompt_builder
+    from janus_train.build import prompt_builder
 
     return prompt_builder(load_profile(clean_caches[0]))
 

@@ -30,7 +30,8 @@ from janus_core.sample_data import write_sample_data
 from janus_train.data.live_check import compare_features, source_windows
 from janus_train.data.sources import live_check_refusal
 from janus_train.data.samples import CachedSamples, LiveFrames, LiveSamples, collate
-from janus_train.loop.parts import make_dataset, open_training_cache, prompt_builder
+from janus_train.build import prompt_builder
+from janus_train.data.from_profile import make_dataset, open_training_cache
 from janus_train.model.janus_model import JanusVLNModel, ModelInputError
 
 SMALL = ("cache.resolution=pad56", "cache.frames_per_shard=4", "cache.samples_per_shard=3", "cache.history=3")

@@ -16,7 +16,7 @@ from janus_core.imaging import load_qwen_frame
 from janus_core.index import DatasetIndex
 from janus_core.profile import load_profile
 from janus_train.data.sample_view import describe_sample
-from janus_train.loop.parts import prompt_builder
+from janus_train.build import prompt_builder
 from pipelines.train_cli import show_sample_cmd
 
 

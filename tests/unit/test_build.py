@@ -1,4 +1,4 @@
-"""The launch layer's builder of a training run's parts (pipelines.train_parts) and the command's
+"""The builder of a training run's parts (janus_train.build) and the command's
 user errors (pipelines.train_start, pipelines.train_run), in this process: the step plan, the data
 and its hold-out, the resume choice over a real run directory, the refusal of too little data, and
 the one-line messages. Building the model and engine is tests/unit/test_loop_trainer.py."""
@@ -20,10 +20,11 @@ from janus_train.checkpoint.elastic import DataLayout, ResumeError
 from janus_train.checkpoint.store import Checkpoints, tag_name
 from janus_train.config import load_train_settings
 from janus_train.data.sources import MixtureError, parse_cache_sources
-from janus_train.loop.parts import ResumeChoice, Stepping, prompt_builder
+from janus_train.build import prompt_builder
+from janus_train.loop.parts import ResumeChoice, Stepping
 from janus_train.loop.progress import Progress
 from janus_train.loop.validation import ValidationError
-from pipelines.train_parts import resume_choice, too_few_samples, train_data
+from janus_train.build import resume_choice, too_few_samples, train_data
 from pipelines.train_run import error_line
 from pipelines.train_start import usage_problem
 

@@ -1,19 +1,19 @@
-"""The launch layer's half of a training run: join the process group, then turn a profile and the
-command's arguments into the parts a :class:`~janus_train.loop.trainer.Trainer` runs.
+"""A training run built from a profile: the parts a :class:`~janus_train.loop.trainer.Trainer` runs.
 
-:func:`build_parts` makes them in the order in which a refusal costs least: the prompt builder and
-the data (a validation source that cannot be used is refused here), the checkpoint to resume
-(verified by its checksums, falling back past a damaged one) and whether the run can continue it,
-the step plan (data for less than one step is refused), the live check's sources, and only then the
-model, optimizer, LR schedule and DeepSpeed engine (a checkpoint of another world size is loaded as
-a universal checkpoint, which the engine must know when it is built), the validation and the run log.
+The launch layer (``pipelines.train_run``) joins the process group (``pipelines.distributed``) and
+calls :func:`build_parts`, which makes them in the order in which a refusal costs least: the prompt
+builder and the data (a validation source that cannot be used is refused here), the checkpoint to
+resume (verified by its checksums, falling back past a damaged one) and whether the run can continue
+it, the step plan (data for less than one step is refused), the live check's sources, and only then
+the model, optimizer, LR schedule and DeepSpeed engine (a checkpoint of another world size is loaded
+as a universal checkpoint, which the engine must know when it is built), the validation and the run log.
 """
 
 from __future__ import annotations
 
 import functools
 import importlib.util
-import os
+import math
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -25,60 +25,36 @@ import torch
 import torch.distributed as dist
 
 from janus_core.bases import cache_base
-from janus_core.system.device import process_device
 from janus_core.profile import Profile
+from janus_core.resolution import visual_tokens
 from janus_train.checkpoint.best import BestCheckpoint
 from janus_train.checkpoint.elastic import GradAccum, ResumePoint
-from janus_train.checkpoint.reference import start_model
 from janus_train.checkpoint.store import Checkpoints
-from janus_train.config import TrainSettings, deepspeed_config
+from janus_train.config import TrainSettings, deepspeed_config, load_train_settings
 from janus_train.data.live_check import LiveCheckError, source_windows
 from janus_train.data.mixture import Mixture
 from janus_train.data.prompt import PromptBuilder
 from janus_train.data.samples import LiveFrames
 from janus_train.data.sources import CacheSource, as_sources, live_check_refusal
-from janus_train.loop.parts import (
-    ResumeChoice,
-    Stepping,
-    TrainData,
-    TrainParts,
-    lr_lambda,
-    make_dataset,
-    prompt_builder,
-)
+from janus_train.data.from_profile import load_tokenizer, make_dataset
+from janus_train.loop.parts import ResumeChoice, Stepping, TrainData, TrainParts
 from janus_train.loop.validation import Evaluator, plan_validation
 from janus_train.model.kernels import apply_liger, compile_decoder_layers
 from janus_train.data.rope import RopeIndex
 from janus_train.run.layout import RunLayout
 from janus_train.loop.logs import RunLog
-from pipelines.library_output import library_chatter_hidden, name_deepspeed_accelerator
 
 
 class TooFewSamples(ValueError):
     """The data holds fewer samples than one optimizer step takes."""
 
 
-def init_distributed(profile: Profile, alloc_conf: str = "") -> torch.device:
-    """Join the launcher's process group (NCCL on GPU, gloo on CPU); returns this process's device.
-
-    Idempotent, so the entry point calls it before building the parts (e.g. to run a start-up
-    check on rank 0 and broadcast the verdict). ``alloc_conf`` is set as ``PYTORCH_CUDA_ALLOC_CONF``
-    (unless already set) before CUDA initialises, when it still counts.
-    """
-    cuda = profile.device == "cuda"
-    name_deepspeed_accelerator(profile.device)  # spares every rank DeepSpeed's detection warning
-    import deepspeed
-
-    if alloc_conf and cuda:
-        os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", alloc_conf)
-    # DeepSpeed print()s "... shm_comm_op built successfully" on every rank at every start.
-    with library_chatter_hidden():
-        deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo")
-    if not cuda:
-        return torch.device("cpu")
-    device = process_device(profile.device, int(os.environ.get("LOCAL_RANK", "0")))
-    torch.cuda.set_device(device)
-    return device
+def prompt_builder(profile: Profile, settings: TrainSettings | None = None) -> PromptBuilder:
+    """The prompt builder of a profile: its tokenizer, its resolution's visual tokens per image, the
+    train section's segment weights and prompt template (``settings``: the validated train section)."""
+    settings = settings if settings is not None else load_train_settings(profile)
+    return PromptBuilder(load_tokenizer(profile), visual_tokens(profile.cache.resolution),
+                         segment_weights=settings.segment_weights, template=settings.template())
 
 
 def train_data(profile: Profile, settings: TrainSettings, builder: PromptBuilder, cache: Sequence[CacheSource] | None,
@@ -150,6 +126,14 @@ def import_muon_uncompiled() -> None:
         compiler.compile = eager
 
 
+def lr_lambda(total_steps: int, warmup_steps: int, step: int) -> float:
+    """Linear warm-up to 1, then cosine decay to 0 at ``total_steps``."""
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
+    return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+
+
 def build_parts(profile: Profile, settings: TrainSettings, out_dir: Path, device: torch.device,
                 cache: Sequence[CacheSource] | None = None, live_data: Path | None = None,
                 data: str | None = None) -> TrainParts:
@@ -160,6 +144,8 @@ def build_parts(profile: Profile, settings: TrainSettings, out_dir: Path, device
     if (cache is None) == (live_data is None):
         raise ValueError("train from exactly one of a cache or (live) source data")
     import deepspeed
+
+    from janus_train.checkpoint.reference import start_model  # transformers' model code: ``show-sample`` needs none
 
     rank, world = dist.get_rank(), dist.get_world_size()
     builder = prompt_builder(profile, settings)
