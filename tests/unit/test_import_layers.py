@@ -199,6 +199,45 @@ def test_libraries_never_import_the_layers_above_them() -> None:
                          + "\n".join(found))
 
 
+TRAIN_ORDER = ("data", "model", "config", "run", "checkpoint", "loop", "build")
+"""janus_train's folders and top-level modules, lowest first: each imports only those before it
+(the reader's samples, prompts and M-RoPE ids; the model; the train settings, which take both's
+facts; the run directory; checkpoints; the loop; the run's builder on top)."""
+
+
+def train_order_offenders(graph: dict[str, set[str]]) -> list[str]:
+    """``module imports module`` for every import of a janus_train module that reaches up
+    :data:`TRAIN_ORDER`; a folder missing from the order is an offender too."""
+    def place(module: str) -> int:
+        part = module.split(".")[1]
+        return TRAIN_ORDER.index(part) if part in TRAIN_ORDER else len(TRAIN_ORDER)
+
+    found = []
+    for module, targets in sorted(graph.items()):
+        if not module.startswith("janus_train."):
+            continue
+        if place(module) == len(TRAIN_ORDER):
+            found.append(f"{module} is in no place of TRAIN_ORDER")
+        found += [f"{module} imports {target}" for target in sorted(targets)
+                  if target.startswith("janus_train.") and place(target) > place(module)]
+    return found
+
+
+def test_janus_trains_folders_import_one_way() -> None:
+    """Inside janus_train, data/ imports no other folder, model/ only data/, config.py those two,
+    run/ those three, and so on up to build.py, whatever the kind of import; the check finds an
+    import that reaches up and a folder the order does not place."""
+    assert train_order_offenders({"janus_train.data.x": {"janus_train.loop.y", "janus_core.z"},
+                                  "janus_train.loop.y": {"janus_train.data.x"},
+                                  "janus_train.extra.w": set()}) == [
+        "janus_train.data.x imports janus_train.loop.y", "janus_train.extra.w is in no place of TRAIN_ORDER"]
+    graph = module_graph()
+    assert {module.split(".")[1] for module in graph if module.startswith("janus_train.")} == set(TRAIN_ORDER)
+    found = train_order_offenders(graph)
+    assert found == [], "imports against janus_train's folder order " + " -> ".join(TRAIN_ORDER) + ":\n" + \
+        "\n".join(found)
+
+
 STORE = "janus_cache.store"
 """The cache's storage formats: they read and write what the core defines, never stage 1's work
 (planning, precomputing, verifying) that uses them."""
