@@ -67,7 +67,7 @@ from janus_cache.store import (
     write_manifest,
 )
 from janus_cache.store.checksums import changed_metadata, recorded_manifest_keyed
-from janus_cache.store.commit import atomic_write_bytes, hashed, read_record, verify_shard
+from janus_cache.store.commit import hashed, read_record, verify_shard
 from janus_cache.store.layout import (
     EPISODES_NAME,
     INDEX_STORE_DIR,
@@ -89,7 +89,8 @@ from janus_cache.store.manifest import (
     write_episodes,
 )
 from janus_core.bases import BASES, DEFAULT_BASE, QwenBase, cache_base
-from janus_core.system.disk_space import DISK_FULL_ERRNOS, format_bytes
+from janus_core.system.disk_space import DISK_FULL_ERRNOS, bytes_under, disk_full_problem, free_space_problem
+from janus_core.system.files import atomic_write_bytes, remove_partials
 from janus_core.vggt.encoder import WindowEncoder
 from janus_core.index import (
     CachedRows,
@@ -113,18 +114,6 @@ class PrecomputeError(RuntimeError):
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def disk_usage(path: Path) -> int:
-    """Bytes of every file under ``path``."""
-    return sum(p.stat().st_size for p in Path(path).rglob("*") if p.is_file())
-
-
-def free_space_problem(directory: Path, free_bytes: int, needed_bytes: float) -> str | None:
-    """The sentence saying that ``directory`` is too small, or None when ``needed_bytes`` fit."""
-    if needed_bytes <= free_bytes:
-        return None
-    return f"{directory} has {format_bytes(free_bytes)} free, the plan needs {format_bytes(needed_bytes)} more"
-
-
 def check_free_space(directory: Path, needed_bytes: float, force: bool) -> str | None:
     """Refuse (:class:`PrecomputeError`) when the filesystem of ``directory`` has less free space
     than ``needed_bytes``. With ``force`` the run may start anyway (the plan is an estimate): the
@@ -135,18 +124,6 @@ def check_free_space(directory: Path, needed_bytes: float, force: bool) -> str |
     if not force:
         raise PrecomputeError(f"{problem}; free space or pass --force")
     return f"{problem}; starting anyway (--force)"
-
-
-def disk_full_problem(out: Path, err: OSError, doing: str, planned_bytes: float | None = None) -> str:
-    """The one line saying that writing the cache at ``out`` ran out of room while ``doing`` (e.g.
-    ``writing frame shard 3``), with the real byte counts (free now, held by the cache so far,
-    planned) and what to do next."""
-    free = shutil.disk_usage(out).free if out.exists() else 0
-    planned = f" of the {format_bytes(planned_bytes)} planned" if planned_bytes else ""
-    doing = f"writing {err.filename}" if err.filename else doing
-    return (f"{out}: no room left {doing} ({err.strerror or err}): the disk has {format_bytes(free)} free and the "
-            f"cache holds {format_bytes(disk_usage(out))}{planned}; free space and run the same command again "
-            "to resume (committed shards are kept)")
 
 
 def _disk_full_is_one_line(doing: str) -> Callable[[F], F]:
@@ -168,17 +145,6 @@ def _disk_full_is_one_line(doing: str) -> Callable[[F], F]:
         return wrapped  # type: ignore[return-value]
 
     return decorate
-
-
-def remove_partials(root: Path) -> None:
-    """Delete temporary files of atomic writes that a killed run left behind.
-
-    Shard files are cleaned when their shard is rewritten, but a run killed while writing a
-    commit record, the manifest or zarr metadata leaves a stray ``*.partial`` that no shard
-    rewrite owns. Runs before any shard writer starts.
-    """
-    for leftover in Path(root).rglob("*.partial"):
-        leftover.unlink(missing_ok=True)
 
 
 def cache_contents(out: Path) -> list[Path]:
@@ -445,8 +411,8 @@ class PrecomputeJob:
         self.planned_bytes = plan.needed_bytes(self.cache_format)
         on_plan(plan)
         out.mkdir(parents=True, exist_ok=True)
-        warning = check_free_space(out, plan.needed_bytes(self.cache_format) - disk_usage(out), force)
-        remove_partials(out)
+        warning = check_free_space(out, plan.needed_bytes(self.cache_format) - bytes_under(out), force)
+        remove_partials(out, under=True)  # a killed run's half-written files and folders
         # append/grow: the manifest's dataset identity was checked above, so a stored table or
         # array that is a prefix of this one can only be the old rows of an append (or of an
         # append interrupted before its manifest was written).
@@ -657,7 +623,7 @@ class PrecomputeJob:
         # After the manifest: its identity is what the episode table must match.
         write_episodes(self.out, episodes)
         return Outcome(self.out, len(index.samples), len(index.frames), dropped, dict(index.report.counts()),
-                       disk_usage(self.out), *self._rewritten_shards(shards),
+                       bytes_under(self.out), *self._rewritten_shards(shards),
                        repaired=tuple(self.writer.repairs[self._repairs_shown:]))
 
     def _rewritten_shards(self, now: Mapping[str, Sequence[ShardEntry]]) -> tuple[tuple[str, ...], ...]:

@@ -16,8 +16,6 @@ zlib build could still compress differently, the pixels stay the same).
 from __future__ import annotations
 
 import json
-import os
-import shutil
 from collections import deque
 from dataclasses import dataclass
 from itertools import pairwise
@@ -27,6 +25,7 @@ import numpy as np
 from PIL import Image
 
 from janus_core.index import ACTIONS, LANDMARK_FIELD, MILESTONES_FILE, SPATIAL_FIELD
+from janus_core.system.files import atomic_directory
 
 WIDTH = 640
 HEIGHT = 480
@@ -112,20 +111,9 @@ def write_sample_data(out: Path, episodes: int, steps: int, seed: int) -> Path:
         raise ValueError(f"need at least one episode and one step, got episodes={episodes} steps={steps}")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise FileExistsError(f"{out} exists and is not empty")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = out.parent / f".{out.name}.partial-{os.getpid()}"
-    if staging.exists():
-        shutil.rmtree(staging)
-    staging.mkdir()
-    try:
+    with atomic_directory(out) as staging:
         for number in range(episodes):
             _write_episode(staging / f"episode_{number:04d}", np.random.default_rng([seed, number]), steps)
-        if out.exists():
-            out.rmdir()
-        staging.rename(out)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     return out
 
 

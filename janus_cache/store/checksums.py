@@ -21,7 +21,6 @@ import hashlib
 import json
 from pathlib import Path
 
-from janus_cache.store.commit import atomic_write_bytes
 from janus_cache.store.damage import REPAIR_HINT
 from janus_cache.store.layout import (
     MANIFEST_NAME,
@@ -31,10 +30,7 @@ from janus_cache.store.layout import (
     ZARR_ROOT_NAME,
     CacheLayout,
 )
-
-
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+from janus_core.system.files import atomic_write_bytes, sha256_file
 
 
 def _digest(body: dict[str, object]) -> str:
@@ -68,7 +64,7 @@ def record_metadata(root: Path | str, manifest_keyed: str) -> dict[str, str]:
     """Write ``checksums.json`` for the metadata files now on disk (``manifest_keyed``: the digest of
     the manifest's keyed fields); returns the recorded file digests."""
     root = Path(root)
-    body: dict[str, object] = {"files": {name: _sha256(root / name) for name in metadata_files(root)},
+    body: dict[str, object] = {"files": {name: sha256_file(root / name) for name in metadata_files(root)},
                                "manifest_keyed": manifest_keyed}
     text = json.dumps({**body, "sha256": _digest(body)}, sort_keys=True, indent=1) + "\n"
     atomic_write_bytes(CacheLayout(root).checksums, text.encode())
@@ -107,7 +103,7 @@ def changed_metadata(root: Path | str) -> list[str]:
     if recorded is None:
         return metadata_files(root)
     return [name for name, digest in sorted(recorded.items())
-            if not (root / name).is_file() or _sha256(root / name) != digest]
+            if not (root / name).is_file() or sha256_file(root / name) != digest]
 
 
 def metadata_problems(root: Path | str) -> list[str]:
@@ -123,7 +119,7 @@ def metadata_problems(root: Path | str) -> list[str]:
         file = root / name
         if not file.is_file():
             problems.append(f"{file} is missing; {REPAIR_HINT}")
-        elif _sha256(file) != digest:
+        elif sha256_file(file) != digest:
             problems.append(f"{file} differs from the sha256 recorded when the cache was written (edited or "
                             f"damaged); {REPAIR_HINT}")
     return problems

@@ -14,18 +14,15 @@ only on the item count and the shard size, never on how many processes write.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import stat
-import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from janus_cache.store.layout import CacheLayout, is_table_array
 from janus_cache.store.layout import commit_record as commit_record_path
-
-_HASH_BLOCK = 1 << 22  # read shards in 4 MiB blocks when hashing: large enough to be IO-bound
+from janus_core.system.files import atomic_write_bytes, fsync_path, sha256_file
 
 CHECKSUM_MODES: tuple[str, ...] = ("all", "sample", "none")
 """Which committed shards a check hashes (the trust policy of resume and verify, see :func:`hashed`)."""
@@ -68,58 +65,6 @@ def shard_plan(n_items: int, per_shard: int) -> list[range]:
     if isinstance(per_shard, bool) or not isinstance(per_shard, int) or per_shard < 1:
         raise ValueError(f"per_shard must be a positive int, got {per_shard!r}")
     return [range(start, min(start + per_shard, n_items)) for start in range(0, n_items, per_shard)]
-
-
-# ----------------------------------------------------------------------------------------------
-# durable, atomic file writes
-
-
-def fsync_path(path: Path) -> None:
-    """Flush ``path`` (a file or a directory) to stable storage."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` so that readers see either the old file or the whole new one.
-
-    Writes a uniquely named temporary file in the same directory, fsyncs it, renames it over
-    ``path`` (atomic on POSIX) and fsyncs the directory so the rename itself survives a crash.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.{uuid.uuid4().hex}.partial")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    fsync_path(path.parent)
-
-
-def remove_partials(path: Path) -> None:
-    """Delete temporary files an interrupted atomic write of ``path`` left next to it."""
-    path = Path(path)
-    if path.parent.is_dir():
-        for leftover in path.parent.glob(f"{path.name}.*.partial"):
-            leftover.unlink(missing_ok=True)
-
-
-def sha256_file(path: Path) -> tuple[int, str]:
-    """``(byte size, sha256 hex digest)`` of the file at ``path``."""
-    digest = hashlib.sha256()
-    size = 0
-    with open(path, "rb") as f:
-        while block := f.read(_HASH_BLOCK):
-            digest.update(block)
-            size += len(block)
-    return size, digest.hexdigest()
 
 
 # ----------------------------------------------------------------------------------------------
@@ -234,7 +179,7 @@ def commit_shard(root: Path, array: str, shard: int, rows: range, file: Path) ->
     file = Path(file)
     fsync_path(file)
     fsync_path(file.parent)
-    nbytes, digest = sha256_file(file)
+    nbytes, digest = file.stat().st_size, sha256_file(file)
     record = CommitRecord(
         array=array,
         shard=shard,
@@ -258,7 +203,7 @@ def verify_shard(root: Path, record: CommitRecord, checksum: bool = True) -> Sha
         status = None
     if status is None or not stat.S_ISREG(status.st_mode):
         return ShardCheck(record.array, record.shard, f"shard {record.name} is missing its file {path}")
-    nbytes, digest = sha256_file(Path(path)) if checksum else (status.st_size, record.sha256)
+    nbytes, digest = status.st_size, sha256_file(Path(path)) if checksum else record.sha256
     if nbytes != record.nbytes:
         return ShardCheck(
             record.array,

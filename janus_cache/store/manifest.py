@@ -34,13 +34,13 @@ from pathlib import Path
 from typing import Any
 
 from janus_cache.store.checksums import record_metadata
-from janus_cache.store.commit import atomic_write_bytes
 from janus_cache.store.features import STORED_DTYPES
 from janus_cache.store.formats import cache_format
 from janus_cache.store.layout import CacheLayout
 from janus_core.bases import BASES, DEFAULT_BASE
 from janus_core.index.identity import EpisodeIdentity
 from janus_core.index.subinstructions import DEFAULT_SUBINSTRUCTION_RULE
+from janus_core.system.files import atomic_write_bytes
 from janus_core.windows import ATTENTION_MODES, REFERENCE_FRAMES
 
 SCHEMA_VERSION = 3

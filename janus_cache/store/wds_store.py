@@ -48,8 +48,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
-import uuid
 from collections.abc import Iterable, Iterator
 from collections.abc import Set as AbstractSet
 import dataclasses
@@ -70,10 +68,8 @@ from janus_cache.store.commit import (
     CommitRecord,
     ShardCheck,
     StoreError,
-    atomic_write_bytes,
     check_shard,
     commit_shard,
-    remove_partials,
     shard_plan,
     uncommit,
     uncommit_array,
@@ -99,6 +95,7 @@ from janus_cache.store.layout import (
 from janus_cache.store.records import CacheSample, SampleMeta
 from janus_cache.store.zarr_group import PlannedShard, ZarrGroup, _check_name
 from janus_cache.store.zarr_group_writer import VariantWriter
+from janus_core.system.files import atomic_file, atomic_write_bytes, remove_partials
 
 FRAMES_MEMBER = "frames.blosc"
 FEATURE_MEMBER = "feature.blosc"
@@ -277,15 +274,8 @@ class WdsCacheWriter(VariantWriter):
         uncommit(self.root, self.samples_array_path(resolution), shard)
         final.unlink(missing_ok=True)
         remove_partials(final)
-        tmp = final.with_name(f"{final.name}.{os.getpid()}.{uuid.uuid4().hex}.partial")
-        try:
-            with open(tmp, "wb") as stream:
-                self._write_tar(stream, layout, rows, frames, stored)
-                stream.flush()
-                os.fsync(stream.fileno())
-            os.replace(tmp, final)
-        finally:
-            tmp.unlink(missing_ok=True)
+        with atomic_file(final) as stream:
+            self._write_tar(stream, layout, rows, frames, stored)
         return commit_shard(self.root, self.samples_array_path(resolution), shard, rows, final)
 
     def _read_windows(self, resolution: str, rows: range) -> np.ndarray:

@@ -24,10 +24,7 @@ from zarr.storage import MemoryStore
 from janus_cache.store.commit import (
     CommitRecord,
     StoreError,
-    atomic_write_bytes,
     commit_shard,
-    fsync_path,
-    remove_partials,
     uncommit,
     uncommit_array,
 )
@@ -50,6 +47,7 @@ from janus_cache.store.layout import (
     vit_array,
 )
 from janus_cache.store.zarr_group import ColumnData, ZarrGroup, _check_name
+from janus_core.system.files import atomic_write_bytes, fsync_path, remove_partials
 from janus_core.text_column import NotText, TextColumn
 
 TABLE_CHUNK_ROWS = 65536

@@ -42,7 +42,7 @@ from janus_core.index.episode_folders import (
     SPATIAL_FIELD,
     EpisodeFolderBuilder,
 )
-from janus_core.index.files import IMAGE_SUFFIXES, Builder, content_hash, frame_content_hash
+from janus_core.index.files import IMAGE_SUFFIXES, Builder, content_hash
 from janus_core.index.identity import EpisodeIdentity, episode_identities, episode_identity
 from janus_core.index.model import (
     ACTION_IDS,
@@ -120,7 +120,6 @@ __all__ = [
     "load_stored",
     "user_index_dir",
     "content_hash",
-    "frame_content_hash",
     "normalise_text",
     "parse_action",
     "source_identity",

@@ -60,6 +60,7 @@ from janus_core.index.identity import IDENTITY_RULE, EpisodeIdentity, StreamedId
 from janus_core.index.lazy import read_lazy
 from janus_core.index.model import DatasetIndex
 from janus_core.index.sources import DataSource, combine, combined_rows
+from janus_core.system.files import atomic_directory
 from janus_core.system.processes import die_with_parent
 
 INDEX_CACHE_ENV = "JANUS_INDEX_CACHE"
@@ -366,27 +367,25 @@ class IndexStore:
             return StoredSources(entry, fingerprint, meta["source"], True)
         indexes = [part.index for part in parts]
         index = combine(sources, indexes, rows=False)  # episodes and report; the rows go a chunk at a time
-        tmp = entry.with_name(f".{entry.name}.{os.getpid()}.partial")
-        shutil.rmtree(tmp, ignore_errors=True)
-        writer = ColumnWriter(tmp, COMBINED_BASE)
-        # The identities as the rows pass (reading the written rows again maps all of them into memory).
-        streamed = StreamedIdentities(index.episodes) if StreamedIdentities.applies(index.episodes) else None
-        for table, rows in combined_rows(sources, indexes):
-            writer.add(table, rows)
+        with atomic_directory(entry) as tmp:
+            writer = ColumnWriter(tmp, COMBINED_BASE)
+            # The identities as the rows pass (reading the written rows again maps all of them into memory).
+            streamed = StreamedIdentities(index.episodes) if StreamedIdentities.applies(index.episodes) else None
+            for table, rows in combined_rows(sources, indexes):
+                writer.add(table, rows)
+                if streamed is not None:
+                    streamed.add(table, rows)
+            writer.finish(index, {"fingerprint": fingerprint, "source": str(index.source), "schema": schema_tag(),
+                                  "version": FORMAT_VERSION})
+            del writer
             if streamed is not None:
-                streamed.add(table, rows)
-        writer.finish(index, {"fingerprint": fingerprint, "source": str(index.source), "schema": schema_tag(),
-                              "version": FORMAT_VERSION})
-        del writer
-        if streamed is not None:
-            identities = [identity.to_dict() for identity in streamed.identities()]
-        else:
-            written = read_meta(tmp)
-            assert written is not None
-            identities = [identity.to_dict() for identity in
-                          episode_identities(read_lazy(tmp, written, index.source, COMBINED_BASE))]
-        (tmp / IDENTITIES_FILE).write_text(json.dumps(identities, ensure_ascii=False))
-        _move_into_place(tmp, entry)
+                identities = [identity.to_dict() for identity in streamed.identities()]
+            else:
+                written = read_meta(tmp)
+                assert written is not None
+                identities = [identity.to_dict() for identity in
+                              episode_identities(read_lazy(tmp, written, index.source, COMBINED_BASE))]
+            (tmp / IDENTITIES_FILE).write_text(json.dumps(identities, ensure_ascii=False))
         for other in self.directory.glob(f"{COMBINED_PREFIX}*"):  # another list of sources (before an append)
             if other != entry:
                 shutil.rmtree(other, ignore_errors=True)
@@ -400,24 +399,20 @@ class IndexStore:
         are never all in memory: a 612k-sample index took gigabytes as row objects), then read it
         back (lazily with ``lazy``); None when the store cannot be written. ``handed``: the
         sources' fingerprint, written first and dropped (the caller keeps no reference)."""
-        tmp = entry.with_name(f".{entry.name}.{os.getpid()}.partial")
         sources = handed.pop()
         try:
-            shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir(parents=True)
-            np.savez(tmp / SOURCES_FILE, sizes=sources.sizes, mtimes=sources.mtimes,
-                     **distinct_text_column(sources.relpaths))  # sorted, distinct paths
-            del sources
-            writer = ColumnWriter(tmp, params.base)
-            episodes = []
-            for chunk_episodes, frames, samples in builder.build_chunks():
-                episodes += chunk_episodes
-                writer.add("frames", frames)
-                writer.add("samples", samples)
-            writer.finish(builder.index_of(tuple(episodes)), {**params.describe(), "fingerprint": fingerprint})
-            _move_into_place(tmp, entry)
+            with atomic_directory(entry) as tmp:
+                np.savez(tmp / SOURCES_FILE, sizes=sources.sizes, mtimes=sources.mtimes,
+                         **distinct_text_column(sources.relpaths))  # sorted, distinct paths
+                del sources
+                writer = ColumnWriter(tmp, params.base)
+                episodes = []
+                for chunk_episodes, frames, samples in builder.build_chunks():
+                    episodes += chunk_episodes
+                    writer.add("frames", frames)
+                    writer.add("samples", samples)
+                writer.finish(builder.index_of(tuple(episodes)), {**params.describe(), "fingerprint": fingerprint})
         except OSError:  # e.g. a read-only cache
-            shutil.rmtree(tmp, ignore_errors=True)
             return None
         del writer, episodes
         builder.known = {}  # the image checks are in the entry now
@@ -428,17 +423,13 @@ class IndexStore:
 
     def _save(self, index: DatasetIndex, entry: Path, params: IndexParams, sources: SourceFiles,
               fingerprint: str) -> bool:
-        tmp = entry.with_name(f".{entry.name}.{os.getpid()}.partial")
         try:
-            shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir(parents=True)
-            _kind, arrays = encode_column(list(sources.relpaths), params.base)
-            np.savez(tmp / SOURCES_FILE, sizes=sources.sizes, mtimes=sources.mtimes, **arrays)
-            write_columns(index, tmp, params.base, {**params.describe(), "fingerprint": fingerprint})
-            _move_into_place(tmp, entry)
+            with atomic_directory(entry) as tmp:
+                _kind, arrays = encode_column(list(sources.relpaths), params.base)
+                np.savez(tmp / SOURCES_FILE, sizes=sources.sizes, mtimes=sources.mtimes, **arrays)
+                write_columns(index, tmp, params.base, {**params.describe(), "fingerprint": fingerprint})
             return True
         except OSError:  # e.g. a read-only cache: the index is served, only not kept
-            shutil.rmtree(tmp, ignore_errors=True)
             return False
 
 
@@ -450,12 +441,3 @@ def _return_freed_memory() -> None:
         ctypes.CDLL(None).malloc_trim(0)
     except (OSError, AttributeError):  # not glibc
         pass
-
-
-def _move_into_place(tmp: Path, entry: Path) -> None:
-    """Replace the store entry ``entry`` by the complete folder ``tmp`` (a reader sees one or the other)."""
-    old = entry.with_name(f".{entry.name}.{os.getpid()}.old")
-    if entry.exists():
-        os.replace(entry, old)
-    os.replace(tmp, entry)
-    shutil.rmtree(old, ignore_errors=True)

@@ -41,15 +41,6 @@ def content_hash(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def frame_content_hash(path: Path) -> str:
-    """sha256 (hex) of a file's bytes, read in chunks; equals ``content_hash(path.read_bytes())``."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while chunk := handle.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 @dataclass(frozen=True, slots=True)
 class ImageInfo:
     width: int

@@ -105,3 +105,22 @@ def export_room(out: Path, needed_bytes: int, run: Path) -> Iterator[None]:
                      f"{format_bytes(free_bytes(out))} free and the export needs {format_bytes(needed_bytes)}; "
                      f"free space, or write it elsewhere with janus-train export {run} --out DIR "
                      "(the checkpoints are unchanged)")
+
+
+def free_space_problem(directory: Path, free_bytes: int, needed_bytes: float) -> str | None:
+    """The sentence saying that ``directory`` is too small, or None when ``needed_bytes`` fit."""
+    if needed_bytes <= free_bytes:
+        return None
+    return f"{directory} has {format_bytes(free_bytes)} free, the plan needs {format_bytes(needed_bytes)} more"
+
+
+def disk_full_problem(out: Path, err: OSError, doing: str, planned_bytes: float | None = None) -> str:
+    """The one line saying that writing the cache at ``out`` ran out of room while ``doing`` (e.g.
+    ``writing frame shard 3``), with the real byte counts (free now, held by the cache so far,
+    planned) and what to do next."""
+    free = shutil.disk_usage(out).free if out.exists() else 0
+    planned = f" of the {format_bytes(planned_bytes)} planned" if planned_bytes else ""
+    doing = f"writing {err.filename}" if err.filename else doing
+    return (f"{out}: no room left {doing} ({err.strerror or err}): the disk has {format_bytes(free)} free and the "
+            f"cache holds {format_bytes(bytes_under(out))}{planned}; free space and run the same command again "
+            "to resume (committed shards are kept)")

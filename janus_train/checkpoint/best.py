@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from janus_core.system.disk_space import NoRoom, bytes_under, format_bytes, free_bytes
+from janus_core.system.files import replace_directory
 from janus_train.checkpoint.store import Checkpoints
 from janus_train.data.val_metric_names import better
 from janus_train.run.layout import BEST_TAG
@@ -72,11 +73,7 @@ class BestCheckpoint:
         """Rank 0: the complete ``best.partial`` (with its ``best.json``) becomes ``best``."""
         partial, old = self.checkpoints / _PARTIAL, self.checkpoints / _OLD
         (partial / BEST_FILE).write_text(json.dumps(best) + "\n")
-        shutil.rmtree(old, ignore_errors=True)
-        if self.path.exists():
-            os.replace(self.path, old)
-        os.replace(partial, self.path)
-        shutil.rmtree(old, ignore_errors=True)
+        replace_directory(partial, self.path, aside=old)
 
     def _give_up(self, step: int, value: float, reason: str) -> str:
         """Rank 0, after the save of a better one ran out of room: remove ``best.partial`` (its room

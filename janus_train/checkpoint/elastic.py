@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from janus_core.system.files import replace_directory
 from janus_train.checkpoint.store import UNIVERSAL_SUFFIX, directory_problem, record_directory
 
 
@@ -224,7 +225,7 @@ def universal_checkpoint(checkpoints: Path, tag: str, rank: int, saved_world: in
         # It names its output in ``latest_universal``; janus loads by explicit tag instead.
         (checkpoints / "latest_universal").unlink(missing_ok=True)
         record_directory(partial)
-        partial.rename(target)
+        replace_directory(partial, target)
         print(f"converted checkpoint {tag} (saved on {saved_world} processes) for {world} with DeepSpeed's "
               f"ds_to_universal into {target}", flush=True)
     return universal

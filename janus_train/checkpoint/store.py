@@ -23,9 +23,7 @@ with one process they need no process group.
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
 import re
 import shutil
 from dataclasses import dataclass
@@ -33,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from janus_core.system.disk_space import NoRoom, bytes_under, format_bytes, free_bytes, no_room_reason
+from janus_core.system.files import atomic_write_bytes, remove_partials, sha256_file
 from janus_train.run.layout import LATEST_FILE
 
 CHECKSUMS_FILE = "checksums.json"
@@ -43,7 +42,6 @@ UNIVERSAL_SUFFIX = "_universal"
 derived from its tag, so it goes when the tag goes."""
 
 TAG_PATTERN = re.compile(r"^step(\d{8})$")
-_HASH_CHUNK = 16 << 20
 
 
 class NoIntactCheckpoint(ValueError):
@@ -59,24 +57,6 @@ def tag_step(tag: str) -> int | None:
     """The step a tag names, or None for any other folder (e.g. another kind of checkpoint)."""
     match = TAG_PATTERN.match(tag)
     return int(match.group(1)) if match else None
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(_HASH_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def write_atomically(path: Path, text: str) -> None:
-    """``path`` holds the old text or the new one, never a part (temporary file, fsync, rename)."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def tag_files(tag_dir: Path) -> list[str]:
@@ -124,7 +104,7 @@ def record_directory(tag_dir: Path) -> None:
     checkpoint, which rank 0 alone converts)."""
     files = {name: {"sha256": sha256_file(tag_dir / name), "bytes": (tag_dir / name).stat().st_size}
              for name in tag_files(tag_dir)}
-    write_atomically(tag_dir / CHECKSUMS_FILE, json.dumps({"files": files}, indent=1) + "\n")
+    atomic_write_bytes(tag_dir / CHECKSUMS_FILE, (json.dumps({"files": files}, indent=1) + "\n").encode())
 
 
 def directory_problem(tag_dir: Path) -> str | None:
@@ -246,7 +226,7 @@ class Checkpoints:
             problem = self.damage(tag)
             if problem is None:
                 if self.rank == 0:
-                    write_atomically(self.directory / LATEST_FILE, tag)
+                    atomic_write_bytes(self.directory / LATEST_FILE, tag.encode())
                 self._barrier()
                 return Resumable(tag, "; ".join(seen) + f"; resuming from {tag}")
             seen.append(f"checkpoint {tag} is damaged ({problem})")
@@ -324,7 +304,7 @@ class Checkpoints:
         return None
 
     def _commit(self, tag: str, keep: int) -> None:
-        write_atomically(self.directory / LATEST_FILE, tag)
+        atomic_write_bytes(self.directory / LATEST_FILE, tag.encode())
         self.rotate(keep)
 
     def _give_up(self, tag: str, reason: str) -> str:
@@ -333,7 +313,7 @@ class Checkpoints:
         tag_dir = self.directory / tag
         written = bytes_under(tag_dir)
         shutil.rmtree(tag_dir, ignore_errors=True)
-        (self.directory / f".{LATEST_FILE}.tmp").unlink(missing_ok=True)
+        remove_partials(self.directory / LATEST_FILE)
         latest = self.latest()
         record = read_checksums(self.directory / latest) if latest else "none"
         if isinstance(record, dict):
@@ -355,8 +335,8 @@ class Checkpoints:
         reason = None
         if self.rank == 0:
             files = {name: entry for share in shares for name, entry in share.items()}
-            reason = self._main_writes(lambda: write_atomically(
-                tag_dir / CHECKSUMS_FILE, json.dumps({"files": dict(sorted(files.items()))}, indent=1) + "\n"))
+            reason = self._main_writes(lambda: atomic_write_bytes(
+                tag_dir / CHECKSUMS_FILE, (json.dumps({"files": dict(sorted(files.items()))}, indent=1) + "\n").encode()))
         return self.from_main(reason)
 
     def rotate(self, keep: int) -> list[str]:

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from janus_core.system.disk_space import NoRoom, format_bytes, free_bytes, no_room_reason
+from janus_core.system.files import atomic_file
 from janus_train.checkpoint.store import Checkpoints
 from janus_train.run.layout import RunLayout
 from janus_train.run.provenance import utc_now
@@ -175,12 +176,8 @@ class RunLog:
         if first_dropped is not None and not any(kept[first_dropped:]):
             os.truncate(self.metrics_file, sum(len(line) for line in lines[:first_dropped]))
             return
-        tmp = self.metrics_file.with_name(f".{self.metrics_file.name}.tmp")
-        with open(tmp, "wb") as f:
+        with atomic_file(self.metrics_file) as f:
             f.writelines(line.rstrip(b"\r\n") + b"\n" for line, keep in zip(lines, kept) if keep)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.metrics_file)
 
     def step_done(self, step: int) -> None:
         """Call after every step (logged or not), so the ETA averages them all."""

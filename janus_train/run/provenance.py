@@ -20,7 +20,6 @@ is a profile whose ``qwen.path`` is a model of another base than the one the run
 
 from __future__ import annotations
 
-import hashlib
 import importlib.metadata
 import json
 import os
@@ -38,6 +37,7 @@ from janus_cache.store.layout import CacheLayout
 from janus_core.bases import DEFAULT_BASE, BaseError, QwenBase, base_of_model_type, base_of_qwen_dir, cache_base
 from janus_core.profile import Profile, load_profile
 from janus_core.settings import settings_data
+from janus_core.system.files import atomic_write_bytes, sha256_file
 from janus_train.config import TrainSettings
 from janus_train.run.layout import RunLayout
 
@@ -76,8 +76,8 @@ def write_profile(layout: RunLayout, profile: Profile, settings: TrainSettings) 
     header = (f"# The resolved profile of this run (from {profile.source}"
               + (f" with --set {' --set '.join(profile.overrides)}" if profile.overrides else "")
               + "): pass it back with --profile.\n")
-    _write_atomically(layout.profile, header + yaml.safe_dump(resolved_profile_data(profile, settings),
-                                                              sort_keys=False))
+    atomic_write_bytes(layout.profile, (header + yaml.safe_dump(resolved_profile_data(profile, settings),
+                                                                sort_keys=False)).encode())
 
 
 def append_start(layout: RunLayout, profile: Profile, world: int, caches: Sequence[Path]) -> dict[str, Any]:
@@ -100,14 +100,14 @@ def append_start(layout: RunLayout, profile: Profile, world: int, caches: Sequen
             starts = list(json.loads(layout.run_file.read_text()).get("starts", []))
         except (ValueError, AttributeError):  # a damaged record: the new one starts over
             starts = []
-    _write_atomically(layout.run_file, json.dumps({"starts": [*starts, entry]}, indent=1) + "\n")
+    atomic_write_bytes(layout.run_file, (json.dumps({"starts": [*starts, entry]}, indent=1) + "\n").encode())
     return entry
 
 
 def cache_entry(cache: Path) -> dict[str, Any]:
     """A cache as a run records it: its path and the sha256 of its manifest file."""
     manifest = CacheLayout(cache).manifest
-    digest = hashlib.sha256(manifest.read_bytes()).hexdigest() if manifest.is_file() else None
+    digest = sha256_file(manifest) if manifest.is_file() else None
     return {"path": str(Path(cache).resolve()), "manifest_sha256": digest}
 
 
@@ -134,17 +134,6 @@ def _version(name: str) -> str | None:
         return importlib.metadata.version(name)
     except importlib.metadata.PackageNotFoundError:
         return None
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        tmp.write_text(text)
-        os.replace(tmp, path)
-    except OSError:  # e.g. a full disk: no partial file left behind, the previous record kept
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 # ------------------------------------------------------------------------------------ reading back

@@ -22,7 +22,8 @@ import pytest
 
 from helpers.shared_runs import ReferenceRun, TinyTraining
 from helpers.training import MAX_STEPS, SAVE_EVERY, assert_succeeded, read_metrics, train_on_ranks
-from janus_train.checkpoint.store import CHECKSUMS_FILE, LATEST_FILE, Checkpoints, NoIntactCheckpoint, sha256_file
+from janus_core.system.files import sha256_file
+from janus_train.checkpoint.store import CHECKSUMS_FILE, LATEST_FILE, Checkpoints, NoIntactCheckpoint
 from janus_train.run.layout import CHECKPOINTS_DIR, METRICS_FILE
 
 STEPS = MAX_STEPS

@@ -234,7 +234,7 @@ def test_a_run_killed_mid_way_then_resumed_equals_an_uninterrupted_run(
     machine ends them; a killed launcher's ranks die with it: tests/e2e/test_orphans.py); one
     committed shard is then damaged on disk; resuming (the same command, or one plain process: the
     shards do not depend on the process count) with ``--checksums all`` gives the reference cache
-    exactly."""
+    exactly, and removes what interrupted writes left (a file and a folder)."""
     out = tmp_path / "cache"
     frames_array = frames_array_path(RESOLUTION)
     samples_array = (features_array_path if cache_format == "zarr" else wds_array_path)(variant, RESOLUTION)
@@ -258,6 +258,9 @@ def test_a_run_killed_mid_way_then_resumed_equals_an_uninterrupted_run(
     # What a kill inside an atomic write of a commit record leaves: a temporary file no shard owns.
     stray = CacheLayout(out).commit_record(frames_array, 0).with_name(f"000000.json.{os.getpid()}.{'0' * 32}.partial")
     stray.write_bytes(b'{"array": "fra')
+    # And a kill while the dataset index was being stored: a half-written folder of the index store.
+    half_index = CacheLayout(out).index_store / f".{'0' * 20}.{os.getpid()}.partial"
+    (half_index / "tables").mkdir(parents=True)
 
     # A same-size flip is seen only by hashing, which a resume does on request (by default it
     # trusts committed shards by record and size: tests/e2e/test_resume_verify_cost.py).
@@ -267,6 +270,7 @@ def test_a_run_killed_mid_way_then_resumed_equals_an_uninterrupted_run(
                     "--checksums", "all"]))
     assert succeeded(resumed), tail(resumed)
     assert file_digests(out) == file_digests(references(cache_format))
+    assert not stray.exists() and not half_index.exists()
 
 
 # ---------------------------------------------------------------------- keyed-field refusals

@@ -21,10 +21,10 @@ from janus_core.index import (
     DatasetIndex,
     Reason,
     build_index,
-    frame_content_hash,
     source_identity,
     subinstruction_for,
 )
+from janus_core.system.files import sha256_file
 from janus_core.windows import window_frames
 
 SAMPLE_EPISODES, SAMPLE_STEPS = 3, 12  # the shape of conftest's sample_dataset
@@ -282,7 +282,7 @@ def test_frames_record_source_size_file_size_and_content_hash(sample_index: Data
         assert relpath == f"{frame.episode_id}/{frame.path.name}"
         assert (width, height) == (640, 480) == (frame.width, frame.height)
         assert nbytes == frame.path.stat().st_size
-        assert frame.sha256 == frame_content_hash(frame.path)
+        assert frame.sha256 == sha256_file(frame.path)
     assert len({f.sha256 for f in sample_index.frames}) == len(sample_index.frames)
 
 

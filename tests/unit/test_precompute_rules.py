@@ -18,7 +18,8 @@ from janus_cache.work_units import (
     sample_table,
     usable_samples,
 )
-from janus_cache.job import PrecomputeError, check_free_space, free_space_problem
+from janus_cache.job import PrecomputeError, check_free_space
+from janus_core.system.disk_space import free_space_problem
 from janus_core.index import build_index, build_sources_index, store_sources_index
 from janus_core.resolution import Resolution
 
