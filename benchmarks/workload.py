@@ -35,7 +35,7 @@ from janus_core.bases import VGGT_PATCH_SIZE, QwenBase
 from janus_core.imaging import qwen_pixel_values
 from janus_core.resolution import visual_tokens_for_shape
 from janus_core.vggt import VGGTAggregator
-from janus_core.qwen_vit import deepstack_levels, merge_cached, merge_cached_deepstack
+from janus_core.qwen_vit import merge_cached_output
 from janus_train.data.prompt import IGNORE_INDEX, N_SEGMENTS
 from janus_train.model.janus_model import JanusVLNModel, vit_embeddings
 from janus_train.model.loss import action_cross_entropy, token_cross_entropy
@@ -125,8 +125,7 @@ def make_batch(model: JanusVLNModel, shape: SampleShape, seed: int = 0, vit_cach
     extra = {}
     if vit_cache:
         visual = model.qwen.model.visual
-        levels = (deepstack_levels(visual),) if base.deepstack else ()
-        extra["vit_features"] = torch.randn(1, shape.images, *levels, grid[0] * grid[1], visual.config.hidden_size,
+        extra["vit_features"] = torch.randn(1, shape.images, *base.vit_feature_shape(visual.config, grid[0] * grid[1]),
                                             generator=generator).to(visual.dtype)
     if side != shape.side:
         extra["vggt_frames"] = torch.randint(0, 256, (1, shape.images, shape.side, shape.side, 3), dtype=torch.uint8,
@@ -164,11 +163,8 @@ def merge_vit_cache(model: JanusVLNModel, vit_features: torch.Tensor, grid: tupl
     the patch merger, on cached ViT output [B, S, grid tokens, D]: [B*S*T, hidden] (Qwen2.5-VL); a
     DeepStack base's [B, S, levels, grid tokens, D] through the patch and DeepStack mergers
     (:func:`janus_core.qwen_vit.merge_cached_deepstack`), with its DeepStack embeddings."""
-    visual = model.qwen.model.visual
     frames = vit_features.flatten(0, 1).to(model.device, non_blocking=True)
-    if model.base.deepstack:
-        return merge_cached_deepstack(visual, frames)
-    return merge_cached(visual, frames, grid), None
+    return merge_cached_output(model.qwen.model.visual, model.base, frames, grid)
 
 
 @dataclass

@@ -132,6 +132,19 @@ class QwenBase:
         self.patch_grid(height, width)
         return height, width
 
+    def vit_feature_shape(self, vision_config: Any, tokens: int) -> tuple[int, ...]:
+        """One frame's cached ViT output (``cache.vit_features``) for a tower of ``vision_config``:
+        ``(tokens, D)``; a DeepStack base stores a level more per DeepStack layer, ``(levels, tokens,
+        D)``: the last block's output, then each DeepStack merger's input."""
+        shape = (tokens, int(vision_config.hidden_size))
+        return (1 + len(vision_config.deepstack_visual_indexes), *shape) if self.deepstack else shape
+
+    @property
+    def vit_feature_dims(self) -> str:
+        """What the dimensions of :meth:`vit_feature_shape` are, for messages."""
+        return ("ViT levels: last block + DeepStack layers, " if self.deepstack else "") + \
+            "patches per frame, ViT hidden size"
+
     def transformers_class(self, which: str = "model") -> Any:
         """The transformers class: ``model`` (for-conditional-generation), ``inner`` or ``vision``."""
         import transformers  # noqa: PLC0415 - heavy; only model code needs it

@@ -201,11 +201,6 @@ def merge_cached(visual: nn.Module, vit_features: torch.Tensor, grid: tuple[int,
     return merge(visual, hidden, window_index.to(hidden.device))
 
 
-def deepstack_levels(visual: nn.Module) -> int:
-    """Cached levels per frame of a tower: 1 + its DeepStack layers (1 for Qwen2.5-VL, which has none)."""
-    return 1 + len(getattr(visual, "deepstack_visual_indexes", ()))
-
-
 def deepstack_blocks(visual: nn.Module, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> torch.Tensor:
     """A DeepStack tower's (Qwen3-VL's) frozen blocks' output, ``[levels, patches, D]`` in patch
     order: the last block's hidden states, then each DeepStack merger's input. The tower's own
@@ -228,11 +223,22 @@ def merge_cached_deepstack(visual: nn.Module, vit_features: torch.Tensor) -> tup
     each DeepStack merger's ``[n * T, out]``, image order, as the tower's forward gives them. Only
     the trainable mergers run (in their dtype), each on all ``n`` frames' rows at once, as live."""
     n, levels, _, width = vit_features.shape
-    if levels != deepstack_levels(visual):
-        raise ValueError(f"cached ViT features have {levels} levels, the tower {deepstack_levels(visual)}")
+    if levels != 1 + len(visual.deepstack_merger_list):
+        raise ValueError(f"cached ViT features have {levels} levels, the tower {1 + len(visual.deepstack_merger_list)}")
     dtype = next(visual.merger.parameters()).dtype
     rows = vit_features.to(dtype).transpose(0, 1).reshape(levels, -1, width)
     return visual.merger(rows[0]), [merger(rows[1 + i]) for i, merger in enumerate(visual.deepstack_merger_list)]
+
+
+def merge_cached_output(visual: nn.Module, base: QwenBase, vit_features: torch.Tensor, grid: tuple[int, int]
+                        ) -> tuple[torch.Tensor, list[torch.Tensor] | None]:
+    """The embeddings of cached ViT features of ``n`` frames (``[n, *feature shape]``,
+    :meth:`QwenBase.vit_feature_shape`) of a ``grid`` of patches: the patch merger's ``[n * T, out]``
+    and, for a DeepStack base, each DeepStack merger's (else None): :func:`merge_cached` or
+    :func:`merge_cached_deepstack`."""
+    if base.deepstack:
+        return merge_cached_deepstack(visual, vit_features)
+    return merge_cached(visual, vit_features, grid), None
 
 
 @dataclass
@@ -270,8 +276,7 @@ class ViTEncoder:
     def feature_shape(self, height: int, width: int) -> tuple[int, ...]:
         """``(grid tokens, D)`` of one ``height`` x ``width`` frame (a DeepStack base: ``(levels, grid tokens, D)``)."""
         gh, gw = self.base.patch_grid(height, width)
-        shape = (gh * gw, self.hidden_size)
-        return (deepstack_levels(self.visual), *shape) if self.base.deepstack else shape
+        return self.base.vit_feature_shape(self.visual.config, gh * gw)
 
     @torch.no_grad()
     def encode(self, frames: torch.Tensor) -> torch.Tensor:

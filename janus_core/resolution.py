@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 from typing import Literal, get_args
 
-from janus_core.bases import QWEN2_5_VL, VGGT_PATCH_SIZE
+from janus_core.bases import DEFAULT_BASE, VGGT_PATCH_SIZE, QwenBase
 
 Mode = Literal["pad", "crop"]
 MODES: tuple[str, ...] = get_args(Mode)
@@ -21,26 +21,28 @@ MODES: tuple[str, ...] = get_args(Mode)
 _NAME_RE = re.compile(r"^(pad|crop)(\d+)$")
 
 
-def grid_shape(height: int, width: int) -> tuple[int, int]:
-    """Patch grid ``(h, w)`` of a frame of ``height x width`` pixels; both must be multiples of 14."""
-    if height <= 0 or width <= 0 or height % VGGT_PATCH_SIZE or width % VGGT_PATCH_SIZE:
-        raise ValueError(f"frame size {height}x{width} (HxW) is not a positive multiple of the patch size {VGGT_PATCH_SIZE}")
-    return height // VGGT_PATCH_SIZE, width // VGGT_PATCH_SIZE
+def grid_shape(height: int, width: int, patch: int = VGGT_PATCH_SIZE) -> tuple[int, int]:
+    """Patch grid ``(h, w)`` of a frame of ``height x width`` pixels; both must be multiples of
+    ``patch`` (VGGT's 14 px, which Qwen2.5-VL shares)."""
+    if height <= 0 or width <= 0 or height % patch or width % patch:
+        raise ValueError(f"frame size {height}x{width} (HxW) is not a positive multiple of the patch size {patch}")
+    return height // patch, width // patch
 
 
-def visual_tokens_for_shape(height: int, width: int) -> int:
-    """Qwen2.5-VL visual tokens of one ``height x width`` frame: ``h*w / 4`` (its 2x2 merge).
+def visual_tokens_for_shape(height: int, width: int, base: QwenBase = DEFAULT_BASE) -> int:
+    """Visual tokens of ``base`` for one ``height x width`` frame: its patch grid merged ``merge x
+    merge`` (``h*w / 4``; Qwen2.5-VL's patches are VGGT's).
 
-    The 2x2 merge needs an even patch grid; an odd one is an error here rather than a silent crop
-    (the reference pipeline crops the last patch row/column, which changes the frame).
+    The merge needs a patch grid of whole merge blocks; another is an error here rather than a silent
+    crop (the reference pipeline crops the last patch row/column, which changes the frame).
     """
-    h, w = grid_shape(height, width)
-    merge = QWEN2_5_VL.merge_size
+    h, w = grid_shape(height, width, base.patch_size)
+    merge = base.merge_size
     if h % merge or w % merge:
         raise ValueError(
             f"frame size {height}x{width} (HxW) gives a {h}x{w} patch grid; the {merge}x{merge} "
             f"token merge needs both sides divisible by {merge} (a frame side must be a multiple of "
-            f"{QWEN2_5_VL.token_pixels} px)"
+            f"{base.token_pixels} px)"
         )
     return (h * w) // (merge * merge)
 

@@ -58,7 +58,7 @@ from janus_core.resolution import grid_shape
 from janus_core.vggt import AggregatorConfig
 from janus_core.vggt.checkpoint import resolve_config, resolve_weights_file
 from janus_core.qwen_vit import TRAINABLE_PREFIXES as VIT_TRAINABLE_PREFIXES
-from janus_core.qwen_vit import deepstack_levels, merge_cached, merge_cached_deepstack, vit_blocks
+from janus_core.qwen_vit import merge_cached_output, vit_blocks
 
 # The frozen blocks and the merger's order: one function each for the live and the cached ViT path.
 from janus_core.qwen_vit import merge as vit_merge
@@ -465,7 +465,7 @@ def fuse_image_embeddings(visual: nn.Module, merger: VGGTMerger, lam: float, fra
     b, s, height, width, _ = frames.shape
     grid = grid_shape(height, width)
     if vit_features is not None:
-        image_embeds = _merge_cached_vit(visual, vit_features, (b, s), grid, frames.device)
+        image_embeds, _ = _merge_cached_vit(visual, DEFAULT_BASE, vit_features, (b, s), grid, frames.device)
     else:
         pixel_values, image_grid_thw = qwen_pixel_values(frames.reshape(b * s, height, width, 3))
         # As Qwen's get_image_features: pixel values in the tower's dtype, all images in one pass.
@@ -493,8 +493,8 @@ def fuse_deepstack_image_embeddings(visual: nn.Module, merger: VGGTMerger, lam: 
     ``cache.vit_features``) only the trainable mergers run, on the same rows the live blocks give them."""
     b, s, height, width, _ = frames.shape
     if vit_features is not None:
-        image_embeds, deepstack = _merge_cached_deepstack(visual, vit_features, (b, s),
-                                                          base.patch_grid(height, width), frames.device)
+        image_embeds, deepstack = _merge_cached_vit(visual, base, vit_features, (b, s),
+                                                    base.patch_grid(height, width), frames.device)
     else:
         pixel_values, image_grid_thw = qwen_pixel_values(frames.reshape(b * s, height, width, 3), base=base)
         out = visual(pixel_values.type(visual.dtype), grid_thw=image_grid_thw, return_dict=True)
@@ -509,36 +509,23 @@ def fuse_deepstack_image_embeddings(visual: nn.Module, merger: VGGTMerger, lam: 
     return fused, deepstack
 
 
-def _merge_cached_deepstack(visual: nn.Module, vit_features: torch.Tensor, frames: tuple[int, int],
-                            grid: tuple[int, int], device: torch.device) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """The mergers' embeddings (main [B*S*T, hidden], one per DeepStack layer) of a DeepStack tower's
-    cached ViT features [B, S, levels, grid tokens, D]."""
-    (b, s), tokens = frames, grid[0] * grid[1]
-    expected = (b, s, deepstack_levels(visual), tokens, int(visual.config.hidden_size))
-    if tuple(vit_features.shape) != expected:
-        raise ModelInputError(f"vit_features have shape {tuple(vit_features.shape)}, expected {list(expected)} "
-                              "(batch, frames, ViT levels: last block + DeepStack layers, patches per frame, "
-                              "ViT hidden size)")
-    _refuse_training_tower(visual)
-    return merge_cached_deepstack(visual, vit_features.to(device, non_blocking=True).reshape(b * s, *expected[2:]))
-
-
 def _refuse_training_tower(visual: nn.Module) -> None:
     if vision_tower_trains(visual):
         raise ModelInputError("the batch has cached vit_features but the vision tower trains (its blocks would "
                               "get no gradient); set cache.vit_features: false or freeze the vision tower")
 
 
-def _merge_cached_vit(visual: nn.Module, vit_features: torch.Tensor, frames: tuple[int, int], grid: tuple[int, int],
-                      device: torch.device) -> torch.Tensor:
-    """The merger's embeddings [B*S*T, hidden] of cached ViT features [B, S, grid tokens, D]."""
-    (b, s), tokens = frames, grid[0] * grid[1]
-    expected = (b, s, tokens, int(visual.config.hidden_size))
+def _merge_cached_vit(visual: nn.Module, base: QwenBase, vit_features: torch.Tensor, frames: tuple[int, int],
+                      grid: tuple[int, int], device: torch.device) -> tuple[torch.Tensor, list[torch.Tensor] | None]:
+    """The mergers' embeddings (main [B*S*T, hidden]; a DeepStack base's one per DeepStack layer too)
+    of cached ViT features [B, S, *feature shape] (:meth:`QwenBase.vit_feature_shape`)."""
+    (b, s) = frames
+    expected = (b, s, *base.vit_feature_shape(visual.config, grid[0] * grid[1]))
     if tuple(vit_features.shape) != expected:
         raise ModelInputError(f"vit_features have shape {tuple(vit_features.shape)}, expected {list(expected)} "
-                              "(batch, frames, patches per frame, ViT hidden size)")
+                              f"(batch, frames, {base.vit_feature_dims})")
     _refuse_training_tower(visual)
-    return merge_cached(visual, vit_features.to(device, non_blocking=True).reshape(b * s, tokens, expected[3]), grid)
+    return merge_cached_output(visual, base, vit_features.to(device, non_blocking=True).flatten(0, 1), grid)
 
 
 def vision_tower_trains(visual: nn.Module) -> bool:

@@ -7,7 +7,7 @@ from fractions import Fraction
 
 import pytest
 
-from janus_core.bases import QWEN2_5_VL
+from janus_core.bases import QWEN2_5_VL, QWEN3_VL
 from janus_core.resolution import (
     DEFAULT_RESOLUTION,
     Resolution,
@@ -117,6 +117,10 @@ def test_visual_tokens_per_frame() -> None:
     # crop224 on a 4:3 source: 224x168 px, a 12x16 patch grid, 48 tokens.
     assert Resolution("crop", 224).visual_tokens(640, 480) == 48
     assert visual_tokens_for_shape(168, 224) == 48
+    # Each base counts its own: Qwen3-VL's 16-px patches, 32 px per token (its pad640 pairs VGGT's pad560).
+    assert visual_tokens_for_shape(640, 640, QWEN3_VL) == 400 == visual_tokens_for_shape(560, 560, QWEN2_5_VL)
+    with pytest.raises(ValueError, match=r"gives a 5x5 patch grid.*multiple of 32 px"):
+        visual_tokens_for_shape(80, 80, QWEN3_VL)
 
 
 def test_an_odd_patch_grid_has_no_token_count() -> None:
