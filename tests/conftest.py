@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers.bases import BASE_CASES, BaseCase
 from helpers.built_once import build_once, shared_folder
 from janus_core.index import DatasetIndex, build_index
 from janus_core.index.cached import INDEX_CACHE_ENV
@@ -40,6 +41,12 @@ def sample_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Episode-folder root with 3 episodes x 12 frames (640x480 PNG). Read-only: copy to damage it."""
     return build_once(shared_folder(tmp_path_factory, "sample") / "data", lambda root: write_sample_data(
         root, episodes=SAMPLE_EPISODES, steps=SAMPLE_STEPS, seed=SAMPLE_SEED))
+
+
+@pytest.fixture(scope="module", params=BASE_CASES, ids=str)
+def base(request: pytest.FixtureRequest) -> BaseCase:
+    """Each base janus supports (:mod:`helpers.bases`): a test that takes it runs once per base."""
+    return request.param
 
 
 @pytest.fixture(scope="session")

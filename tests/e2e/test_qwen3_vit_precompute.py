@@ -2,7 +2,7 @@
 PROFILE=tiny-qwen3 SET=...``) on two processes caches the Qwen3-VL ViT's output per frame: its levels
 (last block and DeepStack layers) are keyed in the manifest and read back equal to the frozen ViT run
 on the stored frames. The ranks start as torchrun starts them (helpers.forked_ranks). (In process,
-the training step and the store: tests/unit/test_qwen3_vit_cache.py.)"""
+the training step and the store: tests/unit/test_vit_features.py, tests/unit/test_base_caches.py.)"""
 
 from __future__ import annotations
 

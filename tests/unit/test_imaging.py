@@ -1,5 +1,5 @@
 """Specification of `janus_core.imaging`: one uint8 frame per source image, and both model inputs
-derived from it bit for bit.
+derived from it bit for bit, for each base (Qwen3-VL's own frame and pixel values too).
 
 The references here are written independently of the module: the VGGT preprocessing is redone
 with numpy scalars, ``np.pad`` and a torch float path that follows VGGT's
@@ -17,21 +17,26 @@ import pytest
 import torch
 import torch.nn.functional as F
 from PIL import Image
+from transformers import AutoImageProcessor
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
-from janus_core.bases import QWEN2_5_VL
+from helpers.bases import QWEN3
+from janus_core.bases import QWEN2_5_VL, QWEN3_VL
 from janus_core.imaging import (
     FrameError,
     load_frame,
+    load_qwen_frame,
     qwen_pixel_lut,
     qwen_pixel_values,
     vggt_input,
 )
+from janus_core.index import DatasetIndex
 from janus_core.resolution import Resolution, visual_tokens
 
 # The Qwen2.5-VL facts these tests pin (janus_core.bases).
 PATCH_SIZE, MERGE_SIZE, TEMPORAL_PATCH = QWEN2_5_VL.patch_size, QWEN2_5_VL.merge_size, QWEN2_5_VL.temporal_patch
 PATCH_DIM, QWEN_IMAGE_MEAN, QWEN_IMAGE_STD = QWEN2_5_VL.patch_dim, QWEN2_5_VL.image_mean, QWEN2_5_VL.image_std
+QWEN3_SIDE = 64  # Qwen3-VL's frame of VGGT's pad56: 4x4 patches of 16 px, 2x2 visual tokens
 
 HAS_TORCHVISION = importlib.util.find_spec("torchvision") is not None
 NO_TORCHVISION = (
@@ -330,6 +335,38 @@ def test_qwen_pixel_values_are_bit_identical_to_transformers(resolution: str, co
     assert torch.equal(pixel_values, uint8_values)
     assert torch.equal(grid_thw, uint8_grid)
     assert int(grid_thw[0].prod()) // MERGE_SIZE**2 == visual_tokens(height, width)
+
+
+def test_pixel_values_from_stored_frames_equal_qwen3_vls_processor_on_the_same_pngs(
+    sample_index: DatasetIndex, tmp_path: Path,
+) -> None:
+    """Stored uint8 frames (PNG files) -> janus's lookup-table path, against the tiny Qwen3-VL's
+    own image processor on the same PNGs (uint8, default rescaling) and on the live [0, 1] float
+    tensor with rescaling off: bit for bit. A noise frame hits every uint8 value of every channel;
+    a 96x128 frame (3x4 tokens) pins the row/column order."""
+    rng = np.random.default_rng(0)
+    frames = [load_qwen_frame(frame.path, "pad56", QWEN3_VL) for frame in sample_index.window(sample_index.samples[5])]
+    frames.append(rng.integers(0, 256, (QWEN3_SIDE, QWEN3_SIDE, 3), dtype=np.uint8))
+    processor = AutoImageProcessor.from_pretrained(QWEN3.qwen_dir)
+    for name, group in (("square", frames), ("wide", [rng.integers(0, 256, (96, 128, 3), dtype=np.uint8)])):
+        paths = []
+        for i, frame in enumerate(group):
+            paths.append(tmp_path / f"{name}{i}.png")
+            Image.fromarray(frame).save(paths[-1])
+        stored = np.stack([np.asarray(Image.open(p)) for p in paths])
+        height, width = stored.shape[1:3]
+        ours, grid = qwen_pixel_values(torch.from_numpy(stored), base=QWEN3_VL)
+        no_resize = {"shortest_edge": height * width, "longest_edge": height * width}
+        from_pngs = processor([Image.open(p) for p in paths], size=no_resize, return_tensors="pt")
+        live = torch.from_numpy(stored).permute(0, 3, 1, 2).float().div(255)
+        from_float = processor(list(live), do_rescale=False, size=no_resize, return_tensors="pt")
+        assert ours.shape == (len(group) * (height // 16) * (width // 16), 1536) and ours.dtype == torch.float32
+        assert grid.tolist() == [[1, height // 16, width // 16]] * len(group)
+        assert torch.equal(ours, from_pngs["pixel_values"]) and torch.equal(grid, from_pngs["image_grid_thw"])
+        assert torch.equal(ours, from_float["pixel_values"])
+    # Not Qwen2.5-VL's numbers: the same frames under the other base's normalisation differ.
+    assert not torch.equal(qwen_pixel_values(torch.from_numpy(stored[:, :56, :56]))[0][:, :588],
+                           qwen_pixel_values(torch.from_numpy(stored[:, :64, :64]), base=QWEN3_VL)[0][:, :588])
 
 
 def test_qwen_pixel_values_accept_numpy_frames() -> None:

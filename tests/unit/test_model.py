@@ -1,12 +1,16 @@
-"""The JanusVLN model on the tiny profile's Qwen2.5-VL and VGGT: merger order, per-sample
-injection, cached vs live features, logits only where supervised, trainable sets and groups."""
+"""The JanusVLN model on the tiny profile's Qwen2.5-VL and VGGT, and on the tiny Qwen3-VL where a
+test takes the ``base`` fixture: merger order, per-sample injection (on Qwen3-VL with its DeepStack
+inputs kept), the plain base at lam = 0, cached vs live features, logits only where supervised,
+trainable sets and groups, batches that do not fit."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 import torch.nn.functional as F
+from transformers.models.qwen3_vl.modeling_qwen3_vl import BaseModelOutputWithDeepstackFeatures
 
+from helpers.bases import QWEN3, BaseCase
 from helpers.model_cases import (
     FEATURE_DIM,
     MERGER_HIDDEN,
@@ -17,12 +21,14 @@ from helpers.model_cases import (
     tiny_encoder,
     tiny_model,
 )
+from janus_core.bases import QWEN3_VL
 from janus_core.imaging import qwen_pixel_lut, qwen_pixel_values
 from janus_core.index import DatasetIndex, Sample
 from janus_core.profile import LanguageModelSettings, load_profile
 from janus_train.data.prompt import IGNORE_INDEX
 from janus_train.model.janus_model import (
     ActionHead,
+    JanusModelConfig,
     JanusVLNModel,
     ModelInputError,
     TrainableParts,
@@ -47,6 +53,12 @@ def two_samples(sample_index: DatasetIndex) -> list[Sample]:
 @pytest.fixture(scope="module")
 def pair_batch(sample_index: DatasetIndex, two_samples: list[Sample]) -> dict[str, torch.Tensor]:
     return make_batch(sample_index, two_samples)
+
+
+@pytest.fixture(scope="module")
+def base_pair_batch(base: BaseCase, sample_index: DatasetIndex, two_samples: list[Sample]) -> dict[str, torch.Tensor]:
+    """The two samples on each base: its frames (Qwen3-VL's 64x64), VGGT's features."""
+    return make_batch(sample_index, two_samples, base=base)
 
 
 def supervised_count(batch: dict[str, torch.Tensor]) -> int:
@@ -159,25 +171,96 @@ def test_injection_adds_lam_times_the_merged_feature_to_every_image_of_the_sampl
     torch.testing.assert_close(logits[valid], reference[valid], rtol=1e-4, atol=1e-4)
 
 
-def test_token_loss_equals_cross_entropy_of_transformers_full_forward(pair_batch: dict[str, torch.Tensor]) -> None:
-    """With lam = 0 the model is plain Qwen2.5-VL: our gathered-logits CE equals the CE of the
-    logits of ``Qwen2_5_VLForConditionalGeneration(input_ids, pixel_values, ...)``."""
-    model = tiny_model(lam=0.0).eval()
+def _language_model_inputs(model: JanusVLNModel, batch: dict[str, torch.Tensor]) -> dict:
+    seen: dict = {}
+
+    def hook(_module, _args, kwargs):
+        seen.update(kwargs)
+
+    handle = model.qwen.model.language_model.register_forward_pre_hook(hook, with_kwargs=True)
+    try:
+        with torch.no_grad():
+            model(batch)
+    finally:
+        handle.remove()
+    return seen
+
+
+def test_the_qwen3_3d_term_reaches_exactly_its_own_samples_visual_positions_deepstack_kept(
+    sample_index: DatasetIndex, two_samples: list[Sample],
+) -> None:
+    """Micro-batch of 2. The LLM's input embeddings at lam = 0.5 differ from those at lam = 0
+    exactly at the image pads, by 0.5 x merger(that sample's feature) on each of its 9 images;
+    changing sample 1's feature changes sample 1's image pads only. The DeepStack inputs are the
+    base's own (its ViT's deepstack features at the image pads) whatever lam. And transformers'
+    Qwen3-VL forward fed these fused embeddings as its encoder output gives janus's logits."""
+    pair_batch = make_batch(sample_index, two_samples, base=QWEN3)
+    plain, fused = tiny_model(lam=0.0, base=QWEN3).eval(), tiny_model(lam=0.5, base=QWEN3).eval()
+    fused.vggt_merger.load_state_dict(plain.vggt_merger.state_dict())
+    base_in, fused_in = _language_model_inputs(plain, pair_batch), _language_model_inputs(fused, pair_batch)
+    pads = pair_batch["input_ids"] == fused.image_token_id
+    delta = fused_in["inputs_embeds"] - base_in["inputs_embeds"]
+    assert bool((delta[~pads] == 0).all()) and bool((delta[pads].abs().sum(-1) > 0).all())
     with torch.no_grad():
-        parts = model(pair_batch).loss_parts
-        pixel_values, grid_thw = qwen_pixel_values(pair_batch["frames"].flatten(0, 1))
+        merged = fused.vggt_merger(pair_batch["features"].float(), (4, 4))  # [2, 4 tokens, hidden]
+    for row in range(2):
+        expected = (0.5 * merged[row]).repeat(9, 1)
+        torch.testing.assert_close(delta[row][pads[row]], expected, rtol=1e-5, atol=1e-6)
+
+    features = pair_batch["features"].clone()
+    features[1] = features[1].flip(0)
+    other_in = _language_model_inputs(fused, dict(pair_batch, features=features))
+    changed = (other_in["inputs_embeds"] != fused_in["inputs_embeds"]).any(-1)
+    assert torch.equal(changed[0], torch.zeros_like(changed[0])) and torch.equal(changed[1], pads[1])
+
+    pixel_values, grid_thw = qwen_pixel_values(pair_batch["frames"].flatten(0, 1), base=QWEN3_VL)
+    with torch.no_grad():
+        own = fused.qwen.model.get_image_features(pixel_values, grid_thw)
+    assert torch.equal(fused_in["visual_pos_masks"], pads)
+    assert len(fused_in["deepstack_visual_embeds"]) == 2
+    for ours, base_plain, theirs in zip(fused_in["deepstack_visual_embeds"], base_in["deepstack_visual_embeds"],
+                                        own.deepstack_features, strict=True):
+        assert torch.equal(ours, base_plain) and torch.equal(ours, torch.cat(theirs))
+
+    with torch.no_grad():
+        ours_logits = fused.qwen.lm_head(fused(pair_batch, return_hidden=True).hidden_states)
+        injected = tuple(fused.image_embeddings(pair_batch["frames"], pair_batch["features"]).flatten(0, 1))
+        theirs_logits = fused.qwen(
+            input_ids=pair_batch["input_ids"], attention_mask=pair_batch["attention_mask"],
+            mm_token_type_ids=pair_batch["mm_token_type_ids"], image_grid_thw=grid_thw,
+            mm_encoder_outputs={"image": BaseModelOutputWithDeepstackFeatures(
+                pooler_output=injected, deepstack_features=own.deepstack_features)},
+        ).logits
+    valid = pair_batch["attention_mask"].bool()
+    torch.testing.assert_close(ours_logits[valid], theirs_logits[valid], rtol=0, atol=1e-6)
+
+
+def test_at_lam_0_the_model_is_the_plain_base_forward(base: BaseCase, base_pair_batch: dict[str, torch.Tensor]
+                                                      ) -> None:
+    """With lam = 0 the model is the plain base (``Qwen2_5_VLForConditionalGeneration``,
+    ``Qwen3VLForConditionalGeneration``): its logits are those of the base's own forward on
+    (input_ids, pixel_values, ...), and our gathered-logits CE equals the CE of those logits."""
+    batch = base_pair_batch
+    model = tiny_model(lam=0.0, base=base).eval()
+    assert isinstance(model.qwen, base.base.transformers_class())
+    with torch.no_grad():
+        parts = model(batch).loss_parts
+        ours = model.qwen.lm_head(model(batch, return_hidden=True).hidden_states)
+        pixel_values, grid_thw = qwen_pixel_values(batch["frames"].flatten(0, 1), base=base.base)
         logits = model.qwen(
-            input_ids=pair_batch["input_ids"],
-            attention_mask=pair_batch["attention_mask"],
-            mm_token_type_ids=pair_batch["mm_token_type_ids"],
+            input_ids=batch["input_ids"],
+            attention_mask=batch["attention_mask"],
+            mm_token_type_ids=batch["mm_token_type_ids"],
             pixel_values=pixel_values,
             image_grid_thw=grid_thw,
         ).logits
+    valid = batch["attention_mask"].bool()
+    torch.testing.assert_close(ours[valid], logits[valid], rtol=0, atol=1e-6)
     per_token = F.cross_entropy(
-        logits[:, :-1].transpose(1, 2), pair_batch["labels"][:, 1:], ignore_index=IGNORE_INDEX, reduction="none"
+        logits[:, :-1].transpose(1, 2), batch["labels"][:, 1:], ignore_index=IGNORE_INDEX, reduction="none"
     )
     torch.testing.assert_close(parts.segment_ce_sum.sum(1), per_token.sum(1), rtol=1e-5, atol=1e-4)
-    assert parts.segment_tokens.sum().item() == supervised_count(pair_batch)
+    assert parts.segment_tokens.sum().item() == supervised_count(batch)
 
 
 # --------------------------------------------------------------------------- cached vs live
@@ -222,21 +305,31 @@ def test_lm_head_sees_only_the_supervised_positions(pair_batch: dict[str, torch.
     assert rows[0] < pair_batch["input_ids"].numel() // 2
 
 
-def test_backward_reaches_trainable_parts_only(pair_batch: dict[str, torch.Tensor]) -> None:
-    model = tiny_model()
+def test_backward_reaches_trainable_parts_only(base: BaseCase, base_pair_batch: dict[str, torch.Tensor]) -> None:
+    """Default trainable parts: the LLM, the ViT's mergers (the projector; Qwen3-VL's DeepStack
+    mergers included), the VGGT merger and the action head get gradients; the ViT's patch embedding,
+    learned position embeddings (Qwen3-VL) and blocks none, nor the frozen VGGT."""
+    model = tiny_model(base=base)
+    parts = {name: part_of(name) for name, _ in model.named_parameters()}
+    assert {n for n, part in parts.items() if "deepstack_merger_list" in n and part != "projector"} == set()
+    assert any(n.startswith("qwen.model.visual.pos_embed.") and part == "vision_tower" for n, part in parts.items()) \
+        == (base.base.position_embedding_mode == "learned+rope")
     config = LossConfig(distill_loss_weight=1.0)
-    den = LossDenominators.from_batches([pair_batch])
-    loss = micro_batch_loss(model(pair_batch).loss_parts, den, config, 0)
+    den = LossDenominators.from_batches([base_pair_batch])
+    loss = micro_batch_loss(model(base_pair_batch).loss_parts, den, config, 0)
     loss.backward()
     touched = {part: False for part in ("language_model", "projector", "vggt_merger", "action_head")}
     for name, param in model.named_parameters():
-        part = part_of(name)
+        part = parts[name]
         if part == "vision_tower":
             assert param.grad is None, name
         elif param.grad is not None and param.grad.abs().sum() > 0:
             touched[part] = True
     assert all(touched.values()), touched
     assert all(p.grad is None for p in tiny_encoder().model.parameters())
+    deepstack = {n: p.grad for n, p in model.named_parameters() if "deepstack_merger_list" in n}
+    assert bool(deepstack) == base.base.deepstack
+    assert [n for n, g in deepstack.items() if g is None or not g.abs().sum() > 0] == []
 
 
 def test_gradient_checkpointing_toggles_and_keeps_the_loss(pair_batch: dict[str, torch.Tensor]) -> None:
@@ -339,21 +432,44 @@ def test_bfloat16_model_keeps_loss_sums_in_float32(pair_batch: dict[str, torch.T
     torch.testing.assert_close(out.loss_parts.segment_ce_sum, reference.loss_parts.segment_ce_sum, rtol=2e-2, atol=0.5)
 
 
-def test_tiny_profile_builds_without_vggt_for_cached_training() -> None:
-    profile = load_profile("tiny")
+def test_each_bases_tiny_profile_builds_its_model_without_vggt_for_cached_training(
+    base: BaseCase, base_pair_batch: dict[str, torch.Tensor],
+) -> None:
+    """The base follows qwen.path alone."""
+    profile = load_profile(base.profile)
     assert vggt_feature_dim(profile.vggt) == FEATURE_DIM
-    model = JanusVLNModel.from_profile(profile)
+    model = JanusVLNModel.from_profile(profile, JanusModelConfig(merger_hidden=MERGER_HIDDEN)).eval()
+    assert model.base is base.base and isinstance(model.qwen, base.base.transformers_class())
     assert model.encoder is None and model.feature_dim == FEATURE_DIM
     assert model.device.type == "cpu" and model.qwen.dtype == torch.float32
+    with torch.no_grad():
+        assert torch.isfinite(model(base_pair_batch).loss_parts.segment_ce_sum).all()
 
 
-def test_batches_that_do_not_fit_the_model_are_refused(pair_batch: dict[str, torch.Tensor]) -> None:
-    model = tiny_model()
+def test_a_live_qwen3_batch_without_vggts_frames_is_refused_in_one_line(sample_index: DatasetIndex,
+                                                                      two_samples: list[Sample]) -> None:
+    """The live VGGT never runs on Qwen3-VL's frames: a batch with neither cached features nor
+    VGGT's own frames is refused."""
+    live = JanusVLNModel.from_profile(load_profile(QWEN3.profile), JanusModelConfig(merger_hidden=MERGER_HIDDEN),
+                                      live=True)
+    with pytest.raises(ModelInputError, match=r"^a live Qwen3-VL batch needs 'vggt_frames' \(VGGT's frames of the "
+                                              r"same sources, janus_train\.data\.samples\.LiveFrames\): VGGT does not run on "
+                                              r"Qwen3-VL's frames$"):
+        live(make_batch(sample_index, two_samples, with_features=False, base=QWEN3))
+
+
+def test_batches_that_do_not_fit_the_model_are_refused(base: BaseCase, base_pair_batch: dict[str, torch.Tensor]
+                                                       ) -> None:
+    pair_batch = base_pair_batch
+    model = tiny_model(base=base)
     pads_error = r"image-pad tokens per sample \[36, 36\] do not match the frames \(32 = "
     with pytest.raises(ModelInputError, match=pads_error):
         model(dict(pair_batch, frames=pair_batch["frames"][:, 1:], features=pair_batch["features"]))
     with pytest.raises(ModelInputError, match=r"features have shape \(2, 16, 64\), expected \[2, 16, 128\]"):
         model(dict(pair_batch, features=pair_batch["features"][..., :64]))
+    with pytest.raises(ModelInputError, match=r"features have shape \(2, 4, 128\), expected \[2, 16, 128\] "
+                                              r"\(batch, 4x4 VGGT patches"):  # off the frames' grid
+        model(dict(pair_batch, features=pair_batch["features"][:, :4]))
     with pytest.raises(ModelInputError, match="frames must be uint8"):
         model(dict(pair_batch, frames=pair_batch["frames"].float()))
     with pytest.raises(ModelInputError, match="no 'labels'"):

@@ -1,7 +1,8 @@
 """The training sample, token for token as the reference JanusVLN trainer builds it
 (docs/train.md "The training sample"): the exact user and target texts, labels through the closing
 ``<|im_end|>\\n``, per-token loss weights, segment ids, the action-head position, and janus's own
-wording as an opt-in template."""
+wording as an opt-in template; on each base, the conversation its chat template gives and the
+sample ``show-sample`` shows."""
 
 from __future__ import annotations
 
@@ -12,8 +13,12 @@ import torch
 from tokenizers import pre_tokenizers
 from transformers import AutoTokenizer
 
+from helpers.bases import QWEN3, BaseCase
 from helpers.model_cases import QWEN_DIR, VISUAL_TOKENS, builder, tiny_tokenizer
+from janus_core.bases import base_of_qwen_dir
+from janus_core.imaging import load_qwen_frame
 from janus_core.index import ACTIONS, DatasetIndex, Sample
+from janus_core.profile import load_profile
 from janus_train.data.prompt import (
     ACTIONS_TEXT,
     IGNORE_INDEX,
@@ -25,7 +30,9 @@ from janus_train.data.prompt import (
     collate_prompts,
 )
 from janus_train.data.prompt_template import PromptTemplate, TemplateError
+from janus_train.build import prompt_builder
 from janus_train.data.sample_view import describe_sample
+from pipelines.train_cli import show_sample_cmd
 
 # The reference's user text, copied from docs/train.md "The training sample" ({H}: one <image> per history image).
 REFERENCE_USER = (
@@ -328,6 +335,42 @@ def test_collate_right_pads_with_the_tokenizer_pad_id(samples: list[Sample]) -> 
         collate_prompts([], pad_id)
 
 
+def test_token_sequence_and_label_mask_equal_each_bases_chat_template(base: BaseCase, sample_index: DatasetIndex
+                                                                      ) -> None:
+    """The conversation through the base's own chat template, each image pad repeated to the
+    frame's visual tokens as its processor does; supervised = everything after the template's
+    generation prompt (the assistant header)."""
+    tokenizer = AutoTokenizer.from_pretrained(base.qwen_dir)
+    for sample in (sample_index.samples[0], sample_index.samples[17]):
+        encoded = builder().build_sample(sample)
+        text = builder().sample_texts(sample)
+        user: list[dict] = []
+        for piece in text.user.split("<image>"):
+            if user:
+                user.append({"type": "image"})
+            if piece:
+                user.append({"type": "text", "text": piece})
+        messages = [{"role": "system", "content": builder().template.system},
+                    {"role": "user", "content": user},
+                    {"role": "assistant", "content": text.target}]
+        pads = "<|image_pad|>" * VISUAL_TOKENS
+        whole = tokenizer.apply_chat_template(messages, tokenize=False).replace("<|image_pad|>", pads)
+        prompt = tokenizer.apply_chat_template(messages[:2], tokenize=False, add_generation_prompt=True)
+        prompt = prompt.replace("<|image_pad|>", pads)
+        ids = tokenizer(whole, add_special_tokens=False)["input_ids"]
+        n_prompt = len(tokenizer(prompt, add_special_tokens=False)["input_ids"])
+        assert encoded.input_ids.tolist() == ids
+        assert (encoded.labels != IGNORE_INDEX).tolist() == [i >= n_prompt for i in range(len(ids))]
+        assert encoded.labels[n_prompt:].tolist() == ids[n_prompt:]
+
+
+def test_qwen3_vls_template_adds_no_default_system_turn() -> None:
+    """(janus's prompts always carry one.)"""
+    bare = [{"role": "user", "content": "hi"}]
+    tokenizer = AutoTokenizer.from_pretrained(QWEN3.qwen_dir)
+    assert tokenizer.apply_chat_template(bare, tokenize=False) == "<|im_start|>user\nhi<|im_end|>\n"
+
+
 def test_show_sample_prints_texts_counts_and_every_supervised_token(samples: list[Sample]) -> None:
     sample = samples[4]
     b = PromptBuilder(tiny_tokenizer(), VISUAL_TOKENS, segment_weights=(1.0, 1.0, 1.0, 3.0))
@@ -346,3 +389,24 @@ def test_show_sample_prints_texts_counts_and_every_supervised_token(samples: lis
     assert rows[-1].split() == [str(len(p) - 1), "'\\n'", "1", "4", "action"]
     assert [r.split()[-3] for r in rows if r.split()[-1] == "action"][:-2] == ["3"] * int((p.loss_weights == 3).sum())
     # The command prints this description: tests/e2e/test_prompt_command.py.
+
+
+def test_show_sample_of_each_bases_profile_gives_each_image_the_tokens_of_its_stored_frame(
+    base: BaseCase, sample_index: DatasetIndex, sample_dataset: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``janus-train show-sample`` shows the sample as a run of the profile trains it: its visual
+    tokens per image are those of the frame a cache of the profile's base stores (Qwen3-VL's own
+    frame at the profile's resolution, 32 px per token), and the command prints the description the
+    profile's prompt builder gives. (The command's process: tests/e2e/test_prompt_command.py.)"""
+    profile = load_profile(base.profile)
+    assert base_of_qwen_dir(profile.qwen.path) is base.base
+    sample = sample_index.samples[4]
+    builder = prompt_builder(profile)
+
+    frame = load_qwen_frame(sample_index.frames[sample.window_rows[-1]].path, profile.cache.resolution, base.base)
+    h, w = base.base.token_grid(*frame.shape[:2])
+    prompt = builder.build_sample(sample)
+    assert int((prompt.input_ids == builder.image_token_id).sum()) == len(sample.window) * h * w
+
+    show_sample_cmd(data=sample_dataset, key=sample.key, profile=base.profile, run=None, overrides=None)
+    assert capsys.readouterr().out.rstrip("\n") == describe_sample(builder, sample)

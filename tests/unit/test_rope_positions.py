@@ -1,5 +1,5 @@
 """M-RoPE position ids built with the batch: the loader's collate computes them
-with Qwen's own code, the model takes them from the batch without walking the sequence, and a
+with each base's own code, the model takes them from the batch without walking the sequence, and a
 step with them is the step without them, bit for bit."""
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import pytest
 import torch
 from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VLModel
 
+from helpers.bases import BaseCase
 from helpers.model_cases import QWEN_DIR, RESOLUTION, builder, tiny_model
 from janus_core.index import DatasetIndex
 from janus_train.data.samples import LiveSamples, TrainItem, collate
@@ -39,15 +40,23 @@ def loss_and_gradients(model: JanusVLNModel, batch: dict[str, torch.Tensor]) -> 
     return loss.detach(), grads
 
 
-def test_collate_builds_the_position_ids_qwens_get_rope_index_computes(items: list[TrainItem]) -> None:
-    batch = batch_of(items, with_positions=True)
+def test_collate_builds_the_position_ids_the_bases_get_rope_index_computes(base: BaseCase,
+                                                                          sample_index: DatasetIndex) -> None:
+    """The loader workers' collate gives a batch of the base's frames (Qwen3-VL's 64x64, not VGGT's
+    or Qwen2.5-VL's 14-px grid) the ids the base's own get_rope_index gives its 4x4 patch grid."""
+    samples = LiveSamples(sample_index, builder(), RESOLUTION, base.base)
+    rope = RopeIndex.from_dir(base.qwen_dir)
+    batch = collate([samples[3], samples[22]], builder().pad_token_id, rope=rope)
     lengths = batch["attention_mask"].sum(1)
     assert lengths[0] != lengths[1]  # right padding is covered
     _, images, height, width, _ = batch["frames"].shape
-    grid = (height // 14, width // 14)
-    expected, _ = tiny_model().qwen.model.get_rope_index(
+    grid = base.base.patch_grid(height, width)
+    assert rope.patch_grid(height, width) == grid == (4, 4)
+    model = tiny_model(base=base)
+    expected, _ = model.qwen.model.get_rope_index(
         batch["input_ids"], batch["mm_token_type_ids"],
         image_grid_thw=torch.tensor([[1, *grid]]).expand(2 * images, 3), attention_mask=batch["attention_mask"])
+    assert isinstance(model.qwen.model, base.base.transformers_class("inner"))
     assert batch["position_ids"].shape == (3, 2, batch["input_ids"].shape[1])
     assert torch.equal(batch["position_ids"], expected)
 

@@ -1,6 +1,6 @@
 """The tiny Qwen2.5-VL directory of the ``tiny`` profile and the tiny VGGT config.
 
-The committed files must be exactly what ``tools/tiny_model.py`` generates, must load through
+The committed files (and the tiny Qwen3-VL's of ``tiny-qwen3``) must be exactly what ``tools/tiny_model.py`` generates, must load through
 transformers' Auto classes like a real Qwen2.5-VL directory, and must give a model that trains on
 a prompt with images.
 """
@@ -17,6 +17,7 @@ import torch
 from tokenizers import Tokenizer
 from transformers import AutoConfig, AutoImageProcessor, AutoTokenizer, Qwen2_5_VLForConditionalGeneration
 
+from helpers.bases import BaseCase
 from janus_core.bases import QWEN2_5_VL
 from janus_core.index import ACTIONS
 from janus_core.qwen_vision import IM_END, IM_START, IMAGE_PAD, QWEN_SPECIAL_TOKENS
@@ -112,13 +113,17 @@ def _random_model(config, seed: int = 0) -> Qwen2_5_VLForConditionalGeneration:
 # --- reproducibility ----------------------------------------------------------------------------
 
 
-def test_generator_reproduces_the_committed_qwen_directory_byte_for_byte(tmp_path: Path) -> None:
-    written = write_tiny_qwen_dir(tmp_path / "qwen")
+def test_generator_reproduces_the_committed_qwen_directory_byte_for_byte(base: BaseCase, tmp_path: Path) -> None:
+    """Each base's tiny directory (the tiny profile's, and tiny-qwen3's: the same tokenizer with
+    Qwen3-VL's template and config)."""
+    written = write_tiny_qwen_dir(tmp_path / "qwen", base=base.base)
     assert sorted(p.name for p in written) == sorted(QWEN_DIR_FILES)
-    assert sorted(p.name for p in QWEN_DIR.iterdir()) == sorted(QWEN_DIR_FILES), f"stray files in {QWEN_DIR}"
+    committed = base.qwen_dir
+    assert sorted(p.name for p in committed.iterdir()) == sorted(QWEN_DIR_FILES), f"stray files in {committed}"
+    regenerate = f"regenerate with: python -m tools.tiny_model configs/models/{committed.name} --base {base}"
     for name in QWEN_DIR_FILES:
         regenerated = (tmp_path / "qwen" / name).read_bytes()
-        assert regenerated == (QWEN_DIR / name).read_bytes(), f"{name} differs; {REGENERATE}"
+        assert regenerated == (committed / name).read_bytes(), f"{name} differs; {regenerate}"
 
 
 def test_generator_reproduces_the_committed_tiny_vggt_config(tmp_path: Path) -> None:
