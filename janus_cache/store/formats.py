@@ -4,7 +4,7 @@ A manifest names its format, :func:`~janus_cache.store.open_writer` and
 :func:`~janus_cache.store.open_cache` pick the writer and reader from here, and the precompute
 command line takes its ``--format`` choices from :data:`FORMATS`. The classes are named rather
 than imported: they read and write tensors (torch), which a manifest or a command's help must not
-load.
+load; the store package imports them on first use (its one lazy import, ``janus_cache.store``).
 """
 
 from __future__ import annotations
@@ -23,21 +23,19 @@ class CacheFormat:
     """What it is for, in a few words (``--format`` help)."""
     streaming: bool
     """Whether it is read as a stream (webdataset tars) rather than row by row at random."""
-    module: str
-    """The module of ``janus_cache.store`` holding its writer and reader."""
     writer: str
     reader: str
 
     def writer_class(self) -> type[Any]:
-        return getattr(importlib.import_module(f"janus_cache.store.{self.module}"), self.writer)
+        return getattr(importlib.import_module(__package__), self.writer)
 
     def reader_class(self) -> type[Any]:
-        return getattr(importlib.import_module(f"janus_cache.store.{self.module}"), self.reader)
+        return getattr(importlib.import_module(__package__), self.reader)
 
 
 CACHE_FORMATS: tuple[CacheFormat, ...] = (
-    CacheFormat("zarr", "random access", False, "zarr_store", "ZarrCacheWriter", "ZarrCacheReader"),
-    CacheFormat("wds", "streaming", True, "wds_store", "WdsCacheWriter", "WdsCacheReader"),
+    CacheFormat("zarr", "random access", False, "ZarrCacheWriter", "ZarrCacheReader"),
+    CacheFormat("wds", "streaming", True, "WdsCacheWriter", "WdsCacheReader"),
 )
 """Every format a cache can be written in; the first is the default."""
 

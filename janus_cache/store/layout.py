@@ -114,14 +114,6 @@ def is_table_array(array: str) -> bool:
     return array.startswith(TABLES_GROUP + "/")
 
 
-def is_frames_array(array: str) -> bool:
-    return array.startswith(FRAMES_GROUP + "/")
-
-
-def is_wds_array(array: str) -> bool:
-    return array.startswith(WDS_DIR + "/")
-
-
 @dataclass(frozen=True)
 class CacheLayout:
     """The absolute paths of the cache at ``root`` (see the module docstring)."""

@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from janus_core.index.annotations import ANNOTATION_FIELDS, AnnotationBuilder
 from janus_core.index.cached import (
@@ -115,6 +117,7 @@ __all__ = [
     "Sample",
     "StoredIndex",
     "SubinstructionRule",
+    "IndexOptions",
     "build_index",
     "build_stored_index",
     "load_stored",
@@ -127,114 +130,96 @@ __all__ = [
 ]
 
 
-def build_index(
-    source: Path | str,
-    *,
-    history: int = DEFAULT_HISTORY,
-    image_root: Path | str | None = None,
-    strict: bool = False,
-    check_images: bool = True,
-    workers: int | None = None,
-    progress: bool = False,
-    subinstruction_rule: str = DEFAULT_SUBINSTRUCTION_RULE,
-    cache_dir: Path | str | None = None,
-    processes: int = 1,
-) -> DatasetIndex:
-    """Index an episode-folder root, or a ``.json`` / ``.jsonl`` annotation file.
+@dataclass(frozen=True)
+class IndexOptions:
+    """How a dataset is indexed: the keyword options every builder below takes.
 
-    ``history``: history frames per window (episode-folder format; an annotation record's
-    window is its image list). ``image_root``: base of annotation image paths (default: the
-    annotation file's folder). ``check_images``: read every image fully and verify it (PNG:
-    chunk CRCs up to a complete IEND; JPEG and others: a full decode) and record its sha256;
-    when false only the header is read, which finds non-images but not truncated files.
-    ``workers``: threads for the per-frame work (default: a few per core). ``progress``: show a
-    progress bar of the per-file checks on stderr. ``subinstruction_rule``: ``reference``
-    (default) or ``janus``, see :mod:`janus_core.index.subinstructions` (episode folders only;
-    an annotation record names its own subinstruction). ``cache_dir``: a folder of stored
-    indexes (:class:`IndexStore`): the index is reused from it while the dataset's files keep
-    their sizes and mtimes, else rebuilt reading only new or changed images, and stored.
-    ``processes``: worker processes that check images when many are new (with ``cache_dir``).
+    ``history``: history frames per window (episode-folder format; an annotation record's window is
+    its image list). ``image_root``: base of annotation image paths (default: the annotation file's
+    folder; a single annotation source). ``strict``: any reported problem is a ``DatasetError``.
+    ``check_images``: read every image fully and verify it (PNG: chunk CRCs up to a complete IEND;
+    JPEG and others: a full decode) and record its sha256; when false only the header is read, which
+    finds non-images but not truncated files. ``workers``: threads for the per-frame work (default: a
+    few per core). ``progress``: show a progress bar of the per-file checks on stderr.
+    ``subinstruction_rule``: ``reference`` (default) or ``janus``, see
+    :mod:`janus_core.index.subinstructions` (episode folders only; an annotation record names its own
+    subinstruction). ``processes``: worker processes that check images when many are new (through a
+    store of indexes).
+    """
+
+    history: int = DEFAULT_HISTORY
+    image_root: Path | str | None = None
+    strict: bool = False
+    check_images: bool = True
+    workers: int | None = None
+    progress: bool = False
+    subinstruction_rule: str = DEFAULT_SUBINSTRUCTION_RULE
+    processes: int = 1
+
+    def builder(self, source: Path | str) -> Builder:
+        """The builder of one source's index."""
+        source, history = Path(source), self.history
+        if isinstance(history, bool) or not isinstance(history, int) or history < 1:
+            raise ValueError(f"history must be a positive int, got {history!r}")
+        rule = parse_rule(self.subinstruction_rule).value
+        if not source.exists():
+            raise FileNotFoundError(f"dataset {source} does not exist")
+        threads = self.workers if self.workers is not None else min(16, 4 * (os.cpu_count() or 1))
+        if source.is_dir():
+            if self.image_root is not None:
+                raise DatasetError(f"{source}: image_root applies to annotation files, not to an episode-folder root")
+            if (source / MILESTONES_FILE).exists():
+                raise DatasetError(
+                    f"{source} is a single episode folder (it holds {MILESTONES_FILE}); pass the folder "
+                    f"that contains the episode folders, here {source.parent}"
+                )
+            builder: Builder = EpisodeFolderBuilder(source, history, self.check_images, threads, rule)
+        elif source.suffix.lower() in (".json", ".jsonl"):
+            root = Path(self.image_root) if self.image_root is not None else source.parent
+            builder = AnnotationBuilder(source, root, history, self.check_images, threads, rule)
+        else:
+            raise DatasetError(f"{source}: expected an episode-folder root or a .json/.jsonl annotation file")
+        builder.progress = self.progress
+        return builder
+
+    def check_strict(self, index: DatasetIndex, source: Path | str) -> None:
+        if self.strict and index.report.entries:
+            raise DatasetError(index.report.strict_message(source), index.report)
+
+
+def build_index(source: Path | str, *, cache_dir: Path | str | None = None, **options: Any) -> DatasetIndex:
+    """Index an episode-folder root, or a ``.json`` / ``.jsonl`` annotation file, with the keyword
+    :class:`IndexOptions`. ``cache_dir``: a folder of stored indexes (:class:`IndexStore`): the
+    index is reused from it while the dataset's files keep their sizes and mtimes, else rebuilt
+    reading only new or changed images, and stored.
 
     Raises ``FileNotFoundError`` for a missing source, ``DatasetError`` for an unusable one or,
     with ``strict``, for any reported problem.
     """
     if cache_dir is not None:
-        return build_stored_index(
-            source, cache_dir, history=history, image_root=image_root, strict=strict, check_images=check_images,
-            workers=workers, progress=progress, subinstruction_rule=subinstruction_rule, processes=processes,
-        ).index
-    index = _builder(source, history, image_root, check_images, workers, progress, subinstruction_rule).build()
-    _check_strict(index, source, strict)
+        return build_stored_index(source, cache_dir, **options).index
+    opts = IndexOptions(**options)
+    index = opts.builder(source).build()
+    opts.check_strict(index, source)
     return index
 
 
-def build_stored_index(
-    source: Path | str,
-    cache_dir: Path | str,
-    *,
-    history: int = DEFAULT_HISTORY,
-    image_root: Path | str | None = None,
-    strict: bool = False,
-    check_images: bool = True,
-    workers: int | None = None,
-    progress: bool = False,
-    subinstruction_rule: str = DEFAULT_SUBINSTRUCTION_RULE,
-    processes: int = 1,
-) -> StoredIndex:
+def build_stored_index(source: Path | str, cache_dir: Path | str, **options: Any) -> StoredIndex:
     """:func:`build_index` through the store in ``cache_dir``; also says where the index is
     stored and whether it was reused (other processes then read it with :func:`load_stored`)."""
-    builder = _builder(source, history, image_root, check_images, workers, progress, subinstruction_rule)
-    stored = IndexStore(cache_dir).get(builder, processes=processes)
-    _check_strict(stored.index, source, strict)
+    opts = IndexOptions(**options)
+    stored = IndexStore(cache_dir).get(opts.builder(source), processes=opts.processes)
+    opts.check_strict(stored.index, source)
     return stored
-
-
-def _check_strict(index: DatasetIndex, source: Path | str, strict: bool) -> None:
-    if strict and index.report.entries:
-        raise DatasetError(index.report.strict_message(source), index.report)
-
-
-def _builder(source: Path | str, history: int, image_root: Path | str | None, check_images: bool,
-             workers: int | None, progress: bool, subinstruction_rule: str) -> Builder:
-    source = Path(source)
-    if isinstance(history, bool) or not isinstance(history, int) or history < 1:
-        raise ValueError(f"history must be a positive int, got {history!r}")
-    rule = parse_rule(subinstruction_rule).value
-    if not source.exists():
-        raise FileNotFoundError(f"dataset {source} does not exist")
-    threads = workers if workers is not None else min(16, 4 * (os.cpu_count() or 1))
-    if source.is_dir():
-        if image_root is not None:
-            raise DatasetError(f"{source}: image_root applies to annotation files, not to an episode-folder root")
-        if (source / MILESTONES_FILE).exists():
-            raise DatasetError(
-                f"{source} is a single episode folder (it holds {MILESTONES_FILE}); pass the folder "
-                f"that contains the episode folders, here {source.parent}"
-            )
-        builder: Builder = EpisodeFolderBuilder(source, history, check_images, threads, rule)
-    elif source.suffix.lower() in (".json", ".jsonl"):
-        root = Path(image_root) if image_root is not None else source.parent
-        builder = AnnotationBuilder(source, root, history, check_images, threads, rule)
-    else:
-        raise DatasetError(f"{source}: expected an episode-folder root or a .json/.jsonl annotation file")
-    builder.progress = progress
-    return builder
 
 
 def build_sources_index(
     sources: Sequence[str | Path | DataSource] | str | Path,
     *,
-    history: int = DEFAULT_HISTORY,
-    image_root: Path | str | None = None,
-    strict: bool = False,
-    check_images: bool = True,
-    workers: int | None = None,
-    progress: bool = False,
-    subinstruction_rule: str = DEFAULT_SUBINSTRUCTION_RULE,
     cache_dir: Path | str | None = None,
-    processes: int = 1,
     on_stored: Callable[[StoredIndex], None] | None = None,
     recorded_names: Sequence[str] = (),
+    **options: Any,
 ) -> DatasetIndex:
     """One index of several dataset sources (``NAME=PATH`` or bare paths, in order; a string may
     hold several separated by spaces), keyed as :mod:`janus_core.index.sources` says.
@@ -246,30 +231,25 @@ def build_sources_index(
     and ``on_stored`` sees each source's :class:`StoredIndex` (reused or rebuilt, and what it read).
     Raises ``DatasetError`` for unusable sources or names, or (``strict``) any problem.
     """
-    parsed = _parsed_sources(sources, image_root, recorded_names)
+    opts = IndexOptions(**options)
+    parsed = _parsed_sources(sources, opts.image_root, recorded_names)
+    loose = replace(opts, strict=False)  # strict applies to the combined index
     if cache_dir is not None:
         # Stored and read lazily: a 612k-sample index as row objects is gigabytes.
         try:
-            stored = store_sources_index(parsed, cache_dir, history=history, image_root=image_root,
-                                         check_images=check_images, workers=workers, progress=progress,
-                                         subinstruction_rule=subinstruction_rule, processes=processes,
-                                         on_stored=on_stored)
+            stored = _store_sources(parsed, cache_dir, loose, on_stored)
         except OSError:  # the store cannot be written: built in memory below
             pass
         else:
             index = stored.load()
-            _check_strict(index, describe(parsed), strict)
+            opts.check_strict(index, describe(parsed))
             return index
     if cache_dir is None:
-        indexes = [build_index(source.path, history=history, image_root=image_root, check_images=check_images,
-                               workers=workers, progress=progress, subinstruction_rule=subinstruction_rule)
-                   for source in parsed]
+        indexes = [loose.builder(source.path).build() for source in parsed]
     else:
-        indexes = [stored.index for stored in _stored_sources(
-            parsed, cache_dir, history=history, image_root=image_root, check_images=check_images, workers=workers,
-            progress=progress, subinstruction_rule=subinstruction_rule, processes=processes, on_stored=None)]
+        indexes = [stored.index for stored in _stored_sources(parsed, cache_dir, loose, on_stored=None)]
     index = combine(parsed, indexes)
-    _check_strict(index, describe(parsed), strict)
+    opts.check_strict(index, describe(parsed))
     return index
 
 
@@ -277,17 +257,10 @@ def store_sources_index(
     sources: Sequence[str | Path | DataSource] | str | Path,
     cache_dir: Path | str,
     *,
-    history: int = DEFAULT_HISTORY,
-    image_root: Path | str | None = None,
-    strict: bool = False,
-    check_images: bool = True,
-    workers: int | None = None,
-    progress: bool = False,
-    subinstruction_rule: str = DEFAULT_SUBINSTRUCTION_RULE,
-    processes: int = 1,
     on_stored: Callable[[StoredIndex], None] | None = None,
     prefill_min_files: int = PREFILL_MIN_FILES,
     recorded_names: Sequence[str] = (),
+    **options: Any,
 ) -> StoredSources:
     """:func:`build_sources_index` kept in the store ``cache_dir`` as one combined entry, and where.
 
@@ -297,14 +270,19 @@ def store_sources_index(
     ``prefill_min_files``: new or changed images from which the ``processes`` check them.
     ``recorded_names``: as for :func:`build_sources_index`.
     """
-    parsed = _parsed_sources(sources, image_root, recorded_names)
-    parts = _stored_sources(parsed, cache_dir, history=history, image_root=image_root, check_images=check_images,
-                            workers=workers, progress=progress, subinstruction_rule=subinstruction_rule,
-                            processes=processes, on_stored=on_stored, lazy=True, prefill_min_files=prefill_min_files)
-    stored = IndexStore(cache_dir).combined(parsed, parts)
-    if strict:
-        _check_strict(stored.load(), describe(parsed), strict)
+    opts = IndexOptions(**options)
+    parsed = _parsed_sources(sources, opts.image_root, recorded_names)
+    stored = _store_sources(parsed, cache_dir, opts, on_stored, prefill_min_files)
+    if opts.strict:
+        opts.check_strict(stored.load(), describe(parsed))
     return stored
+
+
+def _store_sources(parsed: Sequence[DataSource], cache_dir: Path | str, opts: IndexOptions,
+                   on_stored: Callable[[StoredIndex], None] | None,
+                   prefill_min_files: int = PREFILL_MIN_FILES) -> StoredSources:
+    parts = _stored_sources(parsed, cache_dir, opts, on_stored, lazy=True, prefill_min_files=prefill_min_files)
+    return IndexStore(cache_dir).combined(parsed, parts)
 
 
 def _parsed_sources(sources: Sequence[str | Path | DataSource] | str | Path,
@@ -318,15 +296,14 @@ def _parsed_sources(sources: Sequence[str | Path | DataSource] | str | Path,
     return parsed
 
 
-def _stored_sources(parsed: Sequence[DataSource], cache_dir: Path | str, *, history: int,
-                    image_root: Path | str | None, check_images: bool, workers: int | None, progress: bool,
-                    subinstruction_rule: str, processes: int, on_stored: Callable[[StoredIndex], None] | None,
-                    lazy: bool = False, prefill_min_files: int = PREFILL_MIN_FILES) -> list[StoredIndex]:
+def _stored_sources(parsed: Sequence[DataSource], cache_dir: Path | str, opts: IndexOptions,
+                    on_stored: Callable[[StoredIndex], None] | None, lazy: bool = False,
+                    prefill_min_files: int = PREFILL_MIN_FILES) -> list[StoredIndex]:
     """Each source's index through the store in ``cache_dir`` (``lazy``: a reused one is read lazily)."""
     parts = []
     for source in parsed:
-        builder = _builder(source.path, history, image_root, check_images, workers, progress, subinstruction_rule)
-        stored = IndexStore(cache_dir, prefill_min_files).get(builder, processes=processes, lazy=lazy)
+        stored = IndexStore(cache_dir, prefill_min_files).get(opts.builder(source.path), processes=opts.processes,
+                                                             lazy=lazy)
         if on_stored is not None:
             on_stored(stored)
         parts.append(stored)

@@ -8,7 +8,6 @@ import math
 
 from janus_train.data.segments import SEGMENT_NAMES
 
-VAL_PREFIX = "val_"
 VAL_LOSS = "val_loss"
 HIGHER_IS_BETTER: tuple[str, ...] = ("val_action_accuracy", "val_action_token_accuracy")
 BEST_METRICS: tuple[str, ...] = (VAL_LOSS, "val_token_loss", "val_action_loss", *HIGHER_IS_BETTER,

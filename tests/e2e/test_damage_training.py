@@ -155,9 +155,9 @@ def test_a_flipped_action_digit_in_a_tar_stops_naming_the_tar_and_the_sample(
 
 # -- Damage anywhere a sample is read ends the run on every rank --------------------------------
 #
-# Before: a damaged chunk read by every sample (a table column, a frame shard) left every
-# micro-batch of the training rows empty; the loader drew on, epoch after epoch, on every rank,
-# and the run printed its start line and never ended.
+# A damaged chunk read by every sample (a table column, a frame shard) would leave every
+# micro-batch of the training rows empty, the loader drawing on, epoch after epoch, on every rank,
+# a run that printed its start line and never ended: it ends the run instead.
 
 H800_PROFILE = REPO_ROOT / "configs" / "profiles" / "h800.yaml"
 H800_WORKERS = int(yaml.safe_load(H800_PROFILE.read_text())["train"]["num_workers"])
@@ -191,8 +191,8 @@ def test_damaged_validation_data_stops_every_rank_or_is_skipped_and_counted(
     clean_zarr: tuple[Path, Path], builder: Any, tmp_path: Path, policy: str, workers: int,
 ) -> None:
     """One held-out episode of 2 (4 validation samples, 2 per rank), validated after the only step;
-    the feature of the last validation sample is damaged. Before: the rank that read it crashed in
-    the model's forward with a traceback while the other waited in ZeRO-3's gathers."""
+    the feature of the last validation sample is damaged. The rank that reads it does not crash in
+    the model's forward with a traceback while the other waits in ZeRO-3's gathers."""
     from janus_train.config import load_train_settings
     from janus_train.loop.validation import plan_validation
 
@@ -258,8 +258,8 @@ def test_a_launcher_killed_while_a_loader_worker_hangs_in_a_validation_read_leav
     pipe nobody writes to, so the loader worker that reads it hangs in the read (as on a hung network
     filesystem) and its rank waits for it. The launcher (``pipelines.launch``, as ``make train``
     starts it) is then SIGKILLed alone: no rank and no loader worker may be alive 10 s later.
-    Before: the ranks died with the launcher, but the forked worker (no parent-death signal, and its
-    watchdog never runs while it is blocked) lived on, holding the launch's output pipes open."""
+    The forked worker too, which has no parent-death signal and whose watchdog never runs while it is
+    blocked: nothing holds the launch's output pipes open."""
     from helpers.processes import Launch
     from janus_train.config import load_train_settings
     from janus_train.loop.validation import plan_validation

@@ -1,7 +1,7 @@
 """What a light command imports, checked by running it in a new process: the command line's help,
 reading a profile (``janus-cache profile``, the Makefile's reads), the store package's manifest
 and layout, and a training, precompute or plan start refused on its command line or profile need neither torch nor
-transformers, and the console script's light commands start in under a CPU-second; a training start
+transformers, the verify library none of the trainer and launch layer, and the console script's light commands start in under a CPU-second; a training start
 imports DeepSpeed's Muon optimizer without the inductor compiler; a stage command's imports end
 frozen for the garbage collector. Which module may import which is checked without running
 anything, in ``tests/unit/test_import_layers.py``.
@@ -102,6 +102,15 @@ def test_the_store_package_imports_torch_only_with_its_readers_and_writers() -> 
         "assert ZarrCacheReader is Direct and 'torch' in sys.modules\n")
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads(done.stdout.strip().splitlines()[-1]) == []
+
+
+def test_the_verify_library_imports_neither_the_trainer_nor_the_launch_layer() -> None:
+    """The verify library stays a layer of its own, whatever it imports at run time (the training
+    gate itself, in process: tests/unit/test_verify_gate.py)."""
+    done = fresh_interpreter("import sys, janus_cache.verify\n"
+                             "print(sorted({m.split('.')[0] for m in sys.modules} & {'janus_train', 'pipelines'}))")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == "[]"
 
 
 @pytest.mark.parametrize("args", [["--help"], ["profile", "tiny"]], ids=["--help", "profile tiny"])

@@ -3,9 +3,9 @@ ends training with the same one line as one cache does, naming the damaged file 
 in and the sample under its mixture key (``b/<key>``), or is skipped and counted under
 ``train.damaged_samples: skip``; for training draws and for the held-out validation rows alike.
 
-Before: the mixture put its cache's name before every item's key with ``dataclasses.replace``,
-which a damaged item (its key a property of the error) refused with a TypeError: a traceback from
-the loader instead of the one line.
+The mixture puts its cache's name before a damaged item's key too (its key a property of the error,
+which ``dataclasses.replace`` would refuse with a TypeError: a traceback from the loader instead of
+the one line).
 
 Two real zarr caches of 2 episodes x 4 steps (tiny profile, one sample per feature shard; the
 session's, helpers.shared_runs), a byte flipped in a copy of cache ``b``. Here the launch; the

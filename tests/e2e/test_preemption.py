@@ -145,7 +145,7 @@ time.sleep(60)
 def test_a_process_forked_by_an_armed_rank_dies_with_it() -> None:
     """A loader worker ignores SIGTERM (its rank's handler) and may be blocked where its own watchdog
     never looks (a read that never returns): SIGKILLing the rank ends it all the same, and a process
-    it forked ends with it. Before: the worker lived on as an orphan, holding the rank's pipes."""
+    it forked ends with it, rather than living on as an orphan holding the rank's pipes."""
     from helpers.processes import GRACE_S, alive, descendants
 
     rank = subprocess.Popen([sys.executable, "-c", FORKING_RANK], cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True)
@@ -190,7 +190,7 @@ sys.exit(75 if preemption.requested else 1)
 def test_a_signal_to_make_alone_reaches_every_rank_once(tmp_path: Path, sent: int, received: str) -> None:
     """``make train`` runs pipelines.launch as make's own child (bash execs it). make passes on a
     SIGTERM and keeps a SIGINT or SIGHUP to itself (it waits for its child): each reaches both ranks
-    once, as a stop request (SIGHUP as SIGTERM). Before: only the SIGTERM did."""
+    once, as a stop request (SIGHUP as SIGTERM), not the SIGTERM alone."""
     (tmp_path / "rank.py").write_text(RANK)
     launch = (f"{sys.executable} -m pipelines.launch --launcher-log {tmp_path}/launcher.log --standalone "
               f"--nproc_per_node 2 {tmp_path}/rank.py {tmp_path}")

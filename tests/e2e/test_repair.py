@@ -164,8 +164,8 @@ def test_a_damaged_manifest_of_other_settings_is_one_line_naming_it_and_the_fix(
 def test_a_failed_rerun_after_a_text_edit_leaves_the_good_cache_as_it_was(
     reference: Callable[[str], Path], rerun: Rerun, sample_dataset: Path, profile: Path, tmp_path: Path,
 ) -> None:
-    """Before: the failed run rewrote the manifest without its shard table, and the good cache then
-    failed its schema check."""
+    """The failed run leaves the manifest with its shard table, so the good cache still passes its
+    schema check."""
     intact = reference("zarr")
     cache = copy_cache(intact, tmp_path / "cache")
     data = Path(shutil.copytree(sample_dataset, tmp_path / "data"))

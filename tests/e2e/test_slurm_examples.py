@@ -292,7 +292,6 @@ def test_a_wrong_setup_stops_before_srun_with_one_line(cluster: Cluster, script:
     assert submission.recorded("srun") is None
 
 
-@pytest.mark.slow
 def test_two_nodes_launched_by_precompute_sbatch_build_the_one_process_cache(
     cluster: Cluster, sample_dataset: Path, tmp_path: Path
 ) -> None:

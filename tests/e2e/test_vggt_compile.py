@@ -4,7 +4,6 @@ process: tests/unit/test_vggt_levers.py.)"""
 
 from __future__ import annotations
 
-import pytest
 import torch
 
 from helpers.vggt_cases import CPU, episode_windows, tiny_model
@@ -12,7 +11,6 @@ from janus_cache.verify.comparison import compare, feature_tolerance
 from janus_core.vggt.encoder import WindowEncoder
 
 
-@pytest.mark.slow
 def test_compiled_blocks_match_the_eager_path_within_verify_tolerance() -> None:
     from torch._dynamo.utils import counters
 

@@ -85,7 +85,8 @@ def test_a_deleted_shard_is_refused_by_the_start_up_check_naming_it(damaged_zarr
 def test_an_edited_endian_is_refused_by_the_start_up_check_naming_the_zarr_json(
     damaged_zarr: Damaged, tmp_path: Path,
 ) -> None:
-    """Before: 20 steps of ``loss nan`` and exit 0 (every bf16 feature read byte-swapped)."""
+    """An edited ``"endian"`` would have every bf16 feature read byte-swapped (``loss nan`` at every
+    step, and exit 0): the start-up check refuses the cache, naming its ``zarr.json``."""
     from pipelines.train_run import cache_refusal
 
     cache = Path(shutil.copytree(damaged_zarr.cache, tmp_path / "cache"))

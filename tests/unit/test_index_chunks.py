@@ -16,13 +16,13 @@ import pytest
 import janus_core.index.episode_folders as episode_folders
 import janus_core.index.sources as sources_module
 from janus_core.index import (
+    IndexOptions,
     IndexStore,
     build_index,
     build_sources_index,
     episode_identity,
     store_sources_index,
 )
-from janus_core.index import _builder as builder_of
 from janus_core.index.cached import COMBINED_PREFIX
 from janus_core.index.columns import ColumnWriter
 from janus_core.index.lazy import LazyIndex
@@ -60,7 +60,7 @@ def added(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int, bool]]:
 
 def test_a_stored_index_is_built_two_episodes_at_a_time_and_reads_back_equal(
         dataset: Path, tmp_path: Path, added: list[tuple[str, int, bool]]) -> None:
-    stored = IndexStore(tmp_path / "store").get(builder_of(dataset, 8, None, True, 2, False, "reference"))
+    stored = IndexStore(tmp_path / "store").get(IndexOptions(history=8, workers=2).builder(dataset))
     assert not stored.reused and stored.saved
     frames = [n for table, n, _ in added if table == "frames"]
     assert len(frames) == 3 and max(frames) <= 2 * 4, added  # episodes 0-1, 2-3, 4
@@ -70,7 +70,7 @@ def test_a_stored_index_is_built_two_episodes_at_a_time_and_reads_back_equal(
 
 
 def _built_in_memory(dataset: Path) -> Any:
-    builder = builder_of(dataset, 8, None, True, 2, False, "reference")
+    builder = IndexOptions(history=8, workers=2).builder(dataset)
     episodes, frames, samples = [], [], []
     for chunk in builder.build_chunks(episodes_per_chunk=100):
         episodes += chunk[0]
