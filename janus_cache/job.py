@@ -88,7 +88,7 @@ from janus_cache.store.manifest import (
     read_episodes,
     write_episodes,
 )
-from janus_core.bases import BASES, DEFAULT_BASE, QwenBase, cache_base
+from janus_core.bases import BASES, DEFAULT_BASE, QwenBase
 from janus_core.system.disk_space import DISK_FULL_ERRNOS, bytes_under, disk_full_problem, free_space_problem
 from janus_core.system.files import atomic_write_bytes, remove_partials
 from janus_core.vggt.encoder import WindowEncoder
@@ -102,7 +102,7 @@ from janus_core.index import (
     prefixes_keys,
 )
 from janus_core.system.lock import LOCK_NAME
-from janus_core.profile import CacheSettings, Profile
+from janus_core.profile import CacheSettings
 from janus_core.resolution import Resolution
 from janus_core.qwen_vit import ViTEncoder
 
@@ -235,11 +235,6 @@ class Outcome:
 
 def _first_ten(files: Sequence[str]) -> str:
     return ", ".join(files[:10]) + (f" and {len(files) - 10} more" if len(files) > 10 else "")
-
-
-def precompute_base(profile: Profile) -> QwenBase:
-    """The base whose frames a precompute with ``profile`` stores (its ``qwen.path``'s)."""
-    return cache_base(profile.qwen.path)
 
 
 class PrecomputeJob:

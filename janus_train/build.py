@@ -53,7 +53,7 @@ def prompt_builder(profile: Profile, settings: TrainSettings | None = None) -> P
     """The prompt builder of a profile: its tokenizer, its resolution's visual tokens per image, the
     train section's segment weights and prompt template (``settings``: the validated train section)."""
     settings = settings if settings is not None else load_train_settings(profile)
-    return PromptBuilder(load_tokenizer(profile), visual_tokens(profile.cache.resolution),
+    return PromptBuilder(load_tokenizer(profile.qwen), visual_tokens(profile.cache.resolution),
                          segment_weights=settings.segment_weights, template=settings.template())
 
 

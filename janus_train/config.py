@@ -154,9 +154,9 @@ def load_train_settings(profile: Profile) -> TrainSettings:
     except (SettingsError, ValueError) as err:
         message = str(err) if str(err).startswith(str(profile.source)) else f"{profile.source}: train: {err}"
         raise ProfileError(message) from None
-    if not deepspeed_config_path(settings).is_file():
+    if not deepspeed_config_path(settings.deepspeed).is_file():
         raise ProfileError(f"{profile.where('train.deepspeed')}: setting 'train.deepspeed' names "
-                           f"{deepspeed_config_path(settings)}, which does not exist")
+                           f"{deepspeed_config_path(settings.deepspeed)}, which does not exist")
     if settings.liger_kernels and (missing := liger_missing()) is not None:
         raise ProfileError(f"{profile.source}: setting 'train.liger_kernels' asks for Liger's kernels, but {missing}; "
                            "install it or set train.liger_kernels: false")
@@ -166,15 +166,16 @@ def load_train_settings(profile: Profile) -> TrainSettings:
     return settings
 
 
-def deepspeed_config_path(settings: TrainSettings) -> Path:
-    path = Path(settings.deepspeed)
+def deepspeed_config_path(name: str) -> Path:
+    """``train.deepspeed``'s file: a path, or a file name under ``configs/deepspeed``."""
+    path = Path(name)
     return path if path.is_absolute() else DEEPSPEED_DIR / path
 
 
 def deepspeed_config(settings: TrainSettings, bf16: bool) -> dict[str, Any]:
     """The DeepSpeed file of ``configs/deepspeed`` with the run's ZeRO stage, batch, clipping and
     precision filled in (ZeRO-2 drops the file's stage-3-only settings)."""
-    config = json.loads(deepspeed_config_path(settings).read_text())
+    config = json.loads(deepspeed_config_path(settings.deepspeed).read_text())
     config.pop("_comment", None)
     zero = config.setdefault("zero_optimization", {})
     zero["stage"] = settings.zero_stage

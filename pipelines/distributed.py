@@ -27,8 +27,6 @@ from pipelines.library_output import library_chatter_hidden, name_deepspeed_acce
 if TYPE_CHECKING:  # imported when a training rank joins its group: the light commands need no torch
     import torch
 
-    from janus_core.profile import Profile
-
 T = TypeVar("T")
 
 
@@ -64,15 +62,16 @@ LAUNCHER_GRACE_S = 30.0
 end it once rank 0 has said why and exited."""
 
 
-def init_distributed(profile: Profile, alloc_conf: str = "") -> torch.device:
-    """Join the launcher's process group (NCCL on GPU, gloo on CPU); returns this process's device.
+def init_distributed(kind: str, alloc_conf: str = "") -> torch.device:
+    """Join the launcher's process group (NCCL on GPU, gloo on CPU) for a process computing on ``kind``
+    (a profile's ``device``); returns this process's device.
 
     Idempotent, so the entry point calls it before building the parts (e.g. to run a start-up
     check on rank 0 and broadcast the verdict). ``alloc_conf`` is set as ``PYTORCH_CUDA_ALLOC_CONF``
     (unless already set) before CUDA initialises, when it still counts.
     """
-    cuda = profile.device == "cuda"
-    name_deepspeed_accelerator(profile.device)  # spares every rank DeepSpeed's detection warning
+    cuda = kind == "cuda"
+    name_deepspeed_accelerator(kind)  # spares every rank DeepSpeed's detection warning
     import deepspeed
     import torch
 
@@ -83,7 +82,7 @@ def init_distributed(profile: Profile, alloc_conf: str = "") -> torch.device:
         deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo")
     if not cuda:
         return torch.device("cpu")
-    device = process_device(profile.device, int(os.environ.get("LOCAL_RANK", "0")))
+    device = process_device(kind, int(os.environ.get("LOCAL_RANK", "0")))
     torch.cuda.set_device(device)
     return device
 

@@ -31,7 +31,6 @@ from janus_cache.job import (
     PrecomputeError,
     PrecomputeJob,
     Prepared,
-    precompute_base,
     refuse_foreign_directory,
 )
 from janus_cache.store.commit import is_committed
@@ -39,10 +38,11 @@ from janus_cache.store.formats import DEFAULT_FORMAT
 from janus_cache.store.layout import REPORT_NAME, CacheLayout
 from janus_cache.store.manifest import read_manifest
 from janus_cache.store.split import shards_for
+from janus_core.bases import cache_base
 from janus_core.system.device import process_device
 from janus_core.vggt.encoder import WindowEncoder
 from janus_core.index import DatasetIndex, StoredSources
-from janus_core.profile import Profile, load_profile
+from janus_core.profile import CacheSettings, Profile, load_profile
 from janus_core.resolution import Resolution
 from janus_core.system.threads import default_decode_workers, set_compute_threads
 from janus_core.qwen_vit import ViTEncoder
@@ -132,7 +132,7 @@ def recorded_source_names(out: Path) -> tuple[str, ...]:
     return manifest.dataset.sources if manifest is not None else ()
 
 
-def index_on_every_rank(opts: Options, profile: Profile, control: Control) -> DatasetIndex:
+def index_on_every_rank(opts: Options, cache: CacheSettings, control: Control) -> DatasetIndex:
     """The dataset index of every source, on every rank, read lazily from the cache's index store:
     rank 0's index worker (:mod:`pipelines.index_worker`) brings the stored index up to date (reused
     while the sources keep their sizes and mtimes, else rebuilt with all local cores reading only
@@ -143,8 +143,8 @@ def index_on_every_rank(opts: Options, profile: Profile, control: Control) -> Da
         # A bare path takes the name the cache gave it: a moved dataset resumes (or appends) as itself.
         recorded = () if opts.overwrite else recorded_source_names(opts.out)
         return store_index_in_worker(
-            opts.data, CacheLayout(opts.out).index_store, history=profile.cache.history, image_root=opts.image_root,
-            strict=opts.strict, subinstruction_rule=profile.cache.subinstruction_rule, processes=default_workers(1),
+            opts.data, CacheLayout(opts.out).index_store, history=cache.history, image_root=opts.image_root,
+            strict=opts.strict, subinstruction_rule=cache.subinstruction_rule, processes=default_workers(1),
             recorded_names=recorded)
 
     stored = control.on_main(on_main)
@@ -201,12 +201,12 @@ def run(opts: Options) -> int:
         # One writer per cache, for the whole run: taken before anything is read or deleted.
         with job_on_directory(ranks, opts.out) as (control, progress):
             profile = control.on_main(lambda: load_profile(opts.profile, opts.overrides))
-            base = control.on_main(lambda: precompute_base(profile))
+            base = control.on_main(lambda: cache_base(profile.qwen.path))
             resolution = Resolution.parse(opts.resolution or profile.cache.resolution)
             workers = opts.workers or default_workers(ranks.local_world)
             # Before any model is built: torch's threads sized from this process's share of the node's cores.
             set_compute_threads(ranks.local_world)
-            index = index_on_every_rank(opts, profile, control)
+            index = index_on_every_rank(opts, profile.cache, control)
             encoder = WindowEncoder.from_settings(profile.vggt, profile.cache, _device(profile, ranks))
             # Built on every rank inside an exchange: a Qwen directory without a loadable ViT is one line.
             vits: list[ViTEncoder | None] = []

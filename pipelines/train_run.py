@@ -42,7 +42,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from janus_cache.store import DamagedData
 from janus_core.system.disk_space import NoRoom
-from janus_core.profile import Profile
+from janus_core.profile import CacheSettings, Profile
 from janus_train.checkpoint.elastic import ResumeError
 from janus_train.checkpoint.export import export
 from janus_train.checkpoint.reference import ReferenceCheckpointError, run_model_config
@@ -105,7 +105,7 @@ def cache_refusal(cache: Path, profile: Profile) -> str | None:
     return None
 
 
-def dataset_refusal(cache: Path, data: str, profile: Profile) -> str | None:
+def dataset_refusal(cache: Path, data: str, settings: CacheSettings) -> str | None:
     """Why ``cache`` is stale against the dataset ``data`` (None when it is not): verify's
     completeness check against the dataset indexed now, with the cache's window history (the
     cache's index store is reused while the dataset's files are unchanged)."""
@@ -115,7 +115,7 @@ def dataset_refusal(cache: Path, data: str, profile: Profile) -> str | None:
 
     manifest = load_manifest(cache)
     history = manifest.window.history
-    index, _ = dataset_indexes(data, history, history, profile.cache.subinstruction_rule,
+    index, _ = dataset_indexes(data, history, history, settings.subinstruction_rule,
                                cache_dir=CacheLayout(cache).index_store, recorded_names=manifest.dataset.sources)
     return failure_message(cache, [check_completeness(cache, index)]) or None
 
@@ -183,7 +183,7 @@ def caches_refusal(ranks: Ranks, caches: list[CacheSource], data: str | None, pr
     try:
         refusal = control.on_main(lambda: first_refusal(caches, partial(cache_refusal, profile=prof)))
         if refusal is None and data is not None:
-            refusal = control.on_main(lambda: dataset_refusal(caches[0].path, data, prof))
+            refusal = control.on_main(lambda: dataset_refusal(caches[0].path, data, prof.cache))
     except RankFailed as err:
         refusal = f"cannot check the cache(s) {', '.join(str(s.path) for s in caches)}: {err}"
     return refusal
@@ -199,7 +199,7 @@ def record_start_on_main(ranks: Ranks, out: Path, prof: Profile, settings: Train
                       "the same command again") from None
 
 
-def announce_start(trainer: Trainer, prof: Profile, resumed: bool, local_world: int) -> None:
+def announce_start(trainer: Trainer, cache: CacheSettings, resumed: bool, local_world: int) -> None:
     """Rank 0's lines at the start: a resume's notes, what the run trains on and where its metrics go."""
     if trainer.resume_note:
         print(f"warning: {trainer.resume_note}", file=sys.stderr, flush=True)
@@ -211,8 +211,8 @@ def announce_start(trainer: Trainer, prof: Profile, resumed: bool, local_world: 
                if len(sources) > 1 else "")
     print(f"training {stepping.total_steps} steps of {stepping.samples_per_step} samples on {trainer.world} "
           f"processes ({stepping.steps_per_epoch} step{'s' if stepping.steps_per_epoch != 1 else ''} per epoch)"
-          f"{mixture}, frames at {prof.cache.resolution.name}"
-          f"{' (the frozen ViT from the cache: only its mergers run)' if prof.cache.vit_features else ''}"
+          f"{mixture}, frames at {cache.resolution.name}"
+          f"{' (the frozen ViT from the cache: only its mergers run)' if cache.vit_features else ''}"
           f", metrics in {trainer.parts.layout.metrics}"
           + (f"; resumed at step {progress.step} (epoch {progress.epoch}, sample {progress.position} "
              f"of the epoch)" if resumed else "")
@@ -280,7 +280,7 @@ def run_on_rank(ranks: Ranks, request: RunRequest) -> None:
             quiet_library_warnings()
             # From here a stop signal ends the run after its current step with a checkpoint (exit code 75).
             preemption = Preemption(settings.stop_signals).arm()
-            device = init_distributed(prof, settings.alloc_conf)
+            device = init_distributed(prof.device, settings.alloc_conf)
             hold_locks(held, ranks, out, request.checked)
             if (refusal := caches_refusal(ranks, request.checked, request.data, prof)) is not None:
                 raise Refused(refusal)
@@ -292,7 +292,7 @@ def run_on_rank(ranks: Ranks, request: RunRequest) -> None:
             held.callback(trainer.close)
             resumed = trainer.resume()
             if trainer.rank == 0:
-                announce_start(trainer, prof, resumed, ranks.local_world)
+                announce_start(trainer, prof.cache, resumed, ranks.local_world)
             trainer.train()
             trainer.save()
             if preemption.stopping:  # every rank alike: the checkpoint is saved, the resume point named

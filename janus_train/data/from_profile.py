@@ -14,17 +14,17 @@ from torch.utils.data import Dataset
 from janus_cache.keys import window_variant
 from janus_cache.store import OpenedCache, open_cache
 from janus_core.bases import cache_base
-from janus_core.profile import Profile
+from janus_core.profile import LanguageModelSettings, Profile
 from janus_train.data.mixture import mixed_samples
 from janus_train.data.prompt import PromptBuilder
 from janus_train.data.samples import CachedSamples, LiveSamples, StreamedSamples
 from janus_train.data.sources import CacheSource, as_sources
 
 
-def load_tokenizer(profile: Profile) -> Any:
+def load_tokenizer(qwen: LanguageModelSettings) -> Any:
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(str(profile.qwen.path), use_fast=True)
+    return AutoTokenizer.from_pretrained(str(qwen.path), use_fast=True)
 
 
 def open_training_cache(profile: Profile, cache: Path) -> OpenedCache:

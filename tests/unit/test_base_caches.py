@@ -32,14 +32,14 @@ from transformers import AutoImageProcessor
 from helpers.bases import QWEN2_5, QWEN3, BaseCase
 from janus_cache.keys import window_variant
 from janus_cache.work_units import encode_windows, window_matrix
-from janus_cache.job import PrecomputeError, PrecomputeJob, precompute_base
+from janus_cache.job import PrecomputeError, PrecomputeJob
 from janus_cache.store import open_cache, open_writer, read_manifest
 from janus_cache.store.features import to_stored
 from janus_cache.store.manifest import Manifest, keyed_digest
 from janus_cache.verify import CacheVerificationError, check_cache_for_training
 from janus_cache.verify.comparison import feature_tolerance
 from janus_cache.verify.live import check_live
-from janus_core.bases import QWEN2_5_VL, QWEN3_VL
+from janus_core.bases import QWEN2_5_VL, QWEN3_VL, cache_base
 from janus_core.vggt.encoder import WindowEncoder
 from janus_core.imaging import FrameError, load_frame, load_qwen_frame, qwen_pixel_values
 from janus_core.index import DatasetIndex, build_index
@@ -85,7 +85,7 @@ def precompute(index: DatasetIndex, out: Path, profile: Profile, cache_format: s
     """The precompute job run to the end in this process, every shard in order."""
     encoder = WindowEncoder.from_settings(profile.vggt, profile.cache)
     job = PrecomputeJob(index, out, cache_format, profile.cache, profile.cache.resolution, encoder,
-                        base=precompute_base(profile))
+                        base=cache_base(profile.qwen.path))
     job.prepare()
     for shard in range(job.n_frame_shards):
         assert job.frame_shard(shard) == {}
@@ -181,7 +181,7 @@ def test_a_cache_of_one_base_is_refused_for_the_other_in_one_line(
     before = {p: p.read_bytes() for p in sorted(cache.rglob("*")) if p.is_file()}
     # precompute (a resume or an append into it) ...
     encoder = WindowEncoder.from_settings(other.vggt, other.cache)
-    job = PrecomputeJob(index, cache, "zarr", other.cache, other.cache.resolution, encoder, base=precompute_base(other))
+    job = PrecomputeJob(index, cache, "zarr", other.cache, other.cache.resolution, encoder, base=cache_base(other.qwen.path))
     with pytest.raises(PrecomputeError) as refused:
         job.prepare()
     line = str(refused.value)
@@ -393,7 +393,7 @@ def test_precompute_stores_qwen3_vit_levels_keyed_and_the_reader_gives_each_samp
     vit = ViTEncoder.from_profile(vit_profile)
     assert vit.base is QWEN3_VL and vit.feature_shape(64, 64) == (LEVELS, PATCHES, VIT_DIM)
     job = PrecomputeJob(index, tmp_path / "cache", cache_format, vit_profile.cache, vit_profile.cache.resolution,
-                        WindowEncoder.from_settings(vit_profile.vggt, vit_profile.cache), vit, base=precompute_base(vit_profile))
+                        WindowEncoder.from_settings(vit_profile.vggt, vit_profile.cache), vit, base=cache_base(vit_profile.qwen.path))
     job.prepare()
     for shard in range(job.n_frame_shards):
         assert job.frame_shard(shard) == {}

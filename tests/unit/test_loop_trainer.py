@@ -60,7 +60,7 @@ def one_process(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 def trainer_on(profile: Path, cache: Path, run: Path) -> Trainer:
     prof = load_profile(str(profile))
-    device = init_distributed(prof)
+    device = init_distributed(prof.device)
     return Trainer(build_parts(prof, load_train_settings(prof), run, device, cache=parse_cache_sources([str(cache)])))
 
 
