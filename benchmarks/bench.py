@@ -33,18 +33,18 @@ import typer
 
 from benchmarks.bench_projection import REAL_SAMPLES
 from benchmarks.data_path import data_path
+from benchmarks.flops import count_flops
 from benchmarks.measure import RESULTS_DIR, Stat
 from janus_cache.keys import frame_shape
-from janus_cache.work_units import compute_frame_shard, encode_windows, read_windows
 from janus_cache.store import CacheLayout, load_manifest, open_writer
 from janus_cache.store.layout import FEATURES_GROUP, FRAMES_GROUP, WDS_DIR
+from janus_cache.work_units import compute_frame_shard, encode_windows, read_windows
 from janus_core.bases import QWEN2_5_VL
-from janus_core.vggt.encoder import WindowEncoder
 from janus_core.index import build_index
 from janus_core.profile import load_profile
 from janus_core.resolution import grid_shape
 from janus_core.sample_data import write_sample_data
-from benchmarks.flops import count_flops
+from janus_core.vggt.encoder import WindowEncoder
 from pipelines.precompute_run import Options
 from pipelines.precompute_run import run as run_precompute
 

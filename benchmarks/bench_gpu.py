@@ -48,17 +48,17 @@ from benchmarks.bench_projection import (
     project,
     zero_options,
 )
+from benchmarks.flops import FlopTable, build_model, build_vggt, count_flops, load_vggt_config
 from benchmarks.measure import RESULTS_DIR, Stat
+from benchmarks.workload import VGGT_LAYER, SampleShape, StepRunner, make_batch, stream_window_features
 from janus_core.bases import BASES, DEFAULT_BASE, QWEN2_5_VL, QWEN3_VL, QwenBase, base_of_qwen_dir
-from janus_core.vggt.encoder import LEVER_BATCH, WindowEncoder, distinct_frames, lever_batches, lever_settings
 from janus_core.vggt import VGGTAggregator, window_flops
 from janus_core.vggt.attention import BENCH_KERNELS
+from janus_core.vggt.encoder import LEVER_BATCH, WindowEncoder, distinct_frames, lever_batches, lever_settings
 from janus_train.model.activation_checkpointing import ActivationCheckpointing
 from janus_train.model.janus_model import JanusVLNModel, attention_implementation
 from janus_train.model.kernels import apply_liger, compile_decoder_layers, liger_missing
 from janus_train.model.vision_attention import describe_attention
-from benchmarks.flops import FlopTable, build_model, build_vggt, count_flops, load_vggt_config
-from benchmarks.workload import VGGT_LAYER, SampleShape, StepRunner, make_batch, stream_window_features
 
 MODELS = Path(__file__).resolve().parent.parent / "configs" / "models"
 

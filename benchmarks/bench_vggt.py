@@ -30,6 +30,8 @@ from typing import Callable
 import torch
 
 from benchmarks.measure import RESULTS_DIR
+from janus_core.vggt import AggregatorConfig, VGGTAggregator, window_flops
+from janus_core.vggt.attention import BENCH_KERNELS
 from janus_core.vggt.encoder import (
     LEVER_BATCH,
     LEVER_EPISODE_FRAMES,
@@ -39,8 +41,6 @@ from janus_core.vggt.encoder import (
     lever_batches,
     lever_settings,
 )
-from janus_core.vggt import AggregatorConfig, VGGTAggregator, window_flops
-from janus_core.vggt.attention import BENCH_KERNELS
 
 REPO = Path(__file__).resolve().parent.parent
 TINY_CONFIG = REPO / "configs" / "models" / "tiny-vggt.json"

@@ -53,10 +53,6 @@ from transformers.vision_utils import (
     get_vision_window_index,
 )
 
-from janus_core.bases import DEFAULT_BASE, QwenBase, base_of_config
-from janus_core.vggt import AggregatorConfig, VGGTAggregator, window_flops
-from janus_train.model.activation_checkpointing import FULL, NONE, ActivationCheckpointing
-from janus_train.model.janus_model import JanusModelConfig, JanusVLNModel, TrainableParts, vit_embeddings, vit_merge
 from benchmarks.workload import (
     VGGT_LAYER,
     SampleShape,
@@ -65,6 +61,10 @@ from benchmarks.workload import (
     make_batch,
     stream_window_features,
 )
+from janus_core.bases import DEFAULT_BASE, QwenBase, base_of_config
+from janus_core.vggt import AggregatorConfig, VGGTAggregator, window_flops
+from janus_train.model.activation_checkpointing import FULL, NONE, ActivationCheckpointing
+from janus_train.model.janus_model import JanusModelConfig, JanusVLNModel, TrainableParts, vit_embeddings, vit_merge
 
 COMPONENTS: tuple[str, ...] = ("vggt", "vit", "vit_backward", "merger", "llm_forward", "logits", "backward",
                                "recompute")

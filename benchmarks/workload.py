@@ -33,13 +33,13 @@ import torch.nn.functional as F
 
 from janus_core.bases import VGGT_PATCH_SIZE, QwenBase
 from janus_core.imaging import qwen_pixel_values
+from janus_core.qwen_vit import merge_cached_output
 from janus_core.resolution import visual_tokens_for_shape
 from janus_core.vggt import VGGTAggregator
-from janus_core.qwen_vit import merge_cached_output
 from janus_train.data.prompt import IGNORE_INDEX, N_SEGMENTS
+from janus_train.data.rope import RopeIndex
 from janus_train.model.janus_model import JanusVLNModel, vit_embeddings
 from janus_train.model.loss import action_cross_entropy, token_cross_entropy
-from janus_train.data.rope import RopeIndex
 
 Phase = Callable[[str], contextlib.AbstractContextManager[None]]
 """``phase(name)``: a context manager around one phase of a step (timing, FLOP counting, nothing)."""

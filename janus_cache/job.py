@@ -44,18 +44,6 @@ import numpy as np
 
 from janus_cache.keys import frame_shape, stored_frame_shape, wanted_manifest, window_variant
 from janus_cache.plan import Plan, make_plan
-from janus_cache.work_units import (
-    check_windows,
-    frame_table,
-    read_frame_failures,
-    sample_table,
-    usable_samples,
-    vggt_frame_source,
-    window_matrix,
-    write_feature_shards,
-    write_frame_shard,
-    write_vit_shard,
-)
 from janus_cache.store import (
     CacheWriter,
     DatasetIdentity,
@@ -88,10 +76,19 @@ from janus_cache.store.manifest import (
     read_episodes,
     write_episodes,
 )
+from janus_cache.work_units import (
+    check_windows,
+    frame_table,
+    read_frame_failures,
+    sample_table,
+    usable_samples,
+    vggt_frame_source,
+    window_matrix,
+    write_feature_shards,
+    write_frame_shard,
+    write_vit_shard,
+)
 from janus_core.bases import BASES, DEFAULT_BASE, QwenBase
-from janus_core.system.disk_space import DISK_FULL_ERRNOS, bytes_under, disk_full_problem, free_space_problem
-from janus_core.system.files import atomic_write_bytes, remove_partials
-from janus_core.vggt.encoder import WindowEncoder
 from janus_core.index import (
     CachedRows,
     DatasetIndex,
@@ -101,10 +98,13 @@ from janus_core.index import (
     episode_identities,
     prefixes_keys,
 )
-from janus_core.system.lock import LOCK_NAME
 from janus_core.profile import CacheSettings
-from janus_core.resolution import Resolution
 from janus_core.qwen_vit import ViTEncoder
+from janus_core.resolution import Resolution
+from janus_core.system.disk_space import DISK_FULL_ERRNOS, bytes_under, disk_full_problem, free_space_problem
+from janus_core.system.files import atomic_write_bytes, remove_partials
+from janus_core.system.lock import LOCK_NAME
+from janus_core.vggt.encoder import WindowEncoder
 
 
 class PrecomputeError(RuntimeError):

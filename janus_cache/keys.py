@@ -28,11 +28,11 @@ from janus_cache.store.manifest import (
     library_versions,
 )
 from janus_core.bases import DEFAULT_BASE, VGGT_PATCH_SIZE, QwenBase
-from janus_core.vggt.encoder import WindowEncoder, encoder_fingerprint
 from janus_core.index import DatasetIndex, EpisodeIdentity, episode_identities
 from janus_core.profile import CacheSettings
-from janus_core.resolution import Resolution
 from janus_core.qwen_vit import ViTEncoder
+from janus_core.resolution import Resolution
+from janus_core.vggt.encoder import WindowEncoder, encoder_fingerprint
 
 SAMPLING_RULE = "linspace"
 """Name of the window rule of janus_core.windows (front padding with frame 0, then linspace)."""

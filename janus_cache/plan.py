@@ -23,17 +23,17 @@ import numpy as np
 import torch
 
 from janus_cache.keys import frame_shape, stored_frame_shape
-from janus_cache.work_units import encode_windows
 from janus_cache.store.compression import FEATURES_COMPRESSION, FRAMES_COMPRESSION
 from janus_cache.store.features import to_stored
+from janus_cache.work_units import encode_windows
 from janus_core.bases import QWEN2_5_VL, QwenBase
-from janus_core.system.disk_space import format_bytes
-from janus_core.vggt.encoder import WindowEncoder
 from janus_core.imaging import FrameError, load_frame, load_qwen_frame
 from janus_core.index import DatasetIndex
-from janus_core.resolution import Resolution, grid_shape
-from janus_core.system.threads import PIPELINE_THREADS, usable_cores
 from janus_core.qwen_vit import ViTEncoder
+from janus_core.resolution import Resolution, grid_shape
+from janus_core.system.disk_space import format_bytes
+from janus_core.system.threads import PIPELINE_THREADS, usable_cores
+from janus_core.vggt.encoder import WindowEncoder
 
 TAR_BYTES_PER_MEMBER = 1024
 """A tar member's header block plus, on average, half a block of padding."""

@@ -44,12 +44,12 @@ from janus_cache.store import CacheWriter, TextColumn
 from janus_cache.store.layout import KEY_COLUMN, WINDOW_ROWS_COLUMN, CacheLayout
 from janus_cache.store.records import ACTION_COLUMN, EPISODE_COLUMN, SOURCE_COLUMN, TEXT_COLUMNS
 from janus_core.bases import BASES, DEFAULT_BASE, VGGT_PATCH_SIZE, QwenBase
-from janus_core.vggt.encoder import WindowEncoder
 from janus_core.imaging import FrameError, load_frame, load_qwen_frame
 from janus_core.index import ACTION_IDS, DatasetIndex, Frame
+from janus_core.qwen_vit import ViTEncoder
 from janus_core.resolution import Resolution
 from janus_core.system.files import atomic_write_bytes
-from janus_core.qwen_vit import ViTEncoder
+from janus_core.vggt.encoder import WindowEncoder
 
 # ------------------------------------------------------------------------------------ tables
 

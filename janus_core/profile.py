@@ -21,11 +21,11 @@ from typing import Any
 
 import yaml
 
-from janus_core.system.device import DEVICES
 from janus_core.dtypes import DTYPE_NAMES
 from janus_core.index.subinstructions import DEFAULT_SUBINSTRUCTION_RULE, SUBINSTRUCTION_RULES
 from janus_core.resolution import Resolution
 from janus_core.settings import Origin, SettingsError, read_settings, setting
+from janus_core.system.device import DEVICES
 from janus_core.windows import ATTENTION_MODES, DEFAULT_HISTORY, REFERENCE_FRAMES
 
 CONFIGS_DIR = Path(__file__).resolve().parent.parent / "configs"

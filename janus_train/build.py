@@ -31,18 +31,18 @@ from janus_train.checkpoint.best import BestCheckpoint
 from janus_train.checkpoint.elastic import GradAccum, ResumePoint
 from janus_train.checkpoint.store import Checkpoints
 from janus_train.config import TrainSettings, deepspeed_config, load_train_settings
+from janus_train.data.from_profile import load_tokenizer, make_dataset
 from janus_train.data.live_check import LiveCheckError, source_windows
 from janus_train.data.mixture import Mixture
 from janus_train.data.prompt import PromptBuilder
+from janus_train.data.rope import RopeIndex
 from janus_train.data.samples import LiveFrames
 from janus_train.data.sources import CacheSource, as_sources, live_check_refusal
-from janus_train.data.from_profile import load_tokenizer, make_dataset
+from janus_train.loop.logs import RunLog
 from janus_train.loop.parts import ResumeChoice, Stepping, TrainData, TrainParts
 from janus_train.loop.validation import Evaluator, plan_validation
 from janus_train.model.kernels import apply_liger, compile_decoder_layers
-from janus_train.data.rope import RopeIndex
 from janus_train.run.layout import RunLayout
-from janus_train.loop.logs import RunLog
 
 
 class TooFewSamples(ValueError):

@@ -224,10 +224,10 @@ def plan_cmd(
     with frozen_imports():
         from janus_cache.plan import make_plan
         from janus_core.bases import cache_base
-        from janus_core.vggt.encoder import WindowEncoder
         from janus_core.index import DatasetError, build_sources_index, source_values, user_index_dir
-        from janus_core.system.threads import default_decode_workers, set_compute_threads
         from janus_core.qwen_vit import ViTEncoder
+        from janus_core.system.threads import default_decode_workers, set_compute_threads
+        from janus_core.vggt.encoder import WindowEncoder
 
     # Timed as precompute runs: --nproc processes on this node, each with its share of the cores.
     workers = workers or default_decode_workers(nproc)

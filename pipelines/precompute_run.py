@@ -26,26 +26,26 @@ from typing import Optional
 
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from janus_cache.plan import Plan
 from janus_cache.job import (
     PrecomputeError,
     PrecomputeJob,
     Prepared,
     refuse_foreign_directory,
 )
+from janus_cache.plan import Plan
 from janus_cache.store.commit import is_committed
 from janus_cache.store.formats import DEFAULT_FORMAT
 from janus_cache.store.layout import REPORT_NAME, CacheLayout
 from janus_cache.store.manifest import read_manifest
 from janus_cache.store.split import shards_for
 from janus_core.bases import cache_base
-from janus_core.system.device import process_device
-from janus_core.vggt.encoder import WindowEncoder
 from janus_core.index import DatasetIndex, StoredSources
 from janus_core.profile import CacheSettings, Profile, load_profile
-from janus_core.resolution import Resolution
-from janus_core.system.threads import default_decode_workers, set_compute_threads
 from janus_core.qwen_vit import ViTEncoder
+from janus_core.resolution import Resolution
+from janus_core.system.device import process_device
+from janus_core.system.threads import default_decode_workers, set_compute_threads
+from janus_core.vggt.encoder import WindowEncoder
 from pipelines.distributed import CommitTally, Control, RankFailed, Ranks, job_on_directory
 from pipelines.index_worker import store_index_in_worker
 from pipelines.parent_death import spawn_pool

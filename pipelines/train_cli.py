@@ -159,9 +159,9 @@ def show_sample_cmd(
     with frozen_imports():
         from janus_core.index import DatasetError, build_index
         from janus_core.profile import ProfileError, load_profile
+        from janus_train.build import prompt_builder
         from janus_train.data.prompt import PromptError
         from janus_train.data.sample_view import describe_sample
-        from janus_train.build import prompt_builder
         from janus_train.run.provenance import run_profile
 
     try:

@@ -41,8 +41,9 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from janus_cache.store import DamagedData
-from janus_core.system.disk_space import NoRoom
 from janus_core.profile import CacheSettings, Profile
+from janus_core.system.disk_space import NoRoom
+from janus_train.build import TooFewSamples, build_parts
 from janus_train.checkpoint.elastic import ResumeError
 from janus_train.checkpoint.export import export
 from janus_train.checkpoint.reference import ReferenceCheckpointError, run_model_config
@@ -51,17 +52,15 @@ from janus_train.config import TrainSettings
 from janus_train.data.damaged import DamagedSample
 from janus_train.data.live_check import LiveCheckError
 from janus_train.data.sources import CacheSource
+from janus_train.loop.logs import ConsoleCopy
 from janus_train.loop.nonfinite import NonFiniteStep
 from janus_train.loop.preemption import PREEMPTED_EXIT_CODE, Preemption, stopped_message
 from janus_train.loop.trainer import Trainer
 from janus_train.loop.validation import ValidationError
 from janus_train.run.layout import RunLayout
-from janus_train.loop.logs import ConsoleCopy
 from janus_train.run.provenance import append_start, write_profile
-from pipelines.distributed import Control, RankFailed, Ranks, fail_alike, lock_on_main, usable_cores
+from pipelines.distributed import Control, RankFailed, Ranks, fail_alike, init_distributed, lock_on_main, usable_cores
 from pipelines.library_output import library_chatter_hidden
-from janus_train.build import TooFewSamples, build_parts
-from pipelines.distributed import init_distributed
 from pipelines.train_start import START_ERRORS, Refused, first_refusal, missing_cache
 
 

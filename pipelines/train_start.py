@@ -17,8 +17,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from janus_core.bases import BaseError, cache_base
-from janus_core.system.lock import not_a_directory
 from janus_core.profile import Profile, ProfileError
+from janus_core.system.lock import not_a_directory
 from janus_train.config import TrainSettings, load_train_settings
 from janus_train.data.sources import CacheSource, MixtureError, live_check_refusal
 from janus_train.loop.logs import WandbMissing, check_wandb

@@ -58,11 +58,11 @@ from janus_cache.verify import (
     report_dict,
     skipped,
 )
-from janus_core.system.device import process_device
 from janus_core.dtypes import TORCH_DTYPES
-from janus_core.vggt.encoder import EncoderIdentity, WindowEncoder
 from janus_core.index import DatasetIndex
 from janus_core.profile import SET_HELP, SET_OPTION, Profile, load_profile
+from janus_core.system.device import process_device
+from janus_core.vggt.encoder import EncoderIdentity, WindowEncoder
 from pipelines.distributed import Control, Progress, RankFailed, Ranks, job_on_directory
 from pipelines.frozen_imports import freeze_imported
 from pipelines.precompute_run import frozen_vit

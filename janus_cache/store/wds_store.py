@@ -46,11 +46,11 @@ content gives byte-identical shards.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 from collections.abc import Iterable, Iterator
 from collections.abc import Set as AbstractSet
-import dataclasses
 from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path

@@ -20,7 +20,6 @@ from typing import Any
 import numpy as np
 
 from janus_cache.keys import dataset_identity
-from janus_cache.work_units import read_frame_failures
 from janus_cache.store import DatasetIdentity, ManifestError, StoreError
 from janus_cache.store.layout import FRAMES_TABLE, REPORT_NAME, SAMPLES_TABLE, WINDOW_ROWS_COLUMN
 from janus_cache.store.manifest import read_episodes
@@ -28,6 +27,7 @@ from janus_cache.store.open import OpenedCache
 from janus_cache.store.wds_store import FEATURE_MEMBER, FRAMES_MEMBER, META_MEMBER, decode_key, planned_tar_shards
 from janus_cache.verify.cache import open_checked, wds_reader
 from janus_cache.verify.results import COMPLETENESS, LISTED, CheckResult, guarded, listed, result, short, timer
+from janus_cache.work_units import read_frame_failures
 from janus_core.index import (
     DEFAULT_SUBINSTRUCTION_RULE,
     CachedRows,

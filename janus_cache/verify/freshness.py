@@ -22,10 +22,10 @@ from janus_cache.store.open import OpenedCache
 from janus_cache.verify.cache import open_checked
 from janus_cache.verify.results import FRESHNESS, CheckResult, guarded, result, short, timer
 from janus_core.bases import BASES, QwenBase, cache_base
-from janus_core.vggt.encoder import EncoderIdentity, encoder_identity
 from janus_core.profile import Profile, load_profile
-from janus_core.resolution import Resolution
 from janus_core.qwen_vit import ViTEncoder
+from janus_core.resolution import Resolution
+from janus_core.vggt.encoder import EncoderIdentity, encoder_identity
 
 
 def as_profile(profile: Profile | str | Path) -> Profile:

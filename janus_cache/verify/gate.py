@@ -13,8 +13,8 @@ from janus_cache.verify.freshness import check_freshness
 from janus_cache.verify.integrity import check_integrity
 from janus_cache.verify.results import FRESHNESS, CacheVerificationError, CheckResult, skipped
 from janus_cache.verify.schema import check_schema
-from janus_core.vggt.encoder import EncoderIdentity
 from janus_core.profile import Profile
+from janus_core.vggt.encoder import EncoderIdentity
 
 
 def check_cache_for_training(cache: Path | str, profile: Profile | str | Path,

@@ -42,12 +42,12 @@ from janus_cache.verify.comparison import (
 from janus_cache.verify.freshness import as_profile, base_problem
 from janus_cache.verify.results import DEFAULT_SEED, LIVE, CheckResult, guarded, listed, result, skipped, timer
 from janus_core.bases import BASES, VGGT_PATCH_SIZE, cache_base
-from janus_core.system.device import process_device
-from janus_core.vggt.encoder import WindowEncoder
 from janus_core.imaging import FrameError, load_frame, load_qwen_frame, qwen_pixel_values
 from janus_core.index import DatasetIndex
 from janus_core.profile import Profile
 from janus_core.qwen_vit import ViTEncoder
+from janus_core.system.device import process_device
+from janus_core.vggt.encoder import WindowEncoder
 
 DEFAULT_LIVE_SAMPLES = 4
 

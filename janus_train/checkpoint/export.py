@@ -23,12 +23,12 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from janus_core.bases import QWEN2_5_VL, base_of_qwen_dir
-from janus_core.system.disk_space import export_room
 from janus_core.dtypes import TORCH_DTYPES
-from janus_core.vggt.encoder import load_aggregator
-from janus_core.system.file_modes import give_umask_modes
 from janus_core.profile import Profile
+from janus_core.system.disk_space import export_room
+from janus_core.system.file_modes import give_umask_modes
 from janus_core.vggt import CheckpointError, VGGTAggregator
+from janus_core.vggt.encoder import load_aggregator
 from janus_train.checkpoint.reference import (
     read_reference_config,
     reference_config_dict,

@@ -28,7 +28,6 @@ from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTra
 
 from janus_core.bases import QWEN2_5_VL
 from janus_core.dtypes import TORCH_DTYPES
-from janus_core.vggt.encoder import WindowEncoder
 from janus_core.profile import CacheSettings, Profile
 from janus_core.vggt import REFERENCE_FRAMES, AggregatorConfig, VGGTAggregator
 from janus_core.vggt.checkpoint import (
@@ -40,6 +39,7 @@ from janus_core.vggt.checkpoint import (
     safetensors_shapes,
     safetensors_shards,
 )
+from janus_core.vggt.encoder import WindowEncoder
 from janus_train.checkpoint.reference_tokenizer import write_reference_tokenizer
 from janus_train.config import TrainSettings
 from janus_train.model.janus_model import (

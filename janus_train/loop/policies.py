@@ -26,11 +26,11 @@ from janus_cache.store.split import merge_rank_shares
 from janus_train.checkpoint.elastic import DataLayout, rng_states
 from janus_train.checkpoint.store import Checkpoints, tag_name
 from janus_train.data.damaged import Collective
+from janus_train.data.val_metric_names import VAL_LOSS
+from janus_train.loop.logs import RunLog, write_alike
 from janus_train.loop.nonfinite import NonFiniteStep, nonfinite_message
 from janus_train.loop.preemption import Preemption
 from janus_train.loop.progress import Progress
-from janus_train.data.val_metric_names import VAL_LOSS
-from janus_train.loop.logs import RunLog, write_alike
 
 
 @dataclass

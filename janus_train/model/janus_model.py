@@ -50,22 +50,22 @@ from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VLRMSNorm
 
 from janus_core.bases import DEFAULT_BASE, VGGT_PATCH_SIZE, QwenBase, base_of_config
 from janus_core.dtypes import TORCH_DTYPES
-from janus_core.vggt.encoder import WindowEncoder
 from janus_core.imaging import qwen_pixel_values
 from janus_core.index import ACTIONS
 from janus_core.profile import EncoderSettings, LanguageModelSettings, Profile
-from janus_core.resolution import grid_shape
-from janus_core.vggt import AggregatorConfig
-from janus_core.vggt.checkpoint import resolve_config, resolve_weights_file
 from janus_core.qwen_vit import TRAINABLE_PREFIXES as VIT_TRAINABLE_PREFIXES
-from janus_core.qwen_vit import merge_cached_output, vit_blocks
 
 # The frozen blocks and the merger's order: one function each for the live and the cached ViT path.
 from janus_core.qwen_vit import merge as vit_merge
-from janus_train.model.activation_checkpointing import ActivationCheckpointing
-from janus_train.model.model_config import JanusModelConfig, TrainableParts
-from janus_train.model.loss import LossParts, action_cross_entropy, token_cross_entropy
+from janus_core.qwen_vit import merge_cached_output, vit_blocks
+from janus_core.resolution import grid_shape
+from janus_core.vggt import AggregatorConfig
+from janus_core.vggt.checkpoint import resolve_config, resolve_weights_file
+from janus_core.vggt.encoder import WindowEncoder
 from janus_train.data.rope import RopeIndex
+from janus_train.model.activation_checkpointing import ActivationCheckpointing
+from janus_train.model.loss import LossParts, action_cross_entropy, token_cross_entropy
+from janus_train.model.model_config import JanusModelConfig, TrainableParts
 from janus_train.model.vision_attention import use_varlen_vision_attention
 
 PARTS: tuple[str, ...] = ("language_model", "projector", "vision_tower", "vggt_merger", "action_head")

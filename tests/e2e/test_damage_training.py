@@ -45,8 +45,8 @@ from janus_cache.store.damage import REPAIR_HINT
 from janus_cache.store.layout import TEXT_PAYLOAD, wds_shard_name
 from janus_cache.store.wds_store import encode_key
 from janus_core.profile import load_profile
-from janus_train.data.samples import CachedSamples
 from janus_train.data.from_profile import open_training_cache
+from janus_train.data.samples import CachedSamples
 from janus_train.run.layout import CHECKPOINTS_DIR, METRICS_FILE
 from pipelines.precompute_run import Options, run
 

@@ -24,8 +24,8 @@ from helpers.first_use import JANUS_TRAIN
 from helpers.profiles import REPO_ROOT
 from helpers.shared_runs import TinyRun
 from helpers.training import write_train_profile
-from janus_core.vggt.encoder import load_aggregator
 from janus_core.profile import load_profile
+from janus_core.vggt.encoder import load_aggregator
 
 JANUS_CACHE = Path(sys.executable).parent / "janus-cache"
 

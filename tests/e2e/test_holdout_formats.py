@@ -30,12 +30,12 @@ from janus_cache.store.layout import KEY_COLUMN, SAMPLES_TABLE
 from janus_cache.store.records import EPISODE_COLUMN
 from janus_core.profile import load_profile
 from janus_core.sample_data import write_sample_data
+from janus_train.build import prompt_builder
 from janus_train.config import load_train_settings
+from janus_train.data.from_profile import make_dataset, open_training_cache
 from janus_train.data.holdout import split_by_episode
 from janus_train.data.mixture import MixedSamples
 from janus_train.data.samples import CachedSamples, StreamedSamples
-from janus_train.build import prompt_builder
-from janus_train.data.from_profile import make_dataset, open_training_cache
 from janus_train.loop.validation import plan_validation
 
 H800 = yaml.safe_load((REPO_ROOT / "configs/profiles/h800.yaml").read_text())["train"]

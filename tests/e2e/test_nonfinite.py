@@ -32,8 +32,8 @@ from janus_cache.keys import window_variant
 from janus_cache.store.zarr_store import ZarrCacheWriter
 from janus_core.profile import load_profile
 from janus_core.resolution import Resolution
-from janus_train.data.mixture import Mixture
 from janus_train.data.from_profile import open_training_cache
+from janus_train.data.mixture import Mixture
 from janus_train.run.layout import CHECKPOINTS_DIR, METRICS_FILE
 
 N_PROC, PER_RANK_STEP, STEPS_PER_EPOCH = 2, 2, 2

@@ -44,20 +44,20 @@ from helpers.precompute_runs import (
     workdir,
 )
 from helpers.profiles import file_digests, write_test_profile
+from janus_cache.job import REPORT_NAME, PrecomputeJob
 from janus_cache.keys import window_variant
 from janus_cache.plan import Plan
-from janus_cache.work_units import encode_windows
-from janus_cache.job import REPORT_NAME, PrecomputeJob
 from janus_cache.store import FORMATS, CacheLayout, CacheReader, open_cache, read_manifest
 from janus_cache.store.commit import read_record
 from janus_cache.store.layout import features_array as features_array_path
 from janus_cache.store.layout import frames_array as frames_array_path
 from janus_cache.store.layout import wds_samples as wds_array_path
-from janus_core.vggt.encoder import WindowEncoder
+from janus_cache.work_units import encode_windows
 from janus_core.imaging import load_frame
 from janus_core.index import DatasetIndex, build_index, build_sources_index
 from janus_core.profile import Profile, load_profile
 from janus_core.resolution import Resolution
+from janus_core.vggt.encoder import WindowEncoder
 
 # ------------------------------------------------------------------------------------ running
 

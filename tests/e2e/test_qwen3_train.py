@@ -33,11 +33,11 @@ from janus_cache.store import load_manifest
 from janus_core.bases import QWEN3_VL
 from janus_core.profile import load_profile
 from janus_core.sample_data import write_sample_data
+from janus_train.build import prompt_builder
 from janus_train.checkpoint.export import HEADS_FILE, load_exported
 from janus_train.config import load_train_settings
-from janus_train.data.samples import CachedSamples, collate
-from janus_train.build import prompt_builder
 from janus_train.data.from_profile import open_training_cache
+from janus_train.data.samples import CachedSamples, collate
 from janus_train.loop.trainer import answer_logits
 from janus_train.run.layout import CHECKPOINTS_DIR, EXPORT_DIR, METRICS_FILE
 

@@ -15,8 +15,8 @@ from helpers.forked_ranks import forked_launch
 from janus_cache.keys import window_variant
 from janus_cache.store import open_cache, read_manifest
 from janus_core.profile import load_profile
-from janus_core.sample_data import write_sample_data
 from janus_core.qwen_vit import ViTEncoder
+from janus_core.sample_data import write_sample_data
 
 SETTINGS = ("cache.resolution=pad56", "cache.history=3", "cache.frames_per_shard=4", "cache.samples_per_shard=3",
             "cache.vit_features=true")

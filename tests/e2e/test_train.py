@@ -38,12 +38,12 @@ from helpers.training import (
     write_train_profile,
 )
 from janus_core.resolution import Resolution, visual_tokens
+from janus_train.build import lr_lambda, prompt_builder
 from janus_train.checkpoint.export import HEADS_FILE, load_exported
+from janus_train.data.from_profile import open_training_cache
 from janus_train.data.mixture import Mixture
 from janus_train.data.prompt import SEGMENT_NAMES
 from janus_train.data.samples import CachedSamples, collate
-from janus_train.build import lr_lambda, prompt_builder
-from janus_train.data.from_profile import open_training_cache
 from janus_train.loop.trainer import answer_logits
 from janus_train.model.janus_model import JanusVLNModel
 from janus_train.model.loss import LossDenominators, micro_batch_loss

@@ -21,8 +21,8 @@ import yaml
 from helpers.profiles import REPO_ROOT, write_test_profile
 from helpers.shared_runs import ReferenceRun
 from helpers.training import MAX_STEPS, TRAIN
-from janus_train.run.layout import METRICS_FILE
 from janus_train.loop.logs import WandbMissing, check_wandb
+from janus_train.run.layout import METRICS_FILE
 
 STEPS = MAX_STEPS
 LINE_BUDGET = 25

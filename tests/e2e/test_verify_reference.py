@@ -34,9 +34,9 @@ from helpers.reference import (
     write_reference_dir,
 )
 from janus_cache.store import read_manifest
-from janus_core.vggt.encoder import EncoderIdentity, load_aggregator
 from janus_core.profile import load_profile
 from janus_core.sample_data import write_sample_data
+from janus_core.vggt.encoder import EncoderIdentity, load_aggregator
 from pipelines import precompute_run
 
 JANUS_CACHE = Path(sys.executable).parent / "janus-cache"

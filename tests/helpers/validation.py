@@ -46,10 +46,10 @@ def validation_data(three_episodes: TinyTraining, root: Path) -> dict[str, Path]
 def validation_of(built: dict[str, Path]) -> tuple[Any, Any, Any]:
     """The cached dataset, its training part and its validation set, as the trainer plans them."""
     from janus_core.profile import load_profile
-    from janus_train.config import load_train_settings
-    from janus_train.data.samples import CachedSamples
     from janus_train.build import prompt_builder
+    from janus_train.config import load_train_settings
     from janus_train.data.from_profile import open_training_cache
+    from janus_train.data.samples import CachedSamples
     from janus_train.loop.validation import plan_validation
 
     profile = load_profile(built["profile"])

@@ -30,22 +30,22 @@ from PIL import Image
 from transformers import AutoImageProcessor
 
 from helpers.bases import QWEN2_5, QWEN3, BaseCase
-from janus_cache.keys import window_variant
-from janus_cache.work_units import encode_windows, window_matrix
 from janus_cache.job import PrecomputeError, PrecomputeJob
+from janus_cache.keys import window_variant
 from janus_cache.store import open_cache, open_writer, read_manifest
 from janus_cache.store.features import to_stored
 from janus_cache.store.manifest import Manifest, keyed_digest
 from janus_cache.verify import CacheVerificationError, check_cache_for_training
 from janus_cache.verify.comparison import feature_tolerance
 from janus_cache.verify.live import check_live
+from janus_cache.work_units import encode_windows, window_matrix
 from janus_core.bases import QWEN2_5_VL, QWEN3_VL, cache_base
-from janus_core.vggt.encoder import WindowEncoder
 from janus_core.imaging import FrameError, load_frame, load_qwen_frame, qwen_pixel_values
 from janus_core.index import DatasetIndex, build_index
 from janus_core.profile import Profile, load_profile
 from janus_core.qwen_vit import ViTEncoder
 from janus_core.sample_data import write_sample_data
+from janus_core.vggt.encoder import WindowEncoder
 from janus_train.build import prompt_builder
 from janus_train.data.from_profile import make_dataset, open_training_cache
 from janus_train.data.live_check import compare_features, source_windows

@@ -24,7 +24,6 @@ from transformers import Qwen2_5_VLConfig
 import benchmarks.flops
 from benchmarks import bench_gpu
 from benchmarks.bench import flops_section
-from benchmarks.bench_report import flops_by_base_markdown, flops_markdown
 from benchmarks.bench_projection import (
     REFERENCE_GPU_S_PER_SAMPLE,
     REFERENCE_HOURS_PER_EPOCH,
@@ -34,12 +33,7 @@ from benchmarks.bench_projection import (
     zero3_bytes_per_sample,
     zero_options,
 )
-from helpers.bases import QWEN2_5, QWEN3, BaseCase
-from janus_core.bases import QWEN3_VL
-from janus_core.profile import PROFILES_DIR, ProfileError, load_profile
-from janus_train.config import load_train_settings
-from janus_train.model.activation_checkpointing import FULL, NONE, ActivationCheckpointing
-from janus_train.model.janus_model import TrainableParts
+from benchmarks.bench_report import flops_by_base_markdown, flops_markdown
 from benchmarks.flops import (
     VIT_COMPONENTS,
     FlopTable,
@@ -54,6 +48,12 @@ from benchmarks.flops import (
     vit_flops_one_image,
 )
 from benchmarks.workload import SampleShape, StepRunner, make_batch, stream_window_features
+from helpers.bases import QWEN2_5, QWEN3, BaseCase
+from janus_core.bases import QWEN3_VL
+from janus_core.profile import PROFILES_DIR, ProfileError, load_profile
+from janus_train.config import load_train_settings
+from janus_train.model.activation_checkpointing import FULL, NONE, ActivationCheckpointing
+from janus_train.model.janus_model import TrainableParts
 
 MODELS = Path(__file__).resolve().parents[2] / "configs" / "models"
 TINY_QWEN = QWEN2_5.qwen_dir

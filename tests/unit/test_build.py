@@ -16,15 +16,14 @@ import torch
 from helpers.shared_caches import SMALL_SHARDS
 from helpers.training import write_train_profile
 from janus_core.profile import load_profile
+from janus_train.build import prompt_builder, resume_choice, too_few_samples, train_data
 from janus_train.checkpoint.elastic import DataLayout, ResumeError
 from janus_train.checkpoint.store import Checkpoints, tag_name
 from janus_train.config import load_train_settings
 from janus_train.data.sources import MixtureError, parse_cache_sources
-from janus_train.build import prompt_builder
 from janus_train.loop.parts import ResumeChoice, Stepping
 from janus_train.loop.progress import Progress
 from janus_train.loop.validation import ValidationError
-from janus_train.build import resume_choice, too_few_samples, train_data
 from pipelines.train_run import error_line
 from pipelines.train_start import usage_problem
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from janus_core.system.device import DEVICES, process_device
 from janus_core.dtypes import DTYPE_NAMES, TORCH_DTYPES, dtype_name
+from janus_core.system.device import DEVICES, process_device
 
 REPO = Path(__file__).resolve().parents[2]
 SOURCE_DIRS = ("janus_core", "janus_cache", "janus_train", "pipelines", "benchmarks", "tools")

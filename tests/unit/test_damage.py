@@ -266,8 +266,8 @@ def test_damage_crosses_dataloader_workers_as_a_value_with_its_one_line_message(
     them aside."""
     from helpers.profiles import TINY_PROFILE
     from janus_core.profile import load_profile
-    from janus_train.data.samples import CachedSamples, DamagedItem, TrainItem, collate
     from janus_train.build import prompt_builder
+    from janus_train.data.samples import CachedSamples, DamagedItem, TrainItem, collate
 
     content = make_content()
     writer = open_writer("zarr", tmp_path, VARIANT.name)

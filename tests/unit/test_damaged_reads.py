@@ -34,8 +34,8 @@ from janus_cache.store import DamagedData
 from janus_cache.store.layout import SAMPLES_TABLE, table_group
 from janus_core.profile import load_profile
 from janus_train.data.damaged import DamagedSample, draw_step
-from janus_train.data.samples import CachedSamples, collate
 from janus_train.data.from_profile import open_training_cache
+from janus_train.data.samples import CachedSamples, collate
 
 
 @pytest.fixture(scope="module")

@@ -228,7 +228,7 @@ def test_the_subinstruction_rule_is_a_cache_setting_keyed_in_the_dataset_identit
 
     from helpers.profiles import write_test_profile
     from janus_cache.keys import dataset_identity
-    from janus_cache.store.manifest import DatasetIdentity, ShardSizes, Manifest, WindowVariant, keyed_differences
+    from janus_cache.store.manifest import DatasetIdentity, Manifest, ShardSizes, WindowVariant, keyed_differences
     from janus_core.profile import ProfileError, load_profile
 
     assert load_profile("tiny").cache.subinstruction_rule == "reference"

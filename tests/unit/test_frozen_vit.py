@@ -18,11 +18,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import Qwen2_5_VLConfig
 
 import janus_train.model.janus_model
+from benchmarks.flops import build_model
 from helpers.model_cases import QWEN_DIR, make_batch, tiny_model
 from janus_core.index import DatasetIndex
 from janus_train.model.activation_checkpointing import FULL, NONE, ActivationCheckpointing
 from janus_train.model.janus_model import JanusVLNModel, TrainableParts
-from benchmarks.flops import build_model
 
 POLICIES = (NONE, ActivationCheckpointing(2), FULL)
 DECODER_LAYERS = 2  # the tiny Qwen's

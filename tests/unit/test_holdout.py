@@ -23,15 +23,15 @@ from helpers.validation import EPISODES, STEPS, VAL_SAMPLES, profile_with, valid
 from janus_core.index import build_index
 from janus_core.profile import ProfileError, load_profile
 from janus_core.resolution import Resolution
+from janus_train.build import prompt_builder
 from janus_train.config import load_train_settings
+from janus_train.data.from_profile import open_training_cache
 from janus_train.data.holdout import HoldoutError, heldout_count, split_by_episode
 from janus_train.data.prompt import PromptFields, collate_prompts
 from janus_train.data.samples import CachedSamples, LiveSamples
-from janus_train.build import prompt_builder
-from janus_train.data.from_profile import open_training_cache
 from janus_train.data.val_metric_names import BEST_METRICS, better
-from janus_train.loop.validation import ActionSpan, ValidationError, action_tokens_correct, episode_ids, plan_validation
 from janus_train.loop.logs import step_line
+from janus_train.loop.validation import ActionSpan, ValidationError, action_tokens_correct, episode_ids, plan_validation
 
 
 @pytest.fixture

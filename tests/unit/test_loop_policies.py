@@ -22,6 +22,7 @@ import torch
 from helpers.damage import OneProcess
 from janus_train.checkpoint.elastic import DataLayout
 from janus_train.checkpoint.store import CHECKSUMS_FILE, Checkpoints, tag_name
+from janus_train.loop.logs import RunLog
 from janus_train.loop.nonfinite import NonFiniteStep
 from janus_train.loop.policies import (
     CheckpointWriter,
@@ -40,7 +41,6 @@ from janus_train.loop.policies import (
 from janus_train.loop.preemption import Preemption
 from janus_train.loop.progress import Progress
 from janus_train.run.layout import RunLayout
-from janus_train.loop.logs import RunLog
 
 TOTAL = 6
 CPU = torch.device("cpu")

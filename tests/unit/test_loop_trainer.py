@@ -21,11 +21,11 @@ import torch.distributed as dist
 from helpers.shared_caches import SMALL_SHARDS
 from helpers.training import write_train_profile
 from janus_core.profile import load_profile
+from janus_train.build import build_parts
 from janus_train.checkpoint.store import tag_name
 from janus_train.config import load_train_settings
 from janus_train.data.sources import parse_cache_sources
 from janus_train.loop.trainer import Trainer
-from janus_train.build import build_parts
 from pipelines.distributed import init_distributed
 
 STEPS, SAVE_EVERY = 3, 2

@@ -27,9 +27,9 @@ from janus_cache.store.layout import wds_shard_name
 from janus_core.profile import load_profile
 from janus_core.sample_data import write_sample_data
 from janus_train.data.damaged import DamagedSample, draw_step
+from janus_train.data.from_profile import open_training_cache
 from janus_train.data.mixture import MixedSamples, Mixture, mixed_samples
 from janus_train.data.samples import collate
-from janus_train.data.from_profile import open_training_cache
 from pipelines.precompute_run import Options, run
 
 N_PER_CACHE = 8

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from helpers.precompute_runs import RESOLUTION
+from janus_cache.job import PrecomputeError, check_free_space
 from janus_cache.work_units import (
     check_windows,
     compute_frame_shard,
@@ -18,10 +19,9 @@ from janus_cache.work_units import (
     sample_table,
     usable_samples,
 )
-from janus_cache.job import PrecomputeError, check_free_space
-from janus_core.system.disk_space import free_space_problem
 from janus_core.index import build_index, build_sources_index, store_sources_index
 from janus_core.resolution import Resolution
+from janus_core.system.disk_space import free_space_problem
 
 
 def test_a_frame_that_vanished_after_indexing_is_a_failure_of_its_samples(dataset_copy: Path) -> None:

@@ -19,6 +19,7 @@ from janus_core.bases import base_of_qwen_dir
 from janus_core.imaging import load_qwen_frame
 from janus_core.index import ACTIONS, DatasetIndex, Sample
 from janus_core.profile import load_profile
+from janus_train.build import prompt_builder
 from janus_train.data.prompt import (
     ACTIONS_TEXT,
     IGNORE_INDEX,
@@ -30,7 +31,6 @@ from janus_train.data.prompt import (
     collate_prompts,
 )
 from janus_train.data.prompt_template import PromptTemplate, TemplateError
-from janus_train.build import prompt_builder
 from janus_train.data.sample_view import describe_sample
 from pipelines.train_cli import show_sample_cmd
 

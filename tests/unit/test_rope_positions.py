@@ -13,9 +13,9 @@ from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VLModel
 from helpers.bases import BaseCase
 from helpers.model_cases import QWEN_DIR, RESOLUTION, builder, tiny_model
 from janus_core.index import DatasetIndex
+from janus_train.data.rope import RopeIndex
 from janus_train.data.samples import LiveSamples, TrainItem, collate
 from janus_train.model.janus_model import JanusVLNModel
-from janus_train.data.rope import RopeIndex
 
 
 @pytest.fixture(scope="module")

@@ -14,10 +14,10 @@ from helpers.profiles import write_test_profile
 from janus_core.index import build_index
 from janus_core.profile import load_profile
 from janus_core.resolution import Resolution
-from janus_train.data.mixture import Mixture
-from janus_train.data.samples import CachedSamples, LiveSamples, StreamedSamples, TrainItem, collate
 from janus_train.build import prompt_builder
 from janus_train.data.from_profile import open_training_cache
+from janus_train.data.mixture import Mixture
+from janus_train.data.samples import CachedSamples, LiveSamples, StreamedSamples, TrainItem, collate
 from pipelines.precompute_run import Options, run
 
 # 16 workers (the h800 profile's value) on a 2-core test machine: torch warns; the split must hold.

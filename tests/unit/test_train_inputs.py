@@ -22,9 +22,9 @@ from janus_cache.verify import STORAGE_ULP
 from janus_core.index import build_index
 from janus_core.profile import load_profile
 from janus_core.resolution import Resolution
-from janus_train.data.samples import CachedSamples, LiveSamples, collate
 from janus_train.build import prompt_builder
 from janus_train.data.from_profile import open_training_cache
+from janus_train.data.samples import CachedSamples, LiveSamples, collate
 from janus_train.model.janus_model import JanusOutput
 from pipelines.train_run import cache_refusal
 

@@ -41,8 +41,8 @@ from janus_cache.verify import (
     compare,
     open_for_checks,
 )
-from janus_core.vggt.encoder import load_aggregator
 from janus_core.profile import PROFILES_DIR, load_profile
+from janus_core.vggt.encoder import load_aggregator
 from pipelines.cache_cli import app
 from pipelines.verify import Options, run
 

@@ -18,10 +18,10 @@ from safetensors.torch import save_file
 
 from janus_cache.store import read_manifest
 from janus_cache.verify import check_cache_for_training
-from janus_core.vggt.encoder import checkpoint_identity, encoder_fingerprint
 from janus_core.profile import PROFILES_DIR
 from janus_core.sample_data import write_sample_data
 from janus_core.vggt import AggregatorConfig, VGGTAggregator
+from janus_core.vggt.encoder import checkpoint_identity, encoder_fingerprint
 from pipelines import precompute_run
 
 MID_SIZE = {

@@ -18,10 +18,10 @@ import torch.nn.functional as F
 
 from helpers.profiles import write_test_profile
 from helpers.vggt_cases import CPU, SIDE, episode_windows, tiny_model
-from janus_core.vggt.encoder import PROBE_STRIDE, WindowEncoder, distinct_frames
 from janus_core.profile import load_profile
 from janus_core.vggt import VGGTAggregator
 from janus_core.vggt.attention import CUDA_ORDER, SDPA, AttentionKernel, candidate, choose, kernel_for
+from janus_core.vggt.encoder import PROBE_STRIDE, WindowEncoder, distinct_frames
 
 
 class PatchEmbedCalls:
