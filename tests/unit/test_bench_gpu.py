@@ -153,28 +153,26 @@ def test_every_k_checkpoints_every_kth_decoder_layer_and_keeps_the_gradients() -
 # ------------------------------------------------------------------------------- FLOPs
 
 
-@pytest.fixture(scope="module")
-def deep_tiny_qwen(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny Qwen with 5 decoder layers and 4 ViT blocks (2 full-attention), so extrapolating
-    from 2 and 3 layers is actually tested."""
-    folder = tmp_path_factory.mktemp("qwen5")
-    config = json.loads((TINY_QWEN / "config.json").read_text())
+def write_deep_tiny(base: BaseCase, folder: Path) -> Path:
+    """The tiny model of ``base`` with 5 decoder layers and 4 ViT blocks (Qwen2.5-VL: 2 of them
+    full-attention; Qwen3-VL: tapped by DeepStack at 0 and 2), so extrapolating from 2 and 3 layers
+    and from 1 and 2 blocks is actually tested."""
+    config = json.loads((base.qwen_dir / "config.json").read_text())
     config["text_config"]["num_hidden_layers"] = 5
-    config["vision_config"].update(depth=4, fullatt_block_indexes=[1, 3])
+    taps = {"deepstack_visual_indexes": [0, 2]} if base.base.deepstack else {"fullatt_block_indexes": [1, 3]}
+    config["vision_config"].update(depth=4, **taps)
     (folder / "config.json").write_text(json.dumps(config))
     return folder
+
+
+@pytest.fixture(scope="module")
+def deep_tiny_qwen(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_deep_tiny(QWEN2_5, tmp_path_factory.mktemp("qwen5"))
 
 
 @pytest.fixture(scope="module")
 def deep_tiny_qwen3(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny Qwen3-VL with 5 decoder layers and 4 ViT blocks tapped by DeepStack at 0 and 2, so
-    extrapolating from 2 and 3 layers and from 1 and 2 blocks is actually tested."""
-    folder = tmp_path_factory.mktemp("qwen3deep")
-    config = json.loads((TINY_QWEN3 / "config.json").read_text())
-    config["text_config"]["num_hidden_layers"] = 5
-    config["vision_config"].update(depth=4, deepstack_visual_indexes=[0, 2])
-    (folder / "config.json").write_text(json.dumps(config))
-    return folder
+    return write_deep_tiny(QWEN3, tmp_path_factory.mktemp("qwen3deep"))
 
 
 @pytest.fixture(scope="module")
