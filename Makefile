@@ -26,6 +26,9 @@ DATA ?=
 # DATA as one single-quoted shell word (its own ' written '\''): any path a user can type (spaces,
 # quotes, '$', non-ASCII) arrives as typed, and `make -n` shows it.
 DATA_ARG = '$(subst ','\'',$(value DATA))'
+# OUT, CACHE and RUN (paths) likewise, as one single-quoted word each: a path with spaces stays one
+# argument (RUN="my run" must not become --out my plus a stray word that torchrun would run).
+shell_word = '$(subst ','\'',$($(1)))'
 OUT ?= cache
 FORMAT ?= zarr
 # DATA: the dataset; several sources, in cache order, as DATA="r2r=data/r2r rxr=data/rxr" (a bare
@@ -102,7 +105,7 @@ demo: $(STAMP)
 precompute: $(STAMP)
 	@test -n $(DATA_ARG) || { echo "make precompute: set DATA=<dataset folder or annotation file>" >&2; exit 2; }
 	$(LAUNCH_ENV) $(LAUNCH) $(TORCHRUN_ARGS) --nproc_per_node $(NPROC) -m pipelines.precompute $(DATA_ARG) \
-		--out $(OUT) --profile $(PROFILE) $(SET_ARGS) --format $(FORMAT) $(PRECOMPUTE_ARGS)
+		--out $(call shell_word,OUT) --profile $(PROFILE) $(SET_ARGS) --format $(FORMAT) $(PRECOMPUTE_ARGS)
 
 CACHE ?= $(OUT)
 # Several zarr caches drawn with sampling weights, instead of CACHE: MIXTURE="r2r=DIR:0.7 rxr=DIR:0.3"
@@ -112,13 +115,13 @@ RUN ?= runs/$(PROFILE)
 TRAIN_ARGS ?=
 
 train: $(STAMP)
-	$(LAUNCH_ENV) $(LAUNCH) --launcher-log $(RUN)/launcher.log $(TORCHRUN_ARGS) --nproc_per_node $(NPROC) -m pipelines.train \
-		$(if $(MIXTURE),$(foreach c,$(MIXTURE),--cache $(c)),--cache $(CACHE)) --out $(RUN) --profile $(PROFILE) $(SET_ARGS) \
+	$(LAUNCH_ENV) $(LAUNCH) --launcher-log $(call shell_word,RUN)/launcher.log $(TORCHRUN_ARGS) --nproc_per_node $(NPROC) -m pipelines.train \
+		$(if $(MIXTURE),$(foreach c,$(MIXTURE),--cache $(c)),--cache $(call shell_word,CACHE)) --out $(call shell_word,RUN) --profile $(PROFILE) $(SET_ARGS) \
 		$(if $(value DATA),--data $(DATA_ARG)) $(TRAIN_ARGS)
 
 verify: $(STAMP)
 	@test -n "$(CACHE)" || { echo "make verify: set CACHE=<cache directory> (and DATA=<dataset> for the dataset and live checks)" >&2; exit 2; }
-	$(LAUNCH_ENV) $(LAUNCH) $(TORCHRUN_ARGS) --nproc_per_node $(NPROC) -m pipelines.verify $(CACHE) \
+	$(LAUNCH_ENV) $(LAUNCH) $(TORCHRUN_ARGS) --nproc_per_node $(NPROC) -m pipelines.verify $(call shell_word,CACHE) \
 		--profile $(PROFILE) $(SET_ARGS) $(if $(value DATA),--data $(DATA_ARG)) $(VERIFY_ARGS)
 
 # The benchmarks live in benchmarks/; results and plots go to benchmarks/results/ (--out DIR elsewhere).

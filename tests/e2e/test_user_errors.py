@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from helpers.commands import TIMEOUT_S, assert_one_error_line, janus_lines, make  # noqa: F401
+from helpers.commands import TIMEOUT_S, assert_one_error_line, janus_lines, make, make_command  # noqa: F401
 from helpers.profiles import REPO_ROOT, write_test_profile
 from helpers.training import precompute
 from janus_core.sample_data import write_sample_data
@@ -93,6 +94,25 @@ def test_a_failing_make_train_ends_with_janus_line_and_torchruns_report_is_in_th
     report = (run / "launcher.log").read_text()
     assert "ChildFailedError" in report or "FAILED" in report
     assert "exitcode  : 1" in report
+
+
+def test_paths_with_spaces_reach_make_s_commands_as_one_word_each(cache: Path, tmp_path: Path) -> None:
+    """``make train RUN="victim x" CACHE="my cache"``: each path is one argument (the Makefile quotes
+    them as it quotes DATA), so the run refuses the cache by its whole path, torchrun's report goes to
+    RUN's own log, and a user's file ``victim`` beside RUN is left as it was (before: the report was
+    appended to it and torchrun ran ``x/launcher.log``). ``OUT`` of precompute alike (make's dry run)."""
+    victim = tmp_path / "victim"
+    victim.write_text("a user's notes\n")
+    spaced_cache = Path(shutil.copytree(cache, tmp_path / "my cache"))
+    run = tmp_path / "victim x"
+    result = make("train", PROFILE=write_test_profile(tmp_path / "tiny.yaml"), CACHE=spaced_cache, RUN=run, NPROC=2)
+    assert_one_error_line(result, f"{spaced_cache} holds 3 samples, fewer than one optimizer step takes")
+    assert janus_lines(result)[-1].endswith(f"exited with code 1; torchrun's report: {run / 'launcher.log'}")
+    assert victim.read_text() == "a user's notes\n"
+    assert "FAILED" in (run / "launcher.log").read_text()
+    out = tmp_path / "it's my cache"
+    command = make_command("precompute", DATA=tmp_path / "data", OUT=out)
+    assert command[command.index("--out") + 1] == str(out), command
 
 
 @pytest.mark.parametrize("resolution", ["garbage", "pad0", "pad13"])
