@@ -25,6 +25,13 @@ output, invisibly: send SIGUSR1 to the launcher (``pipelines.launch``) instead.
 
 Exit code: 0 on success; 75 when the ranks stopped on a stop signal with a checkpoint; the first
 failed rank's exit code (128 + N when it died of signal N); 1 when the launcher itself fails.
+
+A stop with a checkpoint is no failure, but torchrun reports it as one ("FAILED ... exitcode: 75",
+kept in the log with a closing line that says it was a clean stop) and under ``make`` so does make
+(``make: *** [...] Error 75``, and make exits 2: GNU make has no other exit code for a failed
+recipe). Under make the launcher therefore says in one line, just before make's, that the run
+stopped cleanly and how it resumes; a job script that requeues on exit code 75 runs the launcher (or
+``janus-train run``) itself, as ``examples/slurm/train.sbatch`` does.
 """
 
 from __future__ import annotations
@@ -227,6 +234,13 @@ def handled_by_torchrun(signals: str) -> str:
     return ",".join(name.strip() for name in signals.split(",") if name.strip() not in STOP_SIGNAL_CHOICES)
 
 
+def clean_stop_line(signal_name: str | None, log: Path) -> str:
+    """The launcher's line under make after the ranks stopped with a checkpoint (exit code 75)."""
+    on = f"on {signal_name}" if signal_name else "on a stop signal"
+    return (f"launcher: the run stopped cleanly {on} with a checkpoint, to resume when the same command runs again; "
+            f"make's 'Error {PREEMPTED_EXIT_CODE}' below is this clean stop, not a failure (torchrun's report: {log})")
+
+
 def exit_code(code: int) -> int:
     """A rank's exit code as a shell reports it (a rank killed by signal N: 128 + N)."""
     return 128 - code if code < 0 else (code or 1)
@@ -247,7 +261,8 @@ def main(argv: list[str] | None = None) -> int:
     args.signals_to_handle = handled_by_torchrun(args.signals_to_handle)
     forwarder = Forwarder()
     forwarder.arm()
-    if MakeWatch.parent_is_make():
+    under_make = MakeWatch.parent_is_make()
+    if under_make:
         MakeWatch(forwarder, os.getppid()).start()
     # The ranks are this process's children: told its pid, a rank notices a launcher that was
     # killed before the rank could arm its parent-death signal (``pipelines.parent_death``).
@@ -258,6 +273,10 @@ def main(argv: list[str] | None = None) -> int:
         rank, failure = err.get_first_failure()
         handler.append(err.format_msg() + "\n")
         if failure.exitcode == PREEMPTED_EXIT_CODE:  # stopped with a checkpoint: rank 0's line says where
+            handler.append(f"exit code {PREEMPTED_EXIT_CODE} above is no failure: the ranks stopped cleanly on a stop "
+                           "signal after saving a checkpoint; the same command resumes the run\n")
+            if under_make:
+                print(clean_stop_line(forwarder.forwarded, handler.path), file=sys.stderr, flush=True)
             return PREEMPTED_EXIT_CODE
         how = (f"was killed by signal {-failure.exitcode}" if failure.exitcode < 0
                else f"exited with code {failure.exitcode}")

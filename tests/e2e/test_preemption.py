@@ -22,6 +22,7 @@ import pytest
 import yaml
 
 from helpers.commands import make_env
+from helpers.processes import descendants, describe
 from helpers.profiles import REPO_ROOT, write_test_profile
 from helpers.shared_runs import TinyTraining
 from helpers.training import assert_succeeded, train_on_ranks
@@ -217,3 +218,38 @@ def test_a_signal_to_make_alone_reaches_every_rank_once(tmp_path: Path, sent: in
             os.killpg(make.pid, signal.SIGKILL)
     for rank in (0, 1):
         assert (tmp_path / f"received-{rank}").read_text() == received, output
+
+
+def test_a_clean_stop_under_make_is_said_to_be_one(tmp_path: Path) -> None:
+    """make reports any non-zero recipe as ``Error N`` and exits 2 (GNU make has no other failure
+    code), so the launcher says, in the line just before make's, that exit code 75 is a clean stop
+    that the same command resumes; torchrun's "FAILED ... exitcode 75" report stays in its log,
+    closed by a line saying the same. (Before: make's ``Error 75`` was the last word.)"""
+    (tmp_path / "rank.py").write_text(RANK)
+    log = tmp_path / "launcher.log"
+    launch = (f"{sys.executable} -m pipelines.launch --launcher-log {log} --standalone "
+              f"--nproc_per_node 2 {tmp_path}/rank.py {tmp_path}")
+    (tmp_path / "Makefile").write_text(f"SHELL := /bin/bash\ntrain:\n\tOMP_NUM_THREADS=1 {launch}\n")
+    env = {**make_env(), "PYTHONPATH": str(REPO_ROOT)}
+    make = subprocess.Popen(["make", "-s", "-C", str(tmp_path), "train"], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not all((tmp_path / f"ready-{rank}").exists() for rank in (0, 1)):
+            assert make.poll() is None and time.monotonic() < deadline, make.communicate()[0]
+            time.sleep(0.05)
+        launcher = next(pid for pid in descendants(make.pid) if "pipelines.launch" in describe(pid))
+        os.kill(launcher, signal.SIGUSR1)  # as examples/slurm/train.sbatch forwards SLURM's warning
+        output, _ = make.communicate(timeout=120)
+    finally:
+        if make.poll() is None:
+            os.killpg(make.pid, signal.SIGKILL)
+    assert make.returncode == 2, output
+    lines = output.strip().splitlines()
+    assert re.fullmatch(r"make: \*\*\* \[.*train\] Error 75", lines[-1]), output
+    assert lines[-2] == (f"launcher: the run stopped cleanly on SIGUSR1 with a checkpoint, to resume when the same "
+                         f"command runs again; make's 'Error 75' below is this clean stop, not a failure "
+                         f"(torchrun's report: {log})"), output
+    report = log.read_text()
+    assert "exitcode  : 75" in report and report.rstrip().endswith(
+        "the ranks stopped cleanly on a stop signal after saving a checkpoint; the same command resumes the run")
