@@ -199,12 +199,15 @@ def job_on_directory(ranks: Ranks, directory: Path, exclusive: bool = True) -> I
     """The frame of a job of every rank on one directory (the cache a precompute writes or a verify
     reads): the control channel, rank 0's progress display, and rank 0's lock on ``directory``
     (:func:`lock_on_main`), taken before the job reads or deletes anything; all three are released
-    however the job ends."""
+    however the job ends. A writer's progress polls check its lock (:meth:`DirectoryLock.check`):
+    a lock another process took after its file was deleted ends the job with one line."""
     control = Control(ranks)
     progress = Progress(enabled=ranks.is_main)
     lock = None
     try:
         lock = lock_on_main(control, directory, exclusive)
+        if lock is not None and exclusive:
+            progress.guard = lock.check  # a writer whose lock was taken from it stops at its next poll
         yield control, progress
     finally:
         progress.close()
@@ -255,6 +258,8 @@ class Progress:
         self._initial = 0
         self._last_poll = 0.0
         self._bytes = False
+        self.guard: Callable[[], None] | None = None
+        """Called at every poll (rank 0's, after each of its shards): raises to stop the job."""
 
     def phase(self, name: str, total: int, unit: str, done: int = 0) -> None:
         """Start a phase of ``total`` units (``unit``: e.g. ``frames``; ``B``: bytes, shown scaled
@@ -304,9 +309,12 @@ class Progress:
 
     def poll(self, count: Callable[[], int], force: bool = False) -> None:
         """Update from shared state: ``count`` (e.g. listing commit records) is only called on
-        the displaying rank, at most twice a second unless ``force``; other ranks pay nothing."""
+        the displaying rank, at most twice a second unless ``force``; other ranks pay nothing.
+        The :attr:`guard` runs first (on the displaying rank)."""
         if not self.enabled:
             return
+        if self.guard is not None:
+            self.guard()
         now = time.perf_counter()
         if force or now - self._last_poll >= 0.5:
             self._last_poll = now

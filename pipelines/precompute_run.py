@@ -44,6 +44,7 @@ from janus_core.profile import CacheSettings, Profile, load_profile
 from janus_core.qwen_vit import ViTEncoder
 from janus_core.resolution import Resolution
 from janus_core.system.device import process_device
+from janus_core.system.lock import LockError
 from janus_core.system.threads import default_decode_workers, set_compute_threads
 from janus_core.vggt.encoder import WindowEncoder
 from pipelines.distributed import CommitTally, Control, RankFailed, Ranks, job_on_directory
@@ -218,7 +219,7 @@ def run(opts: Options) -> int:
             job.planned_bytes = prepared.plan.needed_bytes(opts.cache_format)
             # Every rank's shard work ends in an exchange instead of a barrier: a rank that fails (a
             # full disk, a bad file) makes every rank stop with its one-line reason, none waits for it.
-            user_errors = (ValueError, PrecomputeError)
+            user_errors = (ValueError, PrecomputeError, LockError)
 
             def phase(what: str, pending_of: Callable[[Iterable[int], str], list[int]], shards: int, array: str,
                       shard_rows: list[int], total: int, unit: str) -> tuple[list[int], CommitTally]:

@@ -10,6 +10,13 @@ reader does.
 
 A holder that releases the lock normally deletes the file, so a finished cache or run directory
 holds no lock file. Linux and macOS; on NFS, ``flock`` is emulated with POSIX locks by Linux.
+
+The lock file is opened without following a symbolic link: a link in its place (to a user's file,
+or dangling) is refused in one line, never written through. A writer watches its lock file while
+it holds it (every :data:`WATCH_SECONDS`, a thread): one deleted under it (by a user who took it for
+a leftover) is put back at once, so a second writer started later is refused as before; if another
+writer took the lock in between, the holder's :meth:`DirectoryLock.check` raises :class:`LockLost`,
+and the job stops in one line instead of writing beside it.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ import fcntl
 import json
 import os
 import socket
+import threading
 import time
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
@@ -35,8 +43,16 @@ HOLDER_WAIT_SECONDS = 1.0
 """How long a refused process waits for a holder that has just taken the lock to write its record."""
 
 
+WATCH_SECONDS = 1.0
+"""How often a writer checks that its lock file is still the one it locked (one ``stat``)."""
+
+
 class LockError(RuntimeError):
     """The directory cannot be locked; a one-line reason for the user."""
+
+
+class LockLost(LockError):
+    """The lock file was deleted under its holder and another process took the lock since."""
 
 
 class DirectoryBusy(LockError):
@@ -90,11 +106,22 @@ def _read_record(fd: int) -> Holder | None:
 def _same_file(fd: int, path: Path) -> bool:
     """``fd`` is still the file at ``path`` (a releasing holder may have deleted it meanwhile)."""
     try:
-        on_disk = os.stat(path)
-    except FileNotFoundError:
+        on_disk = os.lstat(path)
+    except (FileNotFoundError, NotADirectoryError):
         return False
     mine = os.fstat(fd)
     return (mine.st_dev, mine.st_ino) == (on_disk.st_dev, on_disk.st_ino)
+
+
+_OPEN_FLAGS = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
+
+
+def symlink_problem(path: Path) -> str:
+    """The one line for a lock file that is a symbolic link (opening it failed with ELOOP)."""
+    target = os.readlink(path)
+    dangling = "" if (path.parent / target).exists() else ", which does not exist"
+    return (f"{path} is a symbolic link (to {target}{dangling}), not a lock file: janus never writes its lock "
+            f"through a link (it would overwrite what the link names); remove the link (rm {path}) and run again")
 
 
 def not_a_directory(directory: Path) -> str | None:
@@ -117,6 +144,10 @@ class DirectoryLock:
         self.previous = previous
         """For a writer: the record of an earlier writer that ended without releasing (killed)."""
         self._created = created
+        self._purpose = ""
+        self._lost: str | None = None
+        self._guard = threading.Lock()  # the watch thread and release() both replace or close the fd
+        self._stop = threading.Event()
 
     @classmethod
     def acquire(cls, directory: Path, exclusive: bool = True, purpose: str = "") -> "DirectoryLock":
@@ -141,12 +172,14 @@ class DirectoryLock:
                 except OSError as err:
                     raise LockError(f"cannot create {directory}: {err.strerror}") from None
             try:
-                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+                fd = os.open(path, _OPEN_FLAGS, 0o644)
             except FileNotFoundError:
                 if exclusive:
                     continue  # removed by a writer that created it and has just released it
                 return cls(directory, None, exclusive)
             except OSError as err:
+                if err.errno == errno.ELOOP:
+                    raise LockError(symlink_problem(path)) from None
                 if not exclusive and err.errno in (errno.ENOTDIR, errno.EACCES, errno.EROFS, errno.EPERM):
                     return cls(directory, None, exclusive)
                 raise LockError(f"cannot open the lock file {path}: {err.strerror}") from None
@@ -171,7 +204,50 @@ class DirectoryLock:
             raise LockError(f"cannot lock {directory}: its lock file keeps being deleted")
         previous = _read_record(fd) if exclusive else None
         os.pwrite(fd, Holder.me(exclusive, purpose).encode(), 0)
-        return cls(directory, fd, exclusive, previous, created)
+        lock = cls(directory, fd, exclusive, previous, created)
+        if exclusive:
+            lock._purpose = purpose
+            threading.Thread(target=lock._watch, name="janus-lock-watch", daemon=True).start()
+        return lock
+
+    def _watch(self) -> None:
+        while not self._stop.wait(WATCH_SECONDS):
+            self.restore()
+
+    def restore(self) -> None:
+        """Put the lock file back if it was deleted (or replaced) under this writer: a new file at
+        the path, locked and recorded, unless another process holds the file now there (then the
+        lock is lost: :meth:`check` raises). The watch thread calls it."""
+        path = lock_path(self.directory)
+        with self._guard:
+            if self._fd is None or self._lost is not None or _same_file(self._fd, path):
+                return
+            try:
+                fd = os.open(path, _OPEN_FLAGS, 0o644)
+            except OSError as err:
+                self._lost = (f"the lock file {path} was deleted under this writer and cannot be made again "
+                              f"({err.strerror}); a second writer could start: stop it and run this command again")
+                return
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = self._wait_for_record(fd)
+                os.close(fd)
+                other = holder.describe() if holder is not None else "another process"
+                self._lost = (f"the lock file {path} was deleted while this writer held {self.directory}, and "
+                              f"{other} has taken the lock since; two writers must not write one directory, so "
+                              "this one stops (its finished work is kept: run this command again once the other "
+                              "has ended)")
+                return
+            os.pwrite(fd, Holder.me(True, self._purpose).encode(), 0)
+            os.close(self._fd)
+            self._fd = fd
+
+    def check(self) -> None:
+        """Raise :class:`LockLost` (one line) if another process took this writer's lock after its
+        lock file was deleted; a cheap call for a job's loop."""
+        if self._lost is not None:
+            raise LockLost(self._lost)
 
     @staticmethod
     def _wait_for_record(fd: int) -> Holder | None:
@@ -193,7 +269,9 @@ class DirectoryLock:
 
     def release(self) -> None:
         """Give the lock up and delete the lock file (only while no one else holds it)."""
-        fd, self._fd = self._fd, None
+        self._stop.set()
+        with self._guard:
+            fd, self._fd = self._fd, None
         if fd is None:
             return
         try:

@@ -236,3 +236,70 @@ def test_a_precompute_into_a_cache_a_training_run_reads_is_refused_naming_the_ru
         assert str(cache) in refused.stderr and f"for training run {out}, started" in refused.stderr, refused.stderr
         assert holder_pattern(reader).search(refused.stderr.replace(f" for training run {out}", "")), refused.stderr
     assert {k: v for k, v in file_digests(cache).items() if k != LOCK_NAME} == before, "the precompute wrote"
+
+
+@pytest.mark.parametrize("target", ["notes.txt", "missing/notes.txt"], ids=["to-a-user-file", "dangling"])
+def test_a_lock_file_that_is_a_symbolic_link_is_refused_and_never_written_through(
+    sample_dataset: Path, profile: Path, tmp_path: Path, target: str,
+) -> None:
+    """``OUT/.janus.lock`` as a link to a user's file: precompute (a writer) and verify (a reader) each
+    refuse in one line naming the link and the fix, and the user's file keeps its bytes (before: it was
+    overwritten with the lock record); a dangling link is named as one (before: "its lock file keeps
+    being deleted")."""
+    notes = tmp_path / "notes.txt"
+    notes.write_text("a user's notes\n")
+    out = tmp_path / "cache"
+    out.mkdir()
+    lock_path(out).symlink_to(tmp_path / target)
+    for command in (precompute_command(sample_dataset, out, profile, nproc=None)[1:], ("verify", out)):
+        refused = janus_cache_in_process(*command)
+        assert refused.returncode == 1, refused.stdout + refused.stderr
+        assert error_lines(refused.stderr) == [refused.stderr.strip()], refused.stderr
+        assert f"{lock_path(out)} is a symbolic link (to {tmp_path / target}" in refused.stderr
+        assert f"rm {lock_path(out)}" in refused.stderr
+        assert ("which does not exist" in refused.stderr) == (target != "notes.txt"), refused.stderr
+    assert notes.read_text() == "a user's notes\n"
+    assert not (tmp_path / "missing").exists()
+
+
+def test_a_lock_file_deleted_under_a_running_precompute_is_put_back_or_the_run_stops(
+    sample_dataset: Path, small_shards_profile: Path, tmp_path: Path,
+) -> None:
+    """A user deletes ``OUT/.janus.lock`` while ``janus-cache precompute`` writes OUT: the writer puts
+    its lock file back within a second, so a second writer is refused naming it (before: it got in).
+    When another process takes the lock in that second, the first stops with one line saying so, and
+    what it committed stays (a later run resumes it)."""
+    out = tmp_path / "cache"
+    log = tmp_path / "precompute.log"
+    with open(log, "w") as output:
+        first = subprocess.Popen(precompute_command(sample_dataset, out, small_shards_profile, nproc=None),
+                                 cwd=REPO_ROOT, env=run_env(), stdout=output, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + RUN_TIMEOUT
+        while "[frames]" not in log.read_text():  # the lock is held and the shards are being written
+            assert first.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.05)
+        lock_path(out).unlink()
+        while not lock_path(out).exists():
+            assert first.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.05)
+        with pytest.raises(DirectoryBusy, match=holder_pattern(first.pid)):
+            DirectoryLock.acquire(out)
+
+        lock_path(out).unlink()
+        second = DirectoryLock.acquire(out)  # at once, before the holder looks again
+        try:
+            first.wait(timeout=RUN_TIMEOUT)
+        finally:
+            second.release()
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+    printed = log.read_text()
+    assert first.returncode == 1, printed
+    errors = error_lines(printed)
+    assert len(errors) == 1 and errors == [printed.strip().splitlines()[-1]], printed
+    assert f"the lock file {lock_path(out)} was deleted while this writer held {out}" in errors[0]
+    assert holder_pattern(os.getpid()).search(errors[0]), errors[0]
+    assert "precompute done" not in printed
