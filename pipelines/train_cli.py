@@ -100,7 +100,7 @@ def export_cmd(
     from janus_core.profile import ProfileError
     from janus_train.config import load_train_settings
     from janus_train.run.layout import RunLayout
-    from janus_train.run.provenance import run_profile
+    from janus_train.run.provenance import profile_edits_note, run_profile
 
     layout = RunLayout(run)
     try:
@@ -109,6 +109,8 @@ def export_cmd(
     except ProfileError as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(1)
+    if profile is None and (note := profile_edits_note(run)) is not None:
+        typer.echo(note, err=True)
     # After the profile's checks: a run refused there costs no torch, transformers or DeepSpeed.
     with frozen_imports():
         from janus_train.checkpoint.export import FORMATS, export, export_janusvln

@@ -58,7 +58,7 @@ from janus_train.loop.preemption import PREEMPTED_EXIT_CODE, Preemption, stopped
 from janus_train.loop.trainer import Trainer
 from janus_train.loop.validation import ValidationError
 from janus_train.run.layout import RunLayout
-from janus_train.run.provenance import append_start, write_profile
+from janus_train.run.provenance import append_start, set_aside_damaged_record, write_profile
 from pipelines.distributed import Control, RankFailed, Ranks, fail_alike, init_distributed, lock_on_main, usable_cores
 from pipelines.library_output import library_chatter_hidden
 from pipelines.train_start import START_ERRORS, Refused, first_refusal, missing_cache
@@ -121,9 +121,12 @@ def dataset_refusal(cache: Path, data: str, settings: CacheSettings) -> str | No
 
 def record_start(layout: RunLayout, profile: Profile, settings: TrainSettings, world: int,
                  caches: list[Path]) -> None:
-    """The run directory's description of this start: ``profile.yaml`` and an entry of ``run.json``."""
+    """The run directory's description of this start: ``profile.yaml`` and an entry of ``run.json``
+    (a damaged ``run.json`` kept aside first, said in one line)."""
     write_profile(layout, profile, settings)
-    append_start(layout, profile, world, caches)
+    if (warning := set_aside_damaged_record(layout)) is not None:
+        print(warning, file=sys.stderr, flush=True)
+    append_start(layout, profile, world, caches, settings)
 
 
 def record_outputs(trainer: Trainer, path: Path, n_samples: int) -> None:

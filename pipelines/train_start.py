@@ -22,7 +22,7 @@ from janus_core.system.lock import not_a_directory
 from janus_train.config import TrainSettings, load_train_settings
 from janus_train.data.sources import CacheSource, MixtureError, live_check_refusal
 from janus_train.loop.logs import WandbMissing, check_wandb
-from janus_train.run.provenance import run_profile
+from janus_train.run.provenance import profile_edits_note, run_profile
 from pipelines.distributed import Ranks
 
 
@@ -85,6 +85,8 @@ def run_settings(out: Path, profile: str | None, overrides: list[str] | None, ca
     if (problem := not_a_directory(out)) is not None:
         raise Refused(problem)
     prof = run_profile(out, profile, overrides or ())
+    if profile is None and ranks.is_main and (note := profile_edits_note(out)) is not None:
+        print(note, file=sys.stderr, flush=True)
     settings = load_train_settings(prof)
     cache_base(prof.qwen.path)  # an unknown model_type is one line before any rank starts work
     if (refusal := live_check_refusal(prof, settings.live_check_every, len(cache or []), data)) is not None:

@@ -6,7 +6,9 @@ A run directory (``--out RUN``, ``make train RUN=...``) holds::
                          environment variables, extends and --set (pass it back as --profile)
     run.json             one entry per start: the command line, janus version and git commit,
                          package versions, the caches' manifest digests, the base model trained
-                         (qwen.path's model_type; none recorded: Qwen2.5-VL) (janus_train.run.provenance)
+                         (qwen.path's model_type; none recorded: Qwen2.5-VL), the resolved settings
+                         (janus_train.run.provenance); one that cannot be read is kept aside as
+                         run.json.damaged-<time> when the next start begins a new one
     train.log            rank 0's console output, appended across resumes
     launcher.log         torchrun's own report of a failed launch (make train; pipelines.launch)
     metrics.jsonl        one JSON record per logged step, each with its wall-clock "time"
@@ -90,6 +92,10 @@ class RunLayout:
     @property
     def run_file(self) -> Path:
         return self.root / RUN_FILE
+
+    def damaged_run_file(self, stamp: str) -> Path:
+        """Where a ``run.json`` that cannot be read is kept aside (``run.json.damaged-<stamp>``)."""
+        return self.root / f"{RUN_FILE}.damaged-{stamp}"
 
     def has_checkpoint(self) -> bool:
         """Whether the run has saved a checkpoint (what a resume or an export would read)."""

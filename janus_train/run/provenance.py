@@ -8,14 +8,20 @@ At each start the trainer's rank 0 writes (paths in :mod:`janus_train.run.layout
 * ``run.json``: ``{"starts": [...]}``, one entry per start (a resume adds one): the time (ISO 8601,
   UTC), the command line and working directory, the number of processes, the profile file and
   ``--set`` overrides given, janus's version and git commit (when run from a git checkout), the
-  versions of the libraries that shape a run, the sha256 of each cache's ``manifest.json`` and the
-  base model it trains (``base``: ``qwen.path``'s ``model_type``, :mod:`janus_core.bases`).
+  versions of the libraries that shape a run, the sha256 of each cache's ``manifest.json``, the
+  base model it trains (``base``: ``qwen.path``'s ``model_type``, :mod:`janus_core.bases`) and the
+  resolved settings it ran with (``settings``: what it wrote to ``profile.yaml``). A ``run.json``
+  that cannot be read is kept aside (``run.json.damaged-<time>``) and the start says so in one line.
 
 ``janus-train export RUN``, a resume and ``janus-train show-sample --run RUN`` read
-``profile.yaml`` when no ``--profile`` is given; a profile given that disagrees with it on a
-setting of :data:`MODEL_SETTINGS` is refused in one line (:func:`recorded_profile_conflict`), and so
-is a profile whose ``qwen.path`` is a model of another base than the one the run trained
-(:func:`base_conflict`; a run recorded before runs recorded their base trained Qwen2.5-VL).
+``profile.yaml`` when no ``--profile`` is given; a profile given that disagrees with the run's
+recorded settings on a setting of :data:`MODEL_SETTINGS` is refused in one line
+(:func:`recorded_profile_conflict`), and so is a profile whose ``qwen.path`` is a model of another
+base than the one the run trained (:func:`base_conflict`; a run recorded before runs recorded their
+base trained Qwen2.5-VL). A ``profile.yaml`` edited since the last start (it differs from that
+start's recorded ``settings``) is refused where it changes a setting of :data:`MODEL_SETTINGS` of a
+run with a checkpoint, and its other changes are said in one ``note:`` line
+(:func:`profile_edits_note`).
 """
 
 from __future__ import annotations
@@ -80,8 +86,29 @@ def write_profile(layout: RunLayout, profile: Profile, settings: TrainSettings) 
                                                                 sort_keys=False)).encode())
 
 
-def append_start(layout: RunLayout, profile: Profile, world: int, caches: Sequence[Path]) -> dict[str, Any]:
-    """Add this start's entry to ``run.json`` (atomically); returns it."""
+def set_aside_damaged_record(layout: RunLayout) -> str | None:
+    """Move a ``run.json`` that cannot be read (not JSON, or not a record of starts) aside, so the
+    next entry starts a new one and nothing is lost; the one line saying so (None: nothing to do)."""
+    try:
+        record = json.loads(layout.run_file.read_bytes())
+        if isinstance(record, dict) and isinstance(record.get("starts", []), list):
+            return None
+        problem = "not a record of starts"
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as err:
+        problem = f"{type(err).__name__}: {err}"
+    aside = layout.damaged_run_file(datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ"))
+    os.replace(layout.run_file, aside)
+    return (f"warning: {layout.run_file} could not be read ({problem}); kept it as {aside} and began a new record "
+            "with this start")
+
+
+def append_start(layout: RunLayout, profile: Profile, world: int, caches: Sequence[Path],
+                 settings: TrainSettings | None = None) -> dict[str, Any]:
+    """Add this start's entry to ``run.json`` (atomically), with the resolved ``settings`` it runs
+    with when given; returns it. A damaged ``run.json`` is set aside first
+    (:func:`set_aside_damaged_record`, whose line the caller prints)."""
     entry = {
         "time": utc_now(),
         "command": list(getattr(sys, "orig_argv", sys.argv)),
@@ -94,11 +121,13 @@ def append_start(layout: RunLayout, profile: Profile, world: int, caches: Sequen
         "caches": [cache_entry(path) for path in caches],
         "base": cache_base(profile.qwen.path).model_type,
     }
+    if settings is not None:
+        entry["settings"] = resolved_profile_data(profile, settings)
     starts: list[Any] = []
     if layout.run_file.is_file():
         try:
             starts = list(json.loads(layout.run_file.read_text()).get("starts", []))
-        except (ValueError, AttributeError):  # a damaged record: the new one starts over
+        except (ValueError, AttributeError):  # damaged (and not set aside by the caller): starts over
             starts = []
     atomic_write_bytes(layout.run_file, (json.dumps({"starts": [*starts, entry]}, indent=1) + "\n").encode())
     return entry
@@ -156,6 +185,12 @@ def run_profile(run: Path, profile: str | None, overrides: Sequence[str] = (), d
     conflict = base_conflict(run, chosen)
     if conflict is not None:
         raise ProfileError(conflict)
+    if name == recorded:
+        edited = [edit for edit in profile_file_edits(run) if edit[0] in MODEL_SETTINGS]
+        if edited and RunLayout(run).has_checkpoint():
+            raise ProfileError(f"{recorded} was edited after the run's last start ({RunLayout(run).run_file.name} "
+                               f"records its settings): {_changes(edited)}; these settings shape the run's "
+                               "checkpoints: restore them, or train into a new --out")
     if not overrides and name == recorded:
         return chosen
     if recorded.is_file():
@@ -163,6 +198,52 @@ def run_profile(run: Path, profile: str | None, overrides: Sequence[str] = (), d
         if conflict is not None:
             raise ProfileError(conflict)
     return chosen
+
+
+def _last_start(run: Path) -> Mapping[str, Any] | None:
+    """The latest start of the run's ``run.json`` (None: none, or not readable)."""
+    try:
+        starts = json.loads(RunLayout(run).run_file.read_text()).get("starts")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return starts[-1] if isinstance(starts, list) and starts and isinstance(starts[-1], Mapping) else None
+
+
+def recorded_settings(run: Path) -> dict[str, Any] | None:
+    """The resolved settings of the run's latest start as ``run.json`` records them, flat (dotted
+    names); None for a run whose starts did not record them."""
+    start = _last_start(run)
+    settings = start.get("settings") if start is not None else None
+    return _flat(settings) if isinstance(settings, Mapping) else None
+
+
+def profile_file_edits(run: Path) -> list[tuple[str, Any, Any]]:
+    """Each setting where the run's ``profile.yaml`` differs from what its latest start recorded
+    (edited since): (dotted name, the file's value, the recorded one); empty when it was not edited
+    or nothing is recorded to compare with."""
+    from janus_train.config import load_train_settings
+
+    recorded = recorded_settings(run)
+    if recorded is None or not RunLayout(run).profile.is_file():
+        return []
+    profile = load_profile(str(RunLayout(run).profile))
+    now = _flat(json.loads(json.dumps(resolved_profile_data(profile, load_train_settings(profile)), default=str)))
+    return [(key, now.get(key), recorded.get(key)) for key in sorted(set(now) | set(recorded))
+            if now.get(key) != recorded.get(key)]
+
+
+def _changes(edits: Sequence[tuple[str, Any, Any]]) -> str:
+    return "; ".join(f"{key} is {now!r}, the run's was {was!r}" for key, now, was in edits)
+
+
+def profile_edits_note(run: Path) -> str | None:
+    """One ``note:`` line naming the settings the run's ``profile.yaml`` changed since its latest
+    start (those that shape its checkpoints are refused by :func:`run_profile`); None when none."""
+    edits = [edit for edit in profile_file_edits(run) if edit[0] not in MODEL_SETTINGS]
+    if not edits:
+        return None
+    return (f"note: {RunLayout(run).profile} was edited after the run's last start: {_changes(edits)}; the file's "
+            "values are used")
 
 
 def recorded_base(run: Path) -> QwenBase | None:
@@ -209,10 +290,12 @@ def recorded_profile_conflict(run: Path, profile: Profile, settings: TrainSettin
     layout = RunLayout(run)
     if not layout.profile.is_file() or not layout.has_checkpoint():  # nothing trained yet to disagree with
         return None
-    try:
-        recorded = _flat(yaml.safe_load(layout.profile.read_text()) or {})
-    except yaml.YAMLError as err:
-        return f"{layout.profile}: not valid YAML ({err}); remove it to use --profile's settings on this run"
+    recorded = recorded_settings(run)  # what the last start ran with; else its profile.yaml
+    if recorded is None:
+        try:
+            recorded = _flat(yaml.safe_load(layout.profile.read_text()) or {})
+        except yaml.YAMLError as err:
+            return f"{layout.profile}: not valid YAML ({err}); remove it to use --profile's settings on this run"
     wanted = _flat(resolved_profile_data(profile, settings))
     differing = [key for key in MODEL_SETTINGS if key in recorded and key in wanted and recorded[key] != wanted[key]]
     if not differing:

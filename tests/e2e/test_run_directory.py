@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -208,3 +210,53 @@ def test_a_resume_with_a_profile_that_disagrees_is_one_line_and_changes_nothing(
     errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1 and "train.merger_hidden is 128, the run's is 64" in errors[0], result.stderr[-3000:]
     assert {path: path.read_bytes() for path in before} == before
+
+
+def edited_copy(trained: Trained, target: Path, **train: object) -> Path:
+    """A copy of the run whose ``profile.yaml`` a user edited (``train`` settings changed)."""
+    run = Path(shutil.copytree(trained.run, target))
+    profile = RunLayout(run).profile
+    data = yaml.safe_load(profile.read_text())
+    data["train"].update(train)
+    profile.write_text(yaml.safe_dump(data, sort_keys=False))
+    return run
+
+
+def test_an_edited_profile_yaml_is_refused_where_it_changes_the_model_and_noted_otherwise(
+        trained: Trained, tmp_path: Path) -> None:
+    """``RUN/profile.yaml`` edited after the last start (which ``run.json`` records): a changed
+    model setting is refused by a resume and an export in one line naming the file, the setting and
+    both values; another changed setting is said in one ``note:`` line (before: both were used
+    silently)."""
+    run = edited_copy(trained, tmp_path / "lam", lam=0.5)
+    expected = (f"error: {RunLayout(run).profile} was edited after the run's last start (run.json records its "
+                f"settings): train.lam is 0.5, the run's was 0.3; these settings shape the run's checkpoints: "
+                "restore them, or train into a new --out")
+    exported = janus_train("export", run, "--out", tmp_path / "export")
+    assert (exported.returncode, exported.stderr.strip()) == (1, expected), exported.stderr
+    before = {path: path.read_bytes() for path in (RunLayout(run).run_file, RunLayout(run).metrics)}
+    resumed = train_on_ranks("--out", run, "--cache", trained.cache, "--no-export")
+    assert resumed.returncode != 0
+    assert [line for line in resumed.stderr.splitlines() if line.startswith("error: ")] == [expected], resumed.stderr
+    assert {path: path.read_bytes() for path in before} == before
+
+    run = edited_copy(trained, tmp_path / "save-every", save_every=5)
+    exported = succeeded(janus_train("export", run, "--out", tmp_path / "export", "--tag", "step00000002"))
+    assert exported.stderr.strip() == (f"note: {RunLayout(run).profile} was edited after the run's last start: "
+                                       "train.save_every is 5, the run's was 2; the file's values are used")
+
+
+def test_a_damaged_run_json_is_kept_aside_and_said(trained: Trained, tmp_path: Path) -> None:
+    """A ``run.json`` that is not JSON: the next start keeps it aside, says so in one line, and
+    begins a new record (before: it was replaced without a word)."""
+    run = Path(shutil.copytree(trained.run, tmp_path / "run"))
+    layout = RunLayout(run)
+    layout.run_file.write_text('{"starts": [{"time": "2026-')
+    resumed = succeeded(train_on_ranks("--out", run, "--cache", trained.cache, "--no-export"))
+    warnings = [line for line in resumed.stderr.splitlines() if line.startswith("warning: ")]
+    aside = [path for path in run.iterdir() if path.name.startswith("run.json.damaged-")]
+    assert len(aside) == 1 and aside[0].read_text() == '{"starts": [{"time": "2026-'
+    assert len(warnings) == 1 and re.fullmatch(
+        rf"warning: {re.escape(str(layout.run_file))} could not be read \(JSONDecodeError: .+\); kept it as "
+        rf"{re.escape(str(aside[0]))} and began a new record with this start", warnings[0]), resumed.stderr
+    assert len(json.loads(layout.run_file.read_text())["starts"]) == 1
