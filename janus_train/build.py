@@ -13,11 +13,10 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-import math
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from functools import partial, wraps
+from functools import wraps
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +38,7 @@ from janus_train.data.rope import RopeIndex
 from janus_train.data.samples import LiveFrames
 from janus_train.data.sources import CacheSource, as_sources, live_check_refusal
 from janus_train.loop.logs import RunLog
-from janus_train.loop.parts import ResumeChoice, Stepping, TrainData, TrainParts
+from janus_train.loop.parts import LRSchedule, ResumeChoice, Stepping, TrainData, TrainParts
 from janus_train.loop.validation import Evaluator, plan_validation
 from janus_train.model.kernels import apply_liger, compile_decoder_layers
 from janus_train.run.layout import RunLayout
@@ -126,14 +125,6 @@ def import_muon_uncompiled() -> None:
         compiler.compile = eager
 
 
-def lr_lambda(total_steps: int, warmup_steps: int, step: int) -> float:
-    """Linear warm-up to 1, then cosine decay to 0 at ``total_steps``."""
-    if step < warmup_steps:
-        return (step + 1) / warmup_steps
-    progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
-    return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
-
-
 def build_parts(profile: Profile, settings: TrainSettings, out_dir: Path, device: torch.device,
                 cache: Sequence[CacheSource] | None = None, live_data: Path | None = None,
                 data: str | None = None) -> TrainParts:
@@ -183,8 +174,8 @@ def build_parts(profile: Profile, settings: TrainSettings, out_dir: Path, device
     optimizer = torch.optim.AdamW(
         [{k: v for k, v in g.items() if k != "param_names"} for g in groups], betas=(0.9, 0.999)
     )
-    warmup = max(1, round(settings.warmup_ratio * stepping.total_steps))
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, partial(lr_lambda, stepping.total_steps, warmup))
+    schedule = LRSchedule.of(stepping.total_steps, settings.warmup_ratio)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule.factor)
     config = deepspeed_config(settings, bf16=profile.compute_dtype == "bfloat16")
     if resume.point is not None and resume.point.elastic:
         config["checkpoint"] = {"load_universal": True}
@@ -202,5 +193,5 @@ def build_parts(profile: Profile, settings: TrainSettings, out_dir: Path, device
                  run_config={"profile": profile.name, "world": world}) if rank == 0 else None
     return TrainParts(profile=profile, settings=settings, layout=layout, rank=rank, world=world, device=device,
                       builder=builder, data=train, stepping=stepping, checkpoints=checkpoints, resume=resume,
-                      model=model, engine=engine, scheduler=scheduler, rope=rope, llm_params=llm_params,
+                      model=model, engine=engine, scheduler=scheduler, lr_schedule=schedule, rope=rope, llm_params=llm_params,
                       source_windows=windows, evaluator=evaluator, best=best, log=log)

@@ -207,6 +207,8 @@ def announce_start(trainer: Trainer, cache: CacheSettings, resumed: bool, local_
         print(f"warning: {trainer.resume_note}", file=sys.stderr, flush=True)
     if resumed and trainer.parts.resume.grad_accum_note:
         print(trainer.parts.resume.grad_accum_note, flush=True)
+    if trainer.lr_note:
+        print(trainer.lr_note, flush=True)
     stepping, progress, sources = trainer.stepping, trainer.progress, trainer.data.sources
     validation = trainer.data.validation
     mixture = (" from " + ", ".join(f"{s.name} (weight {s.weight:g})" for s in sources)

@@ -9,6 +9,7 @@ built or launched, and each part can be made (or replaced) on its own in a test.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -82,6 +83,48 @@ class Stepping:
 
 
 @dataclass(frozen=True)
+class LRSchedule:
+    """The LR plan: each group's base LR times :meth:`factor`, a linear warm-up to 1 over
+    ``warmup_steps``, then a cosine decay to 0 at ``total_steps``. Every checkpoint stores it, so a
+    resume whose plan differs (another ``train.max_steps``, ``epochs`` or data) says what changed."""
+
+    total_steps: int
+    warmup_steps: int
+
+    @classmethod
+    def of(cls, total_steps: int, warmup_ratio: float) -> LRSchedule:
+        return cls(total_steps, max(1, round(warmup_ratio * total_steps)))
+
+    def factor(self, step: int) -> float:
+        """The factor of the base LR after ``step`` optimizer steps (the LR of step ``step + 1``)."""
+        if step < self.warmup_steps:
+            return (step + 1) / self.warmup_steps
+        progress = (step - self.warmup_steps) / max(1, self.total_steps - self.warmup_steps)
+        return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+
+    def to_dict(self) -> dict[str, int]:
+        return {"total_steps": self.total_steps, "warmup_steps": self.warmup_steps}
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> LRSchedule | None:
+        """The plan a checkpoint's client state saved (None: saved before checkpoints stored it)."""
+        saved = state.get("lr_schedule")
+        return cls(int(saved["total_steps"]), int(saved["warmup_steps"])) if isinstance(saved, dict) else None
+
+    def replan_note(self, saved: LRSchedule, tag: str, step: int, base_lr: float, planned_steps: int,
+                    warmup_ratio: float) -> str:
+        """The one line a resume prints when its plan is not checkpoint ``tag``'s (``saved``): both
+        plans and the LR of the next step under each; ``planned_steps`` (every epoch's steps now) and
+        ``warmup_ratio`` tell whether ``--max-steps`` alone would keep the checkpoint's plan."""
+        keeps = LRSchedule.of(min(planned_steps, saved.total_steps), warmup_ratio) == saved
+        return (f"note: the LR schedule follows this start's plan of {self.total_steps} steps (warm-up "
+                f"{self.warmup_steps}), not the {saved.total_steps} steps (warm-up {saved.warmup_steps}) of "
+                f"checkpoint {tag}: lr {base_lr * self.factor(step):.2e} at step {step + 1} instead of "
+                f"{base_lr * saved.factor(step):.2e}"
+                + (f"; --max-steps {saved.total_steps} keeps the checkpoint's plan" if keeps else ""))
+
+
+@dataclass(frozen=True)
 class ResumeChoice:
     """The checkpoint a run continues (verified before any model was built) and what it changed:
     ``chosen``: the intact tag (None: a fresh run); ``point``: its state checked against the run's
@@ -114,6 +157,7 @@ class TrainParts:
     model: Any
     engine: Any
     scheduler: Any
+    lr_schedule: LRSchedule
     rope: RopeIndex
     llm_params: int
     source_windows: SourceWindows | None = None

@@ -209,15 +209,17 @@ class CheckpointWriter:
     """Saves the run's checkpoint of a step, once per step: complete and checksummed before
     ``latest`` names it; the oldest beyond ``keep`` go (:meth:`Checkpoints.save`)."""
 
-    def __init__(self, checkpoints: Checkpoints, engine: Any, layout: DataLayout, keep: int) -> None:
+    def __init__(self, checkpoints: Checkpoints, engine: Any, layout: DataLayout, keep: int,
+                 lr_schedule: dict[str, int]) -> None:
         self.checkpoints, self.engine, self.layout, self.keep = checkpoints, engine, layout, keep
+        self.lr_schedule = lr_schedule
         self.saved_step = -1
 
     def save(self, progress: Progress) -> None:
         if self.saved_step == progress.step:
             return
-        self.checkpoints.save(self.engine, tag_name(progress.step), progress.client_state(self.layout, rng_states()),
-                              keep=self.keep)
+        self.checkpoints.save(self.engine, tag_name(progress.step),
+                              progress.client_state(self.layout, rng_states(), self.lr_schedule), keep=self.keep)
         self.saved_step = progress.step
 
 

@@ -20,10 +20,11 @@ class Progress:
     nonfinite_skips: int = 0
     damaged_skips: int = 0
 
-    def client_state(self, layout: DataLayout, rng: dict[str, Any]) -> dict[str, Any]:
-        """The trainer's part of a checkpoint (DeepSpeed's ``client_state``)."""
+    def client_state(self, layout: DataLayout, rng: dict[str, Any], lr_schedule: dict[str, int]) -> dict[str, Any]:
+        """The trainer's part of a checkpoint (DeepSpeed's ``client_state``), with the run's LR plan
+        (:class:`~janus_train.loop.parts.LRSchedule`)."""
         return {"step": self.step, "epoch": self.epoch, "position": self.position,
-                "data_layout": layout.to_dict(), "rng": rng,
+                "data_layout": layout.to_dict(), "rng": rng, "lr_schedule": lr_schedule,
                 "nonfinite_skips": self.nonfinite_skips, "damaged_skips": self.damaged_skips}
 
     @classmethod

@@ -40,7 +40,7 @@ from janus_train.data.damaged import DamagedSample, draw_step
 from janus_train.data.live_check import compare_features, worst_of
 from janus_train.data.prompt import IGNORE_INDEX
 from janus_train.data.samples import collate
-from janus_train.loop.parts import TrainParts
+from janus_train.loop.parts import LRSchedule, TrainParts
 from janus_train.loop.policies import (
     AfterStep,
     CheckpointWriter,
@@ -87,7 +87,8 @@ class Trainer:
         self.progress = Progress()
         self.resume_note: str | None = None  # why the resume did not start where ``latest`` pointed
         self.writer = CheckpointWriter(self.checkpoints, self.engine, self.data.layout(self.settings, self.world),
-                                       self.settings.save_total_limit)
+                                       self.settings.save_total_limit, parts.lr_schedule.to_dict())
+        self.lr_note: str | None = None  # how this start's LR plan differs from the resumed checkpoint's
         self.policies = self.after_step_policies(preemption)
 
     def after_step_policies(self, preemption: Preemption | None) -> list[AfterStep]:
@@ -143,10 +144,24 @@ class Trainer:
         if point.elastic:
             repair_universal_load(self.engine.optimizer, self.scheduler.get_last_lr())
         self.progress = Progress.from_state(state)
+        self.follow_lr_schedule(point.tag, state)
         # RNG states are per process: on another world each rank takes rank 0's (the only one loaded).
         set_rng_states(state["rng"])
         self.writer.saved_step = self.progress.step
         return True
+
+    def follow_lr_schedule(self, tag: str, state: dict[str, Any]) -> None:
+        """After a checkpoint's load: the LR of the next step is this run's plan's (the restored
+        schedule state ends with the checkpoint's plan's LR, which another plan would apply for one
+        step), and ``lr_note`` says how the plan differs from the one checkpoint ``tag`` saved."""
+        schedule, step = self.parts.lr_schedule, self.progress.step
+        saved = LRSchedule.from_state(state)
+        if saved is not None and saved != schedule:
+            self.lr_note = schedule.replan_note(saved, tag, step, self.scheduler.base_lrs[0],
+                                                self.stepping.steps_per_epoch * self.settings.epochs,
+                                                self.settings.warmup_ratio)
+        self.scheduler.last_epoch = step - 1
+        self.scheduler.step()  # sets every group's LR to its base LR x schedule.factor(step)
 
     def save(self) -> None:
         """A checkpoint of the current step (once per step)."""

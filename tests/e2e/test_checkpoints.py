@@ -21,9 +21,10 @@ from typing import Any
 import pytest
 
 from helpers.shared_runs import ReferenceRun, TinyTraining
-from helpers.training import MAX_STEPS, SAVE_EVERY, assert_succeeded, read_metrics, train_on_ranks
+from helpers.training import LR, MAX_STEPS, SAVE_EVERY, assert_succeeded, read_metrics, train_on_ranks
 from janus_core.system.files import sha256_file
 from janus_train.checkpoint.store import CHECKSUMS_FILE, LATEST_FILE, Checkpoints, NoIntactCheckpoint
+from janus_train.loop.parts import LRSchedule
 from janus_train.run.layout import CHECKPOINTS_DIR, METRICS_FILE
 
 STEPS = MAX_STEPS
@@ -245,3 +246,26 @@ def test_metrics_hold_each_step_once_after_two_kills(setup: Setup, tmp_path: Pat
     records = read_metrics(out)
     assert [r["step"] for r in records] == list(range(1, STEPS + 1))
     assert_steps_match_the_reference(setup, records, range(1, STEPS + 1))
+
+
+def test_a_resume_with_another_max_steps_follows_the_new_lr_plan_and_says_so(setup: Setup, tmp_path: Path) -> None:
+    """A run planned for 10 steps, resumed at step 6 with ``--max-steps 8``: the LR schedule is the
+    8-step plan's from the first resumed step on (before: step 7 ran at the old plan's LR and step 8
+    jumped to the new one's), and one ``note:`` line gives both plans and step 7's LR under each, and
+    how to keep the checkpoint's plan. The same command without the change prints no such line."""
+    out = setup.copy_run(tmp_path / "run", 6)
+    resumed = setup.train(out, "--max-steps", 8)
+    assert_succeeded(resumed)
+    old, new = LRSchedule(STEPS, 1), LRSchedule(8, 1)  # warmup_ratio 0: one warm-up step
+    notes = [line for line in resumed.stdout.splitlines() if line.startswith("note:")]
+    assert notes == [f"note: the LR schedule follows this start's plan of 8 steps (warm-up 1), not the {STEPS} steps "
+                     f"(warm-up 1) of checkpoint {TAGS[1]}: lr {LR * new.factor(6):.2e} at step 7 instead of "
+                     f"{LR * old.factor(6):.2e}; --max-steps {STEPS} keeps the checkpoint's plan"], resumed.stdout
+    lrs = {r["step"]: r["lr"] for r in read_metrics(out)}
+    assert sorted(lrs) == list(range(1, 9))
+    for step in (7, 8):
+        assert lrs[step] == pytest.approx(LR * new.factor(step - 1), rel=1e-12), step
+
+    again = setup.train(setup.copy_run(tmp_path / "same", 9), "--max-steps", STEPS)
+    assert_succeeded(again)
+    assert not [line for line in again.stdout.splitlines() if "LR schedule" in line], again.stdout

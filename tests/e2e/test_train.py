@@ -38,12 +38,13 @@ from helpers.training import (
     write_train_profile,
 )
 from janus_core.resolution import Resolution, visual_tokens
-from janus_train.build import lr_lambda, prompt_builder
+from janus_train.build import prompt_builder
 from janus_train.checkpoint.export import HEADS_FILE, load_exported
 from janus_train.data.from_profile import open_training_cache
 from janus_train.data.mixture import Mixture
 from janus_train.data.prompt import SEGMENT_NAMES
 from janus_train.data.samples import CachedSamples, collate
+from janus_train.loop.parts import LRSchedule
 from janus_train.loop.trainer import answer_logits
 from janus_train.model.janus_model import JanusVLNModel
 from janus_train.model.loss import LossDenominators, micro_batch_loss
@@ -137,8 +138,8 @@ def test_metrics_have_the_documented_fields_with_sane_values(setup: TinyTraining
         assert 0 <= r["data_wait_share"] < 1 and r["compute_s"] > 0 and r["grad_norm"] > 0
         assert 0 <= r["action_accuracy"] <= 1
         # The LR the step applied: warm-up + cosine over the run's steps.
-        warmup = max(1, round(settings.warmup_ratio * MAX_STEPS))
-        assert r["lr"] == pytest.approx(LR * lr_lambda(MAX_STEPS, warmup, r["step"] - 1), rel=1e-9)
+        assert r["lr"] == pytest.approx(LR * LRSchedule.of(MAX_STEPS, settings.warmup_ratio).factor(r["step"] - 1),
+                                        rel=1e-9)
         assert r["epoch"] == (r["step"] - 1) // 2  # 2 steps per epoch: the epoch of the step's last sample
     assert list((reference_run.out / "tensorboard").glob("events.out.tfevents.*"))
 

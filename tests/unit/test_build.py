@@ -76,7 +76,7 @@ def save_deepspeed_like(checkpoints: Checkpoints, step: int, layout: DataLayout)
         def save_checkpoint(self, directory: str, tag: str, client_state: dict[str, Any], save_latest: bool) -> None:
             torch.save({"module": {}, **client_state}, Path(directory) / tag / "mp_rank_00_model_states.pt")
 
-    state = Progress(step=step, epoch=0, position=step * layout.samples_per_step).client_state(layout, rng={})
+    state = Progress(step=step, epoch=0, position=step * layout.samples_per_step).client_state(layout, rng={}, lr_schedule={})
     checkpoints.save(Engine(), tag_name(step), state, keep=2)
 
 

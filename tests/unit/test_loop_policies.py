@@ -204,7 +204,7 @@ def writer_on(run: Path, keep: int = 2) -> tuple[CheckpointWriter, FileEngine, C
     engine = FileEngine()
     layout = DataLayout(world=1, micro_batch=1, grad_accum=2, n_samples=36, seed=0, streaming=False,
                         sources=(("cache", 36, 1.0),))
-    return CheckpointWriter(checkpoints, engine, layout, keep), engine, checkpoints
+    return CheckpointWriter(checkpoints, engine, layout, keep, {"total_steps": 6, "warmup_steps": 1}), engine, checkpoints
 
 
 def test_checkpoints_every_n_steps_are_recorded_named_by_latest_and_rotated(tmp_path: Path) -> None:
@@ -227,7 +227,7 @@ def test_a_step_is_saved_once_and_its_checkpoint_holds_the_progress(tmp_path: Pa
     writer.save(progress)
     writer.save(progress)
     assert engine.saves == [tag_name(4)]
-    state = progress.client_state(writer.layout, rng={})
+    state = progress.client_state(writer.layout, rng={}, lr_schedule=writer.lr_schedule)
     assert Progress.from_state(state) == progress
     assert state["data_layout"] == writer.layout.to_dict()
 
