@@ -15,6 +15,7 @@ recomputes features and embeddings with it.
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 import time
 from collections.abc import Callable
@@ -27,6 +28,7 @@ import typer
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from janus_cache.store import CacheOpenError, load_manifest
+from janus_cache.store.formats import DEFAULT_FORMAT
 from janus_cache.store.layout import CacheLayout
 from janus_cache.store.split import share
 from janus_cache.verify import (
@@ -292,6 +294,24 @@ def run_checks(opts: Options, ranks: Ranks, control: Control, progress: Progress
     return results
 
 
+def repair_command(opts: Options, results: list[CheckResult], cache_format: str | None) -> str | None:
+    """The precompute command that repairs the damaged shards the integrity check found (None when
+    it found none): the same cache, dataset (``DATA`` when verify was not given ``--data``), profile
+    and overrides, and ``--checksums all`` where some damage shows only to hashing."""
+    integrity = next((r for r in results if r.name == INTEGRITY and r.failed), None)
+    if integrity is None:
+        return None
+    words = ["janus-cache", "precompute", shlex.quote(str(opts.data)) if opts.data is not None else "DATA",
+             "--out", shlex.quote(str(opts.cache)), "--profile", shlex.quote(opts.profile)]
+    words += [word for setting in opts.overrides for word in (SET_OPTION, shlex.quote(setting))]
+    if cache_format is not None and cache_format != DEFAULT_FORMAT:
+        words += ["--format", cache_format]
+    if any(bad.get("hash_only") for bad in integrity.data.get("bad", [])):
+        words += ["--checksums", "all"]
+    where = "" if opts.data is not None else " (DATA: the dataset the cache was built from)"
+    return " ".join(words) + where
+
+
 def _emit(opts: Options, results: list[CheckResult], world: int, seconds: float) -> int:
     """Rank 0: print the table, write the report; the exit code."""
     report = report_dict(opts.cache, results, data=opts.data, profile=opts.profile, live=opts.live,
@@ -311,7 +331,8 @@ def _emit(opts: Options, results: list[CheckResult], world: int, seconds: float)
         opts.json_report.write_text(text)
     message = failure_message(opts.cache, results)
     if message:
-        print(f"error: {message}", file=sys.stderr, flush=True)
+        repair = repair_command(opts, results, report["format"])
+        print(f"error: {message}" + (f"; repair it with: {repair}" if repair else ""), file=sys.stderr, flush=True)
         return 1
     ran = [r.name for r in results if not r.skipped]
     note = "; skipped: " + ", ".join(r.name for r in results if r.skipped) if len(ran) < len(results) else ""

@@ -58,10 +58,13 @@ class ShardTarget:
 
 @dataclass(frozen=True)
 class ShardFinding:
-    """What checking one :class:`ShardTarget` found: None when the shard is good."""
+    """What checking one :class:`ShardTarget` found: None when the shard is good. ``hash_only``:
+    the damage shows only to hashing (the record, file and size are right), which a resume that
+    trusts records and sizes does not see: its repair needs ``precompute --checksums all``."""
 
     target: ShardTarget
     problem: str | None
+    hash_only: bool = False
 
 
 @dataclass(frozen=True)
@@ -147,13 +150,15 @@ def check_target(root: Path | str, target: ShardTarget) -> ShardFinding:
         record = read_record(root, target.array, target.shard)
     except StoreError as err:
         return ShardFinding(target, str(err))
-    check = check_record(root, record, target.array, target.shard, range(target.start, target.stop),
-                         os.path.join(root, target.file), verify=True, checksum=target.hashed)
+    rows, file = range(target.start, target.stop), os.path.join(root, target.file)
+    check = check_record(root, record, target.array, target.shard, rows, file, verify=True, checksum=target.hashed)
     if not check.ok:
-        return ShardFinding(target, check.problem)
+        hash_only = target.hashed and check_record(root, record, target.array, target.shard, rows, file,
+                                                   verify=True, checksum=False).ok
+        return ShardFinding(target, check.problem, hash_only)
     if target.manifest_sha256 and record is not None and record.sha256 != target.manifest_sha256:
         return ShardFinding(target, "its commit record differs from the manifest's shard table "
-                                    "(the shard was rewritten after the precompute finished)")
+                                    "(the shard was rewritten after the precompute finished)", hash_only=True)
     return ShardFinding(target, None)
 
 
@@ -230,7 +235,7 @@ def integrity_result(root: Path | str, plan: IntegrityPlan, findings: Sequence[S
         kind, keys = contents.keys(f.target.array, rows)
         problems.append(f"{_named(f.target, f.problem)}; it holds {contents.describe(f.target.array, rows)}")
         bad.append({"shard": f"{f.target.array}#{f.target.shard}", "file": f.target.file, "problem": f.problem,
-                    "holds": kind, "rows": [f.target.start, f.target.stop], "keys": keys})
+                    "hash_only": f.hash_only, "holds": kind, "rows": [f.target.start, f.target.stop], "keys": keys})
     n_hashed = sum(f.target.hashed for f in findings)
     detail = (f"{len(findings) - len(bad)}/{len(findings)} shards good; checksums {plan.checksums}: "
               f"{n_hashed} shards hashed, all checked for commit record, file and size")

@@ -9,15 +9,17 @@ one, so nothing is "repaired" into another state.
 from __future__ import annotations
 
 import json
+import shlex
 import shutil
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from helpers.profiles import file_digests, write_test_profile
+from helpers.profiles import REPO_ROOT, file_digests, write_test_profile
 from helpers.shared_caches import SMALL_SHARDS
-from helpers.precompute_runs import RESOLUTION, copy_cache, output, run_in_process, succeeded, tail
+from helpers.precompute_runs import RESOLUTION, copy_cache, flip_byte, output, run_in_process, succeeded, tail
+from helpers.sources import janus_cache_in_process
 
 from janus_cache.store import CacheLayout, ZarrCacheReader, read_manifest
 from janus_cache.store.layout import features_array, frames_array, table_column
@@ -200,3 +202,57 @@ def test_a_wds_rerun_repairs_a_truncated_tar_and_an_edited_layout(
     assert tar.relative_to(cache).as_posix() in next(line for line in said.splitlines() if "rewrote 1 shard" in line)
     assert file_digests(cache) == file_digests(intact)
     assert_verifies(cache)
+
+
+def documented_repair_options() -> list[str]:
+    """The options of docs/precompute.md's repair line (its words after ``--out CACHE``)."""
+    text = (REPO_ROOT / "docs" / "precompute.md").read_text()
+    section = text[text.index("## Integrity and repair"):text.index("## Resume at scale")]
+    line = next(line for line in section.splitlines() if "janus-cache precompute" in line)
+    words = shlex.split(line.split("#")[0])
+    return words[words.index("--out") + 2:]
+
+
+def test_the_documented_repair_and_verifys_own_repair_command_repair_bit_rot_and_a_deleted_shard(
+    reference: Callable[[str], Path], sample_dataset: Path, profile: Path, tmp_path: Path,
+) -> None:
+    """A flipped byte in a feature shard (same size: only hashing sees it) and a deleted frames shard:
+    verify fails and its ``error:`` line ends with the command that repairs both; that command, and
+    docs/precompute.md's repair line, each give the intact cache byte for byte (before: the
+    documented line rewrote the deleted shard only, and verify named no fix). A deleted shard alone
+    needs no hashing, and verify's command asks for none."""
+    intact = reference("zarr")
+    features = features_array(variant_of(intact), RESOLUTION)
+
+    def damaged(name: str, flip: bool = True) -> Path:
+        cache = copy_cache(intact, tmp_path / name)
+        reader = ZarrCacheReader(cache, RESOLUTION, variant_of(cache))
+        if flip:
+            flip_byte(reader.shard_file(features, 1))
+        reader.shard_file(FRAMES, 1).unlink()
+        return cache
+
+    def verify(cache: Path) -> subprocess.CompletedProcess[str]:
+        return janus_cache_in_process("verify", cache, "--profile", profile, "--data", sample_dataset, "--live", "0")
+
+    cache = damaged("verify-s-command")
+    failed = verify(cache)
+    assert failed.returncode == 1
+    error = failed.stderr.strip().splitlines()[-1]
+    repair = (f"janus-cache precompute {sample_dataset} --out {cache} --profile {profile} --checksums all")
+    assert error.startswith("error: ") and error.endswith(f"; repair it with: {repair}"), error
+    repaired = janus_cache_in_process(*shlex.split(repair)[1:], "--workers", "1")
+    assert succeeded(repaired), tail(repaired)
+    assert file_digests(cache) == file_digests(intact)
+    assert verify(cache).returncode == 0
+
+    assert documented_repair_options() == ["--checksums", "all"]
+    cache = damaged("documented")
+    repaired = janus_cache_in_process("precompute", sample_dataset, "--out", cache, "--profile", profile,
+                                      "--workers", "1", *documented_repair_options())
+    assert succeeded(repaired), tail(repaired)
+    assert file_digests(cache) == file_digests(intact)
+
+    error = verify(damaged("deleted-only", flip=False)).stderr.strip().splitlines()[-1]
+    assert error.endswith(f"; repair it with: janus-cache precompute {sample_dataset} --out {tmp_path / 'deleted-only'} "
+                          f"--profile {profile}"), error
