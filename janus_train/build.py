@@ -149,7 +149,7 @@ def build_parts(profile: Profile, settings: TrainSettings, out_dir: Path, device
         raise too_few_samples(train, settings, world, stepping)
     if resume.chosen is not None:
         resume = replace(resume, point=ResumePoint.find(layout.checkpoints, resume.chosen.tag,
-                                                        train.layout(settings, world)))
+                                                        train.layout(settings, world), settings.zero_stage))
 
     # The frozen VGGT is built only to train live or to recompute a batch live now and then.
     live = live_data is not None or settings.live_check_every > 0

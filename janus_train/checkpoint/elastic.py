@@ -73,12 +73,18 @@ def _batch(layout: dict[str, Any]) -> str:
             f"= {layout['micro_batch'] * layout['grad_accum'] * layout['world']} samples")
 
 
-def check_resumable(tag_dir: Path, state: dict[str, Any], now: DataLayout) -> None:
-    """Raise :class:`ResumeError` unless a run laid out as ``now`` can continue the checkpoint
-    ``tag_dir`` whose client state is ``state``; the message names checkpoint vs now and the
-    setting that would make it fit."""
+def check_resumable(tag_dir: Path, state: dict[str, Any], now: DataLayout, zero_stage: int | None = None) -> None:
+    """Raise :class:`ResumeError` unless a run laid out as ``now`` (under ZeRO stage ``zero_stage``)
+    can continue the checkpoint ``tag_dir`` whose client state is ``state``; the message names
+    checkpoint vs now and the setting that would make it fit."""
     saved = state.get("data_layout", {})
     where = f"cannot resume {tag_dir}"
+    saved_stage = state.get("zero_stage")
+    if zero_stage is not None and saved_stage is not None and saved_stage != zero_stage:
+        raise ResumeError(f"{where}: it was saved under ZeRO stage {saved_stage} and this run trains with "
+                          f"train.zero_stage {zero_stage} (DeepSpeed loads a checkpoint into its own stage only); "
+                          f"resume with train.zero_stage {saved_stage} (--set train.zero_stage={saved_stage}), or "
+                          "train into a new --out")
     for key, what in (("seed", "seed"), ("n_samples", "samples per epoch")):
         if saved.get(key) != getattr(now, key):
             raise ResumeError(f"{where}: the data differ in {what} (checkpoint {saved.get(key)}, now {getattr(now, key)})")
@@ -163,12 +169,12 @@ class ResumePoint:
         return self.saved_world != self.world
 
     @classmethod
-    def find(cls, checkpoints: Path, tag: str, now: DataLayout) -> ResumePoint:
+    def find(cls, checkpoints: Path, tag: str, now: DataLayout, zero_stage: int | None = None) -> ResumePoint:
         """Checkpoint ``tag`` (the intact one :meth:`Checkpoints.resumable` chose) checked against the
-        run's layout (:class:`ResumeError` if the run cannot continue it); cheap, so it runs before
-        any model or engine is built."""
+        run's layout and ZeRO stage (:class:`ResumeError` if the run cannot continue it); cheap, so it
+        runs before any model or engine is built."""
         state = read_client_state(checkpoints, tag)
-        check_resumable(checkpoints / tag, state, now)
+        check_resumable(checkpoints / tag, state, now, zero_stage)
         return cls(tag, state, int(state["data_layout"]["world"]), now.world)
 
 
@@ -188,6 +194,9 @@ def read_client_state(checkpoints: Path, tag: str) -> dict[str, Any]:
                                                        "nonfinite_skips")}
     if "data_layout" not in client:
         raise ResumeError(f"{first} holds no janus data position (not a janus checkpoint?)")
+    stage = (state.get("ds_config") or {}).get("zero_optimization", {}).get("stage")
+    if stage is not None:  # DeepSpeed records the config a checkpoint was saved under
+        client["zero_stage"] = int(stage)
     return client
 
 

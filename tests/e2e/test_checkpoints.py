@@ -269,3 +269,23 @@ def test_a_resume_with_another_max_steps_follows_the_new_lr_plan_and_says_so(set
     again = setup.train(setup.copy_run(tmp_path / "same", 9), "--max-steps", STEPS)
     assert_succeeded(again)
     assert not [line for line in again.stdout.splitlines() if "LR schedule" in line], again.stdout
+
+
+def test_a_resume_under_another_zero_stage_is_refused_in_one_line(setup: Setup, tmp_path: Path) -> None:
+    """A ZeRO-3 run resumed with ``train.zero_stage: 2``, and a ZeRO-2 run resumed with 3: one line
+    naming the checkpoint, both stages and the setting that resumes it, before any model is built
+    (before: 290 lines ending in DeepSpeed's bare ``AssertionError``); its checkpoints stay as they were."""
+    zero3 = setup.copy_run(tmp_path / "zero3", 6)
+    zero2 = tmp_path / "zero2"
+    assert_succeeded(setup.train(zero2, "--set", "train.zero_stage=2", "--max-steps", 1))
+    for run, saved, now in ((zero3, 3, 2), (zero2, 2, 3)):
+        before = {path: path.read_bytes() for path in (run / CHECKPOINTS_DIR).rglob("*") if path.is_file()}
+        refused = setup.train(run, "--set", f"train.zero_stage={now}", "--max-steps", 8)
+        assert refused.returncode != 0
+        tag = Checkpoints(run / CHECKPOINTS_DIR).latest()
+        assert "Traceback" not in refused.stderr, refused.stderr[-3000:]
+        assert [line for line in refused.stderr.splitlines() if line.startswith("error: ")] == [
+            f"error: cannot resume {run / CHECKPOINTS_DIR / tag}: it was saved under ZeRO stage {saved} and this run "
+            f"trains with train.zero_stage {now} (DeepSpeed loads a checkpoint into its own stage only); resume with "
+            f"train.zero_stage {saved} (--set train.zero_stage={saved}), or train into a new --out"], refused.stderr
+        assert {path: path.read_bytes() for path in (run / CHECKPOINTS_DIR).rglob("*") if path.is_file()} == before
