@@ -10,13 +10,16 @@ import os
 import shlex
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
 from janus_core.profile import SET_HELP, SET_OPTION
 from pipelines.frozen_imports import frozen_imports
 from pipelines.train_options import CacheOption, DataOption, OutOption, ProfileOption
+
+if TYPE_CHECKING:
+    from janus_train.run.layout import RunLayout
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Train from janus caches and export the result.")
 
@@ -79,6 +82,22 @@ def run_cmd(
     os.execv(sys.executable, argv)
 
 
+def export_refusal(layout: RunLayout, out: Path, tag: str | None) -> str | None:
+    """Why ``janus-train export`` of the run ``layout`` into ``out`` cannot start (None when it can):
+    a ``--tag`` the run does not hold (the tags it does hold named), an ``--out`` that cannot be
+    written. Checked before the checkpoint is read."""
+    from janus_core.system.files import write_problem
+    from janus_train.checkpoint.store import Checkpoints
+
+    if tag is not None and not (layout.checkpoints / tag).is_dir():
+        tags = Checkpoints(layout.checkpoints).tags() + (["best"] if layout.best.is_dir() else [])
+        held = f"its tags: {', '.join(tags)}" if tags else "it holds none"
+        return f"{layout.checkpoints} holds no checkpoint {tag!r} ({held}); give one of them with --tag, or leave --tag out"
+    if (problem := write_problem(out)) is not None:
+        return f"--out {problem}: give a folder you can write to (the checkpoints are unchanged)"
+    return None
+
+
 @app.command("export")
 def export_cmd(
     run: Annotated[Path, typer.Argument(help="Training run directory (holds checkpoints/).")],
@@ -111,6 +130,9 @@ def export_cmd(
         raise typer.Exit(1)
     if profile is None and (note := profile_edits_note(run)) is not None:
         typer.echo(note, err=True)
+    if (problem := export_refusal(layout, out, tag)) is not None:
+        typer.echo(f"error: {problem}", err=True)
+        raise typer.Exit(1)
     # After the profile's checks: a run refused there costs no torch, transformers or DeepSpeed.
     with frozen_imports():
         from janus_train.checkpoint.export import FORMATS, export, export_janusvln

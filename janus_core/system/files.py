@@ -1,5 +1,6 @@
 """Crash safety, written once for every writer of janus: a file replaced whole or not at all, a folder
-moved into place whole, a file's sha256 read in blocks, and what a killed write left behind removed.
+moved into place whole, a file's sha256 read in blocks, what a killed write left behind removed, and
+whether a folder can be written at all (asked before long work whose output goes there).
 
 A kill can strike at any instant, so every file that is read back is written through
 :func:`atomic_file`: a uniquely named temporary file in the same directory
@@ -14,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import tempfile
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -113,3 +115,17 @@ def sha256_file(path: Path) -> str:
         while block := f.read(HASH_BLOCK):
             digest.update(block)
     return digest.hexdigest()
+
+
+def write_problem(directory: Path) -> str | None:
+    """Why no file can be written into ``directory`` (made, with its parents, where missing): the
+    kernel's reason for a real write (a read-only folder or file system, a pseudo file system), or
+    None when a file can be written there."""
+    directory = Path(directory)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=directory):
+            pass
+    except OSError as err:
+        return f"{directory} cannot be written ({err.strerror or err})"
+    return None

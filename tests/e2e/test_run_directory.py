@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -260,3 +261,33 @@ def test_a_damaged_run_json_is_kept_aside_and_said(trained: Trained, tmp_path: P
         rf"warning: {re.escape(str(layout.run_file))} could not be read \(JSONDecodeError: .+\); kept it as "
         rf"{re.escape(str(aside[0]))} and began a new record with this start", warnings[0]), resumed.stderr
     assert len(json.loads(layout.run_file.read_text())["starts"]) == 1
+
+
+def unwritable_folder(tmp_path: Path) -> Path:
+    """A folder where no file can be written: inside a read-only (0555) one, or for root, whom file
+    permissions do not stop, in /sys (sysfs takes no new files)."""
+    if os.geteuid() != 0:
+        read_only = tmp_path / "read-only"
+        read_only.mkdir()
+        read_only.chmod(0o555)
+        return read_only / "export"
+    return Path("/sys/janus-export")
+
+
+def test_an_export_to_a_folder_it_cannot_write_or_of_a_tag_the_run_lacks_is_one_line(
+        trained: Trained, tmp_path: Path) -> None:
+    """``janus-train export RUN --out <read-only>`` and ``--tag step99999999``: one ``error:`` line
+    each, before any checkpoint is read, naming the folder and the kernel's reason, or the tags the
+    run holds (before: a traceback of 46 and 56 lines)."""
+    out = unwritable_folder(tmp_path)
+    refused = janus_train("export", trained.run, "--out", out)
+    assert refused.returncode == 1 and refused.stdout == "", refused.stdout
+    assert re.fullmatch(rf"error: --out {re.escape(str(out))} cannot be written \((Permission denied|Operation not "
+                        r"permitted|Read-only file system)\): give a folder you can write to \(the checkpoints are "
+                        r"unchanged\)", refused.stderr.strip()), refused.stderr
+    refused = janus_train("export", trained.run, "--out", tmp_path / "export", "--tag", "step99999999")
+    checkpoints = RunLayout(trained.run).checkpoints
+    tags = ", ".join(f"step{step:08d}" for step in (3, 2))
+    assert (refused.returncode, refused.stderr.strip()) == (1, (
+        f"error: {checkpoints} holds no checkpoint 'step99999999' (its tags: {tags}); give one of them with --tag, "
+        "or leave --tag out")), refused.stderr
