@@ -157,6 +157,10 @@ def load_train_settings(profile: Profile) -> TrainSettings:
     if not deepspeed_config_path(settings.deepspeed).is_file():
         raise ProfileError(f"{profile.where('train.deepspeed')}: setting 'train.deepspeed' names "
                            f"{deepspeed_config_path(settings.deepspeed)}, which does not exist")
+    if (problem := deepspeed_file_problem(deepspeed_config_path(settings.deepspeed))) is not None:
+        raise ProfileError(f"{profile.where('train.deepspeed')}: setting 'train.deepspeed' names "
+                           f"{deepspeed_config_path(settings.deepspeed)}, which is not a DeepSpeed config for janus "
+                           f"({problem}); name a JSON object of DeepSpeed settings, as {DEEPSPEED_DIR / 'zero3.json'}")
     if settings.liger_kernels and (missing := liger_missing()) is not None:
         raise ProfileError(f"{profile.source}: setting 'train.liger_kernels' asks for Liger's kernels, but {missing}; "
                            "install it or set train.liger_kernels: false")
@@ -170,6 +174,31 @@ def deepspeed_config_path(name: str) -> Path:
     """``train.deepspeed``'s file: a path, or a file name under ``configs/deepspeed``."""
     path = Path(name)
     return path if path.is_absolute() else DEEPSPEED_DIR / path
+
+
+JANUS_OWNED_DEEPSPEED_KEYS = ("optimizer", "scheduler")
+"""DeepSpeed settings janus's run gives itself (AdamW with per-group LRs, its LR schedule): a
+DeepSpeed file must leave them out."""
+
+
+def deepspeed_file_problem(path: Path) -> str | None:
+    """Why the file ``path`` cannot be ``train.deepspeed``'s DeepSpeed config (None when it can): not
+    JSON, not an object, a ``zero_optimization`` that is not an object, or a setting janus owns."""
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError) as err:
+        return f"cannot be read: {err}"
+    except json.JSONDecodeError as err:
+        return f"not JSON: {err}"
+    if not isinstance(config, dict):
+        return f"a JSON {type(config).__name__}, not an object"
+    if not isinstance(config.get("zero_optimization", {}), dict):
+        return "its 'zero_optimization' is not an object"
+    owned = [key for key in JANUS_OWNED_DEEPSPEED_KEYS if key in config]
+    if owned:
+        return (f"it sets {' and '.join(repr(k) for k in owned)}, which janus's run sets itself: leave "
+                f"{'it' if len(owned) == 1 else 'them'} out")
+    return None
 
 
 def deepspeed_config(settings: TrainSettings, bf16: bool) -> dict[str, Any]:

@@ -53,6 +53,23 @@ def test_a_bad_setting_is_one_line_naming_the_file_and_setting(
     assert_one_error_line(result, str(profile), expected)
 
 
+@pytest.mark.parametrize("content, reason", [
+    ("zero_optimization:\n  stage: 3\n", "not JSON: Expecting value: line 1 column 1 (char 0)"),
+    ('{"optimizer": {"type": "Adam"}}', "it sets 'optimizer', which janus's run sets itself: leave it out"),
+], ids=["yaml", "optimizer"])
+def test_a_deepspeed_file_that_is_not_a_deepspeed_config_is_one_line(
+    cache: Path, tmp_path: Path, content: str, reason: str,
+) -> None:
+    """``train.deepspeed`` naming a YAML file or a JSON object setting what janus sets itself: one line naming the setting's file, the DeepSpeed file and why (before: a
+    230-line traceback from inside the DeepSpeed config)."""
+    deepspeed = tmp_path / "ds_config.json"
+    deepspeed.write_text(content)
+    profile = profile_with(tmp_path / "bad.yaml", "train", deepspeed=str(deepspeed))
+    result = make("train", PROFILE=profile, CACHE=cache, RUN=tmp_path / "run", NPROC=1)
+    assert_one_error_line(result, f"{profile}: setting 'train.deepspeed' names {deepspeed}, which is not a DeepSpeed "
+                                  f"config for janus ({reason}); name a JSON object of DeepSpeed settings")
+
+
 def test_a_run_directory_that_is_a_file_is_one_line(cache: Path, tmp_path: Path) -> None:
     run = tmp_path / "run"
     run.write_text("not a directory")
