@@ -86,7 +86,8 @@ def inspect_image(path: Path, full: bool) -> ImageInfo | Problem:
         return Problem(Reason.NOT_AN_IMAGE, "is a directory")
     except UnidentifiedImageError:
         return Problem(Reason.NOT_AN_IMAGE, "not a readable image format")
-    except (OSError, SyntaxError, ValueError) as err:
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as err:
+        # DecompressionBombError: more pixels than PIL's limit (Image.MAX_IMAGE_PIXELS) would decode.
         if isinstance(err, OSError) and err.errno == errno.ELOOP:
             return Problem(Reason.SYMLINK_LOOP, "a symbolic link loop (it never resolves)")
         return Problem(Reason.UNREADABLE_IMAGE, f"{type(err).__name__}: {err}")
@@ -103,7 +104,7 @@ def inspect_image(path: Path, full: bool) -> ImageInfo | Problem:
                 else:
                     # JPEG's verify() is a no-op; only a decode notices a truncated file.
                     image.load()
-    except (OSError, SyntaxError, ValueError, EOFError) as err:
+    except (OSError, SyntaxError, ValueError, EOFError, Image.DecompressionBombError) as err:
         return Problem(Reason.UNREADABLE_IMAGE, f"{type(err).__name__}: {err}")
     if width <= 0 or height <= 0:
         return Problem(Reason.UNREADABLE_IMAGE, f"empty image {width}x{height}")

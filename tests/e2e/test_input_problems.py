@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import struct
+import zlib
 from pathlib import Path
 
 import pytest
@@ -90,6 +92,40 @@ def test_precompute_skips_a_symlink_loop_and_strict_refuses_it_in_one_line(
     assert read_manifest(tmp_path / "cache").counts["samples"] == 6
 
 
+# ------------------------------------------------------------------------------ decompression bombs
+
+
+def write_png_bomb(path: Path, side: int = 20000) -> None:
+    """A valid 1-bit PNG of ``side`` x ``side`` black pixels: ~50 KB on disk, 400 million pixels decoded,
+    more than PIL decodes (``Image.MAX_IMAGE_PIXELS`` x 2: a decompression bomb)."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    rows = (b"\x00" + bytes(side // 8)) * side  # filter byte + a row of 1-bit pixels
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", side, side, 1, 0, 0, 0, 0))
+                     + chunk(b"IDAT", zlib.compress(rows, 9)) + chunk(b"IEND", b""))
+
+
+def test_a_decompression_bomb_is_bad_input_named_by_its_file_like_a_truncated_image(
+        small_dataset: Path, profile: Path, tmp_path: Path) -> None:
+    """A 20000 x 20000 PNG among the frames: ``index`` reports it as an unreadable image naming the
+    file (before: a 230-line traceback) and precompute skips the samples that need it (before: one
+    line naming no file); ``--strict`` refuses in one line naming it."""
+    data = Path(shutil.copytree(small_dataset, tmp_path / "data"))
+    bomb = min((data / "episode_0001").glob("step_0001_*.png"))
+    write_png_bomb(bomb)
+    result = janus_cache("index", data)
+    assert result.returncode == 0 and "Traceback" not in output(result), tail(result)
+    assert f"{bomb} [sample episode_0001/1]: unreadable_image: DecompressionBombError: Image size (400000000 " \
+           "pixels) exceeds limit" in result.stdout, result.stdout
+    assert_one_line_error(janus_cache_in_process("index", data, "--strict"), "unreadable_image", str(bomb))
+    cache = precompute_in_process(tmp_path / "cache", profile, data)
+    assert cache.returncode == 0 and "Traceback" not in output(cache), tail(cache)
+    assert str(bomb) in output(cache)
+    assert read_manifest(tmp_path / "cache").counts["samples"] == 4  # the bomb's frame is in 2 of 6 windows
+
+
+# ------------------------------------------------------------------------------ annotation files
 # ------------------------------------------------------------------------------ annotation files
 
 
