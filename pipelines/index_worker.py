@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from janus_core.index import StoredIndex, StoredSources, store_sources_index
-from janus_core.system.processes import die_with_parent
+from janus_core.system.processes import start_worker
 
 
 def _show(stored: StoredIndex) -> None:
@@ -33,6 +33,6 @@ def store_index_in_worker(sources: Sequence[str | Path], cache_dir: Path, **opti
     """:func:`~janus_core.index.store_sources_index` run in a spawned process that dies with this
     one; its output goes to this process's terminal, its exceptions are raised here. (Not a
     ``multiprocessing`` pool: its daemonic workers may not start the image-check workers.)"""
-    with ProcessPoolExecutor(1, mp_context=get_context("spawn"), initializer=die_with_parent,
+    with ProcessPoolExecutor(1, mp_context=get_context("spawn"), initializer=start_worker,
                              initargs=(os.getpid(),)) as pool:
         return pool.submit(_store, tuple(sources), cache_dir, options).result()

@@ -46,10 +46,11 @@ import threading
 import time
 from pathlib import Path
 
-from janus_train.config import STOP_SIGNAL_CHOICES
-from janus_train.loop.preemption import PREEMPTED_EXIT_CODE, signal_numbers
 from pipelines.frozen_imports import frozen_imports
 from pipelines.parent_death import LAUNCHER_PID_VARIABLE
+
+# What this module imports at its top is the standard library's and the launch layer's own (a few
+# ms); janus's stop-signal facts and torch load in main(), where a Ctrl-C is one line.
 
 LOG_OPTION = "--launcher-log"
 LOGGER = "torch.distributed"
@@ -161,6 +162,9 @@ class Forwarder:
         self.forwarded: str | None = None
 
     def arm(self) -> None:
+        from janus_train.config import STOP_SIGNAL_CHOICES
+        from janus_train.loop.preemption import signal_numbers
+
         for number in signal_numbers(STOP_SIGNAL_CHOICES):
             signal.signal(number, self.handle)
 
@@ -231,11 +235,15 @@ class MakeWatch(threading.Thread):
 
 def handled_by_torchrun(signals: str) -> str:
     """torchrun's ``--signals-to-handle`` without the stop signals, which :class:`Forwarder` handles."""
+    from janus_train.config import STOP_SIGNAL_CHOICES
+
     return ",".join(name.strip() for name in signals.split(",") if name.strip() not in STOP_SIGNAL_CHOICES)
 
 
 def clean_stop_line(signal_name: str | None, log: Path) -> str:
     """The launcher's line under make after the ranks stopped with a checkpoint (exit code 75)."""
+    from janus_train.loop.preemption import PREEMPTED_EXIT_CODE
+
     on = f"on {signal_name}" if signal_name else "on a stop signal"
     return (f"launcher: the run stopped cleanly {on} with a checkpoint, to resume when the same command runs again; "
             f"make's 'Error {PREEMPTED_EXIT_CODE}' below is this clean stop, not a failure (torchrun's report: {log})")
@@ -249,10 +257,17 @@ def exit_code(code: int) -> int:
 def main(argv: list[str] | None = None) -> int:
     log, torchrun_args = split_arguments(list(sys.argv[1:] if argv is None else argv))
     log = usable_log(log)
-    with frozen_imports():
-        from torch.distributed.elastic.multiprocessing.api import SignalException
-        from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-        from torch.distributed.run import parse_args, run
+    try:
+        with frozen_imports():
+            from torch.distributed.elastic.multiprocessing.api import SignalException
+            from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+            from torch.distributed.run import parse_args, run
+
+            from janus_train.loop.preemption import PREEMPTED_EXIT_CODE
+    except KeyboardInterrupt:  # a Ctrl-C while torch loads: no rank has started yet
+        print("launcher: stopped by SIGINT before any rank started; run the same command again", file=sys.stderr,
+              flush=True)
+        return 128 + signal.SIGINT
 
     handler = log_to_file(log)
 
@@ -278,6 +293,12 @@ def main(argv: list[str] | None = None) -> int:
             if under_make:
                 print(clean_stop_line(forwarder.forwarded, handler.path), file=sys.stderr, flush=True)
             return PREEMPTED_EXIT_CODE
+        if forwarder.forwarded is not None and exit_code(failure.exitcode) == 128 + signal.Signals[forwarder.forwarded]:
+            # The ranks ended on the signal passed on to them (still starting, or not a training
+            # run): no traceback of theirs, one line here.
+            print(f"launcher: stopped by {forwarder.forwarded}: the ranks ended at once, keeping what they had "
+                  f"committed; run the same command again to resume; {handler.where()}", file=sys.stderr, flush=True)
+            return exit_code(failure.exitcode)
         how = (f"was killed by signal {-failure.exitcode}" if failure.exitcode < 0
                else f"exited with code {failure.exitcode}")
         print(f"launcher: rank {rank} {how}; {handler.where()}", file=sys.stderr, flush=True)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
-from janus_core.system.processes import die_with_parent
+from janus_core.system.processes import die_with_parent, exit_quietly_on_interrupt, start_worker
 
 LAUNCHER_VARIABLE = "LOCAL_RANK"
 """Set by every launcher (torchrun, the DeepSpeed launcher) in the environment of the ranks it
@@ -38,13 +38,15 @@ consume on import (their own children do not inherit it) to die with it from the
 
 def die_with_launcher() -> None:
     """Under a launcher (torchrun), die with it; a plain process (a user's own ``janus-cache``,
-    an interactive session) is left alone. A worker of :func:`spawn_pool` dies with its parent."""
+    an interactive session) is left alone. A worker of :func:`spawn_pool` dies with its parent.
+    Both end silently on a Ctrl-C, from their first line (their launcher or parent says why)."""
     parent = os.environ.pop(PARENT_VARIABLE, None)
     launcher = os.environ.pop(LAUNCHER_PID_VARIABLE, None)  # a rank's own children must not inherit it
     if parent is not None:
-        die_with_parent(int(parent))
+        start_worker(int(parent))
     elif LAUNCHER_VARIABLE in os.environ:
         die_with_parent(int(launcher) if launcher else None)
+        exit_quietly_on_interrupt()
 
 
 def spawn_pool(processes: int) -> "Pool":
@@ -55,6 +57,6 @@ def spawn_pool(processes: int) -> "Pool":
 
     os.environ[PARENT_VARIABLE] = str(os.getpid())
     try:
-        return get_context("spawn").Pool(processes, initializer=die_with_parent, initargs=(os.getpid(),))
+        return get_context("spawn").Pool(processes, initializer=start_worker, initargs=(os.getpid(),))
     finally:
         del os.environ[PARENT_VARIABLE]

@@ -10,6 +10,8 @@ frames, features, on every rank) imported and run.
 from __future__ import annotations
 
 import os
+import signal
+import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -70,7 +72,13 @@ def command(
                    image_root, checksums, tuple(overrides or ()))
     # torchrun names its run in every rank's environment: there a rank's uncaught exception goes to
     # torchrun's failure summary (launched); janus-cache's single process runs it bare.
-    raise typer.Exit((launched if TORCHRUN_VARIABLE in os.environ else run)(opts))
+    try:
+        code = (launched if TORCHRUN_VARIABLE in os.environ else run)(opts)
+    except KeyboardInterrupt:  # a single process's Ctrl-C (a rank ends silently: its launcher says why)
+        print("stopped by SIGINT: the shards committed so far are kept; run the same command again to resume",
+              file=sys.stderr, flush=True)
+        code = 128 + signal.SIGINT
+    raise typer.Exit(code)
 
 
 def main() -> None:

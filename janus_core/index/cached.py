@@ -61,7 +61,7 @@ from janus_core.index.lazy import read_lazy
 from janus_core.index.model import DatasetIndex
 from janus_core.index.sources import DataSource, combine, combined_rows
 from janus_core.system.files import atomic_directory
-from janus_core.system.processes import die_with_parent
+from janus_core.system.processes import start_worker
 
 INDEX_CACHE_ENV = "JANUS_INDEX_CACHE"
 """Environment variable naming the store of bare datasets' indexes (see :func:`user_index_dir`)."""
@@ -338,7 +338,7 @@ class IndexStore:
         bar = tqdm(total=len(todo), desc="indexing", unit=" images", disable=not builder.progress,
                    mininterval=0.5 if sys.stderr.isatty() else 30.0, file=sys.stderr)
         with bar, ProcessPoolExecutor(
-                max_workers=processes, mp_context=get_context("spawn"), initializer=die_with_parent,
+                max_workers=processes, mp_context=get_context("spawn"), initializer=start_worker,
                 initargs=(os.getpid(),)) as pool:
             jobs = (([prefix + sources.relpaths[i] for i in chunk], builder.check_images) for chunk in chunks)
             for chunk, results in zip(chunks, pool.map(_inspect_chunk, jobs), strict=True):

@@ -3,6 +3,10 @@
 A process killed with SIGKILL cannot stop its children; the kernel's parent-death signal can.
 Every worker process janus starts (decode workers, the index worker, image-check workers) arms it,
 so no worker outlives its parent to go on writing into a cache that a rerun is writing too.
+
+A Ctrl-C reaches the terminal's whole process group, workers included: a worker ends on it
+silently (its parent, interrupted too, says why in one line) from its start-up's first janus line
+(``pipelines/__init__.py`` for the decode workers, a pool's initializer for the others).
 """
 
 from __future__ import annotations
@@ -35,6 +39,35 @@ def die_with_parent(parent: int | None = None) -> None:
         return
     if os.getppid() != expected:
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def exit_quietly_on_interrupt(at_once: bool = True) -> None:
+    """End this process silently on SIGINT (exit code 130), instead of a KeyboardInterrupt traceback
+    from wherever it is (an import, a decode): for a process that another one started (a rank, a
+    worker), which says why in one line. A Ctrl-C reaches the terminal's whole process group, and a
+    launcher passes it on to its ranks. ``at_once``: without any clean-up (a rank, whose clean-up
+    may wait for its peers); else as ``SystemExit`` (a worker: its pool's semaphores are released).
+    A training rank replaces it with its stop-signal handler (``janus_train.loop.preemption``) once
+    it runs, before it writes anything."""
+    def handle(number: int, _frame: object) -> None:
+        if at_once:
+            os._exit(128 + number)
+        raise SystemExit(128 + number)
+
+    if at_once:
+        # A process ended at once leaves its pools' semaphores to multiprocessing's resource tracker
+        # (started later, with this process's -W options), which removes them; its warning about
+        # them would otherwise be the last line on the console.
+        sys.warnoptions.append("ignore:resource_tracker:UserWarning")
+    signal.signal(signal.SIGINT, handle)
+
+
+def start_worker(parent: int | None = None) -> None:
+    """A worker process's first call (a pool's initializer): it dies with its parent
+    (:func:`die_with_parent`) and ends silently on a Ctrl-C (:func:`exit_quietly_on_interrupt`),
+    which its parent, interrupted too, tells the user about."""
+    die_with_parent(parent)
+    exit_quietly_on_interrupt(at_once=False)
 
 
 _forking: list[int] = []
