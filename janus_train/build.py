@@ -187,7 +187,7 @@ def build_parts(profile: Profile, settings: TrainSettings, out_dir: Path, device
     evaluator = best = None
     if train.validation is not None:
         evaluator = Evaluator(train.validation, builder, settings.micro_batch, settings.num_workers,
-                              rank, world, device, settings.damaged_samples)
+                              rank, world, device, settings.damaged_samples, settings.read_timeout_s)
         best = BestCheckpoint(checkpoints, settings.best_metric)
     log = RunLog(layout.root, layout.metrics, stepping.total_steps, settings.wandb_project,
                  run_config={"profile": profile.name, "world": world}) if rank == 0 else None

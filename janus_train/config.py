@@ -77,6 +77,10 @@ class TrainSettings:
         "stop", "A sample whose cached data fails its checksum (or whose shard file is missing): stop (every rank "
         "exits 1, rank 0 naming the file and the sample; nothing of that step is trained) or skip (left out of its "
         "micro-batch, counted as damaged_skips).", choices=DAMAGED_SAMPLE_POLICIES)
+    read_timeout_s: float = setting(
+        600.0, "Seconds a sample's read may take before every rank stops with one line naming the cache file it "
+        "waits on (a stalled network file system or object store: not damage); 0: no limit. Below the process "
+        "group's own timeout (gloo: 30 min), which would otherwise end the other ranks' wait.", min=0.0)
     resume_grad_accum: str = setting(
         "adapt", "Resuming a checkpoint of another global batch (another number of processes, or micro_batch): "
         "adapt (grad_accum is changed to keep the checkpoint's global batch where that is possible, said in one "

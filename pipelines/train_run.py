@@ -49,7 +49,7 @@ from janus_train.checkpoint.export import export
 from janus_train.checkpoint.reference import ReferenceCheckpointError, run_model_config
 from janus_train.checkpoint.store import NoIntactCheckpoint, tag_name
 from janus_train.config import TrainSettings
-from janus_train.data.damaged import DamagedSample
+from janus_train.data.damaged import DamagedSample, StalledSample
 from janus_train.data.live_check import LiveCheckError
 from janus_train.data.sources import CacheSource
 from janus_train.loop.logs import ConsoleCopy
@@ -148,7 +148,7 @@ USER_ERRORS: tuple[type[Exception], ...] = (
     RankFailed, ReferenceCheckpointError, TooFewSamples, ResumeError, NoIntactCheckpoint, LiveCheckError,
     ValidationError,
     DamagedData,  # a table every rank reads whole at start (the same on every rank)
-    NonFiniteStep, DamagedSample, NoRoom,
+    NonFiniteStep, DamagedSample, StalledSample, NoRoom,
 )
 """The failures a user can fix, each raised on every rank alike with its one line (a lock or a
 rank-0 step that failed: :class:`RankFailed`, every rank alike too); anything else is a bug and

@@ -19,6 +19,7 @@ from zarr.storage import LocalStore
 
 from janus_cache.store.commit import StoreError
 from janus_cache.store.layout import ZARR_ROOT_NAME
+from janus_cache.store.stalls import reading
 
 REPAIR_HINT = "re-run the precompute command that made the cache with --checksums all to repair it"
 """What a user does about damaged data: precompute rewrites every shard that fails its checks (a
@@ -67,7 +68,8 @@ class StrictLocalStore(LocalStore):
     """A read-only :class:`~zarr.storage.LocalStore` on which a missing chunk or shard is an error."""
 
     async def get(self, key: str, prototype: Any = None, byte_range: Any = None) -> Any:
-        buffer = await super().get(key, prototype, byte_range)
+        with reading(Path(self.root) / key):  # a read that stalls is named (janus_cache.store.stalls)
+            buffer = await super().get(key, prototype, byte_range)
         if buffer is None and not key.endswith(ZARR_ROOT_NAME):
             raise MissingChunk(Path(self.root) / key)
         return buffer

@@ -93,6 +93,7 @@ from janus_cache.store.layout import (
     wds_variant,
 )
 from janus_cache.store.records import CacheSample, SampleMeta
+from janus_cache.store.stalls import reading
 from janus_cache.store.zarr_group import PlannedShard, ZarrGroup, _check_name
 from janus_cache.store.zarr_group_writer import VariantWriter
 from janus_core.system.files import atomic_file, atomic_write_bytes, remove_partials
@@ -369,7 +370,7 @@ def read_shard(path: str, rows: range, keep: AbstractSet[int] | None = None) -> 
         return sum(1 for row in rows[read:] if keep is None or row in keep)
 
     try:
-        with open(path, "rb") as stream:
+        with reading(path), open(path, "rb") as stream:  # a stalled read names its tar (janus_cache.store.stalls)
             members = ({**m, "__url__": path} for m in tariterators.tar_file_iterator(stream))
             for raw in tariterators.group_by_keys(members):
                 if read >= len(rows):

@@ -1,8 +1,12 @@
-"""Damaged cache data met by the trainer, told in one line (``train.damaged_samples: stop``).
+"""Damaged cache data, and reads that stall, met by the trainer, told in one line
+(``train.damaged_samples: stop``; ``train.read_timeout_s``).
 
 The cached datasets hand damaged samples over as values (:class:`janus_train.data.samples.DamagedItem`),
-the trainer draws a step's micro-batches with :func:`draw_step`, which makes every rank agree on the
-damage met (a rank never draws on alone while another waits in a collective) and names the first one.
+and so do the datasets :func:`within_read_timeout` wraps with a sample whose read did not return in
+time (:class:`StalledItem`: the read is bounded where it waits, in the loader worker or the rank
+itself, :mod:`janus_cache.store.stalls`). The trainer draws a step's micro-batches with
+:func:`draw_step`, which makes every rank agree on the damage and the stalls met (a rank never draws
+on alone while another waits in a collective) and names the first one.
 """
 
 from __future__ import annotations
@@ -11,10 +15,76 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from torch.utils.data import Dataset, IterableDataset
+
+from janus_cache.store.stalls import StalledRead, read_deadline
+
 
 class DamagedSample(RuntimeError):
     """Training met damaged cache data with ``train.damaged_samples: stop``; raised on every rank with
     the same one-line message (the file and sample), before anything of that step was trained."""
+
+
+class StalledSample(RuntimeError):
+    """A sample's read did not return within ``train.read_timeout_s`` on some rank; raised on every
+    rank with the same one-line message (the rank and the file it waits on)."""
+
+
+@dataclass(frozen=True)
+class StalledItem:
+    """A sample whose read stalled, in its place (a value, so it crosses a DataLoader worker)."""
+
+    error: StalledRead
+
+
+class _MapWithin(Dataset[Any]):
+    def __init__(self, dataset: Dataset[Any], seconds: float) -> None:
+        self.dataset, self.seconds = dataset, seconds
+
+    def __len__(self) -> int:
+        return len(self.dataset)  # type: ignore[arg-type]
+
+    def __getitem__(self, index: int) -> Any:
+        try:
+            with read_deadline(self.seconds):
+                return self.dataset[index]
+        except StalledRead as err:
+            return StalledItem(err)
+
+
+class _StreamWithin(IterableDataset[Any]):
+    def __init__(self, dataset: IterableDataset[Any], seconds: float) -> None:
+        self.dataset, self.seconds = dataset, seconds
+
+    def __iter__(self) -> Iterator[Any]:
+        samples = iter(self.dataset)
+        while True:
+            try:
+                with read_deadline(self.seconds):
+                    sample = next(samples)
+            except StopIteration:
+                return
+            except StalledRead as err:
+                yield StalledItem(err)
+                return  # the stream's reader is stuck in the stalled read
+            yield sample
+
+
+def within_read_timeout(dataset: Dataset[Any], seconds: float) -> Dataset[Any]:
+    """``dataset`` whose every sample's read is bounded by ``seconds`` (``train.read_timeout_s``; 0:
+    as it is): a read that stalls longer becomes a :class:`StalledItem`, where the read is waited
+    for (a loader worker or the rank)."""
+    if seconds <= 0:
+        return dataset
+    return _StreamWithin(dataset, seconds) if isinstance(dataset, IterableDataset) else _MapWithin(dataset, seconds)
+
+
+def stalled_message(where: str, per_rank: list[list[str]]) -> str:
+    """The report of reads that stalled at ``where`` (a step, or validation); ``per_rank[r]``: the
+    one-line errors rank r met (the first rank's first one is named)."""
+    rank = next(r for r, lines in enumerate(per_rank) if lines)
+    return (f"{where}, rank {rank}: {per_rank[rank][0]}; every rank stopped (train.read_timeout_s): the same "
+            "command resumes from the last checkpoint once the file system answers again")
 
 
 def damaged_message(step: int, per_rank: list[list[str]], total: int) -> str:
@@ -59,17 +129,22 @@ def draw_step(batches: Iterator[tuple[dict[str, Any], int, int]], grad_accum: in
     skipped = barren = 0
     while True:
         seen: list[Any] = []
-        while len(micro) < grad_accum and barren < epoch_draws:
+        stalled: list[str] = []
+        while len(micro) < grad_accum and barren < epoch_draws and not stalled:
             drawn = next(batches)
             seen.extend(drawn[0].pop("damaged", []))
+            stalled.extend(str(err) for err in drawn[0].pop("stalled", []))
             if "keys" in drawn[0]:
                 micro.append(drawn)
                 barren = 0
             else:
                 barren += 1
         exhausted = barren >= epoch_draws
-        damaged, missing, none_left = collective.sum(
-            [float(sum(err.samples for err in seen)), float(grad_accum - len(micro)), float(exhausted)])
+        damaged, missing, none_left, stalls = collective.sum(
+            [float(sum(err.samples for err in seen)), float(grad_accum - len(micro)), float(exhausted),
+             float(len(stalled))])
+        if stalls:  # never skipped: the next read would wait on the same file system
+            raise StalledSample(stalled_message(f"step {step}", collective.gather(stalled)))
         if damaged and (policy == "stop" or none_left):
             per_rank = collective.gather((exhausted, [str(err) for err in seen]))
             if policy == "stop":

@@ -39,6 +39,7 @@ from janus_core.bases import DEFAULT_BASE, VGGT_PATCH_SIZE, QwenBase
 from janus_core.imaging import load_frame, load_qwen_frame
 from janus_core.index import DatasetIndex
 from janus_core.resolution import Resolution
+from janus_train.data.damaged import StalledItem
 from janus_train.data.prompt import EncodedPrompt, PromptBuilder, PromptFields
 from janus_train.data.rope import RopeIndex
 
@@ -171,13 +172,15 @@ def collate(items: Sequence[TrainItem | DamagedItem], pad_token_id: int, rope: R
     (built here, in the loader worker, not in the training process's forward).
 
     Damaged items are left out; their errors are listed under ``"damaged"`` (only when there are
-    any: a micro-batch of damaged items only is ``{"damaged": [...]}``)."""
+    any: a micro-batch of damaged items only is ``{"damaged": [...]}``), those of items whose read
+    stalled (:class:`~janus_train.data.damaged.StalledItem`) under ``"stalled"``."""
     from janus_train.data.prompt import collate_prompts
 
     damaged = [item.error for item in items if isinstance(item, DamagedItem)]
-    items = [item for item in items if not isinstance(item, DamagedItem)]
+    stalled = [item.error for item in items if isinstance(item, StalledItem)]
+    items = [item for item in items if not isinstance(item, (DamagedItem, StalledItem))]
     if not items:
-        return {"damaged": damaged}
+        return {"damaged": damaged} | ({"stalled": stalled} if stalled else {})
     batch: dict[str, Any] = collate_prompts([item.prompt for item in items], pad_token_id)
     batch["keys"] = [item.key for item in items]
     batch["frames"] = torch.stack([item.frames for item in items])
@@ -194,5 +197,7 @@ def collate(items: Sequence[TrainItem | DamagedItem], pad_token_id: int, rope: R
                                      rope.patch_grid(height, width), images)
     if damaged:
         batch["damaged"] = damaged
+    if stalled:
+        batch["stalled"] = stalled
     return batch
 

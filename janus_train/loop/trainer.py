@@ -36,7 +36,7 @@ from torch.utils.data import DataLoader
 
 from janus_cache.verify.comparison import feature_tolerance
 from janus_train.checkpoint.elastic import ResumeError, repair_universal_load, set_rng_states, universal_checkpoint
-from janus_train.data.damaged import DamagedSample, draw_step
+from janus_train.data.damaged import DamagedSample, draw_step, within_read_timeout
 from janus_train.data.live_check import compare_features, worst_of
 from janus_train.data.prompt import IGNORE_INDEX
 from janus_train.data.samples import collate
@@ -188,7 +188,7 @@ class Trainer:
                 epoch, self.rank, self.world, start=position, stop=end
             )
             loader = DataLoader(
-                data.dataset,
+                within_read_timeout(data.dataset, self.settings.read_timeout_s),
                 batch_size=self.settings.micro_batch,
                 sampler=sampler,
                 collate_fn=partial(collate, pad_token_id=self.parts.builder.pad_token_id, rope=self.parts.rope),

@@ -42,7 +42,7 @@ from janus_cache.store.records import EPISODE_COLUMN
 from janus_cache.store.split import epoch_order, share
 from janus_core.qwen_vision import IM_END
 from janus_train.config import TrainSettings
-from janus_train.data.damaged import DamagedSample
+from janus_train.data.damaged import DamagedSample, StalledSample, stalled_message, within_read_timeout
 from janus_train.data.holdout import Holdout, HoldoutError, heldout_count, split_by_episode
 from janus_train.data.mixture import MixedSamples
 from janus_train.data.prompt import PromptBuilder
@@ -180,7 +180,8 @@ class Evaluator:
     :meth:`evaluate` together (``rank`` of ``world``; ``num_workers`` loader processes)."""
 
     def __init__(self, validation: ValidationSet, builder: PromptBuilder, micro_batch: int, num_workers: int,
-                 rank: int, world: int, device: torch.device, damaged_samples: str = "stop") -> None:
+                 rank: int, world: int, device: torch.device, damaged_samples: str = "stop",
+                 read_timeout_s: float = 0.0) -> None:
         if not validation.rows:
             raise ValidationError(f"the validation set ({validation.description}) is empty")
         self.validation, self.micro_batch, self.num_workers = validation, micro_batch, num_workers
@@ -194,21 +195,22 @@ class Evaluator:
             per_rank = math.ceil(len(validation.rows) / world)
             self.rows = share(validation.rows, rank, world)
         self.n_batches = math.ceil(per_rank / micro_batch)  # the same on every rank
-        self.world, self.damaged_samples = world, damaged_samples
+        self.world, self.damaged_samples, self.read_timeout_s = world, damaged_samples, read_timeout_s
         self.span = ActionSpan.of(builder)
 
     def _loaded(self) -> Iterator[dict[str, Any]]:
         """This rank's validation micro-batches."""
         collate_fn = partial(collate, pad_token_id=self.pad_token_id)
         if self.stream is None:
-            yield from DataLoader(Subset(self.validation.dataset, list(self.rows)), batch_size=self.micro_batch,
-                                  collate_fn=collate_fn, num_workers=self.num_workers,
+            rows = within_read_timeout(Subset(self.validation.dataset, list(self.rows)), self.read_timeout_s)
+            yield from DataLoader(rows, batch_size=self.micro_batch, collate_fn=collate_fn, num_workers=self.num_workers,
                                   generator=torch.Generator())  # keeps the run's RNG
             return
         # A stream's workers each read whole shards: batched here, so a rank's micro-batches are
         # ceil(rows / micro_batch) whatever the number of workers (n_batches counts on it).
         items: list[Any] = []
-        for item in DataLoader(self.stream, batch_size=None, num_workers=self.num_workers):
+        for item in DataLoader(within_read_timeout(self.stream, self.read_timeout_s), batch_size=None,
+                               num_workers=self.num_workers):
             items.append(item)
             if len(items) == self.micro_batch:
                 yield collate_fn(items)
@@ -276,17 +278,22 @@ class Evaluator:
         """(micro-batch to run, counted, damaged samples all ranks left out of it), every rank agreeing
         on the damage (a rank never stops alone while the others wait in the model's collectives).
         ``train.damaged_samples: stop`` raises :class:`DamagedSample` on every rank; ``skip`` leaves
-        them out, a micro-batch left empty replaced by an uncounted filler."""
-        damaged = batch.pop("damaged", [])
-        if "keys" not in batch:
+        them out, a micro-batch left empty replaced by an uncounted filler. A read that stalled past
+        ``train.read_timeout_s`` raises :class:`StalledSample` on every rank."""
+        damaged, stalled = batch.pop("damaged", []), [str(err) for err in batch.pop("stalled", [])]
+        if "keys" not in batch and not stalled:
             batch, counted = self._filler(), False
             damaged = damaged + batch.pop("damaged", [])
-        agreed = torch.tensor([float(len(damaged)), float("keys" not in batch)], dtype=torch.float64,
-                              device=self.device)
+        agreed = torch.tensor([float(len(damaged)), float("keys" not in batch), float(len(stalled))],
+                              dtype=torch.float64, device=self.device)
         dist.all_reduce(agreed)
         total, unusable = int(agreed[0].item()), bool(agreed[1].item())
-        if total and (self.damaged_samples == "stop" or unusable):
+        if agreed[2].item():  # never skipped: the next read would wait on the same file system
             per_rank: list[Any] = [None] * self.world
+            dist.all_gather_object(per_rank, stalled)
+            raise StalledSample(stalled_message("validation", per_rank))
+        if total and (self.damaged_samples == "stop" or unusable):
+            per_rank = [None] * self.world
             dist.all_gather_object(per_rank, [str(err) for err in damaged])
             rank = next(r for r, lines in enumerate(per_rank) if lines)
             why = ("stopped on every rank, train.damaged_samples: skip would leave them out"

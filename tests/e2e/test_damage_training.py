@@ -17,7 +17,9 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import re
 import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +40,7 @@ from helpers.damage import (
     training_order,
     write_profile,
 )
+from helpers.processes import Launch
 from helpers.profiles import REPO_ROOT
 from helpers.shared_runs import OneSampleShards
 from helpers.training import assert_succeeded, train_on_ranks
@@ -250,6 +253,25 @@ def blocked_opening_a_fifo(pids: set[int]) -> bool:
     return False
 
 
+def launch_and_stall(tmp_path: Path, cache: Path, profile: Path, hung: Path) -> Launch:
+    """A training of ``cache`` through ``pipelines.launch`` (as ``make train`` starts it) whose shard
+    ``hung``, once the run trains, becomes a named pipe nobody writes to: returned once a loader
+    worker hangs in its read (as on a hung network file system). The caller cleans the launch up."""
+    from helpers.processes import Launch
+
+    launch = Launch("pipelines.train", "--out", tmp_path / "run", "--cache", cache, "--profile", profile,
+                    "--no-export", log=tmp_path / "launch.log", launcher="pipelines.launch")
+    try:
+        launch.wait_until(lambda: "training " in launch.log.read_text(), "the run passed its start-up check")
+        os.mkfifo(tmp_path / "fifo")
+        os.replace(tmp_path / "fifo", hung)
+        launch.wait_until(lambda: blocked_opening_a_fifo(launch.started), "a loader worker hangs reading the shard")
+    except BaseException:
+        launch.cleanup()
+        raise
+    return launch
+
+
 def test_a_launcher_killed_while_a_loader_worker_hangs_in_a_validation_read_leaves_no_process(
     clean_zarr: tuple[Path, Path], builder: Any, tmp_path: Path,
 ) -> None:
@@ -260,7 +282,6 @@ def test_a_launcher_killed_while_a_loader_worker_hangs_in_a_validation_read_leav
     starts it) is then SIGKILLed alone: no rank and no loader worker may be alive 10 s later.
     The forked worker too, which has no parent-death signal and whose watchdog never runs while it is
     blocked: nothing holds the launch's output pipes open."""
-    from helpers.processes import Launch
     from janus_train.config import load_train_settings
     from janus_train.loop.validation import plan_validation
 
@@ -273,13 +294,50 @@ def test_a_launcher_killed_while_a_loader_worker_hangs_in_a_validation_read_leav
     flip_byte(reader.shard_file(reader.features_array, validation.rows[-1]), 0)
     hung = reader.shard_file(reader.features_array, validation.rows[1])  # not rows[0]: a rank's filler
 
-    launch = Launch("pipelines.train", "--out", tmp_path / "run", "--cache", cache, "--profile", profile,
-                    "--no-export", log=tmp_path / "launch.log", launcher="pipelines.launch")
+    launch = launch_and_stall(tmp_path, cache, profile, hung)
     try:
-        launch.wait_until(lambda: "training " in launch.log.read_text(), "the run passed its start-up check")
-        os.mkfifo(tmp_path / "fifo")
-        os.replace(tmp_path / "fifo", hung)
-        launch.wait_until(lambda: blocked_opening_a_fifo(launch.started), "a loader worker hangs reading the shard")
         assert launch.kill_launcher() == [], "ranks or loader workers outlived the launcher"
     finally:
         launch.cleanup()
+
+
+STALL_WAIT_S = 90
+"""How long the test waits for the ranks after the read stalls (read_timeout_s 5, and a step's
+collectives, on 2 shared cores)."""
+
+
+def test_a_loader_worker_hung_in_a_read_ends_every_rank_within_the_read_timeout_naming_the_shard(
+    clean_zarr: tuple[Path, Path], tmp_path: Path,
+) -> None:
+    """``train.read_timeout_s: 5`` and 2 loader workers per rank; once the run trains, one training
+    sample's feature shard becomes a named pipe nobody writes to, so the loader worker that reads it
+    waits in the read forever (a stalled network file system or object store: no error, no damage).
+    Within the timeout every rank ends, with exit code 1 and one line naming the step, the rank and
+    the shard, and no rank or loader worker is left (before: the other rank waited in its collective
+    for gloo's 30 minutes; the test waits ``STALL_WAIT_S``)."""
+    profile = write_profile(tmp_path / "profile.yaml", num_workers=2, read_timeout_s=5, max_steps=10_000,
+                            save_every=10_000)
+    cache = Path(shutil.copytree(clean_zarr[1], tmp_path / "cache"))
+    reader = open_training_cache(load_profile(profile), cache).reader
+    hung = reader.shard_file(reader.features_array, 0)  # one sample per shard: read once in every epoch
+
+    launch = launch_and_stall(tmp_path, cache, profile, hung)
+    try:
+        try:
+            launch.process.wait(timeout=STALL_WAIT_S)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the run still waits {STALL_WAIT_S} s after the read stalled:\n"
+                        f"{launch.log.read_text()[-3000:]}")
+        assert launch.survivors() == [], "ranks or loader workers outlived the run"
+    finally:
+        launch.cleanup()
+    printed = launch.log.read_text()
+    assert launch.process.returncode == 1, printed[-3000:]
+    assert "Traceback" not in printed, printed[-3000:]
+    reports = [line for line in printed.splitlines() if line.startswith("error:")]
+    assert len(reports) == 1, printed[-3000:]
+    assert re.fullmatch(
+        rf"error: step \d+, rank [01]: a read of {re.escape(str(hung))} has not returned in 5 s: a stalled file "
+        r"system or object store \(not damage: the file is not rewritten\); every rank stopped "
+        r"\(train.read_timeout_s\): the same command resumes from the last checkpoint once the file system answers "
+        r"again", reports[0]), reports[0]

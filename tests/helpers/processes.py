@@ -99,6 +99,11 @@ class Launch:
         assert len(self.ranks()) == 2, f"expected 2 ranks, found {self.ranks()}"
         os.kill(self.process.pid, signal.SIGKILL)
         self.process.wait()
+        return self.survivors()
+
+    def survivors(self) -> list[str]:
+        """The processes this launch had started that are still alive ``GRACE_S`` from now (pid,
+        parent and command line; returns as soon as none is)."""
         deadline = time.monotonic() + GRACE_S
         while (survivors := [pid for pid in sorted(self.started) if alive(pid)]) and time.monotonic() < deadline:
             time.sleep(0.05)
