@@ -49,7 +49,7 @@ VERIFY_ARGS ?=
 DEMO_FORMAT = $(shell $(PY) -c "import sys; from janus_core.profile import load_profile; from janus_core.bases import DEFAULT_BASE, base_of_qwen_dir; print('janusvln' if base_of_qwen_dir(load_profile(sys.argv[1]).qwen.path) is DEFAULT_BASE else 'janus')" '$(PROFILE)' 2>/dev/null || echo janusvln)
 STAMP := $(VENV)/.janus-setup
 
-.PHONY: help setup test test-fast demo precompute train verify bench bench-gpu bench-scale clean-demo
+.PHONY: help setup test test-fast demo precompute train verify bench bench-gpu bench-scale device-wheels clean-demo
 
 help:
 	@echo "make setup       install janus and its dependencies into $(VENV)"
@@ -62,6 +62,7 @@ help:
 	@echo "make bench       live vs cached data path, storage, FLOPs per sample (CPU; GPU section with CUDA)"
 	@echo "make bench-gpu   janus vs reference precompute and training step on one GPU (< 10 min)"
 	@echo "make bench-scale [SAMPLES=10000,100000,612560] [PRECOMPUTE_SAMPLES=1000,10000]  costs vs dataset size"
+	@echo "make device-wheels  the wheels benchmarks/device_run.sh carries to a GPU machine without network (.whl/)"
 
 $(STAMP): pyproject.toml $(TORCH_CONSTRAINTS)
 	@test -x $(PY) || $(PYTHON_SYS) -m venv $(VENV)
@@ -134,6 +135,17 @@ SAMPLES ?= 10000,100000,612560
 PRECOMPUTE_SAMPLES ?= 1000,10000
 bench-scale: $(STAMP)
 	$(PY) benchmarks/bench_scale.py --sizes "$(SAMPLES)" --precompute-sizes "$(PRECOMPUTE_SAMPLES)" --nproc $(NPROC) $(BENCH_ARGS)
+
+# The prepared GPU run (benchmarks/device_run.sh) on a machine without network: the wheels of
+# benchmarks/device_wheels.txt for its CPython 3.12 on x86-64 Linux, downloaded without their
+# dependencies (device_env.py checks those against the machine's image), then checked and test-installed.
+DEVICE_WHEELS := .whl
+device-wheels: $(STAMP)
+	rm -rf $(DEVICE_WHEELS)
+	$(PY) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+		--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+		-d $(DEVICE_WHEELS) -r benchmarks/device_wheels.txt
+	$(PY) -m benchmarks.device_env $(DEVICE_WHEELS)
 
 clean-demo:
 	rm -rf $(DEMO_DIR)
