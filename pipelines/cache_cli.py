@@ -257,27 +257,32 @@ def plan_cmd(
 
 @app.command("info")
 def info_cmd(
-    cache: Annotated[Path, typer.Argument(help="Cache directory.")],
+    cache_text: Annotated[str, typer.Argument(metavar="CACHE", help="Cache directory, or s3://BUCKET/PREFIX.")],
     as_json: Annotated[bool, typer.Option("--json", help="Print the manifest as JSON.")] = False,
 ) -> None:
     """Show what a cache holds: format, resolutions, window variant, counts and shard state."""
     from janus_cache.store import StoreError, load_manifest, open_cache
     from janus_cache.store.layout import vit_array
+    from janus_cache.store.location import cache_location, is_remote
     from janus_core.bases import BASES
 
     try:
+        cache = cache_location(cache_text)
         manifest = load_manifest(cache)
         # Every listed resolution opened as the trainer opens it: its samples can be read.
         opened = {name: open_cache(cache, resolution=name, variant=manifest.window.name)
                   for name in manifest.resolutions}
-    except StoreError as err:
+        if is_remote(cache):
+            size, where = sum(size for _, size in cache.walk_objects()), "in the bucket"
+        else:
+            size, where = sum(p.stat().st_size for p in cache.rglob("*") if p.is_file()), "on disk"
+    except (StoreError, ValueError) as err:
         fail(str(err))
     if as_json:
         typer.echo(manifest.to_json().rstrip())
         return
-    size = sum(p.stat().st_size for p in cache.rglob("*") if p.is_file())
     w = manifest.window
-    typer.echo(f"cache {cache} ({manifest.format}, schema {manifest.schema_version}), {size / 1e6:.1f} MB on disk")
+    typer.echo(f"cache {cache} ({manifest.format}, schema {manifest.schema_version}), {size / 1e6:.1f} MB {where}")
     typer.echo(f"  base: {BASES[manifest.base].name} (the stored frames are its own)")
     typer.echo(f"  window: {w.history} history frames ({w.sampling}), reference frame {w.reference_frame}, "
                f"layer {w.layer}, {w.attention} attention")
@@ -300,6 +305,55 @@ def info_cmd(
         groups[name] = [done + sum(1 for s in shards if s.committed), total + len(shards)]
     for name, (done, total) in groups.items():
         typer.echo(f"  {name}: {done}/{total} shards committed")
+
+
+THREADS_OPTION = typer.Option(min=1, help="Files transferred at once.")
+
+
+@app.command("push")
+def push_cmd(
+    cache: Annotated[Path, typer.Argument(help="A finished cache directory.")],
+    destination: Annotated[str, typer.Argument(help="s3://BUCKET/PREFIX to copy it to.")],
+    threads: Annotated[int, THREADS_OPTION] = 16,
+) -> None:
+    """Copy a finished cache to a bucket (resumable; the manifest goes last), to read it in place."""
+    from janus_cache.store import StoreError
+    from janus_cache.store.remote.path import S3Path
+    from janus_cache.transfer import push
+    from janus_core.system.lock import LockError
+    from pipelines.distributed import Progress
+
+    try:
+        target = S3Path.parse(destination)
+        report = push(cache, target, threads=threads, progress=Progress(enabled=True), note=_note)
+    except (StoreError, LockError, ValueError) as err:
+        fail(str(err))
+    typer.echo(report.summary("pushed"))
+
+
+@app.command("pull")
+def pull_cmd(
+    source: Annotated[str, typer.Argument(help="s3://BUCKET/PREFIX holding a cache.")],
+    directory: Annotated[Path, typer.Argument(help="Local directory to copy it into (new, or a copy to update).")],
+    threads: Annotated[int, THREADS_OPTION] = 16,
+) -> None:
+    """Copy a cache from a bucket to a local directory (resumable) and verify the copy."""
+    from janus_cache.store import StoreError
+    from janus_cache.store.remote.path import S3Path
+    from janus_cache.transfer import pull
+    from janus_core.system.lock import LockError
+    from pipelines.distributed import Progress
+
+    try:
+        origin = S3Path.parse(source)
+        report = pull(origin, directory, threads=threads, progress=Progress(enabled=True), note=_note)
+    except (StoreError, LockError, ValueError) as err:
+        fail(str(err))
+    typer.echo(report.summary("pulled"))
+
+
+def _note(line: str) -> None:
+    typer.echo(line, err=True)
 
 
 @app.command("bench", add_help_option=False,

@@ -182,6 +182,13 @@ def lock_on_main(control: Control, directory: Path, exclusive: bool = True,
     it (every failure ends every rank) and with the launcher. A lock held elsewhere fails every
     rank alike (:class:`RankFailed`) with the one-line reason naming the holder.
     """
+    from janus_cache.store.location import is_remote
+
+    if is_remote(directory):
+        # A bucket has no OS lock: its readers hold none, and its one writer (janus-cache push)
+        # holds a lock object of its own (janus_cache.store.remote.lock).
+        assert not exclusive, f"{directory}: a cache in a bucket is written by janus-cache push only"
+        return None
     held: list[DirectoryLock] = []
 
     def take() -> None:

@@ -27,7 +27,8 @@ import typer
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from janus_cache.store import CacheOpenError, load_manifest
-from janus_cache.store.layout import CacheLayout
+from janus_cache.store.location import CacheLocation, cache_location
+from janus_cache.store.remote.errors import RemoteError
 from janus_cache.store.split import share
 from janus_cache.verify import (
     CHECK_NAMES,
@@ -50,6 +51,7 @@ from janus_cache.verify import (
     crashed,
     dataset_indexes,
     failure_message,
+    index_store_of,
     format_table,
     integrity_result,
     live_result,
@@ -72,7 +74,7 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class Options:
-    cache: Path
+    cache: CacheLocation
     data: Path | None = None
     profile: str = "tiny"
     live: int = DEFAULT_LIVE_SAMPLES
@@ -244,7 +246,7 @@ def run_checks(opts: Options, ranks: Ranks, control: Control, progress: Progress
 
         def build() -> tuple[DatasetIndex, DatasetIndex] | None:
             built.append(dataset_indexes(opts.data, history, profile.cache.history,
-                                         profile.cache.subinstruction_rule, CacheLayout(opts.cache).index_store,
+                                         profile.cache.subinstruction_rule, index_store_of(opts.cache),
                                          load_manifest(opts.cache).dataset.sources, live=live_wanted))
             return built[0] if live_wanted else None
 
@@ -328,14 +330,14 @@ def run(opts: Options) -> int:
         with job_on_directory(ranks, opts.cache, exclusive=False) as (control, progress):
             results = run_checks(opts, ranks, control, progress)
             return control.on_main(lambda: _emit(opts, results, ranks.world, time.perf_counter() - started))
-    except (RankFailed, ValueError) as err:
+    except (RankFailed, ValueError, RemoteError) as err:
         if ranks.is_main:  # every rank fails alike; one of them says why
             print(f"error: {err}", file=sys.stderr)
         return 1
 
 
 def command(
-    cache: Annotated[Path, typer.Argument(help="Cache directory to verify.")],
+    cache: Annotated[str, typer.Argument(help="Cache directory, or s3://BUCKET/PREFIX (read in place), to verify.")],
     data: Annotated[Path | None, typer.Option(
         help="The dataset the cache was built from (episode-folder root or annotation file); "
              "needed to compare against the dataset and for the live check.")] = None,
@@ -359,8 +361,8 @@ def command(
     if checksums not in CHECKSUM_MODES:
         raise typer.BadParameter(f"--checksums must be one of {', '.join(CHECKSUM_MODES)}, got {checksums!r}")
     freeze_imported()  # this module imported torch as it loaded (pipelines.frozen_imports)
-    raise typer.Exit(run(Options(cache, data, profile, live, checksums, seed, json_report, checkpoint, threads,
-                                 tuple(overrides or ()))))
+    raise typer.Exit(run(Options(cache_location(cache), data, profile, live, checksums, seed, json_report, checkpoint,
+                                 threads, tuple(overrides or ()))))
 
 
 @record  # torchrun's failure summary then shows the failing rank's exception

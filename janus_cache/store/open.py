@@ -22,6 +22,7 @@ from janus_cache.store.checksums import metadata_problems
 from janus_cache.store.commit import StoreError
 from janus_cache.store.formats import cache_format
 from janus_cache.store.layout import KEY_COLUMN, CacheLayout, features_array, wds_samples
+from janus_cache.store.location import CacheLocation, cache_location, is_remote
 from janus_cache.store.manifest import Manifest, ManifestError, read_manifest
 from janus_cache.store.wds_store import WdsCacheReader
 from janus_cache.store.zarr_group import ZarrGroup
@@ -52,7 +53,7 @@ class OpenedCache:
     _unreadable: set[str] = field(default_factory=set, repr=False)
 
     @property
-    def root(self) -> Path:
+    def root(self) -> CacheLocation:
         return self.layout.root
 
     @property
@@ -134,9 +135,9 @@ class OpenedCache:
         return dict(report.get("failed_samples", {}))
 
 
-def load_manifest(path: Path | str) -> Manifest:
+def load_manifest(path: CacheLocation | str) -> Manifest:
     """The manifest of the cache at ``path``; a missing or invalid one is a one-line error."""
-    layout = CacheLayout(Path(path))
+    layout = CacheLayout(cache_location(path))
     if layout.root.exists() and not layout.root.is_dir():
         raise CacheOpenError(f"{layout.root} is not a directory")
     try:
@@ -144,11 +145,21 @@ def load_manifest(path: Path | str) -> Manifest:
     except ManifestError as err:
         raise CacheOpenError(str(err)) from None
     if manifest is None:
-        raise CacheOpenError(f"{layout.root} is not a janus cache (no {layout.manifest.name})")
+        raise CacheOpenError(f"{layout.root} is not a janus cache (no {layout.manifest.name}){_unfinished(layout)}")
     return manifest
 
 
-def open_cache(path: Path | str, *, resolution: str | None = None, variant: str | None = None,
+def _unfinished(layout: CacheLayout) -> str:
+    """For a bucket's prefix without a manifest: whether a push into it did not finish (a push
+    writes the manifest last) or it holds nothing at all."""
+    if not is_remote(layout.root):
+        return ""
+    if layout.zarr_root.is_file():
+        return ": a push into it did not finish (the manifest comes last); run that janus-cache push again"
+    return ": nothing janus wrote is there; push a cache with janus-cache push CACHE " + str(layout.root)
+
+
+def open_cache(path: CacheLocation | str, *, resolution: str | None = None, variant: str | None = None,
                vit_features: bool = False, check_metadata: bool = True) -> OpenedCache:
     """Open the cache at ``path`` to read ``resolution`` (e.g. ``"pad644"``) of the window variant
     named ``variant`` (``WindowVariant.name``; both named, or neither for the cache opened whole);
@@ -161,7 +172,7 @@ def open_cache(path: Path | str, *, resolution: str | None = None, variant: str 
     """
     if (resolution is None) != (variant is None):
         raise ValueError("open_cache reads a resolution of a window variant: name both, or neither")
-    layout = CacheLayout(Path(path))
+    layout = CacheLayout(cache_location(path))
     manifest = load_manifest(layout.root)
     problems = metadata_problems(layout.root) if check_metadata else []
     if problems:

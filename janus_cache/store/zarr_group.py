@@ -40,7 +40,11 @@ from janus_cache.store.layout import (
     table_group,
     vit_array,
 )
+from janus_cache.store.location import cache_location
 from janus_cache.store.manifest import ShardEntry
+from janus_cache.store.remote.errors import RemoteError
+from janus_cache.store.remote.path import S3Path
+from janus_cache.store.remote.zarr_store import StrictObjectStore, remote_zarr_store
 from janus_core.text_column import TextColumn
 
 ColumnData = np.ndarray | TextColumn | Sequence[str]
@@ -70,7 +74,7 @@ class ZarrGroup:
     """
 
     def __init__(self, root: Path | str, *, read_only: bool) -> None:
-        self.root = Path(root)
+        self.root = cache_location(root)
         self._read_only = read_only
         self._pid = -1
         self._arrays: dict[str, Any] = {}
@@ -83,7 +87,11 @@ class ZarrGroup:
 
     # -- arrays ---------------------------------------------------------------------------------
 
-    def _store(self) -> LocalStore:
+    def _store(self) -> LocalStore | StrictObjectStore:
+        if isinstance(self.root, S3Path):  # read in place (janus_cache.store.remote)
+            if not self._read_only:
+                raise StoreError(f"{self.root}: a cache in a bucket is written by janus-cache push, not in place")
+            return remote_zarr_store(self.root)
         # Readers never see zarr's fill value for a missing chunk; writers must (zarr reads the
         # shard it is about to replace, and a new shard has no file yet).
         if self._read_only:
@@ -123,7 +131,7 @@ class ZarrGroup:
         array = self._array(path)
         try:
             return array[start:stop]
-        except DamagedData:
+        except StoreError:  # damage already named, or the bucket's own failure (one line each)
             raise
         except Exception as err:  # noqa: BLE001 - a chunk that fails its check or cannot be decoded
             raise self._locate_damage(path, start, stop, err) from None
@@ -135,6 +143,8 @@ class ZarrGroup:
         for shard in range(start // per_shard, (max(stop, start + 1) - 1) // per_shard + 1):
             try:
                 array[shard * per_shard:min((shard + 1) * per_shard, array.shape[0])]
+            except RemoteError:
+                raise
             except Exception as shard_err:  # noqa: BLE001
                 if isinstance(shard_err, DamagedData):
                     return shard_err

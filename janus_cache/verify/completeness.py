@@ -21,7 +21,8 @@ import numpy as np
 
 from janus_cache.keys import dataset_identity
 from janus_cache.store import DatasetIdentity, ManifestError, StoreError
-from janus_cache.store.layout import FRAMES_TABLE, REPORT_NAME, SAMPLES_TABLE, WINDOW_ROWS_COLUMN
+from janus_cache.store.layout import FRAMES_TABLE, REPORT_NAME, SAMPLES_TABLE, WINDOW_ROWS_COLUMN, CacheLayout
+from janus_cache.store.location import CacheLocation, is_remote
 from janus_cache.store.manifest import read_episodes
 from janus_cache.store.open import OpenedCache
 from janus_cache.store.wds_store import FEATURE_MEMBER, FRAMES_MEMBER, META_MEMBER, decode_key, planned_tar_shards
@@ -317,6 +318,12 @@ def _source_change(was: tuple[str, int, int, str], now: tuple[str, int, int, str
     if was[3] != now[3]:
         what.append(f"content hash {short(was[3])} -> {short(now[3])}")
     return f"changed source file {was[0]} (frame {key}): {', '.join(what)}" if what else ""
+
+
+def index_store_of(cache: CacheLocation) -> Path:
+    """Where a dataset index compared with ``cache`` is kept: the cache's own index store, or for a
+    cache in a bucket (read in place, never written) the user's index folder."""
+    return user_index_dir() if is_remote(cache) else CacheLayout(cache).index_store
 
 
 def dataset_indexes(data: Path | str, cache_history: int, live_history: int,

@@ -11,7 +11,6 @@ processes: :func:`plan_integrity` once, :func:`check_targets` on any share of th
 
 from __future__ import annotations
 
-import os
 from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -20,6 +19,8 @@ from pathlib import Path
 
 from janus_cache.store import StoreError
 from janus_cache.store.commit import CHECKSUM_MODES, SAMPLE_STRIDE, check_record, hashed, read_record
+from janus_cache.store.location import cache_location, is_remote, join
+from janus_cache.store.remote.errors import RemoteError
 from janus_cache.store.layout import FRAMES_GROUP, FRAMES_TABLE, SAMPLES_TABLE, TABLES_GROUP, VIT_GROUP, WDS_DIR
 from janus_cache.store.wds_store import planned_tar_shards
 from janus_cache.store.zarr_group import PlannedShard
@@ -142,13 +143,15 @@ def _planned(cache: OpenedCache, problems: list[str]) -> list[PlannedShard]:
 def check_target(root: Path | str, target: ShardTarget) -> ShardFinding:
     """The store's shard check (record matching the plan, file present with the recorded size and,
     when ``target.hashed``, sha256), plus the record agreeing with the manifest's shard table."""
-    root = Path(root)
+    root = cache_location(root)
     try:
         record = read_record(root, target.array, target.shard)
+    except RemoteError:  # the bucket's failure, not the shard's
+        raise
     except StoreError as err:
         return ShardFinding(target, str(err))
     check = check_record(root, record, target.array, target.shard, range(target.start, target.stop),
-                         os.path.join(root, target.file), verify=True, checksum=target.hashed)
+                         join(root, target.file), verify=True, checksum=target.hashed)
     if not check.ok:
         return ShardFinding(target, check.problem)
     if target.manifest_sha256 and record is not None and record.sha256 != target.manifest_sha256:
@@ -161,9 +164,11 @@ def check_targets(root: Path | str, targets: Sequence[ShardTarget],
                  on_progress: Callable[[ShardFinding], None] | None = None,
                  threads: int = DEFAULT_HASH_THREADS) -> list[ShardFinding]:
     """:func:`check_target` for each target, on ``threads`` threads when any target is hashed (record
-    and size checks alone are Python-bound: threads only add GIL contention); ``on_progress(finding)``
-    after each, in this thread. Findings come back in the order of ``targets``."""
-    if threads <= 1 or len(targets) <= 1 or not any(t.hashed for t in targets):
+    and size checks alone are Python-bound on a disk, where threads only add GIL contention; a
+    bucket's are request-bound, so they take the threads too); ``on_progress(finding)`` after each, in
+    this thread. Findings come back in the order of ``targets``."""
+    waits = any(t.hashed for t in targets) or is_remote(cache_location(root))
+    if threads <= 1 or len(targets) <= 1 or not waits:
         findings = []
         for target in targets:
             findings.append(check_target(root, target))

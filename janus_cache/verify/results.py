@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from janus_cache.store.remote.errors import RemoteError
+
 SCHEMA, INTEGRITY, COMPLETENESS, FRESHNESS, LIVE = "schema", "integrity", "completeness", "freshness", "live"
 CHECK_NAMES: tuple[str, ...] = (SCHEMA, INTEGRITY, COMPLETENESS, FRESHNESS, LIVE)
 """Every check, in the order they run and are reported."""
@@ -85,6 +87,8 @@ def guarded(name: str) -> Callable[[F], F]:
             started = time.perf_counter()
             try:
                 return check(*args, **kwargs)
+            except RemoteError:  # a bucket that cannot be read says nothing of the cache: one line
+                raise
             except Exception as err:  # noqa: BLE001 - reported as this check's failure
                 return crashed(name, err, time.perf_counter() - started)
 

@@ -42,7 +42,7 @@ def atomic_file(path: Path) -> Iterator[BinaryIO]:
     readers see the old file or the whole new one, never a part, and nothing is left on a failure."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.{uuid.uuid4().hex}{PARTIAL_SUFFIX}")
+    tmp = partial_path(path)
     try:
         with open(tmp, "wb") as f:
             yield f
@@ -52,6 +52,13 @@ def atomic_file(path: Path) -> Iterator[BinaryIO]:
     finally:
         tmp.unlink(missing_ok=True)
     fsync_path(path.parent)
+
+
+def partial_path(path: Path) -> Path:
+    """A unique temporary name beside ``path`` (``<name>.<pid>.<hex>.partial``) to write it whole
+    before a rename; what :func:`remove_partials` deletes after an interrupted write."""
+    path = Path(path)
+    return path.with_name(f"{path.name}.{os.getpid()}.{uuid.uuid4().hex}{PARTIAL_SUFFIX}")
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
@@ -106,10 +113,18 @@ def remove_partials(path: Path, under: bool = False) -> None:
             leftover.unlink(missing_ok=True)
 
 
+def sha256_stream(stream: BinaryIO) -> tuple[int, str]:
+    """``(byte count, sha256 hex)`` of what ``stream`` yields to its end, read in blocks of
+    :data:`HASH_BLOCK` (a local file, or an object of a bucket streamed by one GET)."""
+    digest = hashlib.sha256()
+    size = 0
+    while block := stream.read(HASH_BLOCK):
+        digest.update(block)
+        size += len(block)
+    return size, digest.hexdigest()
+
+
 def sha256_file(path: Path) -> str:
     """The sha256 (hex) of the file at ``path``, read in blocks of :data:`HASH_BLOCK`."""
-    digest = hashlib.sha256()
     with open(path, "rb") as f:
-        while block := f.read(HASH_BLOCK):
-            digest.update(block)
-    return digest.hexdigest()
+        return sha256_stream(f)[1]
