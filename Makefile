@@ -9,7 +9,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 JANUS_CACHE := $(VENV)/bin/janus-cache
 JANUS_TRAIN := $(VENV)/bin/janus-train
-EXTRAS ?= train,test
+EXTRAS ?= train,test,s3
 # CPU machines pin torch to the CPU wheel (no CUDA downloads); a machine with nvidia-smi keeps
 # whatever torch its environment has. Override with TORCH_CONSTRAINTS= or a file of your own.
 TORCH_CONSTRAINTS ?= $(if $(shell command -v nvidia-smi 2>/dev/null),,constraints-cpu.txt)

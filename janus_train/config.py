@@ -100,8 +100,9 @@ class TrainSettings:
         DEFAULT_TEMPLATE, "Prompt template file (relative: under configs/prompts/): janusvln.yaml, the reference "
         "wording (default), or janus.yaml, janus's own wording.")
     val_cache: Path | None = setting(
-        None, "A zarr cache to validate on (the training profile's resolution and window variant); one validation "
-        "source at most: val_cache, val_episodes or val_episodes_fraction.")
+        None, "A zarr cache to validate on (the training profile's resolution and window variant): a directory, or "
+        "s3://BUCKET/PREFIX read in place (kept as that URL); one validation source at most: val_cache, val_episodes "
+        "or val_episodes_fraction.", urls=True)
     val_episodes: int = setting(
         0, "Episodes of the training data held out whole for validation, a seeded choice (never trained on).", min=0)
     val_episodes_fraction: float = setting(

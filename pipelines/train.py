@@ -47,7 +47,8 @@ def command(
     profile: ProfileOption = None,
     overrides: Annotated[Optional[list[str]], typer.Option(SET_OPTION, help=SET_HELP)] = None,
     max_steps: Annotated[Optional[int], typer.Option(min=1, help="Override train.max_steps.")] = None,
-    val_cache: Annotated[Optional[Path], typer.Option(help="Override train.val_cache (a cache to validate on).")] = None,
+    val_cache: Annotated[Optional[str], typer.Option(
+        help="Override train.val_cache (a cache to validate on: a directory or s3://BUCKET/PREFIX).")] = None,
     export_at_end: Annotated[bool, typer.Option("--export/--no-export", help="Export 16-bit HF weights at the end.")] = True,
     record_outputs_to: Annotated[Optional[Path], typer.Option(
         "--record-outputs", help="Write the final model's outputs on the first samples to this safetensors file.")] = None,

@@ -41,6 +41,7 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from janus_cache.store import DamagedData
+from janus_cache.store.remote.errors import RemoteError
 from janus_core.profile import CacheSettings, Profile
 from janus_core.system.disk_space import NoRoom
 from janus_train.build import TooFewSamples, build_parts
@@ -109,13 +110,12 @@ def dataset_refusal(cache: Path, data: str, settings: CacheSettings) -> str | No
     completeness check against the dataset indexed now, with the cache's window history (the
     cache's index store is reused while the dataset's files are unchanged)."""
     from janus_cache.store import load_manifest
-    from janus_cache.store.layout import CacheLayout
-    from janus_cache.verify import check_completeness, dataset_indexes, failure_message
+    from janus_cache.verify import check_completeness, dataset_indexes, failure_message, index_store_of
 
     manifest = load_manifest(cache)
     history = manifest.window.history
     index, _ = dataset_indexes(data, history, history, settings.subinstruction_rule,
-                               cache_dir=CacheLayout(cache).index_store, recorded_names=manifest.dataset.sources)
+                               cache_dir=index_store_of(cache), recorded_names=manifest.dataset.sources)
     return failure_message(cache, [check_completeness(cache, index)]) or None
 
 
@@ -145,6 +145,7 @@ USER_ERRORS: tuple[type[Exception], ...] = (
     RankFailed, ReferenceCheckpointError, TooFewSamples, ResumeError, NoIntactCheckpoint, LiveCheckError,
     ValidationError,
     DamagedData,  # a table every rank reads whole at start (the same on every rank)
+    RemoteError,  # a cache in a bucket that cannot be read (credentials, endpoint, connection)
     NonFiniteStep, DamagedSample, NoRoom,
 )
 """The failures a user can fix, each raised on every rank alike with its one line (a lock or a
