@@ -230,6 +230,8 @@ def _tries(action: Callable[[], Any], where: str) -> Any:
         except RemoteError as err:
             if attempt + 1 == FILE_TRIES or "cannot reach" not in str(err):
                 raise
+        except StoreError:  # the cache's own refusal (a checksum), not the network's
+            raise
         except Exception as err:  # noqa: BLE001
             if attempt + 1 == FILE_TRIES or not is_connection_failure(err):
                 raise remote_error(err, where) from None
@@ -370,8 +372,10 @@ def push(source: Path, destination: S3Path, threads: int = DEFAULT_THREADS,
 
             _tries(attempt, str(destination / name))
 
+        if ZARR_ROOT_NAME in todo:  # first: it marks the prefix as a janus cache (unfinished until the manifest)
+            _run_all(upload, [ZARR_ROOT_NAME], 1, moved, progress)
         for stage in (DATA, COMMITS):
-            _run_all(upload, _in_stage(todo, stage), threads, moved, progress)
+            _run_all(upload, [n for n in _in_stage(todo, stage) if n != ZARR_ROOT_NAME], threads, moved, progress)
             lock.check()
         if extra:  # files of an older cache at this prefix that this one does not hold
             for batch in range(0, len(extra), 1000):

@@ -20,7 +20,7 @@ from janus_core.sample_data import write_sample_data
 from pipelines.frozen_imports import frozen_imports
 
 # Session-wide artifacts (a precomputed cache, a trained run) built once and shared by both tiers.
-pytest_plugins = ["helpers.shared_caches", "helpers.shared_runs"]
+pytest_plugins = ["helpers.shared_caches", "helpers.shared_runs", "helpers.s3_server"]
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -40,6 +40,7 @@ from janus_train.data.damaged import DamagedSample, draw_step
 from janus_train.data.live_check import compare_features, worst_of
 from janus_train.data.prompt import IGNORE_INDEX
 from janus_train.data.samples import collate
+from janus_train.data.workers import worker_start
 from janus_train.loop.parts import TrainParts
 from janus_train.loop.policies import (
     AfterStep,
@@ -179,6 +180,7 @@ class Trainer:
                 collate_fn=partial(collate, pad_token_id=self.parts.builder.pad_token_id, rope=self.parts.rope),
                 num_workers=self.settings.num_workers,
                 drop_last=True,
+                **worker_start(self.settings.num_workers),
             )
             skip = position // micro_global if streaming else 0
             fresh = position == 0

@@ -49,6 +49,7 @@ from janus_train.data.prompt import PromptBuilder
 from janus_train.data.samples import CachedSamples, LiveSamples, StreamedSamples, TrainItem, collate
 from janus_train.data.segments import ANSWER_LABELS, N_SEGMENTS, SEGMENT_NAMES
 from janus_train.data.val_metric_names import VAL_LOSS
+from janus_train.data.workers import worker_start
 
 _ACTION_SEGMENT = N_SEGMENTS  # segment ids are 1-based; the action line is the last
 _SUMS = ("weighted_ce_sum", "weight_sum", "action_ce_sum", "action_correct", "action_token_correct", "samples")
@@ -203,12 +204,14 @@ class Evaluator:
         if self.stream is None:
             yield from DataLoader(Subset(self.validation.dataset, list(self.rows)), batch_size=self.micro_batch,
                                   collate_fn=collate_fn, num_workers=self.num_workers,
-                                  generator=torch.Generator())  # keeps the run's RNG
+                                  generator=torch.Generator(),  # keeps the run's RNG
+                                  **worker_start(self.num_workers))
             return
         # A stream's workers each read whole shards: batched here, so a rank's micro-batches are
         # ceil(rows / micro_batch) whatever the number of workers (n_batches counts on it).
         items: list[Any] = []
-        for item in DataLoader(self.stream, batch_size=None, num_workers=self.num_workers):
+        for item in DataLoader(self.stream, batch_size=None, num_workers=self.num_workers,
+                               **worker_start(self.num_workers)):
             items.append(item)
             if len(items) == self.micro_batch:
                 yield collate_fn(items)

@@ -1,8 +1,10 @@
 """One obstore ``S3Store`` per bucket (and key prefix) and process, and its failures as one line.
 
-obstore's clients hold connections and a runtime that a forked process (a DataLoader worker) must
-not share, so the stores are kept per process id, made on first use from this process's
-configuration (:mod:`janus_cache.store.remote.config`).
+obstore's clients hold connections and a runtime (tokio's) that a forked process cannot use: a
+child forked after its parent made a request hangs in its first one. So the stores are kept per
+process id, made on first use from this process's configuration
+(:mod:`janus_cache.store.remote.config`), and :func:`forks_can_read_buckets` tells whoever forks
+workers that read a bucket (a DataLoader) to start them from a fresh interpreter instead.
 
 obstore raises one exception type per kind of failure with the server's answer (its S3 error
 ``<Code>``) and a debug dump inside; :func:`remote_error` turns any of them into the one line a user
@@ -26,6 +28,13 @@ from janus_cache.store.remote.errors import (
 )
 
 _STORES: dict[tuple[int, str, str], Any] = {}
+
+
+def forks_can_read_buckets() -> bool:
+    """Whether a process forked from this one now can use obstore (it cannot once this process has
+    made a store: its runtime does not survive a fork)."""
+    pid = os.getpid()
+    return not any(key[0] == pid for key in _STORES)
 
 
 def bucket_store(bucket: str, prefix: str = "") -> Any:

@@ -1,0 +1,230 @@
+"""A bucket is a first-class home for a cache, as safe as a local disk, against a real S3 server.
+
+The server is SeaweedFS (``weed mini``, helpers.s3_server: one per test session, signed requests
+only), reached through the standard AWS variables; every step goes through the public commands:
+``janus-cache push`` -> ``janus-cache info`` / ``verify`` in place -> training on 2 processes from
+``s3://`` (ranks started by torch's elastic agent, helpers.forked_ranks, with 2 loader workers each)
+whose losses equal the local run's bit for bit -> ``janus-cache pull`` (the same bytes); a byte
+flipped in a remote shard is named by verify and by the training reader; a push killed mid-way
+continues without sending again what arrived; of two pushes into one prefix one is refused naming
+the other. The failures of the bucket's configuration and network are tests/e2e/test_object_storage_errors.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from helpers.forked_ranks import forked_launch
+from helpers.profiles import REPO_ROOT, file_digests
+from helpers.s3_server import BUCKET, S3Server, TcpProxy
+from helpers.shared_runs import OneSampleShards, ReferenceRun, TinyTraining
+from helpers.training import read_metrics
+
+JANUS_CACHE = str(Path(sys.executable).parent / "janus-cache")
+TIMEOUT_S = 300
+
+
+def janus_cache(server: S3Server, *args: str | Path, endpoint: str | None = None,
+                **env: str | None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([JANUS_CACHE, *map(str, args)], cwd=REPO_ROOT, env=server.env(endpoint, **env),
+                          capture_output=True, text=True, timeout=TIMEOUT_S, check=False)
+
+
+def succeeded(result: subprocess.CompletedProcess[str]) -> str:
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return result.stdout
+
+
+def one_error(result: subprocess.CompletedProcess[str]) -> str:
+    output = result.stdout + result.stderr
+    assert result.returncode != 0 and "Traceback" not in output, output
+    errors = [line for line in output.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, output
+    return errors[0]
+
+
+def objects(server: S3Server, url: str) -> dict[str, int]:
+    """The objects under ``url`` (relative key -> size), listed as a user would."""
+    from janus_cache.store.remote.path import S3Path
+
+    with server.environment():
+        return dict(S3Path.parse(url).walk_objects())
+
+
+def losses(records: list[dict]) -> list[dict]:
+    return [{k: v for k, v in r.items() if "loss" in k or k == "step"} for r in records]
+
+
+def test_push_verify_in_place_train_on_2_processes_and_pull_give_what_the_local_cache_gives(
+        s3_server: S3Server, tiny_training: TinyTraining, reference_run: ReferenceRun, tmp_path: Path) -> None:
+    cache, url = tiny_training.fp32_cache, s3_server.url("tiny")
+    pushed = succeeded(janus_cache(s3_server, "push", cache, url))
+    n_files = len(file_digests(cache))
+    assert re.fullmatch(rf"pushed {n_files} files \([0-9.]+ [kKMG]?B\) from {cache} to {url} in [0-9.]+ s "
+                        r"\([0-9.]+ [kKMG]?B/s\)\n", pushed), pushed
+    assert ".janus.lock" not in objects(s3_server, url)  # released
+    again = succeeded(janus_cache(s3_server, "push", cache, url))
+    assert again.startswith(f"nothing to do: {url} already holds the cache {cache} ({n_files} files"), again
+
+    info = succeeded(janus_cache(s3_server, "info", url))
+    assert info.startswith(f"cache {url} (zarr, schema 3)") and "MB in the bucket" in info, info
+    verified = janus_cache(s3_server, "verify", url, "--profile", tiny_training.fp32_profile, "--live", "0")
+    assert "verify passed: schema, integrity, completeness, freshness" in succeeded(verified), verified.stdout
+
+    # The reference run's settings, from the bucket, with the loader workers h800 runs with.
+    run = tmp_path / "run"
+    trained = forked_launch("pipelines.train", "--out", run, "--cache", url, "--profile", tiny_training.fp32_profile,
+                            "--set", "train.num_workers=2", "--no-export", env=s3_server.env())
+    assert trained.returncode == 0, trained.stdout[-3000:] + trained.stderr[-5000:]
+    assert losses(read_metrics(run)) == losses(reference_run.records)
+    recorded = json.loads((run / "run.json").read_text())["starts"][0]["caches"][0]
+    assert recorded["path"] == url and recorded["manifest_sha256"] is not None
+
+    copy = tmp_path / "copy"
+    pulled = succeeded(janus_cache(s3_server, "pull", url, copy))
+    assert pulled.startswith(f"pulled {n_files} files") and "verified: " in pulled, pulled
+    assert file_digests(copy) == file_digests(cache)
+    assert succeeded(janus_cache(s3_server, "pull", url, copy)).startswith(f"nothing to do: {copy} already holds")
+
+
+def test_a_byte_flipped_in_a_remote_shard_is_named_by_verify_and_by_the_training_reader(
+        s3_server: S3Server, one_sample_shards: OneSampleShards) -> None:
+    import obstore
+
+    from janus_cache.store import DamagedData
+    from janus_cache.store.remote.client import bucket_store
+    from janus_cache.store.remote.path import S3Path
+    from janus_core.profile import load_profile
+    from janus_train.data.from_profile import open_training_cache
+
+    url = s3_server.url("damaged")
+    succeeded(janus_cache(s3_server, "push", one_sample_shards.cache("a"), url))
+    profile = load_profile(one_sample_shards.profile)
+    with s3_server.environment():
+        reader = open_training_cache(profile, S3Path.parse(url)).reader
+        shard = reader.shard_file(reader.features_array, 3)  # one sample per shard: row 3's
+        key = reader.sample(3).key
+        data = bytearray(shard.read_bytes())
+        data[20] ^= 1  # as a failing disk in the server would
+        obstore.put(bucket_store(BUCKET), shard.key, bytes(data))
+
+    checked = janus_cache(s3_server, "verify", url, "--profile", one_sample_shards.profile, "--live", "0")
+    error = one_error(checked)
+    name = shard.relative_to(S3Path.parse(url)).as_posix()
+    assert error.startswith(f"error: cache {url} ") and f"({name}) fails its checksum" in error, error
+    assert error.endswith(f"it holds 1 samples {key}"), error
+
+    with s3_server.environment():
+        fresh = open_training_cache(profile, S3Path.parse(url)).reader
+        with pytest.raises(DamagedData) as damaged:
+            fresh.sample(3)
+    assert damaged.value.file == str(shard) and damaged.value.key == key
+    assert "checksum mismatch (crc32c)" in str(damaged.value)
+
+
+def test_a_push_refuses_a_cache_that_fails_its_own_checksums(s3_server: S3Server, one_sample_shards: OneSampleShards,
+                                                             tmp_path: Path) -> None:
+    from helpers.damage import flip_byte
+
+    import shutil
+
+    cache = Path(shutil.copytree(one_sample_shards.cache("a"), tmp_path / "cache"))
+    shard = cache / "vggt" / next(p.name for p in (cache / "vggt").iterdir() if p.is_dir())
+    file = sorted(p for p in shard.rglob("*") if p.is_file() and p.name != "zarr.json")[2]
+    flip_byte(file, 20)
+    url = s3_server.url("refused")
+    error = one_error(janus_cache(s3_server, "push", cache, url))
+    name = file.relative_to(cache).as_posix()
+    assert error.startswith(f"error: refusing to push {cache}: {name} fails its checksum: sha256 "), error
+    assert "manifest.json" not in objects(s3_server, url)
+
+
+def test_a_push_killed_mid_way_is_continued_by_the_same_command_without_sending_again_what_arrived(
+        s3_server: S3Server, tiny_training: TinyTraining) -> None:
+    cache, url = tiny_training.bf16_cache, s3_server.url("killed")
+    with TcpProxy(s3_server.endpoint.removeprefix("http://"), delay_s=0.01) as slow:
+        push = subprocess.Popen([JANUS_CACHE, "push", str(cache), url, "--threads", "2"], cwd=REPO_ROOT,
+                                env=s3_server.env(slow.endpoint), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
+        deadline = time.monotonic() + 60
+        while len(objects(s3_server, url)) < 12 and push.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        os.kill(push.pid, signal.SIGKILL)
+        push.communicate(timeout=30)
+    arrived = objects(s3_server, url)
+    assert "manifest.json" not in arrived and ".janus.lock" in arrived, sorted(arrived)
+    refused = one_error(janus_cache(s3_server, "info", url))
+    assert refused == (f"error: {url} is not a janus cache (no manifest.json): a push into it did not finish (the "
+                       "manifest comes last); run that janus-cache push again"), refused
+
+    result = janus_cache(s3_server, "push", cache, url)
+    output = succeeded(result)
+    kept = len([n for n in arrived if n != ".janus.lock"])
+    assert re.search(rf"; {kept} files were already there intact$", output.strip()), output
+    assert re.fullmatch(r"note: took over the lock of \S+ left by writer pid \d+ on host \S+ for janus-cache push of "
+                        r".+, started \S+, which ended without releasing it\n", result.stderr.split("[push]")[0]), (
+        result.stderr)
+    assert sorted(objects(s3_server, url)) == sorted(file_digests(cache))
+
+
+def test_of_two_pushes_into_one_prefix_the_second_is_refused_naming_the_first(
+        s3_server: S3Server, tiny_training: TinyTraining) -> None:
+    cache, url = tiny_training.bf16_cache, s3_server.url("two")
+    # The first push, slowed down, still runs when the second one starts (a command's start is ~2 s).
+    with TcpProxy(s3_server.endpoint.removeprefix("http://"), delay_s=0.04) as slow:
+        first = subprocess.Popen([JANUS_CACHE, "push", str(cache), url, "--threads", "1"], cwd=REPO_ROOT,
+                                 env=s3_server.env(slow.endpoint), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 text=True)
+        deadline = time.monotonic() + 60
+        while ".janus.lock" not in objects(s3_server, url) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        second = janus_cache(s3_server, "push", cache, url)
+        slow.delay_s = 0.0
+        out, err = first.communicate(timeout=TIMEOUT_S)
+    assert first.returncode == 0, out + err
+    error = one_error(second)
+    assert re.fullmatch(rf"error: {url} is in use by writer pid {first.pid} on host \S+ for janus-cache push of "
+                        rf"{cache}, started \S+ \(lock {url}/.janus.lock\); a writer must wait until it ends", error), error
+
+
+def test_a_webdataset_cache_is_verified_and_streamed_in_place(s3_server: S3Server, small_shards_cache,
+                                                              small_shards_profile: Path) -> None:
+    import torch
+
+    from janus_cache.store import open_cache
+    from janus_cache.store.remote.path import S3Path
+    from janus_core.profile import load_profile
+    from janus_train.data.from_profile import open_training_cache
+
+    cache, url = small_shards_cache("wds"), s3_server.url("wds")
+    succeeded(janus_cache(s3_server, "push", cache, url))
+    checked = janus_cache(s3_server, "verify", url, "--profile", small_shards_profile, "--live", "0")
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    profile = load_profile(small_shards_profile)
+    def stored(samples) -> list[tuple[str, bytes, bytes]]:
+        return [(s.key, s.frames.tobytes(), s.feature.view(torch.int16).numpy().tobytes()) for s in samples]
+
+    local = stored(open_training_cache(profile, cache).reader.dataset(rank=1, world=2))
+    with s3_server.environment():
+        remote = stored(open_training_cache(profile, S3Path.parse(url)).reader.dataset(rank=1, world=2))
+        assert open_cache(S3Path.parse(url)).format == "wds"
+    assert remote == local and local
+
+
+def test_precompute_into_a_bucket_is_refused_in_one_line_naming_push(s3_server: S3Server, sample_dataset: Path) -> None:
+    url = s3_server.url("precompute")
+    result = janus_cache(s3_server, "precompute", sample_dataset, "--out", url)
+    assert result.returncode == 2
+    assert one_error(result) == (
+        f"error: --out {url}: precompute writes a cache to a local disk (a bucket has no rename, append or lock for "
+        f"its shard writers); write it to a directory, then copy it with `janus-cache push DIR {url}`, and train "
+        f"from {url} in place")
