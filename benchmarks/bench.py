@@ -9,7 +9,8 @@ Sections: (1) data path at the real shape (:mod:`benchmarks.data_path`); (2) sto
 extrapolated to the real set; (3) precompute throughput per phase; (4) training step cached vs
 live (tiny profile, 2 processes); (5) FLOPs per sample of a janus and a reference step at the real
 shapes of each base, Qwen2.5-VL-7B and Qwen3-VL-8B with VGGT-1B, counted on the meta device
-(:mod:`benchmarks.flops`); (6) the GPU bench
+(:mod:`benchmarks.flops`); (6) the training reader from disk vs from a bucket of an S3 server
+on this machine (:mod:`benchmarks.bench_object_storage`); (7) the GPU bench
 (:mod:`benchmarks.bench_gpu`) where CUDA is available.
 """
 
@@ -31,6 +32,8 @@ import numpy as np
 import torch
 import typer
 
+from benchmarks.bench_object_storage import markdown_rows as object_storage_rows
+from benchmarks.bench_object_storage import reader_from_bucket
 from benchmarks.bench_projection import REAL_SAMPLES
 from benchmarks.data_path import data_path
 from benchmarks.flops import count_flops
@@ -232,6 +235,7 @@ def markdown(results: dict[str, Any]) -> str:
         f"{st(t['cached']['step_s'])} | {t['speedup_step_time']:.1f}× |",
         f"| data-wait share of the step | {100 * t['live']['data_wait_share']['median']:.0f}% | "
         f"{100 * t['cached']['data_wait_share']['median']:.0f}% | |",
+        *(object_storage_rows(results["object_storage"]) if "object_storage" in results else []),
         "",
         f"Compression: frames {s['frame_compression']:.1f}×, features {s['feature_compression']:.2f}× "
         f"({s['measured_at']}).",
@@ -274,21 +278,24 @@ def command(
         "date": date.today().isoformat(),
         "machine": f"{cpu_name()}, {os.cpu_count()} cores, torch {torch.__version__}",
     }
-    print("[1/6] data path (pad644, live vs cached)...", flush=True)
+    print("[1/7] data path (pad644, live vs cached)...", flush=True)
     results["data_path"] = data_path(work, repeats, workers)
-    print("[2/6] storage...", flush=True)
+    print("[2/7] storage...", flush=True)
     results["storage"] = storage(work, Path(results["data_path"]["cache"]))
-    print("[3/6] precompute phases...", flush=True)
+    print("[3/7] precompute phases...", flush=True)
     results["precompute"] = precompute_phases(work, repeats)
-    print("[4/6] training step, cached vs live...", flush=True)
+    print("[4/7] training step, cached vs live...", flush=True)
     results["training"] = training(work, steps)
-    print("[5/6] FLOPs per sample at the real shapes of each base (meta device)...", flush=True)
+    print("[5/7] FLOPs per sample at the real shapes of each base (meta device)...", flush=True)
     results["flops_by_base"] = flops_section()
     # Qwen2.5-VL-7B's table, JanusVLN's own base, stays where earlier results have it.
     from benchmarks.bench_gpu import REAL
 
     results["flops"] = results["flops_by_base"][REAL.qwen_dir.name]
-    print("[6/6] GPU section...", flush=True)
+    print("[6/7] training reader, local disk vs an S3 server on this machine...", flush=True)
+    results["object_storage"] = reader_from_bucket(work, Path(results["data_path"]["cache"]), work / "bench-pad644.yaml",
+                                                   repeats, workers)
+    print("[7/7] GPU section...", flush=True)
     results["gpu"] = gpu_section()
     results["seconds"] = time.perf_counter() - started
     (out / "results.json").write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")

