@@ -18,7 +18,6 @@ from pathlib import Path
 
 from janus_cache.store.errors import StoreError
 from janus_cache.store.location import CacheLocation, cache_location, is_remote
-from janus_cache.store.open import load_manifest
 from janus_core.bases import BaseError, cache_base
 from janus_core.profile import Profile, ProfileError
 from janus_core.system.lock import not_a_directory
@@ -52,6 +51,8 @@ def missing_cache(cache: CacheLocation) -> str | None:
     when it exists). A cache in a bucket is asked for its manifest (its credentials, endpoint and
     bucket with it: each failure one line)."""
     if is_remote(cache):
+        from janus_cache.store.open import load_manifest  # the readers import torch: only for a bucket
+
         try:
             load_manifest(cache)
         except StoreError as err:
