@@ -6,21 +6,28 @@ read) and with the index kept per process (:mod:`janus_cache.store.remote.zarr_s
 The cache is the data-path section's (9 frames at pad644 per sample, tiny-VGGT features), pushed
 with ``janus-cache push``'s engine. A loopback server has no network latency to hide, so its
 samples/s bound what the reader's own work costs; the request counts are what a remote bucket
-charges and waits for per sample.
+charges and waits for per sample. ``make bench`` runs it as its section 6; ``python -m
+benchmarks.bench_object_storage`` runs it alone (writing ``object_storage.json``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import platform
+import shutil
 from collections.abc import Iterator
 from dataclasses import asdict
+from datetime import date
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import torch
+import typer
 
-from benchmarks.measure import rates
+from benchmarks.data_path import bench_profile
+from benchmarks.measure import RESULTS_DIR, rates
 from benchmarks.seaweedfs import BUCKET, seaweedfs
 from janus_cache.keys import window_variant
 from janus_cache.store import open_cache
@@ -135,3 +142,34 @@ def markdown_rows(r: dict[str, Any]) -> list[str]:
         f"| bytes per sample from the bucket (index refetched / kept) | "
         f"{r['bytes_per_sample_index_refetched'] / 1e3:.0f} kB | {r['bytes_per_sample'] / 1e3:.0f} kB | |",
     ]
+
+
+def command(
+    out: Annotated[Path, typer.Option(help="Where object_storage.json goes.")] = RESULTS_DIR,
+    repeats: Annotated[int, typer.Option(min=1, help="Repeats per measurement.")] = 5,
+    workers: Annotated[int, typer.Option(min=1, help="Loader workers.")] = 2,
+) -> None:
+    """This section of ``make bench`` alone, on the same pad644 cache (its precompute included)."""
+    from janus_core.sample_data import write_sample_data
+    from pipelines.precompute_run import Options
+    from pipelines.precompute_run import run as run_precompute
+
+    work = out / "work-object-storage"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    try:
+        write_sample_data(work / "data644", episodes=1, steps=8, seed=1)
+        profile_path = bench_profile(work, "pad644", samples_per_shard=4, frames_per_shard=8, vggt_batch=1)
+        if run_precompute(Options(work / "data644", work / "cache644", str(profile_path), workers=1)) != 0:
+            raise RuntimeError("precompute of the pad644 benchmark cache failed")
+        results = {"date": date.today().isoformat(), "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+                   **reader_from_bucket(work, work / "cache644", profile_path, repeats, workers)}
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    (out / "object_storage.json").write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
+    print("\n".join(markdown_rows(results)))
+    print(f"wrote {out / 'object_storage.json'}")
+
+
+if __name__ == "__main__":
+    typer.run(command)
