@@ -41,7 +41,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -116,7 +116,6 @@ class TransferReport:
     deleted: int = 0
     seconds: float = 0.0
     verified: str = ""
-    notes: list[str] = field(default_factory=list)
 
     @property
     def nothing_to_do(self) -> bool:

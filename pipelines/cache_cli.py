@@ -310,6 +310,27 @@ def info_cmd(
 THREADS_OPTION = typer.Option(min=1, help="Files transferred at once.")
 
 
+def copy_cache(direction: str, local: Path, bucket: str, threads: int) -> None:
+    """``janus-cache push`` or ``pull`` (``direction``) between ``local`` and the URL ``bucket``,
+    with a progress bar; its summary line, or its failure as one ``error:`` line."""
+    from janus_cache import transfer
+    from janus_cache.store import StoreError
+    from janus_cache.store.remote.path import S3Path
+    from janus_core.system.lock import LockError
+    from pipelines.distributed import Progress
+
+    def note(line: str) -> None:
+        typer.echo(line, err=True)
+
+    try:
+        copy = transfer.push if direction == "push" else transfer.pull
+        ends = (local, S3Path.parse(bucket)) if direction == "push" else (S3Path.parse(bucket), local)
+        report = copy(*ends, threads=threads, progress=Progress(enabled=True), note=note)
+    except (StoreError, LockError, ValueError) as err:
+        fail(str(err))
+    typer.echo(report.summary(f"{direction}ed"))
+
+
 @app.command("push")
 def push_cmd(
     cache: Annotated[Path, typer.Argument(help="A finished cache directory.")],
@@ -317,18 +338,7 @@ def push_cmd(
     threads: Annotated[int, THREADS_OPTION] = 16,
 ) -> None:
     """Copy a finished cache to a bucket (resumable; the manifest goes last), to read it in place."""
-    from janus_cache.store import StoreError
-    from janus_cache.store.remote.path import S3Path
-    from janus_cache.transfer import push
-    from janus_core.system.lock import LockError
-    from pipelines.distributed import Progress
-
-    try:
-        target = S3Path.parse(destination)
-        report = push(cache, target, threads=threads, progress=Progress(enabled=True), note=_note)
-    except (StoreError, LockError, ValueError) as err:
-        fail(str(err))
-    typer.echo(report.summary("pushed"))
+    copy_cache("push", cache, destination, threads)
 
 
 @app.command("pull")
@@ -338,22 +348,7 @@ def pull_cmd(
     threads: Annotated[int, THREADS_OPTION] = 16,
 ) -> None:
     """Copy a cache from a bucket to a local directory (resumable) and verify the copy."""
-    from janus_cache.store import StoreError
-    from janus_cache.store.remote.path import S3Path
-    from janus_cache.transfer import pull
-    from janus_core.system.lock import LockError
-    from pipelines.distributed import Progress
-
-    try:
-        origin = S3Path.parse(source)
-        report = pull(origin, directory, threads=threads, progress=Progress(enabled=True), note=_note)
-    except (StoreError, LockError, ValueError) as err:
-        fail(str(err))
-    typer.echo(report.summary("pulled"))
-
-
-def _note(line: str) -> None:
-    typer.echo(line, err=True)
+    copy_cache("pull", directory, source, threads)
 
 
 @app.command("bench", add_help_option=False,

@@ -38,6 +38,7 @@ from janus_core.index import (
     episode_identities,
     source_values,
     store_sources_index,
+    user_index_dir,
 )
 from janus_core.index.text_keys import TextKeys, differs
 

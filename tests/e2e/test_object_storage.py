@@ -18,6 +18,7 @@ import re
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -37,6 +38,18 @@ from helpers.s3_server import (
 )
 from helpers.shared_runs import OneSampleShards, ReferenceRun, TinyTraining
 from helpers.training import read_metrics
+
+def started_push(server: S3Server, proxy: TcpProxy, cache: Path, url: str, threads: int,
+                 until: Callable[[], bool]) -> subprocess.Popen[str]:
+    """``janus-cache push`` through ``proxy``, running in the background, once ``until()`` holds."""
+    push = subprocess.Popen([JANUS_CACHE, "push", str(cache), url, "--threads", str(threads)], cwd=REPO_ROOT,
+                            env=server.env(proxy.endpoint), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not until() and push.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert push.poll() is None, "the push ended before the test could act on it"
+    return push
+
 
 def losses(records: list[dict]) -> list[dict]:
     return [{k: v for k, v in r.items() if "loss" in k or k == "step"} for r in records]
@@ -130,12 +143,8 @@ def test_a_push_killed_mid_way_is_continued_by_the_same_command_without_sending_
         s3_server: S3Server, tiny_training: TinyTraining) -> None:
     cache, url = tiny_training.bf16_cache, s3_server.url("killed")
     with TcpProxy(s3_server.endpoint.removeprefix("http://"), delay_s=0.01) as slow:
-        push = subprocess.Popen([JANUS_CACHE, "push", str(cache), url, "--threads", "2"], cwd=REPO_ROOT,
-                                env=s3_server.env(slow.endpoint), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True)
-        deadline = time.monotonic() + 60
-        while len(objects(s3_server, url)) < 12 and push.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.02)
+        push = started_push(s3_server, slow, cache, url, 2, lambda: len(objects(s3_server, url)) >= 12)
+        slow.paused.set()  # whatever the machine's load, the push has not finished when it is killed
         os.kill(push.pid, signal.SIGKILL)
         push.communicate(timeout=30)
     arrived = objects(s3_server, url)
@@ -157,16 +166,13 @@ def test_a_push_killed_mid_way_is_continued_by_the_same_command_without_sending_
 def test_of_two_pushes_into_one_prefix_the_second_is_refused_naming_the_first(
         s3_server: S3Server, tiny_training: TinyTraining) -> None:
     cache, url = tiny_training.bf16_cache, s3_server.url("two")
-    # The first push, slowed down, still runs when the second one starts (a command's start is ~2 s).
-    with TcpProxy(s3_server.endpoint.removeprefix("http://"), delay_s=0.04) as slow:
-        first = subprocess.Popen([JANUS_CACHE, "push", str(cache), url, "--threads", "1"], cwd=REPO_ROOT,
-                                 env=s3_server.env(slow.endpoint), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                 text=True)
-        deadline = time.monotonic() + 60
-        while ".janus.lock" not in objects(s3_server, url) and time.monotonic() < deadline:
-            time.sleep(0.02)
+    # The first push holds the lock and stalls (its network paused) while the second one runs.
+    with TcpProxy(s3_server.endpoint.removeprefix("http://"), delay_s=0.01) as slow:
+        first = started_push(s3_server, slow, cache, url, 1, lambda: ".janus.lock" in objects(s3_server, url))
+        slow.paused.set()
         second = janus_cache(s3_server, "push", cache, url)
         slow.delay_s = 0.0
+        slow.paused.clear()
         out, err = first.communicate(timeout=TIMEOUT_S)
     assert first.returncode == 0, out + err
     error = one_error(second)
@@ -206,3 +212,25 @@ def test_precompute_into_a_bucket_is_refused_in_one_line_naming_push(s3_server: 
         f"error: --out {url}: precompute writes a cache to a local disk (a bucket has no rename, append or lock for "
         f"its shard writers); write it to a directory, then copy it with `janus-cache push DIR {url}`, and train "
         f"from {url} in place")
+
+
+def test_training_from_a_bucket_with_data_refuses_a_cache_made_stale_by_its_dataset(
+        s3_server: S3Server, tiny_training: TinyTraining, tmp_path: Path) -> None:
+    """The staleness check of ``make train CACHE=s3://... DATA=...`` on one rank: the dataset's index
+    is kept in the user's index folder (the bucket is never written by a reader)."""
+    import shutil
+
+    cache, url = tiny_training.bf16_cache, s3_server.url("stale")
+    succeeded(janus_cache(s3_server, "push", cache, url))
+    data = Path(shutil.copytree(tiny_training.data, tmp_path / "data"))
+    edited = min((data / "episode_0001").glob("step_0002_*.json"))
+    record = json.loads(edited.read_text())
+    record["landmark_description"] = "A staircase that was not there."
+    edited.write_text(json.dumps(record))
+    run = tmp_path / "run"
+    result = forked_launch("pipelines.train", "--cache", url, "--data", data, "--profile", tiny_training.bf16_profile,
+                           "--out", run, "--no-export", nproc=1, env=s3_server.env())
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert result.returncode != 0 and len(errors) == 1, result.stderr[-3000:]
+    assert errors[0].startswith(f"error: cache {url} ") and "changed episode episode_0001" in errors[0], errors[0]
+    assert str(edited) in errors[0] and not (run / "checkpoints").exists()

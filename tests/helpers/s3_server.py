@@ -86,16 +86,18 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
 
 
 class TcpProxy:
-    """A TCP proxy on a free port of 127.0.0.1 in front of ``target`` (``host:port``), for a slow
-    or a broken network: ``delay_s`` before each piece forwarded to the server, and the first
-    ``drop`` connections cut after ``drop_after`` bytes sent to the server. Threads, ended by
-    :meth:`close` (loopback only, bounded by the test that runs it)."""
+    """A TCP proxy on a free port of 127.0.0.1 in front of ``target`` (``host:port``), for a slow,
+    a stalled or a broken network: ``delay_s`` before each piece forwarded to the server, nothing
+    forwarded to it while :attr:`paused` is set, and the first ``drop`` connections cut after
+    ``drop_after`` bytes sent to the server. Threads, ended by :meth:`close` (loopback only, bounded
+    by the test that runs it)."""
 
     def __init__(self, target: str, delay_s: float = 0.0, drop: int = 0, drop_after: int = 0) -> None:
         host, port = target.rsplit(":", 1)
         self.target = (host, int(port))
         self.delay_s, self.drop, self.drop_after = delay_s, drop, drop_after
         self.dropped = 0
+        self.paused = threading.Event()
         self._lock = threading.Lock()
         self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -134,6 +136,8 @@ class TcpProxy:
             while data := source.recv(65536):
                 if slowed and self.delay_s:  # read each time: a test may lift the delay
                     time.sleep(self.delay_s)
+                while slowed and self.paused.is_set() and not self._closed.is_set():
+                    time.sleep(0.01)
                 if budget[0] >= 0 and len(data) >= budget[0]:
                     sink.sendall(data[:budget[0]])
                     raise ConnectionResetError("cut by the test's proxy")

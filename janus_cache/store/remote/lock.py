@@ -26,7 +26,6 @@ from datetime import datetime, timezone
 from typing import Any
 
 from janus_cache.store.remote.client import bucket_store, remote_error
-from janus_cache.store.remote.errors import RemoteError
 from janus_cache.store.remote.path import S3Path
 from janus_core.system.lock import LOCK_NAME, DirectoryBusy, Holder, LockError
 
@@ -133,7 +132,8 @@ class PrefixLock:
         except obstore.exceptions.AlreadyExistsError:
             current = Holder.parse(path.read_bytes())
             named = current.describe() if current is not None else "another writer"
-            raise DirectoryBusy(f"{root} is in use by {named} (lock {path}); a writer must wait until it ends") from None
+            raise DirectoryBusy(f"{root} is in use by {named} (lock {path}); a writer must wait until it "
+                                "ends") from None
         except Exception as err:  # noqa: BLE001
             raise remote_error(err, str(path)) from None
         return cls(root, holder, str(result["e_tag"]), None)
@@ -178,7 +178,7 @@ class PrefixLock:
             found = path.head()
             if found is not None and found["e_tag"] == self._e_tag:
                 obstore.delete(bucket_store(self.root.bucket), path.key)
-        except (RemoteError, Exception):  # noqa: BLE001 - a lock left behind goes stale
+        except Exception:  # noqa: BLE001 - a lock that cannot be deleted now is left to go stale
             pass
 
     def __enter__(self) -> PrefixLock:
