@@ -129,12 +129,18 @@ class ZarrGroup:
         """Rows ``start:stop`` of array ``path``, every chunk checked (crc32c, present): damage is a
         :class:`DamagedData` naming the shard file."""
         array = self._array(path)
+        remote = remote_zarr_store(self.root) if isinstance(self.root, S3Path) else None
         try:
+            if remote is not None:  # the chunks of a run of rows in one GET per shard, not one each
+                remote.read_ahead(array, path, start, stop)
             return array[start:stop]
         except StoreError:  # damage already named, or the bucket's own failure (one line each)
             raise
         except Exception as err:  # noqa: BLE001 - a chunk that fails its check or cannot be decoded
             raise self._locate_damage(path, start, stop, err) from None
+        finally:
+            if remote is not None:
+                remote.forget_read_ahead()
 
     def _locate_damage(self, path: str, start: int, stop: int, err: BaseException) -> DamagedData:
         """The damage of the first shard of rows ``start:stop`` that fails on its own (the error path only)."""

@@ -5,12 +5,15 @@ read-only, strict, and keeping each shard's index.
   :class:`~janus_cache.store.damage.MissingChunk` naming its URL (zarr would read the fill value),
   as :class:`~janus_cache.store.damage.StrictLocalStore` does on disk; every chunk is still checked
   by its crc32c codec, so a remote read is checked exactly as a local one.
-* **One GET per chunk**: zarr reads one inner chunk of a sharded array with two requests, a suffix
-  range for the shard's index and the chunk's range, and does not keep the index. The index of an
+* **One GET per array read**: zarr reads the inner chunks of a sharded array with a suffix range
+  for the shard's index and then one range per chunk, and does not keep the index. The index of an
   object does not change while it is read (a cache in a bucket changes only by a push, and a push
   into a cache being trained from is documented as unsafe), so this store keeps each shard's index
-  bytes once per process (a reader, a DataLoader worker): every later chunk of the shard costs one
-  ranged GET. The indexes are bounded by :data:`INDEX_CACHE_BYTES` (the oldest go first).
+  bytes once per process (a reader, a DataLoader worker), bounded by :data:`INDEX_CACHE_BYTES` (the
+  oldest go first); and before a read of several chunks of one shard (a window's frames: a run of
+  consecutive rows, stored one after the other) :meth:`StrictObjectStore.read_ahead` fetches their
+  byte span with one ranged GET, from which zarr's per-chunk reads are then answered. Every chunk
+  is still decoded and checked by zarr (its crc32c).
 * **Counted**: GETs and bytes received, for the benchmark (:data:`REQUESTS`).
 """
 
@@ -22,13 +25,21 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
-from zarr.abc.store import SuffixByteRequest
+import google_crc32c
+import numpy as np
+from zarr.abc.store import RangeByteRequest, SuffixByteRequest
 from zarr.storage import ObjectStore
 
 from janus_cache.store.damage import MissingChunk
 from janus_cache.store.layout import ZARR_ROOT_NAME
 from janus_cache.store.remote.client import bucket_store, remote_error
 from janus_cache.store.remote.path import S3Path
+
+INDEX_ENTRY_BYTES = 16
+"""A shard index holds (offset, nbytes) as two little-endian uint64 per inner chunk, then a crc32c."""
+CRC_BYTES = 4
+EMPTY_CHUNK = 2 ** 64 - 1
+"""The index entry of an inner chunk that was never written."""
 
 INDEX_CACHE_BYTES = 256 << 20
 """Shard indexes kept per process at most: 16 bytes per inner chunk plus 4, so ~16 MB holds the
@@ -43,6 +54,8 @@ class RequestCount:
     bytes: int = 0
     index_hits: int = 0
     """Shard-index reads answered from the kept indexes (no request)."""
+    window_hits: int = 0
+    """Chunk reads answered from a read-ahead span (no request)."""
 
 
 REQUESTS = RequestCount()
@@ -56,6 +69,7 @@ class StrictObjectStore(ObjectStore):  # type: ignore[type-arg]
         self.root = root
         self._indexes: OrderedDict[tuple[str, int], bytes] = OrderedDict()
         self._index_bytes = 0
+        self._windows: dict[str, tuple[int, bytes]] = {}
         self._lock = threading.Lock()
 
     def __getstate__(self) -> dict[str, Any]:
@@ -84,6 +98,8 @@ class StrictObjectStore(ObjectStore):  # type: ignore[type-arg]
         suffix = byte_range.suffix if isinstance(byte_range, SuffixByteRequest) else None
         if suffix is not None and (kept := self._kept_index(key, suffix)) is not None:
             return prototype.buffer.from_bytes(kept)
+        if isinstance(byte_range, RangeByteRequest) and (ahead := self._from_window(key, byte_range)) is not None:
+            return prototype.buffer.from_bytes(ahead)
         try:
             buffer = await super().get(key, prototype, byte_range)
         except Exception as err:  # noqa: BLE001 - a connection or credential failure: one line
@@ -97,6 +113,75 @@ class StrictObjectStore(ObjectStore):  # type: ignore[type-arg]
         if suffix is not None:
             self._keep_index(key, suffix, buffer.to_bytes())
         return buffer
+
+
+    def _from_window(self, key: str, wanted: RangeByteRequest) -> bytes | None:
+        with self._lock:
+            window = self._windows.get(key)
+        if window is None or not (window[0] <= wanted.start and wanted.end <= window[0] + len(window[1])):
+            return None
+        REQUESTS.window_hits += 1
+        return window[1][wanted.start - window[0]:wanted.end - window[0]]
+
+    def _index(self, key: str, n_chunks: int) -> np.ndarray | None:
+        """The ``(offset, nbytes)`` of each inner chunk of shard ``key`` (kept, or one suffix GET),
+        or None when the shard is missing or its index fails its crc32c (zarr's own read then names
+        the damage)."""
+        import obstore
+
+        suffix = INDEX_ENTRY_BYTES * n_chunks + CRC_BYTES
+        data = self._kept_index(key, suffix)
+        if data is None:
+            try:
+                data = bytes(obstore.get(self.store, key, options={"range": {"suffix": suffix}}).bytes())
+            except FileNotFoundError:  # zarr's own read names the missing shard (MissingChunk)
+                return None
+            except Exception as err:  # noqa: BLE001
+                raise remote_error(err, str(self.root / key)) from None
+            REQUESTS.gets += 1
+            REQUESTS.bytes += len(data)
+            self._keep_index(key, suffix, data)
+        body, crc = data[:-CRC_BYTES], int.from_bytes(data[-CRC_BYTES:], "little")
+        if int(google_crc32c.value(body)) != crc:
+            return None
+        return np.frombuffer(body, dtype="<u8").reshape(n_chunks, 2)
+
+    def read_ahead(self, array: Any, path: str, start: int, stop: int) -> None:
+        """Fetch with one ranged GET per shard the bytes of the inner chunks rows ``start:stop`` of
+        ``array`` (at ``path``) span, where that is several chunks but not the whole shard (which
+        zarr reads in one GET itself); :meth:`forget_read_ahead` drops them after the read."""
+        import obstore
+
+        shard_rows, chunk_rows = array.shards[0], array.chunks[0]
+        if tuple(array.chunks[1:]) != tuple(array.shape[1:]) or stop - start < 2:
+            return  # only arrays chunked by rows alone
+        n_chunks = shard_rows // chunk_rows
+        for shard in range(start // shard_rows, (stop - 1) // shard_rows + 1):
+            first = (max(start, shard * shard_rows) - shard * shard_rows) // chunk_rows
+            last = (min(stop, (shard + 1) * shard_rows) - 1 - shard * shard_rows) // chunk_rows
+            if first == last or (first == 0 and last == n_chunks - 1):
+                continue
+            key = f"{path}/{array.metadata.encode_chunk_key((shard,) + (0,) * (array.ndim - 1))}"
+            index = self._index(key, n_chunks)
+            if index is None:
+                continue
+            used = index[first:last + 1]
+            used = used[used[:, 0] != EMPTY_CHUNK]
+            if not len(used):
+                continue
+            begin, end = int(used[:, 0].min()), int((used[:, 0] + used[:, 1]).max())
+            try:
+                data = bytes(obstore.get_range(self.store, key, start=begin, end=end))
+            except Exception as err:  # noqa: BLE001
+                raise remote_error(err, str(self.root / key)) from None
+            REQUESTS.gets += 1
+            REQUESTS.bytes += len(data)
+            with self._lock:
+                self._windows[key] = (begin, data)
+
+    def forget_read_ahead(self) -> None:
+        with self._lock:
+            self._windows.clear()
 
 
 _STORES: dict[tuple[int, S3Path], StrictObjectStore] = {}
