@@ -129,15 +129,23 @@ class ZarrGroup:
         """Rows ``start:stop`` of array ``path``, every chunk checked (crc32c, present): damage is a
         :class:`DamagedData` naming the shard file."""
         array = self._array(path)
-        remote = remote_zarr_store(self.root) if isinstance(self.root, S3Path) else None
         try:
-            if remote is not None:  # the chunks of a run of rows in one GET per shard, not one each
-                remote.read_ahead(array, path, start, stop)
             return array[start:stop]
         except StoreError:  # damage already named, or the bucket's own failure (one line each)
             raise
         except Exception as err:  # noqa: BLE001 - a chunk that fails its check or cannot be decoded
             raise self._locate_damage(path, start, stop, err) from None
+
+    def read_runs(self, path: str, runs: list[np.ndarray]) -> np.ndarray:
+        """The rows of ``runs`` (runs of consecutive rows) of array ``path``, concatenated; from a
+        bucket, the chunks of all runs in a shard are fetched at once first (one ranged GET per
+        shard where their gaps are small: :meth:`StrictObjectStore.read_ahead`)."""
+        spans = [(int(run[0]), int(run[-1]) + 1) for run in runs]
+        remote = remote_zarr_store(self.root) if isinstance(self.root, S3Path) else None
+        if remote is not None:
+            remote.read_ahead(self._array(path), path, spans)
+        try:
+            return np.concatenate([self.read_rows(path, start, stop) for start, stop in spans])
         finally:
             if remote is not None:
                 remote.forget_read_ahead()
@@ -256,7 +264,7 @@ class ZarrGroup:
         # costs ~10 ms per frame on sharded arrays, a slice ~1 ms per call plus decoding.
         unique, inverse = np.unique(index, return_inverse=True)
         runs = np.split(unique, np.flatnonzero(np.diff(unique) != 1) + 1)
-        frames = np.concatenate([self.read_rows(path, int(run[0]), int(run[-1]) + 1) for run in runs])
+        frames = self.read_runs(path, runs)
         return frames[inverse]
 
     def vit_features(self, resolution: str, rows: Sequence[int] | np.ndarray) -> torch.Tensor:
@@ -269,8 +277,7 @@ class ZarrGroup:
             raise IndexError(f"frame rows {index.tolist()} out of range for {array.shape[0]} ViT rows of {resolution}")
         unique, inverse = np.unique(index, return_inverse=True)
         runs = np.split(unique, np.flatnonzero(np.diff(unique) != 1) + 1) if unique.size else []
-        stored = (np.concatenate([self.read_rows(path, int(run[0]), int(run[-1]) + 1) for run in runs])
-                  if runs else np.empty((0, *array.shape[1:]), dtype=array.dtype))
+        stored = self.read_runs(path, runs) if runs else np.empty((0, *array.shape[1:]), dtype=array.dtype)
         return from_stored(stored[inverse], str(array.attrs["logical_dtype"]))
 
     # -- tables ---------------------------------------------------------------------------------

@@ -10,10 +10,10 @@ read-only, strict, and keeping each shard's index.
   object does not change while it is read (a cache in a bucket changes only by a push, and a push
   into a cache being trained from is documented as unsafe), so this store keeps each shard's index
   bytes once per process (a reader, a DataLoader worker), bounded by :data:`INDEX_CACHE_BYTES` (the
-  oldest go first); and before a read of several chunks of one shard (a window's frames: a run of
-  consecutive rows, stored one after the other) :meth:`StrictObjectStore.read_ahead` fetches their
-  byte span with one ranged GET, from which zarr's per-chunk reads are then answered. Every chunk
-  is still decoded and checked by zarr (its crc32c).
+  oldest go first); and before a read of several chunks of one shard (a window's frames, stored
+  close together) :meth:`StrictObjectStore.read_ahead` fetches them with one ranged GET (or one per
+  group of chunks more than :data:`READ_AHEAD_GAP` apart), from which zarr's per-chunk reads are
+  then answered. Every chunk is still decoded and checked by zarr (its crc32c).
 * **Counted**: GETs and bytes received, for the benchmark (:data:`REQUESTS`).
 """
 
@@ -40,6 +40,12 @@ INDEX_ENTRY_BYTES = 16
 CRC_BYTES = 4
 EMPTY_CHUNK = 2 ** 64 - 1
 """The index entry of an inner chunk that was never written."""
+
+READ_AHEAD = True
+"""Whether a read of several chunks of a shard fetches them at once (the benchmark compares)."""
+READ_AHEAD_GAP = 1 << 20
+"""Chunks this close are fetched in one GET, the bytes between them too (object_store's own choice
+for ranged reads: reading 1 MiB more costs less than another request's latency)."""
 
 INDEX_CACHE_BYTES = 256 << 20
 """Shard indexes kept per process at most: 16 bytes per inner chunk plus 4, so ~16 MB holds the
@@ -69,7 +75,7 @@ class StrictObjectStore(ObjectStore):  # type: ignore[type-arg]
         self.root = root
         self._indexes: OrderedDict[tuple[str, int], bytes] = OrderedDict()
         self._index_bytes = 0
-        self._windows: dict[str, tuple[int, bytes]] = {}
+        self._windows: dict[str, list[tuple[int, bytes]]] = {}
         self._lock = threading.Lock()
 
     def __getstate__(self) -> dict[str, Any]:
@@ -117,11 +123,12 @@ class StrictObjectStore(ObjectStore):  # type: ignore[type-arg]
 
     def _from_window(self, key: str, wanted: RangeByteRequest) -> bytes | None:
         with self._lock:
-            window = self._windows.get(key)
-        if window is None or not (window[0] <= wanted.start and wanted.end <= window[0] + len(window[1])):
-            return None
-        REQUESTS.window_hits += 1
-        return window[1][wanted.start - window[0]:wanted.end - window[0]]
+            windows = list(self._windows.get(key, ()))
+        for begin, data in windows:
+            if begin <= wanted.start and wanted.end <= begin + len(data):
+                REQUESTS.window_hits += 1
+                return data[wanted.start - begin:wanted.end - begin]
+        return None
 
     def _index(self, key: str, n_chunks: int) -> np.ndarray | None:
         """The ``(offset, nbytes)`` of each inner chunk of shard ``key`` (kept, or one suffix GET),
@@ -146,38 +153,45 @@ class StrictObjectStore(ObjectStore):  # type: ignore[type-arg]
             return None
         return np.frombuffer(body, dtype="<u8").reshape(n_chunks, 2)
 
-    def read_ahead(self, array: Any, path: str, start: int, stop: int) -> None:
-        """Fetch with one ranged GET per shard the bytes of the inner chunks rows ``start:stop`` of
-        ``array`` (at ``path``) span, where that is several chunks but not the whole shard (which
-        zarr reads in one GET itself); :meth:`forget_read_ahead` drops them after the read."""
+    def read_ahead(self, array: Any, path: str, spans: list[tuple[int, int]]) -> None:
+        """Fetch the bytes of the inner chunks that the row ranges ``spans`` of ``array`` (at
+        ``path``) cover, per shard in as few ranged GETs as gaps of at most :data:`READ_AHEAD_GAP`
+        allow (one for a window's frames, which lie close together), unless zarr reads the whole
+        shard in one GET itself; :meth:`forget_read_ahead` drops them after the read."""
         import obstore
 
-        shard_rows, chunk_rows = array.shards[0], array.chunks[0]
-        if tuple(array.chunks[1:]) != tuple(array.shape[1:]) or stop - start < 2:
+        if not READ_AHEAD or tuple(array.chunks[1:]) != tuple(array.shape[1:]):
             return  # only arrays chunked by rows alone
+        shard_rows, chunk_rows = array.shards[0], array.chunks[0]
         n_chunks = shard_rows // chunk_rows
-        for shard in range(start // shard_rows, (stop - 1) // shard_rows + 1):
-            first = (max(start, shard * shard_rows) - shard * shard_rows) // chunk_rows
-            last = (min(stop, (shard + 1) * shard_rows) - 1 - shard * shard_rows) // chunk_rows
-            if first == last or (first == 0 and last == n_chunks - 1):
-                continue
+        wanted: dict[int, set[int]] = {}
+        for start, stop in spans:
+            for row in range(start - start % chunk_rows, stop, chunk_rows):
+                wanted.setdefault(row // shard_rows, set()).add(row % shard_rows // chunk_rows)
+        for shard, chunks in wanted.items():
+            if len(chunks) < 2 or len(chunks) == n_chunks:
+                continue  # one chunk: one GET anyway; every chunk: zarr reads the shard whole
             key = f"{path}/{array.metadata.encode_chunk_key((shard,) + (0,) * (array.ndim - 1))}"
             index = self._index(key, n_chunks)
             if index is None:
                 continue
-            used = index[first:last + 1]
-            used = used[used[:, 0] != EMPTY_CHUNK]
-            if not len(used):
+            used = sorted((int(o), int(o + n)) for o, n in index[sorted(chunks)] if o != EMPTY_CHUNK)
+            merged: list[list[int]] = []
+            for begin, end in used:
+                if merged and begin - merged[-1][1] <= READ_AHEAD_GAP:
+                    merged[-1][1] = max(merged[-1][1], end)
+                else:
+                    merged.append([begin, end])
+            if not merged:
                 continue
-            begin, end = int(used[:, 0].min()), int((used[:, 0] + used[:, 1]).max())
             try:
-                data = bytes(obstore.get_range(self.store, key, start=begin, end=end))
+                parts = obstore.get_ranges(self.store, key, starts=[b for b, _ in merged], ends=[e for _, e in merged])
             except Exception as err:  # noqa: BLE001
                 raise remote_error(err, str(self.root / key)) from None
-            REQUESTS.gets += 1
-            REQUESTS.bytes += len(data)
+            REQUESTS.gets += len(merged)
+            REQUESTS.bytes += sum(e - b for b, e in merged)
             with self._lock:
-                self._windows[key] = (begin, data)
+                self._windows.setdefault(key, []).extend((b, bytes(part)) for (b, _), part in zip(merged, parts))
 
     def forget_read_ahead(self) -> None:
         with self._lock:
