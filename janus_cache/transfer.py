@@ -57,7 +57,7 @@ from janus_cache.store.remote.errors import RemoteError, is_connection_failure
 from janus_cache.store.remote.lock import PrefixLock, holder_of
 from janus_cache.store.remote.path import S3Path
 from janus_core.system.disk_space import format_bytes, free_bytes, no_room_reason
-from janus_core.system.files import atomic_write_bytes, fsync_path, partial_path
+from janus_core.system.files import PARTIAL_SUFFIX, atomic_file, atomic_write_bytes
 from janus_core.system.lock import LOCK_NAME, DirectoryLock
 
 SHA256_METADATA = "sha256"
@@ -149,7 +149,7 @@ def stage_of(name: str) -> int:
 
 def is_content(name: str) -> bool:
     """Whether a file belongs to the cache (not its lock, its stored dataset index or a partial write)."""
-    return not (name == LOCK_NAME or name.split("/", 1)[0] == INDEX_STORE_DIR or name.endswith(".partial"))
+    return not (name == LOCK_NAME or name.split("/", 1)[0] == INDEX_STORE_DIR or name.endswith(PARTIAL_SUFFIX))
 
 
 def local_files(root: Path) -> dict[str, int]:
@@ -397,36 +397,32 @@ def push(source: Path, destination: S3Path, threads: int = DEFAULT_THREADS,
 
 
 def _download(source: S3Path, target: Path, size: int, expected: str | None, moved: _Bytes) -> None:
-    """One object into ``target`` (a temporary name, fsynced, renamed): its size and sha256 (the
-    cache's record, else the object's metadata) checked before the rename."""
+    """One object into ``target``, whole or not at all (:func:`~janus_core.system.files.atomic_file`):
+    its size and sha256 (the cache's record, else the object's metadata) checked before it takes
+    the name."""
     import obstore
 
-    target.parent.mkdir(parents=True, exist_ok=True)
-    partial = partial_path(target)
     received = 0
     try:
         result = obstore.get(bucket_store(source.bucket), source.key)
         expected = expected or result.attributes.get(SHA256_METADATA)
         digest = hashlib.sha256()
-        with open(partial, "wb") as out:
+        with atomic_file(target) as out:
             for chunk in result.stream(min_chunk_size=BLOCK_BYTES):
                 data = memoryview(chunk)
                 out.write(data)
                 digest.update(data)
                 received += len(data)
                 moved.add(len(data))
-            out.flush()
-            os.fsync(out.fileno())
-        if received != size:
-            raise TransferError(f"{source} arrived with {received} bytes, the listing says {size}; run the pull again")
-        if expected is not None and digest.hexdigest() != expected:
-            raise TransferError(f"{source} fails its checksum on arrival: sha256 {digest.hexdigest()}, the cache "
-                                f"records {expected} (damaged in the bucket?); nothing was made complete at {target.parent}")
-        os.replace(partial, target)
-        fsync_path(target.parent)
+            if received != size:
+                raise TransferError(f"{source} arrived with {received} bytes, the listing says {size}; run the pull "
+                                    "again")
+            if expected is not None and digest.hexdigest() != expected:
+                raise TransferError(f"{source} fails its checksum on arrival: sha256 {digest.hexdigest()}, the cache "
+                                    f"records {expected} (damaged in the bucket?); nothing was made complete at "
+                                    f"{target.parent}")
     except BaseException as err:
         moved.add(-received)
-        partial.unlink(missing_ok=True)
         reason = no_room_reason(err, target.parent) if isinstance(err, OSError) else None
         if reason is not None:
             raise TransferError(f"{target.parent}: no room left pulling {source} ({reason}): the disk has "

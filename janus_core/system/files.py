@@ -42,7 +42,7 @@ def atomic_file(path: Path) -> Iterator[BinaryIO]:
     readers see the old file or the whole new one, never a part, and nothing is left on a failure."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = partial_path(path)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.{uuid.uuid4().hex}{PARTIAL_SUFFIX}")
     try:
         with open(tmp, "wb") as f:
             yield f
@@ -52,13 +52,6 @@ def atomic_file(path: Path) -> Iterator[BinaryIO]:
     finally:
         tmp.unlink(missing_ok=True)
     fsync_path(path.parent)
-
-
-def partial_path(path: Path) -> Path:
-    """A unique temporary name beside ``path`` (``<name>.<pid>.<hex>.partial``) to write it whole
-    before a rename; what :func:`remove_partials` deletes after an interrupted write."""
-    path = Path(path)
-    return path.with_name(f"{path.name}.{os.getpid()}.{uuid.uuid4().hex}{PARTIAL_SUFFIX}")
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:

@@ -18,7 +18,7 @@ from janus_cache.store.location import cache_location, is_remote, join, relative
 from janus_cache.store.remote.lock import STALE_AFTER_SECONDS, stale_reason
 from janus_cache.store.remote.path import S3Path
 from janus_cache.transfer import CHECKSUMS, COMMITS, DATA, MANIFEST, is_content, stage_of
-from janus_core.lock import Holder
+from janus_core.system.lock import Holder
 from janus_train.data.sources import CacheSource, as_sources, parse_cache_sources
 
 
