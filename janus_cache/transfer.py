@@ -19,7 +19,9 @@ read first) or the object's sha256, and ends with the local copy verified as ``j
 
 **Resumable.** A file counts as already there when the other side holds it with the same size
 and the same sha256: a remote object by its recorded sha256 (one HEAD, no download), a local file
-hashed here. A finished copy is recognised from a listing and the two small files that complete it
+hashed here. The cache's root ``zarr.json`` goes first, so a copy killed mid-way is known for an
+unfinished janus cache and continued by the same command (a killed pull's half-written files are
+removed). A finished copy is recognised from a listing and the two small files that complete it
 (``manifest.json`` and ``checksums.json`` byte for byte): re-running it says there is nothing to do.
 
 **In parallel.** Files go on ``threads`` threads (obstore's calls release the GIL), large ones in
@@ -57,7 +59,7 @@ from janus_cache.store.remote.errors import RemoteError, is_connection_failure
 from janus_cache.store.remote.lock import PrefixLock, holder_of
 from janus_cache.store.remote.path import S3Path
 from janus_core.system.disk_space import format_bytes, free_bytes, no_room_reason
-from janus_core.system.files import PARTIAL_SUFFIX, atomic_file, atomic_write_bytes
+from janus_core.system.files import PARTIAL_SUFFIX, atomic_file, atomic_write_bytes, remove_partials
 from janus_core.system.lock import LOCK_NAME, DirectoryLock
 
 SHA256_METADATA = "sha256"
@@ -444,6 +446,7 @@ def pull(source: S3Path, destination: Path, threads: int = DEFAULT_THREADS,
     with DirectoryLock.acquire(destination, exclusive=True, purpose=f"janus-cache pull of {source}") as lock:
         if (takeover := lock.takeover_note()) is not None:
             note(f"note: {takeover}")
+        remove_partials(destination, under=True)  # what a killed pull was writing (never a whole file)
         there = _tries(lambda: remote_files(source), str(source))
         here = local_files(destination)
         if here and ZARR_ROOT_NAME not in here and MANIFEST_NAME not in here:
@@ -476,8 +479,14 @@ def pull(source: S3Path, destination: Path, threads: int = DEFAULT_THREADS,
         total = sum(there[n] for n in _in_stage(there, DATA))
         progress.phase("pull", total, "B", total - sum(there[n] for n in data))
         moved.add(total - sum(there[n] for n in data))
-        _run_all(lambda n: _tries(lambda: _download(source / n, destination / n, there[n], digests.get(n), moved),
-                                  str(source / n)), data, threads, moved, progress)
+
+        def download(name: str) -> None:
+            _tries(lambda: _download(source / name, destination / name, there[name], digests.get(name), moved),
+                   str(source / name))
+
+        if ZARR_ROOT_NAME in data:  # first: it marks the directory as a janus cache, which a killed pull continues
+            _run_all(download, [ZARR_ROOT_NAME], 1, moved, progress)
+        _run_all(download, [n for n in data if n != ZARR_ROOT_NAME], threads, moved, progress)
         for name, body in sorted(records.items()):
             _write_small(destination / name, body)
         for name in extra:

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers.damage import flip_byte
 from helpers.forked_ranks import forked_launch
 from helpers.profiles import REPO_ROOT, file_digests
 from helpers.s3_server import (
@@ -39,16 +40,29 @@ from helpers.s3_server import (
 from helpers.shared_runs import OneSampleShards, ReferenceRun, TinyTraining
 from helpers.training import read_metrics
 
-def started_push(server: S3Server, proxy: TcpProxy, cache: Path, url: str, threads: int,
-                 until: Callable[[], bool]) -> subprocess.Popen[str]:
-    """``janus-cache push`` through ``proxy``, running in the background, once ``until()`` holds."""
-    push = subprocess.Popen([JANUS_CACHE, "push", str(cache), url, "--threads", str(threads)], cwd=REPO_ROOT,
-                            env=server.env(proxy.endpoint), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def started(server: S3Server, proxy: TcpProxy, *args: str | Path, until: Callable[[], bool]) -> subprocess.Popen[str]:
+    """``janus-cache ARGS`` through ``proxy``, running in the background, once ``until()`` holds."""
+    command = subprocess.Popen([JANUS_CACHE, *map(str, args)], cwd=REPO_ROOT, env=server.env(proxy.endpoint),
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
-    while not until() and push.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert push.poll() is None, "the push ended before the test could act on it"
-    return push
+    while not until() and command.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert command.poll() is None, f"janus-cache {args[0]} ended before the test could act on it"
+    return command
+
+
+def killed(proxy: TcpProxy, command: subprocess.Popen[str]) -> None:
+    """SIGKILL ``command`` with its network stalled: whatever the machine's load, it has not
+    finished when it dies."""
+    proxy.paused.set()
+    os.kill(command.pid, signal.SIGKILL)
+    command.communicate(timeout=30)
+
+
+def local_state(copy: Path) -> tuple[list[str], list[str]]:
+    """The whole files of a local copy (its lock left out) and the partial ones being written."""
+    files = sorted(p.relative_to(copy).as_posix() for p in copy.rglob("*") if p.is_file() and p.name != ".janus.lock")
+    return [n for n in files if not n.endswith(".partial")], [n for n in files if n.endswith(".partial")]
 
 
 def losses(records: list[dict]) -> list[dict]:
@@ -124,8 +138,6 @@ def test_a_byte_flipped_in_a_remote_shard_is_named_by_verify_and_by_the_training
 
 def test_a_push_refuses_a_cache_that_fails_its_own_checksums(s3_server: S3Server, one_sample_shards: OneSampleShards,
                                                              tmp_path: Path) -> None:
-    from helpers.damage import flip_byte
-
     import shutil
 
     cache = Path(shutil.copytree(one_sample_shards.cache("a"), tmp_path / "cache"))
@@ -139,14 +151,14 @@ def test_a_push_refuses_a_cache_that_fails_its_own_checksums(s3_server: S3Server
     assert "manifest.json" not in objects(s3_server, url)
 
 
-def test_a_push_killed_mid_way_is_continued_by_the_same_command_without_sending_again_what_arrived(
-        s3_server: S3Server, tiny_training: TinyTraining) -> None:
+def test_a_push_and_a_pull_killed_mid_way_are_continued_by_the_same_command_without_moving_again_what_arrived(
+        s3_server: S3Server, tiny_training: TinyTraining, tmp_path: Path) -> None:
+    """What arrived intact is judged by size and sha256: a pulled file damaged since (a flipped byte,
+    a truncation) is fetched again; the copy ends verified."""
     cache, url = tiny_training.bf16_cache, s3_server.url("killed")
     with TcpProxy(s3_server.endpoint.removeprefix("http://"), delay_s=0.01) as slow:
-        push = started_push(s3_server, slow, cache, url, 2, lambda: len(objects(s3_server, url)) >= 12)
-        slow.paused.set()  # whatever the machine's load, the push has not finished when it is killed
-        os.kill(push.pid, signal.SIGKILL)
-        push.communicate(timeout=30)
+        killed(slow, started(s3_server, slow, "push", cache, url, "--threads", 2,
+                             until=lambda: len(objects(s3_server, url)) >= 12))
     arrived = objects(s3_server, url)
     assert "manifest.json" not in arrived and ".janus.lock" in arrived, sorted(arrived)
     refused = one_error(janus_cache(s3_server, "info", url))
@@ -162,13 +174,31 @@ def test_a_push_killed_mid_way_is_continued_by_the_same_command_without_sending_
         result.stderr)
     assert sorted(objects(s3_server, url)) == sorted(file_digests(cache))
 
+    # The pull is killed while it writes a file (every response stalled mid-way), after 12 arrived.
+    copy = tmp_path / "copy"
+    with TcpProxy(s3_server.endpoint.removeprefix("http://"), delay_s=0.02) as slow:
+        killed(slow, started(s3_server, slow, "pull", url, copy, "--threads", 2,
+                             until=lambda: len(local_state(copy)[0]) >= 12 and bool(local_state(copy)[1])))
+    whole, partial = local_state(copy)
+    assert "manifest.json" not in whole and partial, (whole, partial)
+    flipped, truncated = whole[0], whole[1]
+    flip_byte(copy / flipped, 0)
+    (copy / truncated).write_bytes((copy / truncated).read_bytes()[:-1])
+
+    result = janus_cache(s3_server, "pull", url, copy)
+    output = succeeded(result)
+    assert re.search(rf"; {len(whole) - 2} files were already there intact; verified: ", output), output
+    assert result.stderr.startswith(f"note: took over the lock of {copy} left by writer pid "), result.stderr
+    assert file_digests(copy) == file_digests(cache) and not local_state(copy)[1]
+
 
 def test_of_two_pushes_into_one_prefix_the_second_is_refused_naming_the_first(
         s3_server: S3Server, tiny_training: TinyTraining) -> None:
     cache, url = tiny_training.bf16_cache, s3_server.url("two")
     # The first push holds the lock and stalls (its network paused) while the second one runs.
     with TcpProxy(s3_server.endpoint.removeprefix("http://"), delay_s=0.01) as slow:
-        first = started_push(s3_server, slow, cache, url, 1, lambda: ".janus.lock" in objects(s3_server, url))
+        first = started(s3_server, slow, "push", cache, url, "--threads", 1,
+                        until=lambda: ".janus.lock" in objects(s3_server, url))
         slow.paused.set()
         second = janus_cache(s3_server, "push", cache, url)
         slow.delay_s = 0.0

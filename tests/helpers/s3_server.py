@@ -87,10 +87,10 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
 
 class TcpProxy:
     """A TCP proxy on a free port of 127.0.0.1 in front of ``target`` (``host:port``), for a slow,
-    a stalled or a broken network: ``delay_s`` before each piece forwarded to the server, nothing
-    forwarded to it while :attr:`paused` is set, and the first ``drop`` connections cut after
-    ``drop_after`` bytes sent to the server. Threads, ended by :meth:`close` (loopback only, bounded
-    by the test that runs it)."""
+    a stalled or a broken network: ``delay_s`` before each piece forwarded either way, nothing
+    forwarded while :attr:`paused` is set (a transfer stalls where it is, a download's body too),
+    and the first ``drop`` connections cut after ``drop_after`` bytes sent to the server. Threads,
+    ended by :meth:`close` (loopback only, bounded by the test that runs it)."""
 
     def __init__(self, target: str, delay_s: float = 0.0, drop: int = 0, drop_after: int = 0) -> None:
         host, port = target.rsplit(":", 1)
@@ -128,15 +128,15 @@ class TcpProxy:
                 self.dropped += cut
                 self._sockets += [client, server]
             budget = [self.drop_after if cut else -1]
-            threading.Thread(target=self._pump, args=(client, server, budget, True), daemon=True).start()
-            threading.Thread(target=self._pump, args=(server, client, [-1], False), daemon=True).start()
+            threading.Thread(target=self._pump, args=(client, server, budget), daemon=True).start()
+            threading.Thread(target=self._pump, args=(server, client, [-1]), daemon=True).start()
 
-    def _pump(self, source: socket.socket, sink: socket.socket, budget: list[int], slowed: bool) -> None:
+    def _pump(self, source: socket.socket, sink: socket.socket, budget: list[int]) -> None:
         try:
             while data := source.recv(65536):
-                if slowed and self.delay_s:  # read each time: a test may lift the delay
+                if self.delay_s:  # read each time: a test may lift the delay
                     time.sleep(self.delay_s)
-                while slowed and self.paused.is_set() and not self._closed.is_set():
+                while self.paused.is_set() and not self._closed.is_set():
                     time.sleep(0.01)
                 if budget[0] >= 0 and len(data) >= budget[0]:
                     sink.sendall(data[:budget[0]])
