@@ -16,7 +16,7 @@ import json
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from janus_cache.store.checksums import metadata_problems
 from janus_cache.store.commit import StoreError
@@ -24,11 +24,15 @@ from janus_cache.store.formats import cache_format
 from janus_cache.store.layout import KEY_COLUMN, CacheLayout, features_array, wds_samples
 from janus_cache.store.location import CacheLocation, cache_location, is_remote
 from janus_cache.store.manifest import Manifest, ManifestError, read_manifest
-from janus_cache.store.wds_store import WdsCacheReader
-from janus_cache.store.zarr_group import ZarrGroup
-from janus_cache.store.zarr_store import ZarrCacheReader
 
-CacheReader = ZarrCacheReader | WdsCacheReader
+if TYPE_CHECKING:
+    from janus_cache.store.wds_store import WdsCacheReader
+    from janus_cache.store.zarr_group import ZarrGroup
+    from janus_cache.store.zarr_store import ZarrCacheReader
+
+CacheReader: TypeAlias = "ZarrCacheReader | WdsCacheReader"
+"""The reader of either format. Opening a cache imports neither until it reads one (they bring
+torch): a command that only reads a manifest, or fails on it, starts in a fraction of a second."""
 
 
 class CacheOpenError(StoreError):
@@ -87,6 +91,8 @@ class OpenedCache:
     @cached_property
     def group(self) -> ZarrGroup:
         """The cache's zarr group, read-only (tables, and every array of a zarr cache)."""
+        from janus_cache.store.zarr_group import ZarrGroup
+
         return ZarrGroup(self.root, read_only=True)
 
     def table(self, name: str) -> dict[str, Any]:
