@@ -39,6 +39,14 @@ from helpers.s3_server import (
 )
 from helpers.shared_runs import OneSampleShards, ReferenceRun, TinyTraining
 from helpers.training import read_metrics
+from helpers.validation import assert_metrics_equal, hand_metrics
+from janus_core.profile import load_profile
+from janus_train.build import prompt_builder
+from janus_train.checkpoint.export import load_exported
+from janus_train.config import load_train_settings
+from janus_train.data.from_profile import open_training_cache
+from janus_train.data.samples import CachedSamples
+from janus_train.run.layout import EXPORT_DIR
 
 def started(server: S3Server, proxy: TcpProxy, *args: str | Path, until: Callable[[], bool]) -> subprocess.Popen[str]:
     """``janus-cache ARGS`` through ``proxy``, running in the background, once ``until()`` holds."""
@@ -66,7 +74,9 @@ def local_state(copy: Path) -> tuple[list[str], list[str]]:
 
 
 def losses(records: list[dict]) -> list[dict]:
-    return [{k: v for k, v in r.items() if "loss" in k or k == "step"} for r in records]
+    """The training losses of each step's record (not its validation's)."""
+    return [{k: v for k, v in r.items() if ("loss" in k and not k.startswith("val_")) or k == "step"}
+            for r in records]
 
 
 def test_push_verify_in_place_train_on_2_processes_and_pull_give_what_the_local_cache_gives(
@@ -85,12 +95,20 @@ def test_push_verify_in_place_train_on_2_processes_and_pull_give_what_the_local_
     verified = janus_cache(s3_server, "verify", url, "--profile", tiny_training.fp32_profile, "--live", "0")
     assert "verify passed: schema, integrity, completeness, freshness" in succeeded(verified), verified.stdout
 
-    # The reference run's settings, from the bucket, with the loader workers h800 runs with.
+    # The reference run's settings, from the bucket, with the loader workers h800 runs with, validating
+    # at the end on the cache in the bucket too (train.val_cache): its final model is the reference's,
+    # whose val_* over the 8 samples of the local cache are computed here by hand.
     run = tmp_path / "run"
     trained = forked_launch("pipelines.train", "--out", run, "--cache", url, "--profile", tiny_training.fp32_profile,
-                            "--set", "train.num_workers=2", "--no-export", env=s3_server.env())
+                            "--set", "train.num_workers=2", "--val-cache", url, "--no-export", env=s3_server.env())
     assert trained.returncode == 0, trained.stdout[-3000:] + trained.stderr[-5000:]
-    assert losses(read_metrics(run)) == losses(reference_run.records)
+    records = read_metrics(run)
+    assert losses(records) == losses(reference_run.records)
+    profile = load_profile(tiny_training.fp32_profile)
+    dataset = CachedSamples(open_training_cache(profile, cache).reader, prompt_builder(profile))
+    model = load_exported(reference_run.out / EXPORT_DIR, profile, load_train_settings(profile).model_config()).eval()
+    assert records[-1]["val_samples"] == len(dataset) == 8
+    assert_metrics_equal(records[-1], hand_metrics(model, dataset, tuple(range(8)), records[-1]["distill_loss_weight"]))
     recorded = json.loads((run / "run.json").read_text())["starts"][0]["caches"][0]
     assert recorded["path"] == url and recorded["manifest_sha256"] is not None
 
@@ -108,8 +126,6 @@ def test_a_byte_flipped_in_a_remote_shard_is_named_by_verify_and_by_the_training
     from janus_cache.store import DamagedData
     from janus_cache.store.remote.client import bucket_store
     from janus_cache.store.remote.path import S3Path
-    from janus_core.profile import load_profile
-    from janus_train.data.from_profile import open_training_cache
 
     url = s3_server.url("damaged")
     succeeded(janus_cache(s3_server, "push", one_sample_shards.cache("a"), url))
@@ -216,8 +232,6 @@ def test_a_webdataset_cache_is_verified_and_streamed_in_place(s3_server: S3Serve
 
     from janus_cache.store import open_cache
     from janus_cache.store.remote.path import S3Path
-    from janus_core.profile import load_profile
-    from janus_train.data.from_profile import open_training_cache
 
     cache, url = small_shards_cache("wds"), s3_server.url("wds")
     succeeded(janus_cache(s3_server, "push", cache, url))

@@ -74,12 +74,12 @@ def torchrun_train(*args: str | Path | int, nproc: int = N_PROC) -> subprocess.C
                           timeout=TIMEOUT_S)
 
 
-def train_on_ranks(*args: str | Path | int, nproc: int = N_PROC,
-                   kill_when: Callable[[], bool] | None = None) -> subprocess.CompletedProcess[str]:
+def train_on_ranks(*args: str | Path | int, nproc: int = N_PROC, kill_when: Callable[[], bool] | None = None,
+                   env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """``pipelines.train ARGS`` on ``nproc`` ranks as torchrun starts them, each forked from a process
     that imported the command once (:mod:`helpers.forked_ranks`; ``kill_when``: SIGKILL of every
-    rank once it holds)."""
-    return forked_launch("pipelines.train", *args, nproc=nproc, timeout=TIMEOUT_S, kill_when=kill_when)
+    rank once it holds; ``env``: the launch's environment instead of this process's)."""
+    return forked_launch("pipelines.train", *args, nproc=nproc, env=env, timeout=TIMEOUT_S, kill_when=kill_when)
 
 
 def assert_succeeded(result: subprocess.CompletedProcess[str]) -> None:
