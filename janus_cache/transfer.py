@@ -323,10 +323,7 @@ def push(source: Path, destination: S3Path, threads: int = DEFAULT_THREADS,
     with PrefixLock.acquire(destination, purpose=f"janus-cache push of {source.resolve()}") as lock:
         if (takeover := lock.takeover_note()) is not None:
             note(f"note: {takeover}")
-        _check_pushable(source)
         files = local_files(source)
-        records = {name: (source / name).read_bytes() for name in _in_stage(files, COMMITS)}
-        digests = recorded_digests(records, recorded_metadata(source))
         report = TransferReport(str(source), str(destination), len(files), sum(files.values()))
         there = _tries(lambda: remote_files(destination), str(destination))
         if there and ZARR_ROOT_NAME not in there:
@@ -335,9 +332,12 @@ def push(source: Path, destination: S3Path, threads: int = DEFAULT_THREADS,
         extra = sorted(set(there) - set(files))
         finished = (not extra and all(there.get(n) == size for n, size in files.items())
                     and all(_same_bytes(source / n, destination / n) for n in (MANIFEST_NAME, CHECKSUMS_NAME)))
-        if finished:
+        if finished:  # said at once: nothing is sent, so the cache's own checks wait for a push that sends
             report.seconds = time.perf_counter() - started
             return report
+        _check_pushable(source)
+        records = {name: (source / name).read_bytes() for name in _in_stage(files, COMMITS)}
+        digests = recorded_digests(records, recorded_metadata(source))
         # Whatever differs goes up; the local sha256 of files the cache records none for.
         candidates = sorted(n for n, size in files.items() if there.get(n) == size)
         unrecorded = [n for n in candidates if n not in digests]
@@ -437,8 +437,6 @@ def pull(source: S3Path, destination: Path, threads: int = DEFAULT_THREADS,
          progress: ProgressDisplay | None = None, note: Callable[[str], None] = lambda line: None) -> TransferReport:
     """Copy the cache at ``source`` into the local directory ``destination`` and verify the copy
     (see the module docstring)."""
-    from janus_cache.verify.integrity import check_integrity
-
     progress = progress or _Quiet()
     started = time.perf_counter()
     destination = Path(destination)
@@ -495,6 +493,8 @@ def pull(source: S3Path, destination: Path, threads: int = DEFAULT_THREADS,
         _write_small(destination / MANIFEST_NAME, manifest_bytes)
         progress.close()
         report.sent_files, report.sent_bytes, report.deleted = len(data) + len(completing), needed, len(extra)
+    from janus_cache.verify.integrity import check_integrity  # (torch: only once there is a copy to verify)
+
     problems = metadata_problems(destination)
     integrity = check_integrity(destination, checksums="all")
     if problems or not integrity.passed:

@@ -152,8 +152,10 @@ def test_a_byte_flipped_in_a_remote_shard_is_named_by_verify_and_by_the_training
     assert "checksum mismatch (crc32c)" in str(damaged.value)
 
 
-def test_a_push_refuses_a_cache_that_fails_its_own_checksums(s3_server: S3Server, one_sample_shards: OneSampleShards,
-                                                             tmp_path: Path) -> None:
+def test_a_push_refuses_a_cache_that_fails_its_own_checksums_or_is_unfinished_whenever_it_would_send(
+        s3_server: S3Server, one_sample_shards: OneSampleShards, tmp_path: Path) -> None:
+    """A re-run of a finished push says at once that there is nothing to do (the cache's own checks
+    are not run: nothing is sent); as soon as anything would be sent, they are."""
     import shutil
 
     cache = Path(shutil.copytree(one_sample_shards.cache("a"), tmp_path / "cache"))
@@ -165,6 +167,16 @@ def test_a_push_refuses_a_cache_that_fails_its_own_checksums(s3_server: S3Server
     name = file.relative_to(cache).as_posix()
     assert error.startswith(f"error: refusing to push {cache}: {name} fails its checksum: sha256 "), error
     assert "manifest.json" not in objects(s3_server, url)
+
+    # Into a prefix that holds the finished push of this cache, one that has lost a file since is
+    # refused before anything is sent or removed there.
+    finished = s3_server.url("finished")
+    succeeded(janus_cache(s3_server, "push", one_sample_shards.cache("a"), finished))
+    there = objects(s3_server, finished)
+    file.unlink()
+    error = one_error(janus_cache(s3_server, "push", cache, finished))
+    assert error.startswith(f"error: refusing to push {cache}, it is not a finished cache: ") and name in error, error
+    assert objects(s3_server, finished) == there
 
 
 def test_a_push_and_a_pull_killed_mid_way_are_continued_by_the_same_command_without_moving_again_what_arrived(
