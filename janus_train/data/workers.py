@@ -14,9 +14,13 @@ import multiprocessing
 from typing import Any
 
 from janus_cache.store.remote.client import forks_can_read_buckets
+from janus_core.bases import BASES
 
-PRELOADED = ("torch", "transformers", "janus_train.data.samples", "janus_train.data.mixture", "janus_train.data.rope")
-"""What the fork server imports once, so each worker it forks starts at once."""
+PRELOADED = ("torch", "transformers", "janus_train.data.samples", "janus_train.data.mixture", "janus_train.data.rope",
+             *(base.modeling_module for base in BASES.values()))
+"""What the fork server imports once, so each worker it forks starts at once: with the modeling
+modules of the bases, whose M-RoPE the collate computes (imported in each worker, every epoch's
+workers waited seconds for it)."""
 
 
 def worker_start(num_workers: int) -> dict[str, Any]:
