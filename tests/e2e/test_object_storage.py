@@ -49,20 +49,29 @@ from janus_train.data.samples import CachedSamples
 from janus_train.run.layout import EXPORT_DIR
 
 def started(server: S3Server, proxy: TcpProxy, *args: str | Path, until: Callable[[], bool]) -> subprocess.Popen[str]:
-    """``janus-cache ARGS`` through ``proxy``, running in the background, once ``until()`` holds."""
+    """``janus-cache ARGS`` through ``proxy``, running in the background, stalled (``proxy`` paused)
+    once ``until()`` holds with nothing more arriving: what was on its way when the proxy paused is
+    let land first, and while that undoes ``until()`` (a file being written finished) it runs on."""
     command = subprocess.Popen([JANUS_CACHE, *map(str, args)], cwd=REPO_ROOT, env=server.env(proxy.endpoint),
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
-    while not until() and command.poll() is None and time.monotonic() < deadline:
+    while command.poll() is None and time.monotonic() < deadline:
+        if until():
+            proxy.paused.set()
+            settled = time.monotonic() + 0.5
+            while until() and time.monotonic() < settled:
+                time.sleep(0.02)
+            if until():
+                break
+            proxy.paused.clear()
         time.sleep(0.01)
     assert command.poll() is None, f"janus-cache {args[0]} ended before the test could act on it"
     return command
 
 
-def killed(proxy: TcpProxy, command: subprocess.Popen[str]) -> None:
-    """SIGKILL ``command`` with its network stalled: whatever the machine's load, it has not
+def killed(command: subprocess.Popen[str]) -> None:
+    """SIGKILL ``command``, stalled by :func:`started`: whatever the machine's load, it has not
     finished when it dies."""
-    proxy.paused.set()
     os.kill(command.pid, signal.SIGKILL)
     command.communicate(timeout=30)
 
@@ -185,7 +194,7 @@ def test_a_push_and_a_pull_killed_mid_way_are_continued_by_the_same_command_with
     a truncation) is fetched again; the copy ends verified."""
     cache, url = tiny_training.bf16_cache, s3_server.url("killed")
     with TcpProxy(s3_server.endpoint.removeprefix("http://"), delay_s=0.01) as slow:
-        killed(slow, started(s3_server, slow, "push", cache, url, "--threads", 2,
+        killed(started(s3_server, slow, "push", cache, url, "--threads", 2,
                              until=lambda: len(objects(s3_server, url)) >= 12))
     arrived = objects(s3_server, url)
     assert "manifest.json" not in arrived and ".janus.lock" in arrived, sorted(arrived)
@@ -205,7 +214,7 @@ def test_a_push_and_a_pull_killed_mid_way_are_continued_by_the_same_command_with
     # The pull is killed while it writes a file (every response stalled mid-way), after 12 arrived.
     copy = tmp_path / "copy"
     with TcpProxy(s3_server.endpoint.removeprefix("http://"), delay_s=0.02) as slow:
-        killed(slow, started(s3_server, slow, "pull", url, copy, "--threads", 2,
+        killed(started(s3_server, slow, "pull", url, copy, "--threads", 2,
                              until=lambda: len(local_state(copy)[0]) >= 12 and bool(local_state(copy)[1])))
     whole, partial = local_state(copy)
     assert "manifest.json" not in whole and partial, (whole, partial)
@@ -227,7 +236,6 @@ def test_of_two_pushes_into_one_prefix_the_second_is_refused_naming_the_first(
     with TcpProxy(s3_server.endpoint.removeprefix("http://"), delay_s=0.01) as slow:
         first = started(s3_server, slow, "push", cache, url, "--threads", 1,
                         until=lambda: ".janus.lock" in objects(s3_server, url))
-        slow.paused.set()
         second = janus_cache(s3_server, "push", cache, url)
         slow.delay_s = 0.0
         slow.paused.clear()
