@@ -13,8 +13,6 @@ EXTRAS ?= train,test
 # CPU machines pin torch to the CPU wheel (no CUDA downloads); a machine with nvidia-smi keeps
 # whatever torch its environment has. Override with TORCH_CONSTRAINTS= or a file of your own.
 TORCH_CONSTRAINTS ?= $(if $(shell command -v nvidia-smi 2>/dev/null),,constraints-cpu.txt)
-# DeepSpeed JIT-compiles its CPU communication op once; keep the build inside the environment.
-export TORCH_EXTENSIONS_DIR ?= $(abspath $(VENV))/torch_extensions
 
 PROFILE ?= tiny
 # Profile overrides without a new YAML file: SET="train.grad_accum=4 cache.resolution=pad448" (each word
@@ -71,7 +69,7 @@ $(STAMP): pyproject.toml $(TORCH_CONSTRAINTS)
 	@# An editable install leaves the source tree uncompiled: compile it once, as pip does for a regular
 	@# install (where PYTHONDONTWRITEBYTECODE is set, every process would otherwise compile each module).
 	$(PY) -m compileall -q janus_core janus_cache janus_train pipelines benchmarks
-	$(PY) -m pipelines.warm_deepspeed
+	$(PY) -m pipelines.cpu_comm_op
 	@touch $(STAMP)
 
 setup: $(STAMP)

@@ -59,6 +59,7 @@ from janus_train.loop.trainer import Trainer
 from janus_train.loop.validation import ValidationError
 from janus_train.run.layout import RunLayout
 from janus_train.run.provenance import append_start, write_profile
+from pipelines.cpu_comm_op import CommOpBuildFailed
 from pipelines.distributed import Control, RankFailed, Ranks, fail_alike, init_distributed, lock_on_main, usable_cores
 from pipelines.library_output import library_chatter_hidden
 from pipelines.train_start import START_ERRORS, Refused, first_refusal, missing_cache
@@ -146,6 +147,7 @@ USER_ERRORS: tuple[type[Exception], ...] = (
     ValidationError,
     DamagedData,  # a table every rank reads whole at start (the same on every rank)
     NonFiniteStep, DamagedSample, NoRoom,
+    CommOpBuildFailed,  # DeepSpeed's CPU op could not be built (no compiler): the same on every rank
 )
 """The failures a user can fix, each raised on every rank alike with its one line (a lock or a
 rank-0 step that failed: :class:`RankFailed`, every rank alike too); anything else is a bug and

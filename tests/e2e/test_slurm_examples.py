@@ -81,7 +81,7 @@ sys.exit(max(node.wait() for node in nodes))
 
 TORCHRUN = """
 import json, os, sys
-names = ("SLURM_NODEID", "SLURMD_NODENAME", "TORCH_EXTENSIONS_DIR", "JANUS_VGGT_PATH", "JANUS_QWEN_PATH")
+names = ("SLURM_NODEID", "SLURMD_NODENAME", "JANUS_VGGT_PATH", "JANUS_QWEN_PATH")
 with open(os.path.join(os.environ["STUB_LOG"], "torchrun-%s.json" % os.environ["SLURMD_NODENAME"]), "w") as f:
     json.dump({"argv": sys.argv[1:], "env": {name: os.environ.get(name) for name in names}}, f)
 """
@@ -96,7 +96,7 @@ assert sys.argv[1:3] == ["-m", "pipelines.launch"], sys.argv
 args, launcher_log = sys.argv[3:], None
 if args[:1] == ["--launcher-log"]:
     launcher_log, args = args[1], args[2:]
-names = ("SLURM_NODEID", "SLURMD_NODENAME", "TORCH_EXTENSIONS_DIR", "JANUS_VGGT_PATH", "JANUS_QWEN_PATH")
+names = ("SLURM_NODEID", "SLURMD_NODENAME", "JANUS_VGGT_PATH", "JANUS_QWEN_PATH")
 host = os.environ["SLURMD_NODENAME"]
 stop = os.environ.get("STUB_STOP_SIGNAL")
 received = []
@@ -243,13 +243,12 @@ def test_train_runs_the_makefile_command_on_both_nodes(cluster: Cluster, tmp_pat
 
 
 @pytest.mark.parametrize("script", ["precompute.sbatch", "train.sbatch"])
-def test_every_node_gets_the_model_paths_and_the_environments_extension_dir(cluster: Cluster, script: str) -> None:
+def test_every_node_gets_the_model_paths(cluster: Cluster, script: str) -> None:
     submission = cluster.submit(script, JANUS_VGGT_PATH="/models/vggt", JANUS_QWEN_PATH="/models/qwen")
     assert submission.returncode == 0, submission.output
     for run in submission.torchruns().values():
         assert run["env"]["JANUS_VGGT_PATH"] == "/models/vggt"
         assert run["env"]["JANUS_QWEN_PATH"] == "/models/qwen"
-        assert run["env"]["TORCH_EXTENSIONS_DIR"] == str(cluster.venv / "torch_extensions")
 
 
 @pytest.mark.parametrize("script", ["precompute.sbatch", "train.sbatch"])
