@@ -19,7 +19,10 @@ PROFILE ?= tiny
 # becomes one --set KEY=VALUE of every profile-taking command below; these values cannot hold spaces).
 SET ?=
 SET_ARGS = $(foreach s,$(SET),--set $(s))
-DEMO_DIR ?= demo_out
+# One demo folder per profile (demo_out/tiny, demo_out/tiny-qwen3): a profile's demo starts its own
+# folder afresh and leaves the other profiles' demos as they are.
+DEMO_ROOT ?= demo_out
+DEMO_DIR ?= $(DEMO_ROOT)/$(PROFILE)
 DATA ?=
 # DATA as one single-quoted shell word (its own ' written '\''): any path a user can type (spaces,
 # quotes, '$', non-ASCII) arrives as typed, and `make -n` shows it.
@@ -51,7 +54,7 @@ STAMP := $(VENV)/.janus-setup
 
 help:
 	@echo "make setup       install janus and its dependencies into $(VENV)"
-	@echo "make demo [PROFILE=tiny|tiny-qwen3]  run janus on generated sample data (tiny profile, CPU; tiny-qwen3: Qwen3-VL)"
+	@echo "make demo [PROFILE=tiny|tiny-qwen3]  run janus on generated sample data into demo_out/PROFILE (tiny profile, CPU; tiny-qwen3: Qwen3-VL)"
 	@echo "make test        run the test suite (both tiers: tests/unit and tests/e2e)"
 	@echo "make test-fast   run the unit tier only (in-process tests, no CLI/torchrun/make)"
 	@echo "make precompute DATA=dir [PROFILE=tiny] [SET='cache.resolution=pad448 ...'] [OUT=cache] [NPROC=n] [FORMAT=zarr|wds]  (DATA=\"r2r=dir1 rxr=dir2\": several sources)"

@@ -163,6 +163,25 @@ def test_a_long_janus_command_names_an_existing_subcommand_and_its_options(comma
     assert named <= listed, f"{command}: {sorted(named - listed)} not in `{' '.join(program)} --help`"
 
 
+DEMO_PATH = re.compile(r"demo_out/[^\s`'\"),]*")
+DEMO_FOLDERS = ("data", "cache", "run", "janusvln", "janus")
+"""What ``make demo`` writes into its profile's folder ``demo_out/PROFILE`` (the Makefile's demo target)."""
+
+
+def test_every_demo_path_in_the_documents_is_one_make_demo_writes() -> None:
+    """A document's command that reuses the demo's results (``make train ... CACHE=demo_out/tiny/cache``)
+    names the folder of a profile's demo: ``demo_out/PROFILE/{data,cache,run,...}``, so another
+    profile's demo never takes it away."""
+    profiles = {p.stem for p in (REPO_ROOT / "configs" / "profiles").glob("*.yaml")}
+    named = {(document.name, path) for document in (*DOCUMENTS, REPO_ROOT / "benchmarks" / "results" / "README.md")
+             for path in DEMO_PATH.findall(document.read_text())}
+    assert named
+    wrong = [f"{name}: {path}" for name, path in sorted(named)
+             if (parts := path.rstrip("/").split("/"))[1] not in profiles or parts[2:3] not in ([], *([f] for f in DEMO_FOLDERS))]
+    assert not wrong, "not a folder make demo writes (demo_out/PROFILE/...):\n" + "\n".join(wrong)
+    assert "DEMO_DIR ?= $(DEMO_ROOT)/$(PROFILE)" in (REPO_ROOT / "Makefile").read_text()
+
+
 def make_targets() -> set[str]:
     return set(re.findall(r"^([a-z][a-z0-9-]*):", (REPO_ROOT / "Makefile").read_text(), flags=re.M))
 
