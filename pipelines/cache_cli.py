@@ -24,6 +24,7 @@ from typer.core import TyperGroup
 
 from janus_core.profile import SET_HELP
 from janus_core.profile import SET_OPTION as PROFILE_SET_OPTION
+from pipelines.dataset_options import IMAGE_ROOT_OPTION
 from pipelines.frozen_imports import frozen_imports
 
 
@@ -115,14 +116,22 @@ def sample_data(
     episodes: Annotated[int, typer.Option(min=1, help="Number of episodes.")] = 3,
     steps: Annotated[int, typer.Option(min=2, help="Frames per episode.")] = 14,
     seed: Annotated[int, typer.Option(help="Seed of the procedural scenes.")] = 0,
+    form: Annotated[str, typer.Option(
+        "--format", help="folders: episode folders; jsonl: the same images and one annotation file, "
+                         "OUT/annotations.jsonl, a record per sample.")] = "folders",
 ) -> None:
-    """Write a small synthetic dataset in the episode-folder format (640x480 PNG frames)."""
-    from janus_core.sample_data import write_sample_data
+    """Write a small synthetic dataset (640x480 PNG frames) as episode folders or an annotation file."""
+    from janus_core.plural import plural
+    from janus_core.sample_data import ANNOTATION_FILE, SAMPLE_FORMATS, write_sample_data
 
+    if form not in SAMPLE_FORMATS:
+        fail(f"--format must be one of {', '.join(SAMPLE_FORMATS)}, got {form!r}", code=2)
     if out.exists() and any(out.iterdir()):
         fail(f"{out} exists and is not empty; choose an empty or new folder")
-    write_sample_data(out, episodes=episodes, steps=steps, seed=seed)
-    typer.echo(f"wrote {episodes} episodes x {steps} frames to {out}")
+    write_sample_data(out, episodes=episodes, steps=steps, seed=seed, form=form)
+    what = f"{plural(episodes, 'episode')} x {plural(steps, 'frame')}"
+    typer.echo(f"wrote {what} to {out}" if form == "folders" else
+               f"wrote {what} to {out}, annotated in {out / ANNOTATION_FILE}")
 
 
 @app.command("index")
@@ -131,9 +140,7 @@ def index(
                                               "sources as one argument: 'r2r=DIR rxr=FILE'.")],
     profile: Annotated[str, typer.Option(help="Profile name or YAML path (sets the history size).")] = "tiny",
     overrides: Annotated[Optional[list[str]], SET_OPTION] = None,
-    image_root: Annotated[
-        Optional[Path], typer.Option(help="Image root of an annotation file (default: its folder).")
-    ] = None,
+    image_root: Annotated[Optional[list[str]], IMAGE_ROOT_OPTION] = None,
     strict: Annotated[bool, typer.Option(help="Fail on any dataset problem instead of skipping.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
     report: Annotated[Optional[Path], REPORT_OPTION] = None,
@@ -198,9 +205,7 @@ def plan_cmd(
                                               "sources as one argument: 'r2r=DIR rxr=FILE'.")],
     profile: Annotated[str, typer.Option(help="Profile name or YAML path.")] = "tiny",
     overrides: Annotated[Optional[list[str]], SET_OPTION] = None,
-    image_root: Annotated[
-        Optional[Path], typer.Option(help="Image root of an annotation file (default: its folder).")
-    ] = None,
+    image_root: Annotated[Optional[list[str]], IMAGE_ROOT_OPTION] = None,
     resolution: Annotated[Optional[str], typer.Option(help="e.g. pad644; default: the profile's.")] = None,
     nproc: Annotated[int, typer.Option(min=1, help="Processes the estimate assumes (total over nodes).")] = 1,
     workers: Annotated[Optional[int], typer.Option(
@@ -279,6 +284,8 @@ def info_cmd(
     w = manifest.window
     typer.echo(f"cache {cache} ({manifest.format}, schema {manifest.schema_version}), {size / 1e6:.1f} MB on disk")
     typer.echo(f"  base: {BASES[manifest.base].name} (the stored frames are its own)")
+    if manifest.dataset.sources:  # what an append lists first, in this order
+        typer.echo(f"  sources (in cache order): {', '.join(manifest.dataset.sources)}")
     typer.echo(f"  window: {w.history} history frames ({w.sampling}), reference frame {w.reference_frame}, "
                f"layer {w.layer}, {w.attention} attention")
     typer.echo(f"  features: {manifest.feature_dtype} (stored as {manifest.stored_dtype}), "

@@ -19,6 +19,7 @@ from janus_cache.store.commit import CHECKSUM_MODES
 from janus_cache.store.formats import DEFAULT_FORMAT, FORMATS, FORMATS_HELP
 from janus_core.profile import SET_HELP, SET_OPTION, ProfileError, load_profile
 from janus_core.resolution import Resolution
+from pipelines.dataset_options import IMAGE_ROOT_OPTION
 from pipelines.distributed import Ranks, fail_alike
 from pipelines.frozen_imports import frozen_imports
 
@@ -34,9 +35,7 @@ def command(
     out: Annotated[Path, typer.Option("--out", help="Cache directory (created or resumed).")],
     profile: Annotated[str, typer.Option(help="Profile name or YAML path.")] = "tiny",
     overrides: Annotated[Optional[list[str]], typer.Option(SET_OPTION, help=SET_HELP)] = None,
-    image_root: Annotated[
-        Optional[Path], typer.Option(help="Image root of an annotation file (default: its folder).")
-    ] = None,
+    image_root: Annotated[Optional[list[str]], IMAGE_ROOT_OPTION] = None,
     cache_format: Annotated[str, typer.Option("--format", help=f"{FORMATS_HELP}.")] = DEFAULT_FORMAT,
     resolution: Annotated[Optional[str], typer.Option(help="e.g. pad644; default: the profile's.")] = None,
     overwrite: Annotated[bool, typer.Option(help="Delete an existing cache at --out and start over.")] = False,
@@ -67,7 +66,7 @@ def command(
         from pipelines.precompute_run import Options, launched, run
 
     opts = Options(tuple(data), out, profile, cache_format, parsed, overwrite, force, allow_failures, workers, strict,
-                   image_root, checksums, tuple(overrides or ()))
+                   tuple(image_root or ()), checksums, tuple(overrides or ()))
     # torchrun names its run in every rank's environment: there a rank's uncaught exception goes to
     # torchrun's failure summary (launched); janus-cache's single process runs it bare.
     raise typer.Exit((launched if TORCHRUN_VARIABLE in os.environ else run)(opts))

@@ -39,7 +39,7 @@ from janus_cache.store.layout import REPORT_NAME, CacheLayout
 from janus_cache.store.manifest import read_manifest
 from janus_cache.store.split import shards_for
 from janus_core.bases import cache_base
-from janus_core.index import DatasetIndex, StoredSources
+from janus_core.index import DatasetIndex, ImageRoots, StoredSources
 from janus_core.profile import CacheSettings, Profile, load_profile
 from janus_core.qwen_vit import ViTEncoder
 from janus_core.resolution import Resolution
@@ -65,7 +65,8 @@ class Options:
     allow_failures: int = 0
     workers: Optional[int] = None
     strict: bool = False
-    image_root: Optional[Path] = None
+    image_root: ImageRoots = None
+    """The annotation files' image roots: ``NAME=DIR`` each, or one bare ``DIR`` for a single source."""
     checksums: str = "none"
     """Committed shards a resume hashes before trusting them: ``none`` (commit record and byte
     size only: no shard payload is read), ``sample`` (one in 16 and every table) or ``all``."""

@@ -182,6 +182,21 @@ def test_every_demo_path_in_the_documents_is_one_make_demo_writes() -> None:
     assert "DEMO_DIR ?= $(DEMO_ROOT)/$(PROFILE)" in (REPO_ROOT / "Makefile").read_text()
 
 
+def test_the_one_process_append_example_appends_to_the_cache_the_make_lines_build() -> None:
+    """docs/precompute.md's DAgger round without make: the sources of the make line before it, in
+    its order (an append refuses a source list that leaves one out), its cache and its profile."""
+    commands = code_block_commands(REPO_ROOT / "docs" / "precompute.md")
+    one = next(i for i, c in enumerate(commands) if c.text.startswith(".venv/bin/janus-cache precompute ")
+               and "dagger1=" in c.text)
+    make_line = next(c for c in reversed(commands[:one]) if c.words[:2] == ["make", "precompute"])
+    settings = dict(w.split("=", 1) for w in make_line.words[2:] if "=" in w)
+    words = commands[one].words
+    sources = words[2:next(i for i, w in enumerate(words) if w.startswith("--"))]
+    assert sources == shlex.split(settings["DATA"]), commands[one]
+    assert words[words.index("--out") + 1] == settings["OUT"], commands[one]
+    assert words[words.index("--profile") + 1] == settings["PROFILE"], commands[one]
+
+
 def make_targets() -> set[str]:
     return set(re.findall(r"^([a-z][a-z0-9-]*):", (REPO_ROOT / "Makefile").read_text(), flags=re.M))
 
