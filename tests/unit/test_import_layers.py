@@ -168,7 +168,7 @@ def test_the_scan_sees_every_package_and_its_imports() -> None:
     assert "janus_cache" in graph["pipelines.precompute_run"]
     assert {"janus_core", "janus_cache"} <= graph["janus_train.data.from_profile"]
     assert "janus_core" in graph["janus_cache.store.manifest"]
-    assert {"janus_cache", "pipelines", "benchmarks"} <= graph["benchmarks.bench"]
+    assert {"janus_cache", "pipelines", "benchmarks"} <= graph["benchmarks.bench_run"]
     assert "janus_train" in graph["benchmarks.flops"]
     modules = module_graph()
     assert "janus_train.config" in modules["janus_train.loop.validation"]
