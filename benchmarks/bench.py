@@ -14,6 +14,7 @@ from typing import Annotated
 import typer
 
 from benchmarks.measure import RESULTS_DIR
+from pipelines.command_line import run as run_command
 
 
 def command(
@@ -22,14 +23,16 @@ def command(
     steps: Annotated[int, typer.Option(min=3, help="Training steps per path.")] = 8,
     workers: Annotated[int, typer.Option(min=1, help="Loader workers for the data-path section.")] = 2,
 ) -> None:
-    """Measure live vs cached data path, storage, precompute and training; write the results."""
+    """Measure what the cache buys and write the results.
+
+    Live vs cached data path, storage, precompute and training, FLOPs per sample."""
     from benchmarks.bench_run import run
 
     run(out, repeats, steps, workers)
 
 
 def main() -> None:
-    typer.run(command)
+    run_command(command)
 
 
 if __name__ == "__main__":

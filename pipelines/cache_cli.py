@@ -24,6 +24,7 @@ from typer.core import TyperGroup
 
 from janus_core.profile import SET_HELP
 from janus_core.profile import SET_OPTION as PROFILE_SET_OPTION
+from pipelines.command_line import VersionOption, command_app, single_command
 from pipelines.dataset_options import IMAGE_ROOT_OPTION
 from pipelines.frozen_imports import frozen_imports
 
@@ -46,11 +47,9 @@ class StageCommand:
         return ast.get_docstring(next(found)) or ""
 
     def load(self) -> click.Command:
-        single = typer.Typer(add_completion=False)
         with frozen_imports():
             module = importlib.import_module(self.module)
-        single.command()(getattr(module, self.function))
-        return typer.main.get_command(single)
+        return typer.main.get_command(single_command(getattr(module, self.function)))
 
 
 STAGE_COMMANDS: dict[str, StageCommand] = {
@@ -81,12 +80,16 @@ class CacheCommands(TyperGroup):
             self.listing = False
 
 
-app = typer.Typer(
+app = command_app(
     cls=CacheCommands,
-    add_completion=False,
     no_args_is_help=True,
     help="Build, inspect and check janus caches of frozen-VGGT features and frames.",
 )
+
+
+@app.callback()
+def _commands(_version: VersionOption = False) -> None:
+    pass
 
 
 def fail(message: str, code: int = 1) -> None:
@@ -120,7 +123,9 @@ def sample_data(
         "--format", help="folders: episode folders; jsonl: the same images and one annotation file, "
                          "OUT/annotations.jsonl, a record per sample.")] = "folders",
 ) -> None:
-    """Write a small synthetic dataset (640x480 PNG frames) as episode folders or an annotation file."""
+    """Write a small synthetic dataset of 640x480 PNG frames.
+
+    As episode folders, or (--format jsonl) the same images and an annotation file."""
     from janus_core.plural import plural
     from janus_core.sample_data import ANNOTATION_FILE, SAMPLE_FORMATS, write_sample_data
 
@@ -145,7 +150,9 @@ def index(
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
     report: Annotated[Optional[Path], REPORT_OPTION] = None,
 ) -> None:
-    """Index a dataset and print its summary: episodes, frames, samples and skipped inputs."""
+    """Index a dataset and print its summary and problems.
+
+    Episodes, frames, samples, and the inputs skipped with their reasons."""
     from janus_core.index import DatasetError, build_sources_index, source_values, user_index_dir
     from janus_core.profile import ProfileError, load_profile
 
@@ -216,8 +223,10 @@ def plan_cmd(
     strict: Annotated[bool, typer.Option(help="Fail on any dataset problem (as precompute --strict would).")] = False,
     report: Annotated[Optional[Path], REPORT_OPTION] = None,
 ) -> None:
-    """Estimate a cache's size per format and the precompute time, measured on a few real samples;
-    the dataset's problems (the samples precompute would skip) are summarised as ``index`` does."""
+    """Estimate a cache's size and the precompute's time.
+
+    Measured on a few real samples, per format; the dataset's problems (the samples precompute would
+    skip) are summarised as `index` does."""
     from janus_core.profile import ProfileError, load_profile
     from janus_core.resolution import Resolution
 
@@ -265,7 +274,9 @@ def info_cmd(
     cache: Annotated[Path, typer.Argument(help="Cache directory.")],
     as_json: Annotated[bool, typer.Option("--json", help="Print the manifest as JSON.")] = False,
 ) -> None:
-    """Show what a cache holds: format, resolutions, window variant, counts and shard state."""
+    """Show what a cache holds.
+
+    Format, base, sources, window variant, features, resolutions, counts and shard state."""
     from janus_cache.store import StoreError, load_manifest, open_cache
     from janus_cache.store.layout import vit_array
     from janus_core.bases import BASES
@@ -312,7 +323,7 @@ def info_cmd(
 @app.command("bench", add_help_option=False,
              context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def bench_cmd(ctx: typer.Context) -> None:
-    """Measure live vs cached data path, storage, precompute and training; write the results."""
+    """Measure what the cache buys and write the results."""
     # The benchmarks are the layer above this one (they import it), so they run as their own program.
     raise typer.Exit(subprocess.call([sys.executable, "-m", "benchmarks.bench", *ctx.args]))
 

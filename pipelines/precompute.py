@@ -19,6 +19,7 @@ from janus_cache.store.commit import CHECKSUM_MODES
 from janus_cache.store.formats import DEFAULT_FORMAT, FORMATS, FORMATS_HELP
 from janus_core.profile import SET_HELP, SET_OPTION, ProfileError, load_profile
 from janus_core.resolution import Resolution
+from pipelines.command_line import run as run_command
 from pipelines.dataset_options import IMAGE_ROOT_OPTION
 from pipelines.distributed import Ranks, fail_alike
 from pipelines.frozen_imports import frozen_imports
@@ -47,7 +48,10 @@ def command(
         help="On resume, committed shards to re-hash before trusting them: none (commit record and size only), "
              "sample (1 shard in 16 + tables) or all.")] = "none",
 ) -> None:
-    """Precompute a cache of frozen-VGGT features and uint8 frames (resumable)."""
+    """Precompute a cache of frozen-VGGT features and frames.
+
+    uint8 frames once per frame, VGGT features once per sample; the same command resumes, repairs or
+    appends new episodes."""
     ranks = Ranks.from_env()
     if cache_format not in FORMATS:
         raise typer.BadParameter(f"--format must be one of {', '.join(FORMATS)}, got {cache_format!r}")
@@ -73,7 +77,7 @@ def command(
 
 
 def main() -> None:
-    typer.run(command)
+    run_command(command)
 
 
 if __name__ == "__main__":

@@ -12,28 +12,35 @@ import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
+import click
 import typer
 
 from janus_core.profile import SET_HELP, SET_OPTION
+from pipelines.command_line import VersionOption, command_app, single_command
 from pipelines.frozen_imports import frozen_imports
 from pipelines.train_options import CacheOption, DataOption, OutOption, ProfileOption
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="Train from janus caches and export the result.")
+app = command_app(no_args_is_help=True, help="Train from janus caches and export the result.")
 
 TRAIN_MODULE = "pipelines.train"
 """What torchrun starts on every rank; ``janus-train run --help-train`` prints its options."""
 
 
 @app.callback()
-def _commands() -> None:
+def _commands(_version: VersionOption = False) -> None:
     # With a single command and no callback, typer would make `export` the program itself and
     # refuse `janus-train export RUN`; the callback keeps the command group.
     pass
 
 
 def _help_train(value: bool) -> None:
+    """Every rank's options, as this command passes them on (``pipelines.train``'s own help)."""
     if value:
-        os.execv(sys.executable, [sys.executable, "-m", TRAIN_MODULE, "--help"])
+        from pipelines.train import command
+
+        train = typer.main.get_command(single_command(command))
+        typer.echo(train.get_help(click.Context(train, info_name="janus-train run")))
+        raise typer.Exit()
 
 
 @app.command("run", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
@@ -53,9 +60,10 @@ def run_cmd(
         "--help-train", is_eager=True, callback=_help_train,
         help="Show every training option (--max-steps, --live-data, --no-export, ...) and exit.")] = False,
 ) -> None:
-    """Start (or resume) a training run on this node, as `make train` does: torchrun with the
-    profile's processes, each rank training with these options and any other training option that
-    follows (see --help-train)."""
+    """Start (or resume) a training run on this node.
+
+    As `make train` does: torchrun with the profile's processes, each rank training with these
+    options and any other training option that follows (see --help-train)."""
     from janus_core.profile import ProfileError
     from janus_train.run.layout import RunLayout
     from janus_train.run.provenance import run_profile
@@ -95,8 +103,10 @@ def export_cmd(
         help="--format janusvln: the VGGT checkpoint to include (default: the profile's vggt.path, or its "
              "seeded random VGGT when it names none).")] = None,
 ) -> None:
-    """Consolidate a ZeRO-3 checkpoint into 16-bit (or fp32) weights: HF weights plus the janus
-    heads, or a reference JanusVLN checkpoint directory."""
+    """Export a run's checkpoint as a model directory.
+
+    Consolidates a ZeRO-3 checkpoint into 16-bit (or fp32) weights: transformers' model plus the
+    janus heads, or a reference JanusVLN checkpoint directory."""
     from janus_core.profile import ProfileError
     from janus_train.config import load_train_settings
     from janus_train.run.layout import RunLayout
@@ -154,8 +164,9 @@ def show_sample_cmd(
         "--run", help="A training run directory: show the sample as that run trains it (its recorded profile).")] = None,
     overrides: Annotated[Optional[list[str]], typer.Option(SET_OPTION, help=SET_HELP)] = None,
 ) -> None:
-    """Print one sample as trained: user and target text, token counts, and the weight and segment
-    of every supervised token."""
+    """Print one sample as trained, token by token.
+
+    User and target text, token counts, and the weight and segment of every supervised token."""
     with frozen_imports():
         from janus_core.index import DatasetError, build_index
         from janus_core.profile import ProfileError, load_profile

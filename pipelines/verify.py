@@ -63,6 +63,7 @@ from janus_core.index import DatasetIndex
 from janus_core.profile import SET_HELP, SET_OPTION, Profile, load_profile
 from janus_core.system.device import process_device
 from janus_core.vggt.encoder import EncoderIdentity, WindowEncoder
+from pipelines.command_line import run as run_command
 from pipelines.distributed import Control, Progress, RankFailed, Ranks, job_on_directory
 from pipelines.frozen_imports import freeze_imported
 from pipelines.precompute_run import frozen_vit
@@ -355,7 +356,10 @@ def command(
         help="A reference JanusVLN checkpoint directory: its VGGT (vggt.aggregator.*) is the encoder freshness "
              "and the live check compare with, its vision tower, merger and lam make the fused embeddings.")] = None,
 ) -> None:
-    """Check that a cache is complete, intact, current and equal to the live path; exit 1 if not."""
+    """Check that a cache is complete, intact and current.
+
+    Schema, integrity (checksums), completeness and freshness against the dataset and profile, and
+    samples recomputed live (--live); exit 1 if any check fails."""
     if checksums not in CHECKSUM_MODES:
         raise typer.BadParameter(f"--checksums must be one of {', '.join(CHECKSUM_MODES)}, got {checksums!r}")
     freeze_imported()  # this module imported torch as it loaded (pipelines.frozen_imports)
@@ -365,7 +369,7 @@ def command(
 
 @record  # torchrun's failure summary then shows the failing rank's exception
 def main() -> None:
-    typer.run(command)
+    run_command(command)
 
 
 if __name__ == "__main__":

@@ -53,8 +53,8 @@ def test_janus_cache_help_imports_no_torch_nor_transformers() -> None:
         "assert 'pipelines.precompute' not in sys.modules and 'pipelines.verify' not in sys.modules\n"
         + LOADED_HEAVY)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "Precompute a cache of frozen-VGGT features" in done.stdout
-    assert "Check that a cache is complete" in done.stdout
+    assert "Precompute a cache of frozen-VGGT features and frames." in done.stdout
+    assert "Check that a cache is complete, intact and current." in done.stdout
     assert " bench " in done.stdout and " info " in done.stdout
     assert json.loads(done.stdout.strip().splitlines()[-1]) == []
 
