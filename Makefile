@@ -119,7 +119,8 @@ train: $(STAMP)
 		$(if $(value DATA),--data $(DATA_ARG)) $(TRAIN_ARGS)
 
 verify: $(STAMP)
-	@test -n "$(CACHE)" || { echo "make verify: set CACHE=<cache directory> (and DATA=<dataset> for the dataset and live checks)" >&2; exit 2; }
+	@# CACHE defaults to OUT (cache, precompute's default): say so when no cache is there.
+	@test -e "$(CACHE)" || { echo "make verify: no cache at $(CACHE) (CACHE defaults to OUT=$(OUT)): set CACHE=<cache directory> (and DATA=<dataset> for the dataset and live checks)" >&2; exit 2; }
 	$(LAUNCH_ENV) $(LAUNCH) $(TORCHRUN_ARGS) --nproc_per_node $(NPROC) -m pipelines.verify $(CACHE) \
 		--profile $(PROFILE) $(SET_ARGS) $(if $(value DATA),--data $(DATA_ARG)) $(VERIFY_ARGS)
 

@@ -45,8 +45,8 @@ def usage_problem(cache: list[str] | None, live_data: Path | None, data: str | N
 
 
 def missing_cache(cache: Path) -> str | None:
-    """The usual first mistake, training before any precompute: why ``cache`` cannot be read (None
-    when it exists)."""
+    """The usual first mistake, training (or verifying) before any precompute: why ``cache`` cannot
+    be read (None when it exists)."""
     if Path(cache).exists():
         return None
     return (f"no cache exists at {cache}: make one with `make precompute DATA=<dataset> OUT={cache}` "

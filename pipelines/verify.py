@@ -64,9 +64,10 @@ from janus_core.profile import SET_HELP, SET_OPTION, Profile, load_profile
 from janus_core.system.device import process_device
 from janus_core.vggt.encoder import EncoderIdentity, WindowEncoder
 from pipelines.command_line import run as run_command
-from pipelines.distributed import Control, Progress, RankFailed, Ranks, job_on_directory
+from pipelines.distributed import Control, Progress, RankFailed, Ranks, fail_alike, job_on_directory
 from pipelines.frozen_imports import freeze_imported
 from pipelines.precompute_run import frozen_vit
+from pipelines.train_start import missing_cache
 
 T = TypeVar("T")
 
@@ -299,7 +300,7 @@ def _emit(opts: Options, results: list[CheckResult], world: int, seconds: float)
                          checksums=opts.checksums, seed=opts.seed, world_size=world, seconds=seconds)
     to_stdout = opts.json_report is not None and str(opts.json_report) == "-"
     table_stream = sys.stderr if to_stdout else sys.stdout
-    where = f"{opts.cache} ({report['format']}, profile {opts.profile}, " + (
+    where = f"{opts.cache} ({report['format'] or 'format unknown'}, profile {opts.profile}, " + (
         f"data {opts.data}" if opts.data else "no --data") + (
         f", checkpoint {opts.checkpoint}" if opts.checkpoint else "") + f", {world} process{'es' if world > 1 else ''})"
     print(f"janus-cache verify {where}", file=table_stream)
@@ -362,6 +363,8 @@ def command(
     samples recomputed live (--live); exit 1 if any check fails."""
     if checksums not in CHECKSUM_MODES:
         raise typer.BadParameter(f"--checksums must be one of {', '.join(CHECKSUM_MODES)}, got {checksums!r}")
+    if (missing := missing_cache(cache)) is not None:  # a cache not made yet: no table of skipped checks
+        fail_alike(Ranks.from_env(), missing)
     freeze_imported()  # this module imported torch as it loaded (pipelines.frozen_imports)
     raise typer.Exit(run(Options(cache, data, profile, live, checksums, seed, json_report, checkpoint, threads,
                                  tuple(overrides or ()))))
