@@ -40,6 +40,7 @@ from janus_cache.store.manifest import read_manifest
 from janus_cache.store.split import shards_for
 from janus_core.bases import cache_base
 from janus_core.index import DatasetIndex, ImageRoots, StoredSources
+from janus_core.plural import plural
 from janus_core.profile import CacheSettings, Profile, load_profile
 from janus_core.qwen_vit import ViTEncoder
 from janus_core.resolution import Resolution
@@ -173,9 +174,15 @@ def _complete(opts: Options, prepared: Prepared, resolution: Resolution) -> int:
     # Samples left out by an earlier run stay left out: the line says so, as that run's summary did.
     left_out = (f", {failed} samples failed (their frames could not be decoded; see {opts.out / REPORT_NAME})"
                 if failed else "")
-    print(f"cache {opts.out} is complete: {counts.get('samples_written', counts['samples'])} samples at "
-          f"{resolution.name} ({opts.cache_format}), every shard committed{left_out}; nothing to do "
-          f"(janus-cache verify checks its contents, --overwrite rebuilds it)", flush=True)
+    # What the check read: a resume trusts commit record and size unless --checksums hashed shards.
+    checked = {"all": "every shard committed and hashed (--checksums all: each matches its commit record)",
+               "sample": "every shard committed, 1 in 16 and every table hashed (--checksums sample)"}
+    how = {"all": "nothing to repair (--overwrite rebuilds it)",
+           "sample": "nothing to repair (janus-cache verify hashes the rest, --overwrite rebuilds it)"}
+    print(f"cache {opts.out} is complete: {plural(counts.get('samples_written', counts['samples']), 'sample')} at "
+          f"{resolution.name} ({opts.cache_format}), {checked.get(opts.checksums, 'every shard committed')}"
+          f"{left_out}; {how.get(opts.checksums, 'nothing to do (janus-cache verify checks its contents, --overwrite rebuilds it)')}",
+          flush=True)
     if failed > opts.allow_failures:
         print(f"error: {failed} samples failed, more than --allow-failures {opts.allow_failures}; see "
               f"{opts.out / REPORT_NAME}", file=sys.stderr)
