@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from janus_core.bases import cache_base
+from janus_core.plural import plural
 from janus_core.profile import Profile
 from janus_core.resolution import visual_tokens
 from janus_train.checkpoint.best import BestCheckpoint
@@ -85,8 +86,8 @@ def resume_choice(checkpoints: Checkpoints, settings: TrainSettings, world: int,
 def too_few_samples(data: TrainData, settings: TrainSettings, world: int, stepping: Stepping) -> TooFewSamples:
     source = ", ".join(str(s.path) for s in data.sources)
     return TooFewSamples(
-        f"{source} holds {data.order.epoch_length} samples, fewer than one optimizer step takes "
-        f"(micro_batch {settings.micro_batch} x grad_accum {settings.grad_accum} x {world} processes "
+        f"{source} holds {plural(data.order.epoch_length, 'sample')}, fewer than one optimizer step takes "
+        f"(micro_batch {settings.micro_batch} x grad_accum {settings.grad_accum} x {plural(world, 'process')} "
         f"= {stepping.samples_per_step})"
     )
 

@@ -22,6 +22,7 @@ import click
 import typer
 from typer.core import TyperGroup
 
+from janus_core.plural import plural
 from janus_core.profile import SET_HELP
 from janus_core.profile import SET_OPTION as PROFILE_SET_OPTION
 from pipelines.command_line import VersionOption, command_app, single_command
@@ -126,7 +127,6 @@ def sample_data(
     """Write a small synthetic dataset of 640x480 PNG frames.
 
     As episode folders, or (--format jsonl) the same images and an annotation file."""
-    from janus_core.plural import plural
     from janus_core.sample_data import ANNOTATION_FILE, SAMPLE_FORMATS, write_sample_data
 
     if form not in SAMPLE_FORMATS:
@@ -186,7 +186,7 @@ def profile_cmd(
     except ProfileError as err:
         fail(str(err))
     typer.echo(f"profile {prof.name} ({prof.source})")
-    typer.echo(f"  device {prof.device}, compute dtype {prof.compute_dtype}, {prof.nproc_per_node} processes per node")
+    typer.echo(f"  device {prof.device}, compute dtype {prof.compute_dtype}, {plural(prof.nproc_per_node, 'process')} per node")
     c = prof.cache
     typer.echo(
         f"  cache: resolution {c.resolution.name}, history {c.history}, reference frame {c.reference_frame}, "
@@ -197,12 +197,12 @@ def profile_cmd(
     typer.echo(f"  vggt: {vggt}")
     qwen = f"{prof.qwen.path}" + (f" (random weights, seed {prof.qwen.seed})" if prof.qwen.random_init else "")
     typer.echo(f"  qwen: {qwen}")
-    ramp = (f" -> {train.distill_loss_weight_end} over {train.distill_loss_weight_warmup_steps} steps"
+    ramp = (f" -> {train.distill_loss_weight_end} over {plural(train.distill_loss_weight_warmup_steps, 'step')}"
             if train.loss_config().ramps else "")
     typer.echo(
         f"  train: micro-batch {train.micro_batch} x accumulation {train.grad_accum}, {train.epochs} epochs, "
         f"segment weights {list(train.segment_weights)}, action weight {train.distill_loss_weight}{ramp}, "
-        f"template {train.prompt_template}, {train.num_workers} loader workers"
+        f"template {train.prompt_template}, {plural(train.num_workers, 'loader worker')}"
     )
 
 
@@ -303,7 +303,7 @@ def info_cmd(
                f"encoder {manifest.encoder_fingerprint[:16]}")
     typer.echo("  counts: " + ", ".join(f"{k} {v}" for k, v in manifest.counts.items()))
     for name, entry in manifest.resolutions.items():
-        typer.echo(f"  resolution {name}: {len(opened[name].reader)} samples, frames {entry.frame_shape}, "
+        typer.echo(f"  resolution {name}: {plural(len(opened[name].reader), 'sample')}, frames {entry.frame_shape}, "
                    f"features {entry.feature_shape}, {entry.preprocessing}")
         if name in manifest.vit_features:
             vit = manifest.vit_features[name]
@@ -317,7 +317,7 @@ def info_cmd(
         done, total = groups.setdefault(name, [0, 0])
         groups[name] = [done + sum(1 for s in shards if s.committed), total + len(shards)]
     for name, (done, total) in groups.items():
-        typer.echo(f"  {name}: {done}/{total} shards committed")
+        typer.echo(f"  {name}: {done}/{plural(total, 'shard')} committed")
 
 
 @app.command("bench", add_help_option=False,

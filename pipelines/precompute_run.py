@@ -172,7 +172,7 @@ def _complete(opts: Options, prepared: Prepared, resolution: Resolution) -> int:
     counts = prepared.manifest.counts
     failed = counts.get("samples_failed", 0)
     # Samples left out by an earlier run stay left out: the line says so, as that run's summary did.
-    left_out = (f", {failed} samples failed (their frames could not be decoded; see {opts.out / REPORT_NAME})"
+    left_out = (f", {plural(failed, 'sample')} failed (their frames could not be decoded; see {opts.out / REPORT_NAME})"
                 if failed else "")
     # What the check read: a resume trusts commit record and size unless --checksums hashed shards.
     checked = {"all": "every shard committed and hashed (--checksums all: each matches its commit record)",
@@ -184,19 +184,21 @@ def _complete(opts: Options, prepared: Prepared, resolution: Resolution) -> int:
           f"{left_out}; {how.get(opts.checksums, 'nothing to do (janus-cache verify checks its contents, --overwrite rebuilds it)')}",
           flush=True)
     if failed > opts.allow_failures:
-        print(f"error: {failed} samples failed, more than --allow-failures {opts.allow_failures}; see "
+        print(f"error: {plural(failed, 'sample')} failed, more than --allow-failures {opts.allow_failures}; see "
               f"{opts.out / REPORT_NAME}", file=sys.stderr)
         return 1
     return 0
 
 
-def _finish(job: PrecomputeJob, opts: Options, seconds: float, peaks: list[tuple[float, float]]) -> int:
-    """Rank 0: the job's last step and its summary; the exit code."""
+def _finish(job: PrecomputeJob, opts: Options, seconds: float, peaks: list[tuple[float, float]],
+            computed: int) -> int:
+    """Rank 0: the job's last step and its summary (``computed``: the samples this run encoded); the
+    exit code."""
     outcome = job.finish()
-    print(outcome.format(seconds), flush=True)
+    print(outcome.format(seconds, computed), flush=True)
     print(format_peaks(peaks), flush=True)
     if len(outcome.dropped) > opts.allow_failures:
-        print(f"error: {len(outcome.dropped)} samples failed, more than --allow-failures {opts.allow_failures}",
+        print(f"error: {plural(len(outcome.dropped), 'sample')} failed, more than --allow-failures {opts.allow_failures}",
               file=sys.stderr)
         return 1
     return 0
@@ -268,12 +270,13 @@ def run(opts: Options) -> int:
             control.on_main(job.prepare_features)
             mine, tally = phase("features", job.pending_feature_shards, job.n_feature_shards, job.samples_array,
                                 job.feature_shard_rows, len(job.usable_rows), "samples")
+            computed = len(job.usable_rows) - tally.done  # committed before this run: not this run's work
             control.gather(lambda: job.feature_shards(mine, on_done=lambda shard, n: progress.poll(tally)), user_errors)
             progress.poll(tally, force=True)
             progress.close()
             seconds = time.perf_counter() - started
             peaks = control.gather(peak_memory)
-            return control.on_main(lambda: _finish(job, opts, seconds, peaks))
+            return control.on_main(lambda: _finish(job, opts, seconds, peaks, computed))
     except RankFailed as err:
         if ranks.is_main:  # every rank failed alike: one line for the user
             print(f"error: {err}", file=sys.stderr)

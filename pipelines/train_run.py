@@ -41,6 +41,7 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from janus_cache.store import DamagedData
+from janus_core.plural import plural
 from janus_core.profile import CacheSettings, Profile
 from janus_core.system.disk_space import NoRoom
 from janus_train.build import TooFewSamples, build_parts
@@ -83,7 +84,7 @@ def loader_note(num_workers: int, local_processes: int) -> str | None:
     if num_workers <= cores:
         return None
     return (f"note: train.num_workers is {num_workers} loader workers per process ({num_workers * local_processes} on "
-            f"this node) for {cores} cores; if the step line's wait % is high, lower train.num_workers")
+            f"this node) for {plural(cores, 'core')}; if the step line's wait % is high, lower train.num_workers")
 
 
 def quiet_export(checkpoints: Path, out: Path, prof: Profile, settings: TrainSettings) -> Path:
@@ -210,8 +211,8 @@ def announce_start(trainer: Trainer, cache: CacheSettings, resumed: bool, local_
     validation = trainer.data.validation
     mixture = (" from " + ", ".join(f"{s.name} (weight {s.weight:g})" for s in sources)
                if len(sources) > 1 else "")
-    print(f"training {stepping.total_steps} steps of {stepping.samples_per_step} samples on {trainer.world} "
-          f"processes ({stepping.steps_per_epoch} step{'s' if stepping.steps_per_epoch != 1 else ''} per epoch)"
+    print(f"training {plural(stepping.total_steps, 'step')} of {plural(stepping.samples_per_step, 'sample')} on "
+          f"{plural(trainer.world, 'process')} ({plural(stepping.steps_per_epoch, 'step')} per epoch)"
           f"{mixture}, frames at {cache.resolution.name}"
           f"{' (the frozen ViT from the cache: only its mergers run)' if cache.vit_features else ''}"
           f", metrics in {trainer.parts.layout.metrics}"

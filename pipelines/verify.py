@@ -60,6 +60,7 @@ from janus_cache.verify import (
 )
 from janus_core.dtypes import TORCH_DTYPES
 from janus_core.index import DatasetIndex
+from janus_core.plural import plural
 from janus_core.profile import SET_HELP, SET_OPTION, Profile, load_profile
 from janus_core.system.device import process_device
 from janus_core.vggt.encoder import EncoderIdentity, WindowEncoder
@@ -302,7 +303,7 @@ def _emit(opts: Options, results: list[CheckResult], world: int, seconds: float)
     table_stream = sys.stderr if to_stdout else sys.stdout
     where = f"{opts.cache} ({report['format'] or 'format unknown'}, profile {opts.profile}, " + (
         f"data {opts.data}" if opts.data else "no --data") + (
-        f", checkpoint {opts.checkpoint}" if opts.checkpoint else "") + f", {world} process{'es' if world > 1 else ''})"
+        f", checkpoint {opts.checkpoint}" if opts.checkpoint else "") + f", {plural(world, 'process')})"
     print(f"janus-cache verify {where}", file=table_stream)
     print(format_table(results), file=table_stream, flush=True)
     text = json.dumps(report, indent=2, sort_keys=True, default=str) + "\n"

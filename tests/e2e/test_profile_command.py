@@ -46,3 +46,12 @@ def test_a_shipped_profile_copied_elsewhere_is_told_to_extend_it_instead(tmp_pat
     extended = subprocess.run([janus_cache, "profile", str(copy)], capture_output=True, text=True)
     assert extended.returncode == 0, extended.stderr
     assert "accumulation 4" in extended.stdout
+
+
+def test_counts_of_one_are_said_in_the_singular() -> None:
+    janus_cache = Path(sys.executable).parent / "janus-cache"
+    shown = subprocess.run([janus_cache, "profile", "tiny", "--set", "nproc_per_node=1", "--set", "train.num_workers=1"],
+                           capture_output=True, text=True)
+    assert shown.returncode == 0, shown.stderr
+    assert "  device cpu, compute dtype float32, 1 process per node" in shown.stdout.splitlines()
+    assert shown.stdout.rstrip().endswith(", 1 loader worker")

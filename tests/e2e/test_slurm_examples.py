@@ -302,10 +302,10 @@ def test_two_nodes_launched_by_precompute_sbatch_build_the_one_process_cache(
                          timeout=600, VENV=str(venv), DATA=str(sample_dataset), OUT=str(out), PROFILE="tiny",
                          NPROC="1", OMP_NUM_THREADS="1")
     assert submission.returncode == 0, submission.output[-4000:]
-    assert "2 nodes x 1 processes, rendezvous localhost:" in submission.output
+    assert "2 nodes x 1 process, rendezvous localhost:" in submission.output
     # Rank 0 alone prints the plan, with the job's world size: one job, not two of one process.
-    assert submission.output.count("process(es) x 1 decode worker(s)") == 1, submission.output[-4000:]
-    assert "with 2 process(es) x 1 decode worker(s)" in submission.output
+    assert submission.output.count("processes x 1 decode worker ") == 1, submission.output[-4000:]
+    assert "with 2 processes x 1 decode worker " in submission.output
 
     single = tmp_path / "single"
     plain = subprocess.run([str(venv / "bin" / "janus-cache"), "precompute", str(sample_dataset), "--out", str(single),
