@@ -79,6 +79,10 @@ def test_an_appended_cache_equals_a_cache_built_from_scratch_on_the_union(
     assert re.match(r"  extended 2 partly filled shards and \d+ table files with the new rows: ", said), said
     assert all(record is not None and record.file in said for record in grown), said
     assert "repaired" not in result.stdout + result.stderr
+    # The rate counts this run's work: the new samples and the rewritten partly filled shard's, not the cache's.
+    computed = 3 * STEPS - (2 * STEPS) // ROWS_PER_SHARD * ROWS_PER_SHARD
+    assert re.search(rf"^precompute done in [\d.]+ s: {3 * STEPS} samples, {computed} computed by this run "
+                     r"\([\d.]+/s\), ", result.stdout, re.M), result.stdout
 
     scratch = source_caches(cache_format, "ab")  # the session's build from scratch of r2r=A d1=B
 
