@@ -107,11 +107,13 @@ def default_workers(local_processes: int) -> int:
     return default_decode_workers(local_processes)
 
 
-def _prepare(job: PrecomputeJob, opts: Options, resolution: Resolution, processes: int, workers: int) -> Prepared:
+def _prepare(job: PrecomputeJob, opts: Options, profile: Profile, resolution: Resolution, processes: int,
+             workers: int) -> Prepared:
     """Rank 0: the job's first step, printing its plan as soon as it is measured."""
 
     def show(plan: Plan) -> None:
-        print(f"plan for {opts.sources} -> {opts.out} ({opts.cache_format}, {resolution.name}):", flush=True)
+        print(f"plan for {opts.sources} -> {opts.out} ({opts.cache_format}, {resolution.name}, profile {profile.name}):",
+              flush=True)
         print(plan.format(processes, workers), flush=True)
         # What the index skips, as `janus-cache index` and `plan` say it.
         print("\n".join(job.index.report.summary_lines(f"{opts.out / REPORT_NAME} (when the run ends)")), flush=True)
@@ -222,7 +224,7 @@ def run(opts: Options) -> int:
             vits: list[ViTEncoder | None] = []
             control.gather(lambda: vits.append(frozen_vit(profile, _device(profile, ranks))), (ValueError,))
             job = PrecomputeJob(index, opts.out, opts.cache_format, profile.cache, resolution, encoder, vits[0], base)
-            prepared = control.on_main(lambda: _prepare(job, opts, resolution, ranks.world, workers))
+            prepared = control.on_main(lambda: _prepare(job, opts, profile, resolution, ranks.world, workers))
             if prepared.complete:  # nothing measured, nothing written
                 return control.on_main(lambda: _complete(opts, prepared, resolution))
             job.planned_bytes = prepared.plan.needed_bytes(opts.cache_format)
