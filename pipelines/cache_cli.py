@@ -277,6 +277,7 @@ def info_cmd(
     """Show what a cache holds.
 
     Format, base, sources, window variant, features, resolutions, counts and shard state."""
+    from janus_cache.keys import describe_preprocessing
     from janus_cache.store import StoreError, load_manifest, open_cache
     from janus_cache.store.layout import vit_array
     from janus_core.bases import BASES
@@ -303,12 +304,13 @@ def info_cmd(
                f"encoder {manifest.encoder_fingerprint[:16]}")
     typer.echo("  counts: " + ", ".join(f"{k} {v}" for k, v in manifest.counts.items()))
     for name, entry in manifest.resolutions.items():
-        typer.echo(f"  resolution {name}: {plural(len(opened[name].reader), 'sample')}, frames {entry.frame_shape}, "
-                   f"features {entry.feature_shape}, {entry.preprocessing}")
+        typer.echo(f"  resolution {name}: {plural(len(opened[name].reader), 'sample')}, frames "
+                   f"{'x'.join(map(str, entry.frame_shape))}, features {'x'.join(map(str, entry.feature_shape))}, "
+                   f"{describe_preprocessing(entry.preprocessing)}")
         if name in manifest.vit_features:
             vit = manifest.vit_features[name]
             vit_bytes = sum(s.nbytes for s in manifest.shards.get(vit_array(name), ()))
-            typer.echo(f"  ViT features {name}: {vit.feature_shape} per frame, {vit.dtype} (stored as "
+            typer.echo(f"  ViT features {name}: {'x'.join(map(str, vit.feature_shape))} per frame, {vit.dtype} (stored as "
                        f"{vit.stored_dtype}), {vit_bytes / 1e6:.1f} MB, ViT {vit.fingerprint[:16]} of {vit.base_model}")
     groups: dict[str, list[int]] = {}
     for array, shards in manifest.shards.items():

@@ -71,6 +71,9 @@ def test_info_names_the_caches_sources_in_order(source_caches: Callable[[str, st
     shown = janus_cache("info", source_caches("zarr", "ab"))
     assert shown.returncode == 0, tail(shown)
     assert "  sources (in cache order): r2r, d1" in shown.stdout.splitlines(), shown.stdout
+    # Its resolution as words, not as the manifest's dictionary.
+    assert ("  resolution pad224: 15 samples, frames 224x224x3, features 256x128, pad to 224 px, PIL bicubic, "
+            "pad value 255") in shown.stdout.splitlines(), shown.stdout
 
 
 def test_the_sample_data_as_an_annotation_file_indexes_as_its_episode_folders(tmp_path: Path) -> None:
