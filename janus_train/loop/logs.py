@@ -48,7 +48,8 @@ def check_wandb(project: str, source: Path | str) -> None:
         import wandb  # noqa: F401
     except ImportError:
         raise WandbMissing(f"{source}: setting 'train.wandb_project' is {project!r} but the wandb package is not "
-                           "installed (pip install wandb, or leave the setting empty)") from None
+                           "installed: install the wandb extra (make setup EXTRAS=train,test,wandb), or leave the "
+                           "setting empty") from None
 
 
 def finite_or_none(value: Any) -> Any:
@@ -112,6 +113,18 @@ def step_line(record: dict[str, Any], total_steps: int, eta_s: float) -> str:
         line += (f" | live check: feature diff {record['live_feature_max_abs']:.3g}, "
                  f"loss rel diff {record['live_loss_rel_diff']:.3g}")
     return line
+
+
+DASHBOARD_SECTIONS = ("val",)
+"""Record names ``<section>_<metric>`` that a dashboard shows in a section of their own (``val/loss``);
+every other name is a training metric (``train/loss``)."""
+
+
+def dashboard_tag(name: str) -> str:
+    """A record's name as TensorBoard and Weights & Biases show it: ``val_loss`` -> ``val/loss``,
+    ``loss`` -> ``train/loss`` (the one place the tags are named; metrics.jsonl keeps the names)."""
+    section, _, metric = name.partition("_")
+    return f"{section}/{metric}" if section in DASHBOARD_SECTIONS and metric else f"train/{name}"
 
 
 def quiet_tensorboard_thread_on_full_disk(directory: Path) -> None:
@@ -199,7 +212,7 @@ class RunLog:
                 os.truncate(self.metrics_file, written)
             raise self._no_room(err, self.metrics_file, record["step"], len(line.encode())) from None
         print(step_line(clean, self.total_steps, self.eta.seconds_left(record["step_s"])), flush=True)
-        scalars = {name: value for name, value in clean.items()
+        scalars = {dashboard_tag(name): value for name, value in clean.items()
                    if isinstance(value, (int, float)) and not isinstance(value, bool) and name != "step"}
         try:
             self._tensorboard_write(scalars, record["step"])
