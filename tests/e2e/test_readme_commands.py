@@ -197,6 +197,30 @@ def test_the_one_process_append_example_appends_to_the_cache_the_make_lines_buil
     assert words[words.index("--profile") + 1] == settings["PROFILE"], commands[one]
 
 
+OUTPUT_FILES = ("--json", "--report", "--record-outputs")
+OUTPUT_FOLDERS = ("--out", "OUT=", "RUN=", "CACHE=")
+
+
+def written_paths(command: Command) -> list[str]:
+    """The files and folders a command writes, as it names them (a folder as ``FOLDER/x``)."""
+    words, named = command.words, []
+    for option, value in zip(words, words[1:]):
+        if option in OUTPUT_FILES + OUTPUT_FOLDERS:
+            named.append(value if option in OUTPUT_FILES else f"{value}/x")
+    named += [f"{w.split('=', 1)[1]}/x" for w in words if w.startswith(OUTPUT_FOLDERS[1:])]
+    return [path for path in named if path not in ("-", "-/x")]
+
+
+def test_what_the_documents_commands_write_into_the_clone_is_ignored_by_git() -> None:
+    """A command run as written from the repository root (``--json report.json``, ``--report
+    problems.json``, ``OUT=cache``, ``RUN=runs/...``) leaves nothing that ``git status`` shows."""
+    relative = sorted({(str(c), path) for c in ALL_COMMANDS for path in written_paths(c) if not path.startswith("/")})
+    assert any(path == "report.json" for _, path in relative), relative
+    shown = [f"{command}: {path}" for command, path in relative
+             if subprocess.run(["git", "check-ignore", "-q", path], cwd=REPO_ROOT).returncode != 0]
+    assert not shown, "written into the clone and not ignored by git:\n" + "\n".join(shown)
+
+
 def make_targets() -> set[str]:
     return set(re.findall(r"^([a-z][a-z0-9-]*):", (REPO_ROOT / "Makefile").read_text(), flags=re.M))
 
