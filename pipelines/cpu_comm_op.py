@@ -30,6 +30,7 @@ import contextlib
 import importlib
 import io
 import os
+import subprocess
 import sys
 import threading
 import time
@@ -157,11 +158,12 @@ def load_cpu_comm_op(announce_wait: bool = True) -> Any:
             with ninja_of_the_environment(), said_when_slow(building, SLOW_LOAD_S if built else None), \
                     contextlib.redirect_stdout(io.StringIO()):
                 return comm.build_shm_op()
-        except (RuntimeError, OSError, ImportError) as err:  # the compiler's output, or a missing tool
-            output = getattr(err, "output", None) or str(err)
+        except (RuntimeError, OSError, ImportError, subprocess.SubprocessError) as err:  # a compiler's output,
+            output = getattr(err, "output", None) or str(err)                           # or a missing tool
+            if isinstance(output, bytes):
+                output = output.decode(errors="replace")
             raise CommOpBuildFailed(
-                f"DeepSpeed's CPU communication op could not be built in {directory}: "
-                f"{first_error_line(output if isinstance(output, str) else output.decode(errors='replace'))}; "
+                f"DeepSpeed's CPU communication op could not be built in {directory}: {first_error_line(output)}; "
                 "it needs a C++ compiler (g++) and Python's headers (e.g. python3-dev)") from None
 
 

@@ -22,7 +22,7 @@ from janus_core.system.device import process_device
 from janus_core.system.disk_space import format_bytes
 from janus_core.system.lock import DirectoryLock
 from janus_core.system.threads import usable_cores  # noqa: F401 - the trainer's loader note reads it here
-from pipelines.cpu_comm_op import load_cpu_comm_op
+from pipelines.cpu_comm_op import environment_extensions, load_cpu_comm_op
 from pipelines.library_output import library_chatter_hidden, name_deepspeed_accelerator
 
 if TYPE_CHECKING:  # imported when a training rank joins its group: the light commands need no torch
@@ -73,6 +73,7 @@ def init_distributed(kind: str, alloc_conf: str = "") -> torch.device:
     """
     cuda = kind == "cuda"
     name_deepspeed_accelerator(kind)  # spares every rank DeepSpeed's detection warning
+    environment_extensions()  # any op DeepSpeed builds goes into this environment
     if not cuda:  # the environment's build of DeepSpeed's CPU op, or a build said in one line
         load_cpu_comm_op(announce_wait=os.environ.get("LOCAL_RANK", "0") == "0")
     import deepspeed
