@@ -199,10 +199,11 @@ def test_libraries_never_import_the_layers_above_them() -> None:
                          + "\n".join(found))
 
 
-TRAIN_ORDER = ("data", "model", "config", "run", "checkpoint", "loop", "build")
+TRAIN_ORDER = ("data", "model", "config", "run", "checkpoint", "evals", "loop", "build")
 """janus_train's folders and top-level modules, lowest first: each imports only those before it
 (the reader's samples, prompts and M-RoPE ids; the model; the train settings, which take both's
-facts; the run directory; checkpoints; the loop; the run's builder on top)."""
+facts; the run directory; checkpoints; the external evaluations of checkpoints; the loop; the run's
+builder on top)."""
 
 
 def train_order_offenders(graph: dict[str, set[str]]) -> list[str]:
