@@ -121,8 +121,8 @@ def export_cmd(
         raise typer.Exit(1)
     # After the profile's checks: a run refused there costs no torch, transformers or DeepSpeed.
     with frozen_imports():
-        from janus_train.checkpoint.export import FORMATS, export, export_janusvln
-        from janus_train.checkpoint.reference import ReferenceCheckpointError, run_model_config
+        from janus_train.checkpoint.export import FORMATS, export_as
+        from janus_train.checkpoint.reference import ReferenceCheckpointError
         from pipelines.library_output import library_chatter_hidden, name_deepspeed_accelerator
 
     if fmt not in FORMATS:
@@ -144,10 +144,7 @@ def export_cmd(
     name_deepspeed_accelerator(prof.device)
     try:
         with library_chatter_hidden(ReferenceCheckpointError, ValueError):
-            if fmt == "janusvln":
-                path = export_janusvln(layout.checkpoints, out, prof, settings, vggt, tag=tag, dtype=dtype)
-            else:
-                path = export(layout.checkpoints, out, prof, run_model_config(settings), tag=tag, dtype=dtype)
+            path = export_as(fmt, layout.checkpoints, out, prof, settings, vggt, tag=tag, dtype=dtype)
     except (ReferenceCheckpointError, ValueError) as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(1)

@@ -121,6 +121,15 @@ def export_janusvln(checkpoint_dir: Path, out: Path, profile: Profile, settings:
         return out
 
 
+def export_as(fmt: str, checkpoint_dir: Path, out: Path, profile: Profile, settings: TrainSettings,
+              vggt: Path | None = None, tag: str | None = None, dtype: str | None = None) -> Path:
+    """Write ``out`` in format ``fmt`` (:data:`FORMATS`) from the run's checkpoint (latest tag unless
+    ``tag``): :func:`export_janusvln` (with ``vggt``) or :func:`export`."""
+    if fmt == "janusvln":
+        return export_janusvln(checkpoint_dir, out, profile, settings, vggt, tag=tag, dtype=dtype)
+    return export(checkpoint_dir, out, profile, run_model_config(settings), tag=tag, dtype=dtype)
+
+
 def load_exported(out: Path, profile: Profile, config: JanusModelConfig, device: str = "cpu") -> JanusVLNModel:
     """A JanusVLNModel whose Qwen part transformers loaded from ``out`` (the class of the base its
     config names) and whose heads come from it too."""
