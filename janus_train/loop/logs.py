@@ -29,11 +29,15 @@ from typing import Any
 from janus_core.system.disk_space import NoRoom, format_bytes, free_bytes, no_room_reason
 from janus_core.system.files import atomic_file
 from janus_train.checkpoint.store import Checkpoints
+from janus_train.data.val_metric_names import EVAL_PREFIX
 from janus_train.run.layout import RunLayout
 from janus_train.run.provenance import utc_now
 
 TIME_FIELD = "time"
 """The wall-clock time of a record: ISO 8601, UTC (:func:`utc_now`)."""
+
+EVAL_STEP = "eval_step"
+"""An evaluation's record: the step of the checkpoint it evaluated, the x axis of its ``eval/`` metrics."""
 
 
 class WandbMissing(ValueError):
@@ -155,6 +159,21 @@ def _logged_by(line: bytes, step: int) -> bool:
     return isinstance(record, dict) and isinstance(record.get("step"), int) and record["step"] <= step
 
 
+def last_logged_step(metrics_file: Path) -> int:
+    """The step of the last whole record of ``metrics.jsonl`` (0: none): where records added after a
+    run ended (an evaluation's late results) go in its step order."""
+    if not metrics_file.is_file():
+        return 0
+    for line in reversed(metrics_file.read_bytes().splitlines()):
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and isinstance(record.get("step"), int):
+            return int(record["step"])
+    return 0
+
+
 class RunLog:
     """The main process's sinks for metric records; build it on rank 0 only."""
 
@@ -170,6 +189,11 @@ class RunLog:
 
             self.wandb = wandb.init(project=wandb_project, dir=str(out_dir), config=run_config or {},
                                     name=out_dir.name, resume="allow")
+            # The evaluations' metrics on their own axis, the step of the checkpoint each evaluated.
+            self.wandb.define_metric(EVAL_STEP)
+            self.wandb.define_metric(f"{EVAL_PREFIX}*", step_metric=EVAL_STEP)
+        self._wandb_evaluations: list[dict[str, Any]] = []  # each waiting for a W&B row of its own
+        self._wandb_row = -1  # the last W&B step written
 
     def resume_at(self, step: int) -> None:
         """A run (re)starts after ``step`` (0: from scratch): records of later steps, written by a run
@@ -220,6 +244,39 @@ class RunLog:
             raise self._no_room(err, RunLayout(self.out_dir).tensorboard, record["step"], len(line.encode())) from None
         if self.wandb is not None:
             self.wandb.log(scalars, step=record["step"])
+            self._wandb_row = record["step"]
+            if self._wandb_evaluations:  # one evaluation per row: two in one row would overwrite each other
+                self.wandb.log(self._wandb_evaluations.pop(0), step=self._wandb_row)
+
+    def write_evaluation(self, step: int, eval_step: int, metrics: dict[str, float], best: bool | None) -> None:
+        """Append an external evaluation's ``metrics`` of the checkpoint of ``eval_step``, logged at
+        training step ``step`` (``metrics.jsonl`` stays in step order), as ``eval/<NAME>``: one console
+        line, TensorBoard with ``eval_step`` as their step, W&B on the ``eval_step`` axis (in a row of
+        its own, the next training row's or one after the last). ``best``: whether it became the best
+        checkpoint (None: the best is not chosen by an evaluation). :class:`NoRoom` as :meth:`write`."""
+        named = {f"{EVAL_PREFIX}{name}": finite_or_none(value) for name, value in metrics.items()}
+        record: dict[str, Any] = {"step": step, EVAL_STEP: eval_step, **named}
+        if best is not None:
+            record["eval_best"] = best
+        record[TIME_FIELD] = utc_now()
+        line = json.dumps(record, allow_nan=False) + "\n"
+        written = self.metrics_file.stat().st_size if self.metrics_file.is_file() else 0
+        try:
+            with open(self.metrics_file, "a") as f:
+                f.write(line)
+        except OSError as err:
+            if self.metrics_file.is_file():
+                os.truncate(self.metrics_file, written)
+            raise self._no_room(err, self.metrics_file, step, len(line.encode())) from None
+        shown = " ".join(f"{name} {'null' if value is None else format(value, '.4g')}" for name, value in named.items())
+        print(f"evaluation of step {eval_step}: {shown}" + (" (best)" if best else ""), flush=True)
+        scalars = {name: value for name, value in named.items() if value is not None}
+        try:
+            self._tensorboard_write(scalars, eval_step)
+        except Exception as err:
+            raise self._no_room(err, RunLayout(self.out_dir).tensorboard, step, len(line.encode())) from None
+        if self.wandb is not None:
+            self._wandb_evaluations.append({**scalars, EVAL_STEP: eval_step})
 
     def _tensorboard_write(self, scalars: dict[str, float], step: int) -> None:
         if self.tensorboard is None:
@@ -253,6 +310,9 @@ class RunLog:
                 if no_room_reason(err, self.out_dir) is None:
                     raise
         if self.wandb is not None:
+            for row in self._wandb_evaluations:  # after the last training row: each its own
+                self._wandb_row += 1
+                self.wandb.log(row, step=self._wandb_row)
             self.wandb.finish()
 
 
