@@ -53,6 +53,7 @@ from janus_train.config import TrainSettings
 from janus_train.data.damaged import DamagedSample
 from janus_train.data.live_check import LiveCheckError
 from janus_train.data.sources import CacheSource
+from janus_train.evals.evaluations import Evaluations
 from janus_train.loop.logs import ConsoleCopy
 from janus_train.loop.nonfinite import NonFiniteStep
 from janus_train.loop.preemption import PREEMPTED_EXIT_CODE, Preemption, stopped_message
@@ -61,7 +62,17 @@ from janus_train.loop.validation import ValidationError
 from janus_train.run.layout import RunLayout
 from janus_train.run.provenance import append_start, write_profile
 from pipelines.cpu_comm_op import CommOpBuildFailed
-from pipelines.distributed import Control, RankFailed, Ranks, fail_alike, init_distributed, lock_on_main, usable_cores
+from pipelines.distributed import (
+    Control,
+    Progress,
+    RankFailed,
+    Ranks,
+    environment_outside_ranks,
+    fail_alike,
+    init_distributed,
+    lock_on_main,
+    usable_cores,
+)
 from pipelines.library_output import library_chatter_hidden
 from pipelines.train_start import START_ERRORS, Refused, first_refusal, missing_cache
 
@@ -251,6 +262,23 @@ def export_on_main(trainer: Trainer, prof: Profile, settings: TrainSettings) -> 
         raise NoRoom(no_room[0])
 
 
+def wait_for_evaluations(evaluations: Evaluations, step: int) -> None:
+    """Rank 0 at the end: wait (bounded by ``train.eval_wait_minutes``, one progress line) for the
+    evaluations running as jobs, then one line for each still pending and how its results get in."""
+    running = evaluations.running()
+    if running:
+        progress = Progress(enabled=True)
+        progress.phase(f"waiting for {len(running)} evaluation{'s' if len(running) > 1 else ''} (at most "
+                       f"{evaluations.settings.wait_s / 60:g} min, train.eval_wait_minutes)", len(running),
+                       "evaluations")
+        evaluations.wait(step, progress.update)
+        progress.close()
+    else:
+        evaluations.collect(step)
+    for line in evaluations.open_notes():
+        print(line, file=sys.stderr if line.startswith("warning:") else sys.stdout, flush=True)
+
+
 def leave_process_group() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()
@@ -290,20 +318,28 @@ def run_on_rank(ranks: Ranks, request: RunRequest) -> None:
                 held.enter_context(ConsoleCopy(RunLayout(out).train_log))
             record_start_on_main(ranks, out, prof, settings, request.checked)
             trainer = Trainer(build_parts(prof, settings, out, device, cache=request.sources,
-                                          live_data=request.live_data, data=request.data), preemption)
+                                          live_data=request.live_data, data=request.data,
+                                          eval_env=environment_outside_ranks()), preemption)
             held.callback(trainer.close)
             resumed = trainer.resume()
             if trainer.rank == 0:
                 announce_start(trainer, prof.cache, resumed, ranks.local_world)
             trainer.train()
             trainer.save()
+            evaluations = trainer.parts.evaluations  # rank 0 with train.eval_command
             if preemption.stopping:  # every rank alike: the checkpoint is saved, the resume point named
+                if evaluations is not None:
+                    evaluations.collect(trainer.progress.step)
                 stop_preempted(trainer, preemption)
+            if evaluations is not None:
+                evaluations.launch(trainer.progress.step)
             if request.record_outputs_to is not None:
                 record_outputs(trainer, request.record_outputs_to, request.record_samples)
             if request.export_at_end:
                 export_on_main(trainer, prof, settings)
             dist.barrier()
+            if evaluations is not None:  # the other ranks are done
+                wait_for_evaluations(evaluations, trainer.progress.step)
         except USER_ERRORS as err:
             fail_alike(ranks, error_line(err, prof))
 
