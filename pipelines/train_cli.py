@@ -6,6 +6,7 @@ rank; the other commands run as one process."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import sys
@@ -149,6 +150,61 @@ def export_cmd(
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(1)
     typer.echo(f"exported {layout.checkpoints} to {path}")
+
+
+@app.command("evals")
+def evals_cmd(
+    run: Annotated[Path, typer.Argument(help="Training run directory (holds evals/).")],
+) -> None:
+    """Collect the results of a run's external evaluations (train.eval_command) that came in after it
+    ended into its logs and best checkpoint, and list each evaluation's state (pending, done, failed)."""
+    from janus_core.profile import ProfileError
+    from janus_core.system.lock import DirectoryBusy, DirectoryLock
+    from janus_train.checkpoint.best import best_record
+    from janus_train.config import load_train_settings
+    from janus_train.data.val_metric_names import is_eval_metric
+    from janus_train.evals.evaluations import evaluations_of_run
+    from janus_train.loop.logs import RunLog, WandbMissing, check_wandb, last_logged_step
+    from janus_train.run.layout import RunLayout
+    from janus_train.run.provenance import run_profile
+
+    layout = RunLayout(run)
+    try:
+        prof = run_profile(run, None, (), default=None)
+        settings = load_train_settings(prof)
+    except ProfileError as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(1)
+    if not layout.evals.is_dir():
+        typer.echo(f"{run} has no evaluations (train.eval_command: {settings.eval_command or 'empty'})")
+        return
+    try:
+        lock = DirectoryLock.acquire(run, purpose="janus-train evals")
+    except DirectoryBusy as err:  # a training run owns the evaluations: it collects them itself
+        typer.echo(f"note: {err}; listing only: that run collects the results itself", err=True)
+        lock = None
+    with contextlib.ExitStack() as held:
+        if lock is not None:
+            held.callback(lock.release)
+        evaluations = evaluations_of_run(layout, settings, prof, None)
+        if lock is not None and evaluations.collectable():
+            try:
+                check_wandb(settings.wandb_project, prof.source)
+            except WandbMissing as err:
+                typer.echo(f"error: {err}", err=True)
+                raise typer.Exit(1)
+            log = RunLog(layout.root, layout.metrics, 0, settings.wandb_project,
+                         run_config={"profile": prof.name, "collected_by": "janus-train evals"})
+            held.callback(log.close)
+            evaluations.log = log
+            evaluations.collect(last_logged_step(layout.metrics))
+        typer.echo(f"evaluations of {run} (train.eval_command: {settings.eval_command or 'empty'}):")
+        for line in evaluations.listing():
+            typer.echo(f"  {line}")
+        best = best_record(layout.checkpoints)
+        if best is not None and is_eval_metric(str(best.get("metric", ""))):
+            typer.echo(f"best by {best['metric']}: checkpoint step {best['step']} ({best['value']:.6g}), "
+                       f"{layout.best}")
 
 
 @app.command("show-sample")
