@@ -335,3 +335,59 @@ def test_sigusr1_to_the_batch_shell_reaches_every_nodes_launcher_and_the_job_req
     assert submission.returncode == PREEMPTED_EXIT_CODE, submission.output
     assert submission.recorded("scontrol-requeue") == ["requeue", str(JOB_ID)]
     assert "janus: SIGUSR1: the ranks save a checkpoint after their step and stop" in submission.output
+
+
+# The reference evaluation's torchrun (the JanusVLN environment's): records its arguments and, as
+# src/evaluation.py does, writes OUTPUT/result.json: one line per episode, then rank 0's summary line.
+EVAL_TORCHRUN = """
+import json, os, sys
+args = sys.argv[1:]
+with open(os.path.join(os.environ["STUB_LOG"], "torchrun-eval.json"), "w") as f:
+    json.dump({"argv": args, "cwd": os.getcwd()}, f)
+out = args[args.index("--output_path") + 1]
+os.makedirs(out, exist_ok=True)
+episodes = [{"scene_id": "zsNo4HB9uLZ", "episode_id": 1, "success": 1.0, "spl": 0.8, "os": 1.0, "ne": 1.5, "steps": 40,
+             "episode_instruction": "walk out of the kitchen"},
+            {"scene_id": "zsNo4HB9uLZ", "episode_id": 2, "success": 0.0, "spl": 0.0, "os": 1.0, "ne": 6.5, "steps": 90,
+             "episode_instruction": "go up the stairs"}]
+with open(os.path.join(out, "result.json"), "a") as f:
+    for episode in episodes:
+        f.write(json.dumps(episode) + "\\n")
+    f.write(json.dumps({"sucs_all": 0.5, "spls_all": 0.4, "oss_all": 1.0, "ones_all": 4.0, "length": 2}) + "\\n")
+"""
+
+
+def test_eval_runs_the_reference_evaluation_on_the_export_and_writes_janus_results(cluster: Cluster,
+                                                                                  tmp_path: Path) -> None:
+    """``train.eval_command: sbatch examples/slurm/eval.sbatch {export} {results}``: the job runs the
+    reference entry point (src/evaluation.py under torchrun, one process per GPU, in the JanusVLN
+    checkout) with the export as --model_path, and turns its summary line into the results janus
+    reads: SR, SPL, OSR, NE and the episode count."""
+    from janus_train.evals.record import read_results
+
+    reference = tmp_path / "JanusVLN"
+    (reference / "src").mkdir(parents=True)
+    (reference / "src" / "evaluation.py").write_text("# the reference evaluation\n")
+    write_program(cluster.bin_dir / "torchrun", EVAL_TORCHRUN)
+    folder = tmp_path / "run" / "evals" / "step00001000"
+    (folder / "export").mkdir(parents=True)
+    submission = cluster.submit("eval.sbatch", str(folder / "export"), str(folder / "results.json"),
+                                JANUSVLN_DIR=str(reference))
+    assert submission.returncode == 0, submission.output
+    torchrun = submission.recorded("torchrun-eval")
+    assert torchrun["cwd"] == str(reference)
+    args = torchrun["argv"]
+    assert args[:1] == [f"--nproc_per_node={GPUS_PER_NODE}"] and args[1].startswith("--master_port=")
+    assert args[2:] == ["src/evaluation.py", "--model_path", str(folder / "export"),
+                        "--habitat_config_path", "config/vln_r2r.yaml", "--output_path", str(folder / "janusvln"),
+                        "--eval_split", "val_unseen"]
+    assert read_results(folder / "results.json") == {"SR": 0.5, "SPL": 0.4, "OSR": 1.0, "NE": 4.0, "episodes": 2.0}
+    assert not list(folder.glob(".*.tmp"))
+
+
+def test_eval_without_the_reference_code_stops_in_one_line(cluster: Cluster, tmp_path: Path) -> None:
+    submission = cluster.submit("eval.sbatch", str(tmp_path), str(tmp_path / "results.json"),
+                                JANUSVLN_DIR=str(tmp_path / "nowhere"))
+    assert submission.returncode == 2
+    assert re.fullmatch(r"error: \S+/nowhere/src/evaluation\.py does not exist: set JANUSVLN_DIR[^\n]*\n",
+                        submission.output), submission.output
