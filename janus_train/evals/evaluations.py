@@ -280,7 +280,7 @@ class Evaluations:
                 progress(waited - len(left))
             if not left or time.monotonic() >= deadline:
                 return left
-            time.sleep(POLL_S)
+            time.sleep(min(POLL_S, deadline - time.monotonic()))
 
     def open_notes(self) -> list[str]:
         """One line for each evaluation still pending: what it waits for and how its results get in."""
