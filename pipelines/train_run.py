@@ -268,9 +268,8 @@ def wait_for_evaluations(evaluations: Evaluations, step: int) -> None:
     running = evaluations.running()
     if running:
         progress = Progress(enabled=True)
-        progress.phase(f"waiting for {len(running)} evaluation{'s' if len(running) > 1 else ''} (at most "
-                       f"{evaluations.settings.wait_s / 60:g} min, train.eval_wait_minutes)", len(running),
-                       "evaluations")
+        progress.phase(f"waiting (at most {evaluations.settings.wait_s / 60:g} min, train.eval_wait_minutes)",
+                       len(running), "evaluations")
         evaluations.wait(step, progress.update)
         progress.close()
     else:

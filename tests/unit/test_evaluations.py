@@ -311,3 +311,12 @@ def test_an_evaluation_job_runs_without_the_ranks_environment(monkeypatch: pytes
     env = environment_outside_ranks()
     assert not {"RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "JANUS_LAUNCHER_PID"} & set(env)
     assert env["JANUS_QWEN_PATH"] == "/m"
+
+
+def test_the_demos_evaluation_profile_loads() -> None:
+    """examples/eval/demo.yaml: the tiny profile with the local evaluator after every save."""
+    from helpers.profiles import REPO_ROOT
+
+    settings = load_train_settings(load_profile(str(REPO_ROOT / "examples" / "eval" / "demo.yaml")))
+    assert settings.eval_command.startswith(".venv/bin/python examples/eval/evaluate_export.py --export {export}")
+    assert (settings.best_metric, settings.best_metric_mode, settings.val_episodes) == ("eval/answer_loss", "min", 1)
