@@ -223,18 +223,9 @@ class RunLog:
     def write(self, record: dict[str, Any]) -> None:
         """Append ``record`` to every sink; :class:`NoRoom` when a file sink ran out of room (a part
         of its line is cut off again, so ``metrics.jsonl`` holds whole records only)."""
-        self.out_dir.mkdir(parents=True, exist_ok=True)
         clean = {name: finite_or_none(value) for name, value in record.items()}
         clean.setdefault(TIME_FIELD, utc_now())
-        line = json.dumps(clean, allow_nan=False) + "\n"
-        written = self.metrics_file.stat().st_size if self.metrics_file.is_file() else 0
-        try:
-            with open(self.metrics_file, "a") as f:
-                f.write(line)
-        except OSError as err:
-            if self.metrics_file.is_file():
-                os.truncate(self.metrics_file, written)
-            raise self._no_room(err, self.metrics_file, record["step"], len(line.encode())) from None
+        line = self._append(clean)
         print(step_line(clean, self.total_steps, self.eta.seconds_left(record["step_s"])), flush=True)
         scalars = {dashboard_tag(name): value for name, value in clean.items()
                    if isinstance(value, (int, float)) and not isinstance(value, bool) and name != "step"}
@@ -259,15 +250,7 @@ class RunLog:
         if best is not None:
             record["eval_best"] = best
         record[TIME_FIELD] = utc_now()
-        line = json.dumps(record, allow_nan=False) + "\n"
-        written = self.metrics_file.stat().st_size if self.metrics_file.is_file() else 0
-        try:
-            with open(self.metrics_file, "a") as f:
-                f.write(line)
-        except OSError as err:
-            if self.metrics_file.is_file():
-                os.truncate(self.metrics_file, written)
-            raise self._no_room(err, self.metrics_file, step, len(line.encode())) from None
+        line = self._append(record)
         shown = " ".join(f"{name} {'null' if value is None else format(value, '.4g')}" for name, value in named.items())
         print(f"evaluation of step {eval_step}: {shown}" + (" (best)" if best else ""), flush=True)
         scalars = {name: value for name, value in named.items() if value is not None}
@@ -277,6 +260,21 @@ class RunLog:
             raise self._no_room(err, RunLayout(self.out_dir).tensorboard, step, len(line.encode())) from None
         if self.wandb is not None:
             self._wandb_evaluations.append({**scalars, EVAL_STEP: eval_step})
+
+    def _append(self, record: dict[str, Any]) -> str:
+        """Append ``record`` (finite values) to ``metrics.jsonl`` as one line, which it returns; on a
+        full disk the part written is cut off again and :class:`NoRoom` raised."""
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        line = json.dumps(record, allow_nan=False) + "\n"
+        written = self.metrics_file.stat().st_size if self.metrics_file.is_file() else 0
+        try:
+            with open(self.metrics_file, "a") as f:
+                f.write(line)
+        except OSError as err:
+            if self.metrics_file.is_file():
+                os.truncate(self.metrics_file, written)
+            raise self._no_room(err, self.metrics_file, record["step"], len(line.encode())) from None
+        return line
 
     def _tensorboard_write(self, scalars: dict[str, float], step: int) -> None:
         if self.tensorboard is None:

@@ -15,11 +15,9 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +26,7 @@ import pytest
 from helpers.commands import make
 from helpers.profiles import REPO_ROOT
 from helpers.shared_runs import TinyTraining
-from helpers.training import assert_succeeded, read_metrics, train_on_ranks, write_train_profile
+from helpers.training import assert_succeeded, read_metrics, stop_when, train_on_ranks, write_train_profile
 from janus_train.evals.evaluations import pinned_tags
 from janus_train.loop.preemption import PREEMPTED_EXIT_CODE
 from janus_train.run.layout import RunLayout
@@ -141,25 +139,6 @@ def test_janus_train_evals_lists_a_finished_runs_evaluations(evaluated: dict) ->
 # ------------------------------------------- preempted with an evaluation pending, resumed, collected
 
 
-def launch_until(command: list[str], ready: Callable[[], bool], timeout: float = TIMEOUT_S) -> subprocess.CompletedProcess[str]:
-    """Run ``command`` (a launcher); once ``ready()`` holds, SIGTERM to the launcher alone."""
-    process = subprocess.Popen(command, cwd=REPO_ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"},
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    deadline = time.monotonic() + timeout
-    try:
-        while not ready():
-            assert process.poll() is None, f"the run ended before it was stopped: {process.communicate()}"
-            assert time.monotonic() < deadline, "timed out waiting to stop the run"
-            time.sleep(0.05)
-        process.send_signal(signal.SIGTERM)
-        stdout, stderr = process.communicate(timeout=max(1.0, deadline - time.monotonic()))
-    except BaseException:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.communicate()
-        raise
-    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
-
-
 def test_a_preempted_run_keeps_its_pending_evaluation_and_collects_it_after_the_resume(
         tiny_training: TinyTraining, tmp_path: Path) -> None:
     """A checkpoint every 2 steps, nothing exported (eval_export: none). Step 2's evaluator runs until
@@ -185,7 +164,7 @@ def test_a_preempted_run_keeps_its_pending_evaluation_and_collects_it_after_the_
             r["step"] >= 3 for r in read_metrics(run) if "eval_step" not in r)
 
     try:
-        stopped = launch_until(command, step2_running)
+        stopped = stop_when(command, step2_running)
         assert stopped.returncode == PREEMPTED_EXIT_CODE, stopped.stdout[-3000:] + stopped.stderr[-3000:]
         stopped_at = int(re.search(r"stopped by SIGTERM after step (\d+)", stopped.stderr).group(1))
         assert stopped_at < 6
