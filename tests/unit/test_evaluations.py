@@ -320,3 +320,30 @@ def test_the_demos_evaluation_profile_loads() -> None:
     settings = load_train_settings(load_profile(str(REPO_ROOT / "examples" / "eval" / "demo.yaml")))
     assert settings.eval_command.startswith(".venv/bin/python examples/eval/evaluate_export.py --export {export}")
     assert (settings.best_metric, settings.best_metric_mode, settings.val_episodes) == ("eval/answer_loss", "min", 1)
+
+
+def test_keep_exports_leaves_the_export_after_the_results(tmp_path: Path) -> None:
+    layout, paths, _ = folder(tmp_path, step=10)
+    paths.export.mkdir()
+    paths.results.write_text('{"SR": 0.5}')
+    evaluations = evaluations_of(layout, keep_exports=True)
+    evaluations.best = None
+    evaluations.collect(12)
+    assert Evaluation.load(paths.record).state == "done" and paths.export.is_dir()
+
+
+def test_janus_train_evals_only_lists_while_a_training_run_holds_the_directory(tmp_path: Path) -> None:
+    """The run collects its evaluations itself: ``janus-train evals`` then changes nothing."""
+    from typer.testing import CliRunner
+
+    from pipelines.train_cli import app
+
+    layout, paths, _ = folder(tmp_path, step=10)
+    write_test_profile(layout.profile)
+    paths.results.write_text('{"SR": 0.5}')
+    with DirectoryLock.acquire(layout.root, purpose=f"training run {layout.root}"):
+        result = CliRunner().invoke(app, ["evals", str(layout.root)])
+    assert result.exit_code == 0, result.output
+    assert "; listing only: that run collects the results itself" in result.output
+    assert f"step00000010  pending  results in, collected by the run that holds {layout.root}" in result.output
+    assert Evaluation.load(paths.record).state == "pending" and not layout.metrics.exists()
