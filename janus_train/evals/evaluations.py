@@ -38,13 +38,12 @@ from typing import Protocol
 
 from janus_core.bases import cache_base
 from janus_core.profile import Profile
-from janus_core.system.lock import holder
 from janus_train.checkpoint.best import BestCheckpoint, best_record
 from janus_train.checkpoint.store import TAG_PATTERN, Checkpoints, tag_name
 from janus_train.config import TrainSettings
 from janus_train.data.val_metric_names import EVAL_PREFIX, is_eval_metric
 from janus_train.evals.command import export_format, fill_command
-from janus_train.evals.record import DONE, FAILED, PENDING, Evaluation, JobRecord, Verdict, judge
+from janus_train.evals.record import DONE, FAILED, PENDING, Evaluation, JobRecord, Verdict, job_running, judge
 from janus_train.run.layout import EvaluationLayout, RunLayout
 from janus_train.run.provenance import utc_now
 
@@ -140,7 +139,7 @@ class Evaluations:
 
     def verdict(self, paths: EvaluationLayout, evaluation: Evaluation) -> Verdict:
         job = self._jobs.get(evaluation.step)
-        running = job.poll() is None if job is not None else holder(paths.root) is not None
+        running = job.poll() is None if job is not None else job_running(paths)
         return judge(evaluation, paths, running, time.time(), evaluation.launched_s)
 
     # ---------------------------------------------------------------------------- launching
@@ -254,6 +253,7 @@ class Evaluations:
                 evaluation.launches += 1
                 evaluation.launched = utc_now()
                 self._save(paths, evaluation)
+                paths.job.unlink(missing_ok=True)  # the killed job's: the new one writes its own
                 note(f"the job of checkpoint {tag_name(evaluation.step)}'s evaluation ended without recording how "
                      "(killed with the run?): starting it again")
                 self._start(paths, evaluation)
