@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from janus_core.bases import DEFAULT_BASE, cache_base
+from janus_core.bases import cache_base
 from janus_core.profile import CONFIGS_DIR, Profile, ProfileError
 from janus_core.settings import SettingsError, read_settings, setting
 from janus_train.data.prompt_template import DEFAULT_TEMPLATE, PromptTemplate
@@ -23,6 +23,7 @@ from janus_train.data.val_metric_names import (
     is_eval_metric,
 )
 from janus_train.model.activation_checkpointing import FULL, ActivationCheckpointing
+from janus_train.model.export_formats import JANUS, JANUSVLN, JANUSVLN_BASE
 from janus_train.model.kernels import liger_missing
 from janus_train.model.model_config import JanusModelConfig, LossConfig, TrainableParts
 
@@ -33,7 +34,8 @@ ZERO_STAGES = (2, 3)
 RESUME_GRAD_ACCUM_POLICIES = ("adapt", "keep")
 STOP_SIGNAL_CHOICES = ("SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2")
 """Signals ``train.stop_signals`` may name: the ones ``pipelines.launch`` forwards to its ranks."""
-EVAL_EXPORTS: tuple[str, ...] = ("janusvln", "janus", "none")
+NO_EXPORT = "none"
+EVAL_EXPORTS: tuple[str, ...] = (JANUSVLN, JANUS, NO_EXPORT)
 """``train.eval_export``: the reference JanusVLN layout, janus's transformers-5 layout, or nothing."""
 EVAL_PLACEHOLDERS: tuple[str, ...] = ("export", "step", "results", "run", "checkpoint")
 """``train.eval_command``'s placeholders (:func:`janus_train.evals.command.fill_command` fills them):
@@ -192,7 +194,7 @@ def eval_command_problem(command: str, export: str | None) -> str | None:
     if unknown:
         return (f"setting 'train.eval_command' names {', '.join('{' + n + '}' for n in unknown)}, which janus does not "
                 f"fill; its placeholders are {', '.join('{' + n + '}' for n in EVAL_PLACEHOLDERS)}")
-    if export == "none" and "{export}" in command:
+    if export == NO_EXPORT and "{export}" in command:
         return ("setting 'train.eval_command' uses {export} but train.eval_export is none (nothing is exported); "
                 "set train.eval_export to janusvln or janus, or pass {checkpoint}")
     return None
@@ -210,10 +212,10 @@ def load_train_settings(profile: Profile) -> TrainSettings:
     except (SettingsError, ValueError) as err:
         message = str(err) if str(err).startswith(str(profile.source)) else f"{profile.source}: train: {err}"
         raise ProfileError(message) from None
-    if settings.eval_command and settings.eval_export == "janusvln" and (base := cache_base(profile.qwen.path)) \
-            is not DEFAULT_BASE:
+    if settings.eval_command and settings.eval_export == JANUSVLN and (base := cache_base(profile.qwen.path)) \
+            is not JANUSVLN_BASE:
         raise ProfileError(f"{profile.where('train.eval_export')}: setting 'train.eval_export' is janusvln, JanusVLN's "
-                           f"reference layout, which is {DEFAULT_BASE.name} only, but qwen.path is a {base.name} model; "
+                           f"reference layout, which is {JANUSVLN_BASE.name} only, but qwen.path is a {base.name} model; "
                            "set train.eval_export to janus or none")
     if not deepspeed_config_path(settings.deepspeed).is_file():
         raise ProfileError(f"{profile.where('train.deepspeed')}: setting 'train.deepspeed' names "

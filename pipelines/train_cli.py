@@ -17,6 +17,7 @@ import click
 import typer
 
 from janus_core.profile import SET_HELP, SET_OPTION
+from janus_train.model.export_formats import FORMATS, JANUS, JANUSVLN
 from pipelines.command_line import VersionOption, command_app, single_command
 from pipelines.frozen_imports import frozen_imports
 from pipelines.train_options import CacheOption, DataOption, OutOption, ProfileOption
@@ -99,7 +100,7 @@ def export_cmd(
     dtype: Annotated[Optional[str], typer.Option(help="float32 or bfloat16 (default: the profile's).")] = None,
     fmt: Annotated[str, typer.Option(
         "--format", help="janus: transformers-5 weights + janus heads; janusvln: a reference JanusVLN checkpoint "
-        "directory (transformers 4.50, VGGT included).")] = "janus",
+        "directory (transformers 4.50, VGGT included).")] = JANUS,
     vggt: Annotated[Optional[Path], typer.Option(
         help="--format janusvln: the VGGT checkpoint to include (default: the profile's vggt.path, or its "
              "seeded random VGGT when it names none).")] = None,
@@ -122,14 +123,14 @@ def export_cmd(
         raise typer.Exit(1)
     # After the profile's checks: a run refused there costs no torch, transformers or DeepSpeed.
     with frozen_imports():
-        from janus_train.checkpoint.export import FORMATS, export_as
+        from janus_train.checkpoint.export import export_as
         from janus_train.checkpoint.reference import ReferenceCheckpointError
         from pipelines.library_output import library_chatter_hidden, name_deepspeed_accelerator
 
     if fmt not in FORMATS:
         typer.echo(f"error: --format must be one of {', '.join(FORMATS)}, got {fmt!r}", err=True)
         raise typer.Exit(2)
-    if fmt == "janusvln" and vggt is not None and vggt.suffix == ".json":
+    if fmt == JANUSVLN and vggt is not None and vggt.suffix == ".json":
         typer.echo(f"error: --vggt {vggt} is an aggregator config, not a VGGT checkpoint (model.safetensors or "
                    f"model.pt); leave --vggt out to include the profile's own VGGT", err=True)
         raise typer.Exit(2)
@@ -137,7 +138,7 @@ def export_cmd(
     if not layout.latest.is_file() and tag is None:
         typer.echo(f"error: {layout.checkpoints} holds no checkpoint", err=True)
         raise typer.Exit(1)
-    if fmt == "janusvln" and vggt is None:
+    if fmt == JANUSVLN and vggt is None:
         # A profile without a VGGT checkpoint (tiny) trains on features of its seeded random VGGT.
         typer.echo(f"note: profile {prof.name} names no vggt.path: the export holds its own VGGT, seeded random "
                    f"weights from {prof.vggt.config} (seed {prof.vggt.seed}), the encoder its caches were made with; "

@@ -8,8 +8,9 @@ import shlex
 from collections.abc import Mapping
 from pathlib import Path
 
-from janus_core.bases import DEFAULT_BASE, QwenBase
-from janus_train.config import PLACEHOLDER
+from janus_core.bases import QwenBase
+from janus_train.config import NO_EXPORT, PLACEHOLDER
+from janus_train.model.export_formats import natural_format
 
 
 def fill_command(command: str, values: Mapping[str, str | Path | int]) -> str:
@@ -23,5 +24,5 @@ def export_format(setting: str | None, base: QwenBase) -> str | None:
     """What janus exports for the evaluator: ``train.eval_export``, by default the base's natural
     format (JanusVLN's reference layout for Qwen2.5-VL, transformers' own for another base); None
     for ``none``."""
-    chosen = setting or ("janusvln" if base is DEFAULT_BASE else "janus")
-    return None if chosen == "none" else chosen
+    chosen = setting or natural_format(base)
+    return None if chosen == NO_EXPORT else chosen
