@@ -17,7 +17,7 @@ at most ``--max-samples``. The results, best highest unless said otherwise:
 * ``samples``: how many samples it ran.
 
 It is the shape of any evaluator: read ``{export}``, write a JSON object of numbers to a temporary
-file beside ``{results}`` and rename it there, exit 0; on failure exit non-zero (janus names the
+file beside ``{results}`` and rename it there (this one: janus's own atomic write), exit 0; on failure exit non-zero (janus names the
 code and ``eval.log``). JanusVLN's own Habitat evaluation (SR, SPL, OSR, NE) runs as
 ``examples/slurm/eval.sbatch``.
 """
@@ -26,10 +26,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from pathlib import Path
 
 import torch
+
+from janus_core.system.files import atomic_write_bytes
 
 
 def held_out_rows(run: Path, cache: Path | None, max_samples: int) -> tuple[object, list[int], object]:
@@ -82,13 +83,6 @@ def evaluate(export: Path, run: Path, cache: Path | None = None, max_samples: in
             "answer_loss": sums["ce"] / max(sums["tokens"], 1.0), "samples": sums["samples"]}
 
 
-def write_results(results: Path, metrics: dict[str, float]) -> None:
-    """Write, then rename: janus never reads half a file."""
-    tmp = results.with_name(f".{results.name}.tmp")
-    tmp.write_text(json.dumps(metrics) + "\n")
-    os.replace(tmp, results)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--export", type=Path, required=True, help="{export}: the checkpoint janus exported")
@@ -98,7 +92,7 @@ def main() -> None:
     parser.add_argument("--max-samples", type=int, default=64)
     args = parser.parse_args()
     metrics = evaluate(args.export, args.run, args.cache, args.max_samples)
-    write_results(args.results, metrics)
+    atomic_write_bytes(args.results, (json.dumps(metrics) + "\n").encode())  # janus never reads half a file
     print(json.dumps(metrics))
 
 

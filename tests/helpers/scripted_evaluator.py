@@ -25,6 +25,8 @@ import sys
 import time
 from pathlib import Path
 
+from janus_core.system.files import atomic_write_bytes
+
 WAIT_S = 240.0
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "eval" / "evaluate_export.py"
 
@@ -78,9 +80,7 @@ def main() -> None:
             sys.exit(4)
         time.sleep(0.1)
     metrics["checkpoint_present"] = float(Path(checkpoint).is_dir())
-    tmp = Path(results).with_name(f".{Path(results).name}.tmp")
-    tmp.write_text(json.dumps(metrics))
-    os.replace(tmp, results)
+    atomic_write_bytes(Path(results), json.dumps(metrics).encode())
     print(f"scripted evaluator: wrote {results}", flush=True)
 
 
