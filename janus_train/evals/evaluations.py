@@ -38,6 +38,7 @@ from typing import Protocol
 
 from janus_core.bases import cache_base
 from janus_core.profile import Profile
+from janus_core.system.files import remove_partials
 from janus_train.checkpoint.best import BestCheckpoint, best_record
 from janus_train.checkpoint.store import TAG_PATTERN, Checkpoints, tag_name
 from janus_train.config import TrainSettings
@@ -239,13 +240,15 @@ class Evaluations:
         """A run (re)starts after ``step`` (0: from scratch): evaluations of later checkpoints are of
         checkpoints it abandoned (removed); results logged after ``step`` are logged again; a job
         that ended without a record is started again; ``due``: ``step``'s checkpoint is one the run
-        evaluates, started here if its launch was lost with the run that saved it."""
+        evaluates, started here if its launch was lost with the run that saved it. What a killed write
+        of janus's record (or of a killed job's) left is removed."""
         for paths, evaluation in self.records():
             if evaluation.step > step:
                 shutil.rmtree(paths.root, ignore_errors=True)
                 note(f"removed {paths.root}: the evaluation of a checkpoint this run abandoned when it resumed from "
                      f"step {step}")
                 continue
+            remove_partials(paths.record)  # this process is the record's one writer
             if evaluation.state == DONE and evaluation.logged_step is not None and evaluation.logged_step > step:
                 evaluation.logged_step = None  # its record went with the steps after the resumed one
                 self._save(paths, evaluation)
@@ -254,6 +257,7 @@ class Evaluations:
                 evaluation.launched = utc_now()
                 self._save(paths, evaluation)
                 paths.job.unlink(missing_ok=True)  # the killed job's: the new one writes its own
+                remove_partials(paths.job)
                 note(f"the job of checkpoint {tag_name(evaluation.step)}'s evaluation ended without recording how "
                      "(killed with the run?): starting it again")
                 self._start(paths, evaluation)

@@ -269,17 +269,20 @@ def test_a_failure_is_one_warning_line_and_the_export_goes(tmp_path: Path,
 
 def test_a_resume_logs_again_what_it_dropped_and_removes_evaluations_of_abandoned_checkpoints(
         tmp_path: Path) -> None:
+    """And it removes what a killed write of janus's record left beside the record."""
     layout, paths, _ = folder(tmp_path, step=10)
     saved_tags(layout, 10)
     paths.results.write_text('{"SR": 0.5}')
     evaluations = evaluations_of(layout)
     evaluations.collect(25)
+    leftover = paths.record.with_name(f"{paths.record.name}.4242.0123abcd.partial")
+    leftover.write_text('{"step": 1')
     later = layout.evaluation("step00000030")
     later.root.mkdir()
     Evaluation(step=30, command="e", export=None, launched="2026-01-01T00:00:00+00:00").save(later.record)
     evaluations.log.resume_at(20)  # the records after step 20 went
     evaluations.resume_at(20, due=False)
-    assert not later.root.exists()
+    assert not later.root.exists() and not leftover.exists() and Evaluation.load(paths.record).step == 10
     evaluations.collect(21)
     assert [json.loads(line)["step"] for line in layout.metrics.read_text().splitlines()] == [21]
 
