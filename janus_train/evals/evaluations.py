@@ -278,12 +278,14 @@ class Evaluations:
         waited = len(self.running())
         deadline = time.monotonic() + self.settings.wait_s
         while True:
-            self.collect(step)
             left = self.running()
+            self.collect(step)  # after running(): a job that ends in between is collected now, not missed
             if progress is not None:
                 progress(waited - len(left))
-            if not left or time.monotonic() >= deadline:
-                return left
+            if not left:
+                return []
+            if time.monotonic() >= deadline:
+                return self.running()
             time.sleep(min(POLL_S, deadline - time.monotonic()))
 
     def open_notes(self) -> list[str]:
@@ -301,6 +303,9 @@ class Evaluations:
                 lines.append(f"note: stopped waiting for the evaluation of checkpoint {tag} after "
                              f"{self.settings.wait_s / 60:g} minutes (train.eval_wait_minutes); it runs on "
                              f"({self._where(paths)}); {collect}")
+            elif verdict.state != PENDING:  # its job ended after the last collect, as the wait ran out
+                lines.append(f"note: the evaluation of checkpoint {tag} ended as the run stopped waiting for it; "
+                             f"{collect}")
             else:
                 lines.append(f"warning: the job of checkpoint {tag}'s evaluation ended without recording how "
                              f"(killed?); running the training command again starts it again")

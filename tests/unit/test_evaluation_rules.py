@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -302,6 +303,53 @@ def test_the_end_waits_for_running_jobs_at_most_eval_wait_minutes(tmp_path: Path
         "note: stopped waiting for the evaluation of checkpoint step00000010 after 0.005 minutes "
         f"(train.eval_wait_minutes); it runs on (pid {os.getpid()} on host ")
     assert notes[0].endswith(f"`janus-train evals {layout.root}` collects its results")
+
+
+class LogThatEndsAJob(RunLog):
+    """The run log, and the instant another evaluation's job ends: once the results of ``step`` are
+    logged, inside a collect that judged that job still running a moment before."""
+
+    def __init__(self, layout: RunLayout, step: int, job_ends: Callable[[], None]) -> None:
+        super().__init__(layout.root, layout.metrics, total_steps=100)
+        self.step, self.job_ends = step, job_ends
+
+    def write_evaluation(self, step: int, eval_step: int, metrics: dict[str, float], best: bool | None) -> None:
+        super().write_evaluation(step, eval_step, metrics, best)
+        if eval_step == self.step:
+            self.job_ends()
+
+
+def test_the_end_collects_a_job_that_ends_right_after_a_collect_judged_it_running(tmp_path: Path) -> None:
+    """A job may end at any instant of the wait, also between a collect that found it running and the
+    look at which jobs still run: the wait collects its results before it returns, and no line calls
+    it killed."""
+    layout, running, _ = folder(tmp_path, step=10)
+    _, done, _ = folder(tmp_path, step=20)
+    done.results.write_text('{"SR": 0.4}')
+    ended(done)
+    lock = DirectoryLock.acquire(running.root, purpose="an evaluation job")
+    JobRecord.me(os.getpid()).save(running.job)
+
+    def job_ends() -> None:
+        running.results.write_text('{"SR": 0.5}')
+        ended(running)
+        lock.release()
+
+    evaluations = Evaluations(layout, EvalSettings("evaluate {results}", None, False, 60.0),
+                              LogThatEndsAJob(layout, 20, job_ends))
+    assert evaluations.wait(25) == []
+    assert [json.loads(line)["eval_step"] for line in layout.metrics.read_text().splitlines()] == [20, 10]
+    assert Evaluation.load(running.record).state == "done" and evaluations.open_notes() == []
+
+
+def test_results_that_come_after_the_last_collect_of_the_end_are_left_to_janus_train_evals(tmp_path: Path) -> None:
+    """A job that ends just as the wait runs out is no killed job: one note says who collects it."""
+    layout, paths, _ = folder(tmp_path, step=10)
+    paths.results.write_text('{"SR": 0.5}')
+    ended(paths)
+    assert evaluations_of(layout).open_notes() == [
+        "note: the evaluation of checkpoint step00000010 ended as the run stopped waiting for it; "
+        f"`janus-train evals {layout.root}` collects its results"]
 
 
 def test_an_evaluation_job_runs_without_the_ranks_environment(monkeypatch: pytest.MonkeyPatch) -> None:
