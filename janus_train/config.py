@@ -108,7 +108,7 @@ class TrainSettings:
         "2 keeps the whole bf16 model on every GPU and shards gradients and Adam state: about a third of the traffic "
         "per sample, ~14 GB more per GPU at 7B (make bench-gpu's projection gives both).", choices=ZERO_STAGES)
     liger_kernels: bool = setting(
-        False, "Liger-Kernel's fused RMSNorm, SwiGLU and RoPE for Qwen2.5-VL (needs the liger-kernel package).")
+        False, "Liger-Kernel's fused RMSNorm and SwiGLU for Qwen2.5-VL (needs the liger-kernel package).")
     compile_layers: bool = setting(
         False, "torch.compile each decoder layer (regional compilation: one layer's compile time; fuses the "
         "elementwise work between the matmuls).")
