@@ -13,15 +13,16 @@ EXTRAS ?= train,test,s3
 # CPU machines pin torch to the CPU wheel (no CUDA downloads); a machine with nvidia-smi keeps
 # whatever torch its environment has. Override with TORCH_CONSTRAINTS= or a file of your own.
 TORCH_CONSTRAINTS ?= $(if $(shell command -v nvidia-smi 2>/dev/null),,constraints-cpu.txt)
-# DeepSpeed JIT-compiles its CPU communication op once; keep the build inside the environment.
-export TORCH_EXTENSIONS_DIR ?= $(abspath $(VENV))/torch_extensions
 
 PROFILE ?= tiny
 # Profile overrides without a new YAML file: SET="train.grad_accum=4 cache.resolution=pad448" (each word
 # becomes one --set KEY=VALUE of every profile-taking command below; these values cannot hold spaces).
 SET ?=
 SET_ARGS = $(foreach s,$(SET),--set $(s))
-DEMO_DIR ?= demo_out
+# One demo folder per profile (demo_out/tiny, demo_out/tiny-qwen3): a profile's demo starts its own
+# folder afresh and leaves the other profiles' demos as they are.
+DEMO_ROOT ?= demo_out
+DEMO_DIR ?= $(DEMO_ROOT)/$(PROFILE)
 DATA ?=
 # DATA as one single-quoted shell word (its own ' written '\''): any path a user can type (spaces,
 # quotes, '$', non-ASCII) arrives as typed, and `make -n` shows it.
@@ -53,7 +54,7 @@ STAMP := $(VENV)/.janus-setup
 
 help:
 	@echo "make setup       install janus and its dependencies into $(VENV)"
-	@echo "make demo [PROFILE=tiny|tiny-qwen3]  run janus on generated sample data (tiny profile, CPU; tiny-qwen3: Qwen3-VL)"
+	@echo "make demo [PROFILE=tiny|tiny-qwen3]  run janus on generated sample data into demo_out/PROFILE (tiny profile, CPU; tiny-qwen3: Qwen3-VL)"
 	@echo "make test        run the test suite (both tiers: tests/unit and tests/e2e)"
 	@echo "make test-fast   run the unit tier only (in-process tests, no CLI/torchrun/make)"
 	@echo "make precompute DATA=dir [PROFILE=tiny] [SET='cache.resolution=pad448 ...'] [OUT=cache] [NPROC=n] [FORMAT=zarr|wds]  (DATA=\"r2r=dir1 rxr=dir2\": several sources)"
@@ -71,7 +72,7 @@ $(STAMP): pyproject.toml $(TORCH_CONSTRAINTS)
 	@# An editable install leaves the source tree uncompiled: compile it once, as pip does for a regular
 	@# install (where PYTHONDONTWRITEBYTECODE is set, every process would otherwise compile each module).
 	$(PY) -m compileall -q janus_core janus_cache janus_train pipelines benchmarks
-	$(PY) -m pipelines.warm_deepspeed
+	$(PY) -m pipelines.cpu_comm_op
 	@touch $(STAMP)
 
 setup: $(STAMP)
@@ -118,7 +119,8 @@ train: $(STAMP)
 		$(if $(value DATA),--data $(DATA_ARG)) $(TRAIN_ARGS)
 
 verify: $(STAMP)
-	@test -n "$(CACHE)" || { echo "make verify: set CACHE=<cache directory> (and DATA=<dataset> for the dataset and live checks)" >&2; exit 2; }
+	@# CACHE defaults to OUT (cache, precompute's default): say so when no cache is there.
+	@test -e "$(CACHE)" || { echo "make verify: no cache at $(CACHE) (CACHE defaults to OUT=$(OUT)): set CACHE=<cache directory> (and DATA=<dataset> for the dataset and live checks)" >&2; exit 2; }
 	$(LAUNCH_ENV) $(LAUNCH) $(TORCHRUN_ARGS) --nproc_per_node $(NPROC) -m pipelines.verify $(CACHE) \
 		--profile $(PROFILE) $(SET_ARGS) $(if $(value DATA),--data $(DATA_ARG)) $(VERIFY_ARGS)
 

@@ -69,6 +69,7 @@ from janus_train.model.activation_checkpointing import ActivationCheckpointing
 from janus_train.model.janus_model import JanusVLNModel, attention_implementation
 from janus_train.model.kernels import apply_liger, compile_decoder_layers, liger_missing
 from janus_train.model.vision_attention import describe_attention
+from pipelines.command_line import run as run_command
 
 MODELS = Path(__file__).resolve().parent.parent / "configs" / "models"
 
@@ -672,7 +673,7 @@ def command(
 
 
 def main() -> None:
-    typer.run(command)
+    run_command(command)
 
 
 if __name__ == "__main__":

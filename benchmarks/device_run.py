@@ -56,6 +56,7 @@ from benchmarks.device_env import project_requirements, wheels
 from benchmarks.measure import RESULTS_DIR
 from janus_core.bases import QWEN2_5_VL as BASE_2_5
 from janus_core.bases import QWEN3_VL as BASE_3
+from pipelines.command_line import command_app
 
 H100_RESULTS = RESULTS_DIR / "gpu.json"
 CPU_RESULTS = RESULTS_DIR / "results.json"
@@ -836,7 +837,7 @@ def part_2_rows(plan: list[Row], earlier: dict[str, dict[str, Any]]) -> list[Row
 
 # ----------------------------------------------------------------------------- commands
 
-app = typer.Typer(add_completion=False, help="The prepared GPU run (docs/benchmarks.md).")
+app = command_app(help="The prepared GPU run (docs/benchmarks.md).")
 
 
 def load_rows(path: Path) -> dict[str, dict[str, Any]]:

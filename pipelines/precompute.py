@@ -20,6 +20,8 @@ from janus_cache.store.formats import DEFAULT_FORMAT, FORMATS, FORMATS_HELP
 from janus_cache.store.remote.path import is_s3_url
 from janus_core.profile import SET_HELP, SET_OPTION, ProfileError, load_profile
 from janus_core.resolution import Resolution
+from pipelines.command_line import run as run_command
+from pipelines.dataset_options import IMAGE_ROOT_OPTION
 from pipelines.distributed import Ranks, fail_alike
 from pipelines.frozen_imports import frozen_imports
 
@@ -35,9 +37,7 @@ def command(
     out: Annotated[str, typer.Option("--out", help="Cache directory (created or resumed), on a local disk.")],
     profile: Annotated[str, typer.Option(help="Profile name or YAML path.")] = "tiny",
     overrides: Annotated[Optional[list[str]], typer.Option(SET_OPTION, help=SET_HELP)] = None,
-    image_root: Annotated[
-        Optional[Path], typer.Option(help="Image root of an annotation file (default: its folder).")
-    ] = None,
+    image_root: Annotated[Optional[list[str]], IMAGE_ROOT_OPTION] = None,
     cache_format: Annotated[str, typer.Option("--format", help=f"{FORMATS_HELP}.")] = DEFAULT_FORMAT,
     resolution: Annotated[Optional[str], typer.Option(help="e.g. pad644; default: the profile's.")] = None,
     overwrite: Annotated[bool, typer.Option(help="Delete an existing cache at --out and start over.")] = False,
@@ -49,7 +49,10 @@ def command(
         help="On resume, committed shards to re-hash before trusting them: none (commit record and size only), "
              "sample (1 shard in 16 + tables) or all.")] = "none",
 ) -> None:
-    """Precompute a cache of frozen-VGGT features and uint8 frames (resumable)."""
+    """Precompute a cache of frozen-VGGT features and frames.
+
+    uint8 frames once per frame, VGGT features once per sample; the same command resumes, repairs or
+    appends new episodes."""
     ranks = Ranks.from_env()
     if is_s3_url(out):  # the writing policy for buckets: precompute writes locally, push copies
         fail_alike(ranks, f"--out {out}: precompute writes a cache to a local disk (a bucket has no rename, append "
@@ -72,14 +75,14 @@ def command(
         from pipelines.precompute_run import Options, launched, run
 
     opts = Options(tuple(data), Path(out), profile, cache_format, parsed, overwrite, force, allow_failures, workers, strict,
-                   image_root, checksums, tuple(overrides or ()))
+                   tuple(image_root or ()), checksums, tuple(overrides or ()))
     # torchrun names its run in every rank's environment: there a rank's uncaught exception goes to
     # torchrun's failure summary (launched); janus-cache's single process runs it bare.
     raise typer.Exit((launched if TORCHRUN_VARIABLE in os.environ else run)(opts))
 
 
 def main() -> None:
-    typer.run(command)
+    run_command(command)
 
 
 if __name__ == "__main__":

@@ -47,8 +47,8 @@ def usage_problem(cache: list[str] | None, live_data: Path | None, data: str | N
 
 
 def missing_cache(cache: CacheLocation) -> str | None:
-    """The usual first mistake, training before any precompute: why ``cache`` cannot be read (None
-    when it exists). A cache in a bucket is asked for its manifest (its credentials, endpoint and
+    """The usual first mistake, training (or verifying) before any precompute: why ``cache`` cannot
+    be read (None when it exists). A cache in a bucket is asked for its manifest (its credentials, endpoint and
     bucket with it: each failure one line)."""
     if is_remote(cache):
         from janus_cache.store.open import load_manifest  # the readers import torch: only for a bucket

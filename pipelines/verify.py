@@ -62,12 +62,15 @@ from janus_cache.verify import (
 )
 from janus_core.dtypes import TORCH_DTYPES
 from janus_core.index import DatasetIndex
+from janus_core.plural import plural
 from janus_core.profile import SET_HELP, SET_OPTION, Profile, load_profile
 from janus_core.system.device import process_device
 from janus_core.vggt.encoder import EncoderIdentity, WindowEncoder
-from pipelines.distributed import Control, Progress, RankFailed, Ranks, job_on_directory
+from pipelines.command_line import run as run_command
+from pipelines.distributed import Control, Progress, RankFailed, Ranks, fail_alike, job_on_directory
 from pipelines.frozen_imports import freeze_imported
 from pipelines.precompute_run import frozen_vit
+from pipelines.train_start import missing_cache
 
 T = TypeVar("T")
 
@@ -300,9 +303,9 @@ def _emit(opts: Options, results: list[CheckResult], world: int, seconds: float)
                          checksums=opts.checksums, seed=opts.seed, world_size=world, seconds=seconds)
     to_stdout = opts.json_report is not None and str(opts.json_report) == "-"
     table_stream = sys.stderr if to_stdout else sys.stdout
-    where = f"{opts.cache} ({report['format']}, profile {opts.profile}, " + (
+    where = f"{opts.cache} ({report['format'] or 'format unknown'}, profile {opts.profile}, " + (
         f"data {opts.data}" if opts.data else "no --data") + (
-        f", checkpoint {opts.checkpoint}" if opts.checkpoint else "") + f", {world} process{'es' if world > 1 else ''})"
+        f", checkpoint {opts.checkpoint}" if opts.checkpoint else "") + f", {plural(world, 'process')})"
     print(f"janus-cache verify {where}", file=table_stream)
     print(format_table(results), file=table_stream, flush=True)
     text = json.dumps(report, indent=2, sort_keys=True, default=str) + "\n"
@@ -357,9 +360,14 @@ def command(
         help="A reference JanusVLN checkpoint directory: its VGGT (vggt.aggregator.*) is the encoder freshness "
              "and the live check compare with, its vision tower, merger and lam make the fused embeddings.")] = None,
 ) -> None:
-    """Check that a cache is complete, intact, current and equal to the live path; exit 1 if not."""
+    """Check that a cache is complete, intact and current.
+
+    Schema, integrity (checksums), completeness and freshness against the dataset and profile, and
+    samples recomputed live (--live); exit 1 if any check fails."""
     if checksums not in CHECKSUM_MODES:
         raise typer.BadParameter(f"--checksums must be one of {', '.join(CHECKSUM_MODES)}, got {checksums!r}")
+    if (missing := missing_cache(cache)) is not None:  # a cache not made yet: no table of skipped checks
+        fail_alike(Ranks.from_env(), missing)
     freeze_imported()  # this module imported torch as it loaded (pipelines.frozen_imports)
     raise typer.Exit(run(Options(cache_location(cache), data, profile, live, checksums, seed, json_report, checkpoint,
                                  threads, tuple(overrides or ()))))
@@ -367,7 +375,7 @@ def command(
 
 @record  # torchrun's failure summary then shows the failing rank's exception
 def main() -> None:
-    typer.run(command)
+    run_command(command)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,6 @@ from __future__ import annotations
 import atexit
 import os
 import shutil
-import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -61,9 +60,6 @@ def dataset_copy(sample_dataset: Path, tmp_path: Path) -> Path:
     return Path(shutil.copytree(sample_dataset, tmp_path / "data"))
 
 
-# DeepSpeed JIT-builds its CPU communication op once; reuse the build inside the environment (as
-# the Makefile does) instead of compiling it in every test that starts a training process.
-os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions"))
 # `janus-cache index` and `plan` keep bare datasets' indexes in a user folder; the tests' stay apart,
 # in one folder made by the session's first process (its test workers inherit it) and removed with it.
 if INDEX_CACHE_ENV not in os.environ:

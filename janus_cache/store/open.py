@@ -18,6 +18,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias
 
+from janus_core.plural import plural
 from janus_cache.store.checksums import metadata_problems
 from janus_cache.store.commit import StoreError
 from janus_cache.store.formats import cache_format
@@ -182,7 +183,7 @@ def open_cache(path: CacheLocation | str, *, resolution: str | None = None, vari
     manifest = load_manifest(layout.root)
     problems = metadata_problems(layout.root) if check_metadata else []
     if problems:
-        more = f" (and {len(problems) - 1} more metadata file(s))" if len(problems) > 1 else ""
+        more = f" (and {plural(len(problems) - 1, 'more metadata file')})" if len(problems) > 1 else ""
         raise CacheOpenError(problems[0] + more)
     if resolution is None or variant is None:
         return OpenedCache(manifest=manifest, layout=layout, resolution=None, variant=manifest.window.name)

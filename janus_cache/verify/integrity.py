@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from janus_core.plural import plural
 from janus_cache.store import StoreError
 from janus_cache.store.commit import CHECKSUM_MODES, SAMPLE_STRIDE, check_record, hashed, read_record
 from janus_cache.store.location import cache_location, is_remote, join
@@ -237,10 +238,10 @@ def integrity_result(root: Path | str, plan: IntegrityPlan, findings: Sequence[S
         bad.append({"shard": f"{f.target.array}#{f.target.shard}", "file": f.target.file, "problem": f.problem,
                     "holds": kind, "rows": [f.target.start, f.target.stop], "keys": keys})
     n_hashed = sum(f.target.hashed for f in findings)
-    detail = (f"{len(findings) - len(bad)}/{len(findings)} shards good; checksums {plan.checksums}: "
-              f"{n_hashed} shards hashed, all checked for commit record, file and size")
+    detail = (f"{len(findings) - len(bad)}/{plural(len(findings), 'shard')} good; checksums {plan.checksums}: "
+              f"{plural(n_hashed, 'shard')} hashed, all checked for commit record, file and size")
     if plan.problems:
-        detail += f"; {len(plan.problems)} array(s) missing or unreadable"
+        detail += f"; {plural(len(plan.problems), 'array')} missing or unreadable"
     return result(INTEGRITY, problems, detail, seconds, checksums=plan.checksums, shards=len(findings),
                   hashed=n_hashed, bad=bad)
 

@@ -128,7 +128,11 @@ def failure_message(cache: Path | str, results: Sequence[CheckResult]) -> str:
     failed = [r for r in results if r.failed]
     if not failed:
         return ""
-    reasons = "; ".join(f"{r.name}: {r.problems[0] if r.problems else r.detail}" for r in failed)
+    def first(r: CheckResult) -> str:
+        return r.problems[0] if r.problems else r.detail
+
+    # One failed check names its problem; several, each problem after its check's name.
+    reasons = first(failed[0]) if len(failed) == 1 else "; ".join(f"{r.name}: {first(r)}" for r in failed)
     return f"cache {cache} failed {', '.join(r.name for r in failed)}: {reasons}"
 
 

@@ -45,6 +45,8 @@ from janus_train.loop.parts import TrainParts
 from janus_train.loop.policies import (
     AfterStep,
     CheckpointWriter,
+    CollectEvaluations,
+    EvaluateCheckpoints,
     FlushCudaCache,
     LiveCheck,
     LogRecords,
@@ -56,6 +58,7 @@ from janus_train.loop.policies import (
     SaveEvery,
     StepDone,
     StopOnSignal,
+    every,
 )
 from janus_train.loop.preemption import Preemption
 from janus_train.loop.progress import Progress
@@ -105,6 +108,9 @@ class Trainer:
         policies += [LogRecords(self.log, settings.log_every, self.checkpoints),
                      FlushCudaCache(settings.empty_cache_every, self.device, dist.barrier),
                      SaveEvery(settings.save_every, self.writer)]
+        if self.parts.evaluations is not None:  # rank 0 with train.eval_command
+            policies += [EvaluateCheckpoints(settings.save_every, self.parts.evaluations),
+                         CollectEvaluations(settings.log_every, self.parts.evaluations)]
         if preemption is not None:
             policies.append(StopOnSignal(preemption, self.device))
         return policies
@@ -130,6 +136,9 @@ class Trainer:
         chosen, point = self.parts.resume.chosen, self.parts.resume.point
         if self.log is not None:
             self.log.resume_at(chosen.step if chosen is not None else 0)
+        if self.parts.evaluations is not None:
+            step = chosen.step if chosen is not None else 0
+            self.parts.evaluations.resume_at(step, due=every(self.settings.save_every, step))
         if point is None:
             return False
         assert chosen is not None

@@ -154,7 +154,7 @@ def test_one_process_continues_on_two(setup: Setup, tmp_path: Path) -> None:
     """1 -> 2: the reverse, compared with both uninterrupted runs."""
     out = continue_from(setup.run_one, tmp_path / "run")
     result = succeeded(train(out, setup.cache, setup.two, nproc=2))
-    assert "converted checkpoint step00000004 (saved on 1 processes) for 2" in result.stdout
+    assert "converted checkpoint step00000004 (saved on 1 process) for 2" in result.stdout
     resumed = metrics(out)[SAVE_AT:]
     same_run(resumed, metrics(setup.run_one)[SAVE_AT:])
     same_run(resumed, metrics(setup.run_two)[SAVE_AT:])
@@ -172,7 +172,7 @@ def test_the_same_profile_on_one_process_continues_with_the_grad_accum_that_keep
     assert notes == ["note: grad_accum 4 instead of the profile's 2 on 1 process keeps the global batch of checkpoint "
                      "step00000004 (1 x 2 x 2 processes = 4 samples); train.resume_grad_accum: keep refuses such a "
                      "resume instead"], result.stdout
-    assert "training 8 steps of 4 samples on 1 processes" in result.stdout
+    assert "training 8 steps of 4 samples on 1 process" in result.stdout
     assert "resumed at step 4 (epoch 1, sample 4 of the epoch)" in result.stdout
     same_run(metrics(out)[SAVE_AT:], metrics(setup.run_two)[SAVE_AT:])
     # The checkpoints it writes hold the grad_accum it ran with.
@@ -194,7 +194,7 @@ def test_another_global_batch_is_refused_in_one_line_naming_the_grad_accum_that_
     assert result.returncode != 0
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1, result.stderr[-3000:]
-    assert ("the global batch differs (checkpoint 1 x 2 x 2 processes = 4 samples, now 1 x 2 x 1 processes = "
+    assert ("the global batch differs (checkpoint 1 x 2 x 2 processes = 4 samples, now 1 x 2 x 1 process = "
             "2 samples); grad_accum 4 keeps it (train.resume_grad_accum: adapt sets it)") in errors[0]
     # No traceback from the ranks (torchrun's own ChildFailedError summary is the launcher's).
     assert "janus_train/" not in result.stderr and "ResumeError" not in result.stderr

@@ -91,7 +91,15 @@ def test_validation_runs_every_eval_every_steps_and_at_the_end(run: dict[str, An
     assert any(line.endswith("; validating on 3 samples of 1 held-out episode") for line in run["stdout"].splitlines())
     lines = [line for line in run["stdout"].splitlines() if line.startswith("step ")]
     assert [" | val loss " in line for line in lines] == [True, False, True, True]
-    assert list((run["out"] / "tensorboard").glob("events.out.tfevents.*"))
+    # TensorBoard shows the training and the validation metrics in sections of their own.
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run["out"] / "tensorboard"))
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    assert {"train/loss", "train/lr", "val/loss", "val/action_accuracy"} <= tags, sorted(tags)
+    assert [e.step for e in events.Scalars("val/loss")] == [2, 4, 6]
+    assert all(tag.split("/")[0] in ("train", "val") for tag in tags), sorted(tags)
 
 
 def test_the_final_val_metrics_equal_a_hand_computation_over_all_val_samples(

@@ -23,7 +23,7 @@ from transformers import Qwen2_5_VLConfig
 
 import benchmarks.flops
 from benchmarks import bench_gpu
-from benchmarks.bench import flops_section
+from benchmarks.bench_run import flops_section
 from benchmarks.bench_projection import (
     REFERENCE_GPU_S_PER_SAMPLE,
     REFERENCE_HOURS_PER_EPOCH,
