@@ -52,12 +52,13 @@ def _name_liger_imports() -> None:
     Qwen2.5-VL patch fails to import. The class only types Liger's fused-loss forward, which janus
     leaves off; naming it lets the RMSNorm and SwiGLU kernels apply. Must run before Liger's
     modules are first imported (they read the name at import)."""
-    from transformers.models.qwen2_5_vl import modeling_qwen2_5_vl
+    from janus_core.bases import QWEN2_5_VL
 
-    if not hasattr(modeling_qwen2_5_vl, "Qwen2_5_VLCausalLMOutputWithPast"):
+    modeling = importlib.import_module(QWEN2_5_VL.modeling_module)
+    if not hasattr(modeling, "Qwen2_5_VLCausalLMOutputWithPast"):
         from transformers.modeling_outputs import MultimodalCausalLMOutputWithPast
 
-        modeling_qwen2_5_vl.Qwen2_5_VLCausalLMOutputWithPast = MultimodalCausalLMOutputWithPast
+        modeling.Qwen2_5_VLCausalLMOutputWithPast = MultimodalCausalLMOutputWithPast
 
 
 def compile_decoder_layers(layers: nn.ModuleList, **options: object) -> int:

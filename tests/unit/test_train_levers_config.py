@@ -3,6 +3,7 @@ settings and as functions (``make train`` refusing Liger without the package: te
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ import yaml
 
 from helpers.model_cases import tiny_model
 from helpers.profiles import write_test_profile
+from janus_core.bases import QWEN2_5_VL
 from janus_core.profile import ProfileError, load_profile
 from janus_train.config import deepspeed_config, load_train_settings
 from janus_train.model.kernels import KernelUnavailable, apply_liger, compile_decoder_layers, liger_missing
@@ -58,8 +60,7 @@ def test_liger_patches_the_norms_and_mlps_of_the_transformers_janus_accepts(
     """Every RMSNorm (decoder and ViT) and decoder MLP runs Liger's forward (wiring only: the Triton
     kernels run on a GPU), with the transformers janus pins, whose Qwen2.5-VL output class Liger 0.8.5
     imports under its old name; the rotary function transformers calls stays its own."""
-    from transformers.models.qwen2_5_vl import modeling_qwen2_5_vl
-
+    modeling_qwen2_5_vl = importlib.import_module(QWEN2_5_VL.modeling_module)
     for name in ("Qwen2_5_VLRMSNorm", "Qwen2MLP"):  # Liger patches the module's classes (undone after the test)
         monkeypatch.setattr(modeling_qwen2_5_vl, name, getattr(modeling_qwen2_5_vl, name))
     rotary = modeling_qwen2_5_vl.apply_rotary_pos_emb
