@@ -366,10 +366,11 @@ def command(
     samples recomputed live (--live); exit 1 if any check fails."""
     if checksums not in CHECKSUM_MODES:
         raise typer.BadParameter(f"--checksums must be one of {', '.join(CHECKSUM_MODES)}, got {checksums!r}")
-    if (missing := missing_cache(cache)) is not None:  # a cache not made yet: no table of skipped checks
+    location = cache_location(cache)
+    if (missing := missing_cache(location)) is not None:  # a cache not made yet: no table of skipped checks
         fail_alike(Ranks.from_env(), missing)
     freeze_imported()  # this module imported torch as it loaded (pipelines.frozen_imports)
-    raise typer.Exit(run(Options(cache_location(cache), data, profile, live, checksums, seed, json_report, checkpoint,
+    raise typer.Exit(run(Options(location, data, profile, live, checksums, seed, json_report, checkpoint,
                                  threads, tuple(overrides or ()))))
 
 
