@@ -9,19 +9,20 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 JANUS_CACHE := $(VENV)/bin/janus-cache
 JANUS_TRAIN := $(VENV)/bin/janus-train
-EXTRAS ?= train,test
+EXTRAS ?= train,test,s3
 # CPU machines pin torch to the CPU wheel (no CUDA downloads); a machine with nvidia-smi keeps
 # whatever torch its environment has. Override with TORCH_CONSTRAINTS= or a file of your own.
 TORCH_CONSTRAINTS ?= $(if $(shell command -v nvidia-smi 2>/dev/null),,constraints-cpu.txt)
-# DeepSpeed JIT-compiles its CPU communication op once; keep the build inside the environment.
-export TORCH_EXTENSIONS_DIR ?= $(abspath $(VENV))/torch_extensions
 
 PROFILE ?= tiny
 # Profile overrides without a new YAML file: SET="train.grad_accum=4 cache.resolution=pad448" (each word
 # becomes one --set KEY=VALUE of every profile-taking command below; these values cannot hold spaces).
 SET ?=
 SET_ARGS = $(foreach s,$(SET),--set $(s))
-DEMO_DIR ?= demo_out
+# One demo folder per profile (demo_out/tiny, demo_out/tiny-qwen3): a profile's demo starts its own
+# folder afresh and leaves the other profiles' demos as they are.
+DEMO_ROOT ?= demo_out
+DEMO_DIR ?= $(DEMO_ROOT)/$(PROFILE)
 DATA ?=
 # DATA as one single-quoted shell word (its own ' written '\''): any path a user can type (spaces,
 # quotes, '$', non-ASCII) arrives as typed, and `make -n` shows it.
@@ -52,11 +53,11 @@ VERIFY_ARGS ?=
 DEMO_FORMAT = $(shell $(PY) -c "import sys; from janus_core.profile import load_profile; from janus_core.bases import DEFAULT_BASE, base_of_qwen_dir; print('janusvln' if base_of_qwen_dir(load_profile(sys.argv[1]).qwen.path) is DEFAULT_BASE else 'janus')" '$(PROFILE)' 2>/dev/null || echo janusvln)
 STAMP := $(VENV)/.janus-setup
 
-.PHONY: help setup test test-fast demo precompute train verify bench bench-gpu bench-scale clean-demo
+.PHONY: help setup test test-fast demo precompute train verify bench bench-gpu bench-scale device-wheels clean-demo
 
 help:
 	@echo "make setup       install janus and its dependencies into $(VENV)"
-	@echo "make demo [PROFILE=tiny|tiny-qwen3]  run janus on generated sample data (tiny profile, CPU; tiny-qwen3: Qwen3-VL)"
+	@echo "make demo [PROFILE=tiny|tiny-qwen3]  run janus on generated sample data into demo_out/PROFILE (tiny profile, CPU; tiny-qwen3: Qwen3-VL)"
 	@echo "make test        run the test suite (both tiers: tests/unit and tests/e2e)"
 	@echo "make test-fast   run the unit tier only (in-process tests, no CLI/torchrun/make)"
 	@echo "make precompute DATA=dir [PROFILE=tiny] [SET='cache.resolution=pad448 ...'] [OUT=cache] [NPROC=n] [FORMAT=zarr|wds]  (DATA=\"r2r=dir1 rxr=dir2\": several sources)"
@@ -65,6 +66,7 @@ help:
 	@echo "make bench       live vs cached data path, storage, FLOPs per sample (CPU; GPU section with CUDA)"
 	@echo "make bench-gpu   janus vs reference precompute and training step on one GPU (< 10 min)"
 	@echo "make bench-scale [SAMPLES=10000,100000,612560] [PRECOMPUTE_SAMPLES=1000,10000]  costs vs dataset size"
+	@echo "make device-wheels  the wheels benchmarks/device_run.sh carries to a GPU machine without network (.whl/)"
 
 $(STAMP): pyproject.toml $(TORCH_CONSTRAINTS)
 	@test -x $(PY) || $(PYTHON_SYS) -m venv $(VENV)
@@ -73,7 +75,7 @@ $(STAMP): pyproject.toml $(TORCH_CONSTRAINTS)
 	@# An editable install leaves the source tree uncompiled: compile it once, as pip does for a regular
 	@# install (where PYTHONDONTWRITEBYTECODE is set, every process would otherwise compile each module).
 	$(PY) -m compileall -q janus_core janus_cache janus_train pipelines benchmarks
-	$(PY) -m pipelines.warm_deepspeed
+	$(PY) -m pipelines.cpu_comm_op
 	@touch $(STAMP)
 
 setup: $(STAMP)
@@ -120,7 +122,8 @@ train: $(STAMP)
 		$(if $(value DATA),--data $(DATA_ARG)) $(TRAIN_ARGS)
 
 verify: $(STAMP)
-	@test -n "$(CACHE)" || { echo "make verify: set CACHE=<cache directory> (and DATA=<dataset> for the dataset and live checks)" >&2; exit 2; }
+	@# CACHE defaults to OUT (cache, precompute's default): say so when no cache is there (a bucket's URL is checked by verify).
+	@case "$(CACHE)" in s3://*) ;; *) test -e "$(CACHE)" || { echo "make verify: no cache at $(CACHE) (CACHE defaults to OUT=$(OUT)): set CACHE=<cache directory> (and DATA=<dataset> for the dataset and live checks)" >&2; exit 2; };; esac
 	$(LAUNCH_ENV) $(LAUNCH) $(TORCHRUN_ARGS) --nproc_per_node $(NPROC) -m pipelines.verify $(call shell_word,CACHE) \
 		--profile $(PROFILE) $(SET_ARGS) $(if $(value DATA),--data $(DATA_ARG)) $(VERIFY_ARGS)
 
@@ -137,6 +140,17 @@ SAMPLES ?= 10000,100000,612560
 PRECOMPUTE_SAMPLES ?= 1000,10000
 bench-scale: $(STAMP)
 	$(PY) benchmarks/bench_scale.py --sizes "$(SAMPLES)" --precompute-sizes "$(PRECOMPUTE_SAMPLES)" --nproc $(NPROC) $(BENCH_ARGS)
+
+# The prepared GPU run (benchmarks/device_run.sh) on a machine without network: the wheels of
+# benchmarks/device_wheels.txt for its CPython 3.12 on x86-64 Linux, downloaded without their
+# dependencies (device_env.py checks those against the machine's image), then checked and test-installed.
+DEVICE_WHEELS := .whl
+device-wheels: $(STAMP)
+	rm -rf $(DEVICE_WHEELS)
+	$(PY) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+		--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+		-d $(DEVICE_WHEELS) -r benchmarks/device_wheels.txt
+	$(PY) -m benchmarks.device_env $(DEVICE_WHEELS)
 
 clean-demo:
 	rm -rf $(DEMO_DIR)

@@ -27,11 +27,14 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import gzip
+import importlib
 import json
 import shutil
 import statistics
 import time
 from collections.abc import Callable, Iterator
+from types import ModuleType
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -53,12 +56,20 @@ from benchmarks.measure import RESULTS_DIR, Stat
 from benchmarks.workload import VGGT_LAYER, SampleShape, StepRunner, make_batch, stream_window_features
 from janus_core.bases import BASES, DEFAULT_BASE, QWEN2_5_VL, QWEN3_VL, QwenBase, base_of_qwen_dir
 from janus_core.vggt import VGGTAggregator, window_flops
-from janus_core.vggt.attention import BENCH_KERNELS
-from janus_core.vggt.encoder import LEVER_BATCH, WindowEncoder, distinct_frames, lever_batches, lever_settings
+from janus_core.vggt.attention import BENCH_KERNELS, SDPA, candidate
+from janus_core.vggt.encoder import (
+    LEVER_BATCH,
+    EncoderLevers,
+    WindowEncoder,
+    distinct_frames,
+    lever_batches,
+    lever_settings,
+)
 from janus_train.model.activation_checkpointing import ActivationCheckpointing
 from janus_train.model.janus_model import JanusVLNModel, attention_implementation
 from janus_train.model.kernels import apply_liger, compile_decoder_layers, liger_missing
 from janus_train.model.vision_attention import describe_attention
+from pipelines.command_line import run as run_command
 
 MODELS = Path(__file__).resolve().parent.parent / "configs" / "models"
 
@@ -81,6 +92,9 @@ class GpuBenchSettings:
     """CPU threads for torch (0: leave as is); the smoke run uses one, steady on a shared machine."""
     compile: bool = True
     """Measure the regional torch.compile rows (minutes of compilation on a CPU: not in the smoke run)."""
+    compile_backend: str = "inductor"
+    """torch.compile's backend for the decoder layers; the device run's CPU smoke traces with aot_eager
+    (no code generation, seconds)."""
 
 
 REAL = GpuBenchSettings(MODELS / "qwen2_5_vl_7b", MODELS / "vggt_1b.json", SampleShape(), "cuda", torch.bfloat16)
@@ -102,7 +116,7 @@ SMOKE_BY_BASE: dict[str, GpuBenchSettings] = {
 
 
 class Device:
-    """Synchronisation and peak memory of the bench's device (CUDA allocator; none on the CPU)."""
+    """Synchronisation and memory of the bench's device (the CUDA allocator; none on the CPU)."""
 
     def __init__(self, name: str) -> None:
         self.device = torch.device(name)
@@ -112,13 +126,28 @@ class Device:
         if self.cuda:
             torch.cuda.synchronize(self.device)
 
+    def free(self) -> None:
+        """Gives back what an earlier row left: its tensors once unreferenced, the allocator's cached blocks."""
+        gc.collect()
+        if self.cuda:
+            torch.cuda.empty_cache()
+
     def reset_peak(self) -> None:
         if self.cuda:
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats(self.device)
 
+    def allocated_gib(self) -> float | None:
+        return torch.cuda.memory_allocated(self.device) / 2**30 if self.cuda else None
+
     def peak_gib(self) -> float | None:
         return torch.cuda.max_memory_allocated(self.device) / 2**30 if self.cuda else None
+
+    def peak_reserved_gib(self) -> float | None:
+        return torch.cuda.max_memory_reserved(self.device) / 2**30 if self.cuda else None
+
+    def total_gib(self) -> float | None:
+        return torch.cuda.get_device_properties(self.device).total_memory / 2**30 if self.cuda else None
 
     def name(self) -> str:
         return torch.cuda.get_device_name(self.device) if self.cuda else "cpu"
@@ -158,6 +187,10 @@ def out_of_memory(exc: BaseException) -> bool:
     return isinstance(exc, torch.cuda.OutOfMemoryError) or "out of memory" in str(exc)
 
 
+class Unavailable(Exception):
+    """A row's lever or kernel cannot run here (a package not installed, a lever its base does not take)."""
+
+
 # ------------------------------------------------------------------------------- sections
 
 
@@ -167,18 +200,14 @@ def precompute(settings: GpuBenchSettings, device: Device) -> dict[str, Any]:
     vggt = build_vggt(config, device.device)
     side, frames = settings.shape.side, settings.shape.images
     rows: dict[str, Any] = {}
-    janus_flops = window_flops(config, side, side, frames, last_layer=VGGT_LAYER)
     for batch in settings.vggt_batches:
-        images = torch.rand(batch, frames, 3, side, side, device=device.device)
-        device.reset_peak()
         try:
-            times = timed(device, lambda: vggt.window_features(images), settings.repeats, settings.warmup)
+            rows[f"janus_b{batch}"] = measure_windows(vggt, settings, device, batch)
         except RuntimeError as exc:
             if not out_of_memory(exc):
                 raise
             rows[f"janus_b{batch}"] = {"batch": batch, "error": "out of memory"}
-            continue
-        rows[f"janus_b{batch}"] = _window_row(batch, times, janus_flops, device)
+            device.free()
     window = torch.randint(0, 256, (1, frames, side, side, 3), dtype=torch.uint8, device=device.device)
     device.reset_peak()
     times = timed(device, lambda: stream_window_features(vggt, window), settings.repeats, settings.warmup)
@@ -197,29 +226,69 @@ def precompute(settings: GpuBenchSettings, device: Device) -> dict[str, Any]:
     }
 
 
+def measure_windows(vggt: VGGTAggregator, settings: GpuBenchSettings, device: Device, batch: int,
+                    repeats: int | None = None, warmup: int | None = None) -> dict[str, Any]:
+    """Windows/s of janus's one-pass batched window on ``batch`` random windows per call (the
+    aggregator's automatic kernel, no dedup, eager)."""
+    side, frames = settings.shape.side, settings.shape.images
+    images = torch.rand(batch, frames, 3, side, side, device=device.device)
+    device.reset_peak()
+    times = timed(device, lambda: vggt.window_features(images), settings.repeats if repeats is None else repeats,
+                  settings.warmup if warmup is None else warmup)
+    flops = window_flops(vggt.config, side, side, frames, last_layer=VGGT_LAYER)
+    return {**_window_row(batch, times, flops, device), "kernel": vggt.attention_kernel(device.device).describe()}
+
+
+def lever_encoder(vggt: VGGTAggregator, settings: GpuBenchSettings) -> WindowEncoder:
+    """The precompute's encoder on ``vggt`` as the lever rows run it (reference frame last, layer -2)."""
+    return WindowEncoder(vggt, "last", VGGT_LAYER, settings.dtype)
+
+
+def measure_vggt_lever(encoder: WindowEncoder, levers: EncoderLevers, batches: list[torch.Tensor], device: Device,
+                       repeats: int, warmup: int) -> tuple[dict[str, Any], torch.Tensor]:
+    """Windows/s of the encoder with ``levers`` on the uint8 window ``batches`` (one timed call runs
+    them all), and its features of the first batch (float32, on the CPU: to compare levers). Raises
+    Unavailable for a kernel that is not installed; the aggregator is back to its automatic kernel
+    and eager blocks afterwards."""
+    vggt = encoder.model
+    if levers.kernel not in (None, SDPA) and candidate(levers.kernel) is None:
+        raise Unavailable(f"attention kernel {levers.kernel} is not installed")
+    frames, side = batches[0].shape[1], batches[0].shape[2]
+    flops = window_flops(vggt.config, side, side, frames, last_layer=VGGT_LAYER)
+    first: list[torch.Tensor] = []
+    try:
+        run = levers.apply(encoder)
+        kernel = vggt.attention_kernel(device.device).describe()
+        device.reset_peak()
+
+        def encode_all() -> None:
+            first[:] = [run.encode(w) for w in batches][:1]
+
+        times = timed(device, encode_all, repeats, warmup)
+    finally:
+        vggt.use_attention_kernel(None)
+        vggt.fuse(False)
+    windows = sum(int(w.shape[0]) for w in batches)
+    distinct = sum(len(distinct_frames(w)[0]) for w in batches) / windows
+    row = {**_window_row(windows, times, flops, device), "kernel": kernel, "windows_per_call": int(batches[0].shape[0]),
+           "frames_per_window": float(distinct if levers.dedup else frames)}
+    return row, first[0].float().cpu()
+
+
 def vggt_levers(vggt: VGGTAggregator, settings: GpuBenchSettings, device: Device) -> dict[str, Any]:
     """Each VGGT speed lever on its own (janus_core.vggt.encoder.lever_settings): the encoder on uint8
     windows of consecutive samples of one episode, B = 4; compile only on CUDA (minutes on a CPU)."""
-    side, frames = settings.shape.side, settings.shape.images
-    batches = lever_batches(side)
-    flops = window_flops(vggt.config, side, side, frames, last_layer=VGGT_LAYER)
-    encoder = WindowEncoder(vggt, "last", VGGT_LAYER, settings.dtype)
+    batches = lever_batches(settings.shape.side)
+    encoder = lever_encoder(vggt, settings)
     rows: dict[str, Any] = {}
     for name, levers in lever_settings(BENCH_KERNELS[device.device.type]).items():
         if levers.compile and not device.cuda:
             continue
         try:
-            run = levers.apply(encoder)
-            kernel = vggt.attention_kernel(device.device).describe()
-            device.reset_peak()
-            times = timed(device, lambda: [run.encode(w) for w in batches], settings.repeats, settings.warmup)
-        except (RuntimeError, ValueError) as exc:  # a kernel that does not run here, out of memory
+            rows[name], _ = measure_vggt_lever(encoder, levers, batches, device, settings.repeats, settings.warmup)
+        except (RuntimeError, ValueError, Unavailable) as exc:  # a kernel that does not run here, out of memory
             rows[name] = {"error": (str(exc).strip() or type(exc).__name__).splitlines()[0]}
-            continue
-        finally:
-            vggt.use_attention_kernel(None)
-            vggt.fuse(False)
-        rows[name] = {**_window_row(LEVER_BATCH * len(batches), times, flops, device), "kernel": kernel}
+            device.free()
     distinct = sum(len(distinct_frames(w)[0]) for w in batches) / (LEVER_BATCH * len(batches))
     return {"rows": rows, "batch": LEVER_BATCH, "distinct_frames_per_window": distinct}
 
@@ -245,8 +314,13 @@ class Levers:
     liger: bool = False
     """Liger's fused Qwen2.5-VL kernels (train.liger_kernels)."""
 
+    NAMES = ("vit_cache", "compile", "liger")
+
     def suffix(self) -> str:
-        return "".join(f"_{name}" for name in ("vit_cache", "compile", "liger") if getattr(self, name))
+        return "".join(f"_{name}" for name in self.NAMES if getattr(self, name))
+
+    def names(self) -> list[str]:
+        return [name for name in self.NAMES if getattr(self, name)]
 
 
 def lever_rows(compile_rows: bool, base: QwenBase = DEFAULT_BASE) -> list[Levers]:
@@ -254,9 +328,14 @@ def lever_rows(compile_rows: bool, base: QwenBase = DEFAULT_BASE) -> list[Levers
     apply to ``base``, Liger where installed; compile unless ``compile_rows`` is off), measured on
     the fastest checkpointing policy."""
     alone = [Levers(vit_cache=True), Levers(compile=True), Levers(liger=True)]
-    together = Levers(vit_cache=True, compile=compile_rows,
-                      liger=liger_missing() is None and base is DEFAULT_BASE)
-    return [levers for levers in (*alone, together) if (compile_rows or not levers.compile) and levers != Levers()]
+    return [levers for levers in (*alone, all_levers(compile_rows, base))
+            if (compile_rows or not levers.compile) and levers != Levers()]
+
+
+def all_levers(compile_rows: bool = True, base: QwenBase = DEFAULT_BASE) -> Levers:
+    """Every lever that applies here together: the ViT cache, compile (unless ``compile_rows`` is
+    off), Liger where installed and ``base`` takes it."""
+    return Levers(vit_cache=True, compile=compile_rows, liger=liger_missing() is None and base is DEFAULT_BASE)
 
 
 def lever_missing(levers: Levers, model: JanusVLNModel) -> str | None:
@@ -267,6 +346,147 @@ def lever_missing(levers: Levers, model: JanusVLNModel) -> str | None:
     return None
 
 
+@dataclass(frozen=True)
+class StepRow:
+    """One training-step row: the path, the checkpointing policy, the levers and the micro-batch."""
+
+    path: str = "janus"
+    policy: str = "full"
+    levers: Levers = Levers()
+    micro_batch: int = 1
+
+    @property
+    def name(self) -> str:
+        return f"{self.path}_{self.policy}{self.levers.suffix()}" + (f"_mb{self.micro_batch}" if self.micro_batch > 1 else "")
+
+
+def micro_batch(model: JanusVLNModel, shape: SampleShape, samples: int, vit_cache: bool = False) -> dict[str, torch.Tensor]:
+    """``samples`` synthetic samples (:func:`make_batch`, seeds 0, 1, ...) in one micro-batch, stacked
+    on the batch dimension as the loader's collate stacks them (they have one layout: no padding)."""
+    parts = [make_batch(model, shape, seed=seed, vit_cache=vit_cache) for seed in range(samples)]
+    if samples == 1:
+        return parts[0]
+    # M-RoPE positions are [3, B, L]; every other tensor has the batch first.
+    return {key: torch.cat([p[key] for p in parts], dim=1 if key == "position_ids" else 0) for key in parts[0]}
+
+
+@contextlib.contextmanager
+def module_globals_kept(module: ModuleType) -> Iterator[None]:
+    """Puts ``module``'s globals back as they were: Liger patches transformers' Qwen2.5-VL module (its
+    RoPE function, RMSNorm and MLP classes) for every model built after it, and the row after a
+    Liger row builds a plain model."""
+    saved = dict(vars(module))
+    try:
+        yield
+    finally:
+        for name in [name for name in vars(module) if name not in saved]:
+            delattr(module, name)
+        for name, value in saved.items():
+            if vars(module).get(name) is not value:
+                setattr(module, name, value)
+
+
+def liger_patched_module() -> ModuleType:
+    """The transformers module whose globals Liger's Qwen2.5-VL patch replaces (its modeling module)."""
+    return importlib.import_module(DEFAULT_BASE.transformers_class().__module__)
+
+
+def model_sizes(settings: GpuBenchSettings) -> tuple[int, int]:
+    """Parameters and trainable parameters of the bench's model (counted on the meta device)."""
+    model = build_model(settings.qwen_dir, 2 * load_vggt_config(settings.vggt_config).embed_dim, settings.merger_hidden)
+    return sum(p.numel() for p in model.parameters()), sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+def fresh_model(settings: GpuBenchSettings, device: Device, levers: Levers) -> JanusVLNModel:
+    """A newly built model (seed 0) with ``levers`` applied; Unavailable where one cannot apply here."""
+    torch.manual_seed(0)
+    model = build_model(settings.qwen_dir, 2 * load_vggt_config(settings.vggt_config).embed_dim, settings.merger_hidden,
+                        device.device, settings.dtype, attention_implementation(device.device))
+    missing = lever_missing(levers, model) or (liger_missing() if levers.liger else None)
+    if missing is not None:
+        raise Unavailable(missing)
+    if levers.liger:
+        apply_liger(model.qwen)
+    if levers.compile:
+        compile_decoder_layers(model.qwen.model.language_model.layers, backend=settings.compile_backend)
+    return model
+
+
+def measure_step(settings: GpuBenchSettings, device: Device, flops: FlopTable | None, row: StepRow,
+                 vggt: VGGTAggregator | None = None, *, repeats: int | None = None, warmup: int | None = None,
+                 profile_trace: Path | None = None) -> dict[str, Any]:
+    """Forward + backward of ``row`` (no optimizer) on a freshly built model: seconds per sample (a
+    step of ``row.micro_batch`` samples over their number), its phases per sample, the peak memory
+    and the memory the model held before its first step (``resident_gib``); with
+    ``profile_trace``, one more step under torch.profiler (:func:`profiled_step`). Raises
+    Unavailable when a lever cannot apply here and the device's error when out of memory; what the
+    row built is released either way (a compiled row's graphs too), and a Liger row puts
+    transformers' Qwen2.5-VL module back as it found it."""
+    repeats = settings.repeats if repeats is None else repeats
+    warmup = settings.warmup if warmup is None else warmup
+    held: dict[str, Any] = {}  # the row's model, runner and batch: dropped in one place, whatever happens
+    phases: list[dict[str, float]] = []
+    losses: list[float] = []
+    try:
+        with module_globals_kept(liger_patched_module()) if row.levers.liger else contextlib.nullcontext():
+            model = held["model"] = fresh_model(settings, device, row.levers)
+            model.set_gradient_checkpointing(ActivationCheckpointing.parse(row.policy))
+            model.train()
+            runner = held["runner"] = StepRunner(model, vggt)
+            batch = held["batch"] = micro_batch(model, settings.shape, row.micro_batch, vit_cache=row.levers.vit_cache)
+            base = model.base
+            del model
+
+            def step() -> None:
+                timer = PhaseTimer(device)
+                losses.append(runner.step(row.path, batch, timer))
+                phases.append(timer.seconds)
+
+            device.reset_peak()
+            resident = device.allocated_gib()
+            times = timed(device, step, repeats, warmup)
+            peak, reserved = device.peak_gib(), device.peak_reserved_gib()
+            profile = None
+            if profile_trace is not None:
+                profile = {"checkpointing": row.policy, "levers": row.levers.names(), "micro_batch": row.micro_batch,
+                           **profiled_step(runner, row.path, batch, device, profile_trace)}
+    finally:
+        held.clear()
+        runner = batch = None  # noqa: F841  (the closure's references)
+        if row.levers.compile:
+            torch.compiler.reset()
+        device.free()
+        device.reset_peak()
+    samples = row.micro_batch
+    per_sample = [t / samples for t in times]
+    median = statistics.median(per_sample)
+    step_flops = None if flops is None else (
+        flops.janus_vit_cache if row.levers.vit_cache else flops.janus if row.path == "janus" else flops.reference
+    ).model_flops
+    spec = device_spec(device.name())
+    measured = phases[warmup:]
+    result: dict[str, Any] = {
+        "path": row.path,
+        "checkpointing": row.policy,
+        "levers": row.levers.names(),
+        "micro_batch": samples,
+        "base": base.model_type,
+        "model": settings.qwen_dir.name,
+        "s_per_sample": Stat.of(per_sample).__dict__,
+        "tokens_per_s": settings.shape.sequence_length / median,
+        "tflop_per_s": None if step_flops is None else step_flops / median / 1e12,
+        "mfu": step_flops / median / (spec.bf16_tflops * 1e12) if step_flops is not None and spec else None,
+        "peak_gib": peak,
+        "peak_reserved_gib": reserved,
+        "resident_gib": resident,
+        "phases_s": {k: statistics.median(p.get(k, 0.0) for p in measured) / samples for k in measured[0]},
+        "loss": losses[-1],
+    }
+    if profile is not None:
+        result["profile"] = profile
+    return result
+
+
 def training(settings: GpuBenchSettings, device: Device, flops: FlopTable) -> dict[str, Any]:
     """Forward + backward per sample of both paths (no optimizer): each checkpointing policy, then
     each lever on the fastest janus policy, every row on a freshly built model (a setting, a hook or
@@ -274,97 +494,41 @@ def training(settings: GpuBenchSettings, device: Device, flops: FlopTable) -> di
     config = load_vggt_config(settings.vggt_config)
     vggt = build_vggt(config, device.device)
     spec = device_spec(device.name())
-    tokens = settings.shape.sequence_length
     rows: dict[str, Any] = {}
-    sizes: dict[str, int] = {}
 
-    def fresh_model(levers: Levers) -> tuple[JanusVLNModel, str | None]:
-        """A newly built model with ``levers`` applied; the reason when one cannot apply here."""
-        torch.manual_seed(0)
-        model = build_model(settings.qwen_dir, 2 * config.embed_dim, settings.merger_hidden, device.device,
-                            settings.dtype, attention_implementation(device.device))
-        if not sizes:
-            sizes["params"] = sum(p.numel() for p in model.parameters())
-            sizes["trainable"] = sum(p.numel() for p in model.parameters() if p.requires_grad)
-        if (missing := lever_missing(levers, model)) is not None:
-            return model, missing
-        if levers.liger:
-            if (missing := liger_missing()) is not None:
-                return model, missing
-            apply_liger(model.qwen)
-        if levers.compile:
-            compile_decoder_layers(model.qwen.model.language_model.layers)
-        return model, None
-
-    def measure(name: str, path: str, policy: str, levers: Levers = Levers()) -> None:
-        model, unavailable = fresh_model(levers)
-        if unavailable is not None:
-            rows[name] = {"path": path, "checkpointing": policy, "error": f"not measured: {unavailable}"}
-            return
-        model.set_gradient_checkpointing(ActivationCheckpointing.parse(policy))
-        model.train()
-        runner = StepRunner(model, vggt)
-        batch = make_batch(model, settings.shape, vit_cache=levers.vit_cache)
-        phases: list[dict[str, float]] = []
-        losses: list[float] = []
-
-        def step() -> None:
-            timer = PhaseTimer(device)
-            losses.append(runner.step(path, batch, timer))
-            phases.append(timer.seconds)
-
-        device.reset_peak()
+    def measure(row: StepRow) -> None:
         try:
-            times = timed(device, step, settings.repeats, settings.warmup)
-            peak = device.peak_gib()
+            rows[row.name] = measure_step(settings, device, flops, row, vggt)
+        except Unavailable as exc:
+            rows[row.name] = {"path": row.path, "checkpointing": row.policy, "error": f"not measured: {exc}"}
         except RuntimeError as exc:
             if not out_of_memory(exc):
                 raise
-            rows[name] = {"path": path, "checkpointing": policy, "error": "out of memory"}
-            return
-        finally:
-            del runner, model, batch  # the next row builds its own
-            gc.collect()
-            device.reset_peak()
-        measured = phases[settings.warmup:]
-        step_flops = (flops.janus_vit_cache if levers.vit_cache else flops.janus if path == "janus"
-                      else flops.reference).model_flops
-        median = statistics.median(times)
-        rows[name] = {
-            "path": path,
-            "checkpointing": policy,
-            "levers": [lever for lever in ("vit_cache", "compile", "liger") if getattr(levers, lever)],
-            "s_per_sample": Stat.of(times).__dict__,
-            "tokens_per_s": tokens / median,
-            "tflop_per_s": step_flops / median / 1e12,
-            "mfu": step_flops / median / (spec.bf16_tflops * 1e12) if spec else None,
-            "peak_gib": peak,
-            "phases_s": {k: statistics.median(p.get(k, 0.0) for p in measured) for k in measured[0]},
-            "loss": losses[-1],
-        }
+            rows[row.name] = {"path": row.path, "checkpointing": row.policy, "error": "out of memory"}
+        device.free()
 
     def fastest(names: list[str]) -> str | None:
         ok = [n for n in names if "s_per_sample" in rows.get(n, {})]
         return min(ok, key=lambda n: rows[n]["s_per_sample"]["median"], default=None)
 
     for policy in settings.checkpointing:
-        measure(f"janus_{policy}", "janus", policy)
-    measure(f"reference_{settings.reference_checkpointing}", "reference", settings.reference_checkpointing)
+        measure(StepRow("janus", policy))
+    measure(StepRow("reference", settings.reference_checkpointing))
     best_policy_row = fastest([f"janus_{policy}" for policy in settings.checkpointing])
     lever_policy = rows[best_policy_row]["checkpointing"] if best_policy_row else settings.reference_checkpointing
     for levers in lever_rows(settings.compile, base_of_qwen_dir(settings.qwen_dir)):
-        name = f"janus_{lever_policy}{levers.suffix()}"
-        if name not in rows:
-            measure(name, "janus", lever_policy, levers)
+        row = StepRow("janus", lever_policy, levers)
+        if row.name not in rows:
+            measure(row)
     janus_rows = [name for name, row in rows.items() if row["path"] == "janus"]
     best_name = fastest(janus_rows)
     janus_best = rows[best_name] if best_name else None
     reference = rows.get(f"reference_{settings.reference_checkpointing}")
     reference = reference if reference and "s_per_sample" in reference else None
-    params, trainable = sizes["params"], sizes["trainable"]
+    params, trainable = model_sizes(settings)
     result: dict[str, Any] = {
         "rows": rows,
-        "sequence_length": tokens,
+        "sequence_length": settings.shape.sequence_length,
         "params": params,
         "trainable_params": trainable,
         "zero3_share_8_gpus": ZeroShare.of(params, trainable).__dict__,
@@ -390,34 +554,41 @@ def training(settings: GpuBenchSettings, device: Device, flops: FlopTable) -> di
 PROFILE_TOP_OPS = 25
 
 
-def profile_step(settings: GpuBenchSettings, device: Device, policy: str, trace: Path) -> dict[str, Any]:
-    """One janus step (after a warm-up step) under ``torch.profiler`` on a fresh model: the trace for
-    chrome://tracing / Perfetto at ``trace``, and the top operators by their own device time (CPU
-    time without CUDA)."""
+def profiled_step(runner: StepRunner, path: str, batch: dict[str, torch.Tensor], device: Device,
+                  trace: Path) -> dict[str, Any]:
+    """One step of ``path`` under ``torch.profiler`` (after the caller's warm-up): the trace for
+    chrome://tracing / Perfetto at ``trace`` (gzip-compressed where its name ends in .gz: a 7B
+    step's trace is tens of MB), and the top operators by their own device time (CPU time without
+    CUDA)."""
     from torch.profiler import ProfilerActivity, profile
 
-    model = build_model(settings.qwen_dir, 2 * load_vggt_config(settings.vggt_config).embed_dim,
-                        settings.merger_hidden, device.device, settings.dtype, attention_implementation(device.device))
-    model.set_gradient_checkpointing(ActivationCheckpointing.parse(policy))
-    model.train()
-    runner = StepRunner(model)
-    batch = make_batch(model, settings.shape)
-    runner.step("janus", batch)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.cuda else [])
     with profile(activities=activities) as prof:
-        runner.step("janus", batch)
+        runner.step(path, batch)
         device.sync()
     trace.parent.mkdir(parents=True, exist_ok=True)
-    prof.export_chrome_trace(str(trace))
+    if trace.suffix == ".gz":
+        plain = trace.with_suffix("")
+        prof.export_chrome_trace(str(plain))
+        with plain.open("rb") as source, gzip.open(trace, "wb", compresslevel=6) as target:
+            shutil.copyfileobj(source, target)
+        plain.unlink()
+    else:
+        prof.export_chrome_trace(str(trace))
     key = "self_device_time_total" if device.cuda else "self_cpu_time_total"
-    events = sorted(prof.key_averages(), key=lambda e: getattr(e, key), reverse=True)[:PROFILE_TOP_OPS]
-    total = sum(getattr(e, key) for e in prof.key_averages()) or 1.0
+    averages = prof.key_averages()
+    events = sorted(averages, key=lambda e: getattr(e, key), reverse=True)[:PROFILE_TOP_OPS]
+    total = sum(getattr(e, key) for e in averages) or 1.0
     top = [{"op": e.key, "calls": e.count, "self_ms": getattr(e, key) / 1e3, "share": getattr(e, key) / total}
            for e in events]
-    del runner, model
-    gc.collect()
-    device.reset_peak()
-    return {"checkpointing": policy, "trace": trace.name, "time": "device" if device.cuda else "cpu", "top_ops": top}
+    return {"trace": trace.name, "time": "device" if device.cuda else "cpu", "top_ops": top}
+
+
+def profile_step(settings: GpuBenchSettings, device: Device, policy: str, trace: Path) -> dict[str, Any]:
+    """One janus step (after a warm-up step) under ``torch.profiler`` on a fresh model at ``policy``
+    (:func:`profiled_step`)."""
+    return measure_step(settings, device, None, StepRow("janus", policy), repeats=1, warmup=0,
+                        profile_trace=trace)["profile"]
 
 
 def run(settings: GpuBenchSettings) -> dict[str, Any]:
@@ -502,7 +673,7 @@ def command(
 
 
 def main() -> None:
-    typer.run(command)
+    run_command(command)
 
 
 if __name__ == "__main__":

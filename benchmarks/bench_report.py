@@ -6,6 +6,7 @@ machine and date in its title.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -280,3 +281,210 @@ def plot_cpu_steps(training: dict[str, Any], machine: str, when: str, path: Path
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+# ------------------------------------------------------------------ the prepared GPU run
+
+
+def _device_header(data: dict[str, Any]) -> list[str]:
+    run = data["run"]
+    packages = run.get("packages", {})
+    versions = ", ".join(f"{name} {version}" for name, version in packages.items() if version)
+    memory = run.get("device_memory_gib")
+    where = f"{run.get('device', '?')}" + (f" ({memory:.0f} GiB)" if memory else "")
+    lines = [
+        "# The prepared GPU run" + (": smoke mode (tiny models on the CPU; no figure here is real)" if run["smoke"] else ""),
+        "",
+        f"Part {run['part']}, {run['date']}, on {where}: {versions}; CUDA {run.get('cuda')}, Python {run.get('python')}, "
+        f"attention {run.get('attention', '?')}, PYTORCH_CUDA_ALLOC_CONF={run.get('alloc_conf') or '(unset)'}. "
+        f"Rows: median (min–max) over repeats after warm-up; peak memory of the CUDA allocator. "
+        f"{run['seconds']:.0f} s of a {run['budget_s']:.0f} s budget.",
+    ]
+    if run.get("earlier_rows"):
+        lines.append(f"The decisions also read {len(run['earlier_rows'])} rows of an earlier part.")
+    return [*lines, ""]
+
+
+def _gib(value: float | None) -> str:
+    return "–" if value is None else f"{value:.1f}"
+
+
+def _not_measured(row: dict[str, Any]) -> str:
+    return f"{row['status']}: {row.get('error') or row.get('note') or ''}".rstrip(": ")
+
+
+def _device_table(rows: dict[str, Any], section: str, header: list[str], cells: Any) -> list[str]:
+    """A table of ``section``'s rows: ``cells(name, row)`` for a measured one, else its status and why."""
+    names = [n for n, r in rows.items() if r.get("section") == section]
+    if not names:
+        return []
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for name in names:
+        row = rows[name]
+        label = f"{name} ({row['note']})" if row.get("note") and row["status"] == "ok" else name
+        values = cells(name, row) if row["status"] == "ok" else [_not_measured(row)] + [""] * (len(header) - 2)
+        lines.append("| " + " | ".join([label, *values]) + " |")
+    return [*lines, ""]
+
+
+def _device_training_lines(rows: dict[str, Any], fits: dict[str, Any]) -> list[str]:
+    def cells(name: str, row: dict[str, Any]) -> list[str]:
+        fit = fits.get(name)
+        return [row["model"], row["checkpointing"], ", ".join(row["levers"]) or "–", str(row["micro_batch"]),
+                _st(row["s_per_sample"]), f"{row['tokens_per_s']:,.0f}",
+                "–" if row.get("mfu") is None else f"{100 * row['mfu']:.0f}%", _gib(row["peak_gib"]),
+                "–" if fit is None else f"{fit['estimate_gib']:.1f} (bound {fit['bound_gib']:.1f})",
+                "–" if fit is None else ("yes" if fit["fits"] else "**no**")]
+
+    return _device_table(rows, "training", ["training row", "model", "checkpointing", "levers", "micro-batch", "s/sample",
+                                            "tokens/s", "MFU", "peak GiB", "8×ZeRO-3 estimate GiB/GPU",
+                                            "fits 80 GB with 10 % spare"], cells)
+
+
+def _device_vggt_lines(rows: dict[str, Any]) -> list[str]:
+    def cells(name: str, row: dict[str, Any]) -> list[str]:
+        versus, frames = row.get("vs_baseline"), row.get("frames_per_window")
+        compared = "–" if versus is None else "identical" if versus["identical"] else (
+            f"max abs {versus['max_abs']:.3g} (bound {versus['bound']:.3g}), cos {versus['cosine']:.6f}"
+            + ("" if versus["within_tolerance"] else " **outside tolerance**"))
+        return [str(row["windows_per_call"]), "9 (random)" if frames is None else f"{frames:.2f}",
+                _st(row["windows_per_s"]), f"{row['tflop_per_s']:.1f}", _gib(row["peak_gib"]), row["kernel"], compared]
+
+    return _device_table(rows, "vggt", ["VGGT-1B row", "windows/call", "frames/window", "windows/s", "TFLOP/s",
+                                        "peak GiB", "kernel", "features vs today's path"], cells)
+
+
+def _device_other_lines(rows: dict[str, Any]) -> list[str]:
+    lines = []
+    for name, row in rows.items():
+        if row.get("section") == "flops":
+            if row["status"] == "ok":
+                flops = row["flops"]
+                lines.append(f"* {name}: janus {flops['janus_total'] / 1e12:.1f} TFLOP per sample, with the ViT cache "
+                             f"{flops['janus_vit_cache_total'] / 1e12:.1f} ({flops['models'].get('qwen', '')}).")
+            else:
+                lines.append(f"* {name}: {_not_measured(row)}.")
+        elif row.get("section") == "numerics":
+            if row["status"] == "ok":
+                lines.append(
+                    f"* {name}: cached vs live ViT output ({row['compute_dtype']} compute, {row['stored_dtype']} stored, "
+                    f"{row['windows']} windows of {row['distinct_frames']} distinct frames): max abs {row['max_abs']:.3g} "
+                    f"against verify's bound {row['bound']:.3g}, mean abs {row['mean_abs']:.3g}, min cosine "
+                    f"{row['min_cosine']:.6f} (≥ {row['tolerance']['min_cosine']}): "
+                    f"**{'within' if row['within_tolerance'] else 'OUTSIDE'} tolerance**.")
+            else:
+                lines.append(f"* {name}: {_not_measured(row)}.")
+    return [*lines, ""] if lines else []
+
+
+def _device_decision_lines(decisions: dict[str, Any]) -> list[str]:
+    if not decisions or "error" in decisions:
+        return [f"Decisions: not made ({decisions.get('error', 'no rows')})." if decisions else "", ""]
+    lines = ["## Decisions", "", f"Rule: {decisions['rule']}.", ""]
+    chosen = decisions.get("training")
+    if chosen:
+        fit = chosen.get("fit")
+        lines.append(f"Chosen training configuration: row {chosen['row']} ({chosen['checkpointing']}, levers "
+                     f"{', '.join(chosen['levers']) or 'none'}, micro-batch {chosen['micro_batch']}): "
+                     f"{chosen['s_per_sample']:.3g} s/sample measured, {chosen['projected_8xh800_s_per_sample']:.3g} "
+                     f"projected on 8 H800s with ZeRO-3 traffic (no overlap)"
+                     + ("" if fit is None else f", {fit['estimate_gib']:.1f} GiB per GPU estimated (limit "
+                        f"{fit['limit_gib']:.1f})") + ".")
+    qwen3 = decisions.get("qwen3")
+    if qwen3:
+        lines.append(f"Qwen3-VL-8B's fastest fitting row: {qwen3['row']}, {qwen3['s_per_sample']:.3g} s/sample.")
+    if decisions["settings"]:
+        lines += ["", "| h800 setting | value | from |", "|---|---|---|"]
+        lines += [f"| `{k}` | `{json.dumps(v)}` | {decisions['why'].get(k, '')} |" for k, v in decisions["settings"].items()]
+    lines.append("")
+    for line in decisions["waiting"]:
+        lines.append(f"* waiting: {line}")
+    if decisions["profile_diff"]:
+        lines += ["", "Recommended change of the h800 profile (" + (decisions["set"] or "") + "):", "", "```diff",
+                  decisions["profile_diff"].rstrip("\n"), "```"]
+    else:
+        lines += ["", "The h800 profile already holds every decided value."]
+    targets = decisions.get("targets", {})
+    lines.append("")
+    step = targets.get("gpu_s_per_sample")
+    if step:
+        verdict = "met" if step["met"] else f"missed by {step['gap']:.3g} s"
+        phase = step.get("top_phase")
+        lines.append(f"* Target ≤ {step['target']:g} GPU-s per sample (stretch {step['stretch']:g}): {step['measured']:.3g} "
+                     f"measured ({step['row']}), **{verdict}**" + ("; stretch met" if step["stretch_met"] else "")
+                     + f"; {step['projected_8xh800']:.3g} projected on 8 H800s with ZeRO-3 traffic (no overlap)"
+                     + ("" if phase is None else f"; the top phase: {phase['phase']} {phase['s_per_sample']:.3g} s/sample")
+                     + ("; top operators: " + ", ".join(f"`{op['op']}` {100 * op['share']:.0f}%"
+                                                        for op in step["top_ops"][:3]) if step["top_ops"] else "") + ".")
+    windows = targets.get("vggt_windows_per_s")
+    if windows:
+        verdict = "met" if windows["met"] else f"missed by {windows['gap']:.3g} windows/s"
+        lines.append(f"* Target ≥ {windows['target']:g} VGGT-1B windows/s (stretch {windows['stretch']:g}): "
+                     f"{windows['measured']:.3g} ({windows['row']}, {windows['tflop_per_s']:.0f} TFLOP/s), **{verdict}**"
+                     + ("; stretch met" if windows["stretch_met"] else "") + ".")
+    return [*lines, ""]
+
+
+def device_markdown(data: dict[str, Any]) -> str:
+    """The prepared GPU run's report: every row with its status, the decisions, the profile's top operators."""
+    rows = data["rows"]
+    decisions = data.get("decisions") or {}
+    lines = _device_header(data)
+    lines += _device_training_lines(rows, decisions.get("fits", {}))
+    lines += _device_vggt_lines(rows)
+    lines += _device_other_lines(rows)
+    missing = [entry["name"] for entry in data.get("plan", []) if entry["name"] not in rows]
+    if missing:
+        lines += [f"Not reached: {', '.join(missing)}.", ""]
+    lines += _device_decision_lines(decisions)
+    best = rows.get("7b_best", {})
+    if best.get("profile"):
+        lines += _profile_lines(best["profile"])
+    return "\n".join(lines).rstrip("\n") + "\n"
+
+
+def _device_bars(data: dict[str, Any], names: list[str], values: list[float], colours: list[str], target: float,
+                 xlabel: str, what: str, path: Path, errors: list[list[float]] | None = None) -> None:
+    """Horizontal bars of one figure per row, the target as a dashed line."""
+    fig, ax = plt.subplots(figsize=(9, 0.4 * len(names) + 2))
+    ax.barh(names, values, xerr=errors, color=colours)
+    ax.axvline(target, color="black", linestyle="--", linewidth=1, label="target")
+    ax.invert_yaxis()
+    ax.set_xlabel(xlabel)
+    ax.legend(fontsize=8)
+    run = data["run"]
+    _title(ax, what, run.get("device", "?") + (" (smoke)" if run["smoke"] else ""), run["date"])
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_device_training(data: dict[str, Any], path: Path) -> None:
+    """Bars of the measured training rows' seconds per sample with their min–max (green: fits an 80 GB
+    GPU under ZeRO-3, red: does not, grey: no memory figure); nothing without such rows."""
+    from benchmarks.bench_projection import TARGET_GPU_S_PER_SAMPLE
+
+    fits = (data.get("decisions") or {}).get("fits", {})
+    rows = {n: r for n, r in data["rows"].items() if r.get("section") == "training" and r["status"] == "ok"}
+    if not rows:
+        return
+    names = list(rows)
+    values = [rows[n]["s_per_sample"]["median"] for n in names]
+    errors = [[v - rows[n]["s_per_sample"]["min"] for n, v in zip(names, values)],
+              [rows[n]["s_per_sample"]["max"] - v for n, v in zip(names, values)]]
+    colours = ["grey" if n not in fits else ("tab:green" if fits[n]["fits"] else "tab:red") for n in names]
+    _device_bars(data, names, values, colours, TARGET_GPU_S_PER_SAMPLE,
+                 "GPU-seconds per training sample (forward + backward, one GPU; min–max as error bars)",
+                 "training rows (green: fits 80 GB under ZeRO-3 with 10 % spare)", path, errors)
+
+
+def plot_device_vggt(data: dict[str, Any], path: Path) -> None:
+    """Bars of the measured VGGT rows' windows per second; nothing without such rows."""
+    from benchmarks.bench_projection import TARGET_VGGT_WINDOWS_PER_S
+
+    rows = {n: r for n, r in data["rows"].items() if r.get("section") == "vggt" and r["status"] == "ok"}
+    if not rows:
+        return
+    names = list(rows)
+    _device_bars(data, names, [rows[n]["windows_per_s"]["median"] for n in names], ["tab:blue"] * len(names),
+                 TARGET_VGGT_WINDOWS_PER_S, "VGGT-1B windows per second (9 frames, 644², bf16)", "VGGT rows", path)

@@ -98,6 +98,7 @@ from janus_core.index import (
     episode_identities,
     prefixes_keys,
 )
+from janus_core.plural import plural
 from janus_core.profile import CacheSettings
 from janus_core.qwen_vit import ViTEncoder
 from janus_core.resolution import Resolution
@@ -208,26 +209,30 @@ class Outcome:
     def written(self) -> int:
         return self.samples - len(self.dropped)
 
-    def format(self, seconds: float) -> str:
-        """The summary printed at the end of a run (failed samples in dataset order, at most 5)."""
-        lines = [
-            f"precompute done in {seconds:.1f} s: {self.written} samples ({self.written / max(seconds, 1e-9):.2f}/s), "
-            f"{self.frames} frames, {self.bytes_on_disk / 1e6:.1f} MB in {self.out}"
-        ]
+    def format(self, seconds: float, computed: int | None = None) -> str:
+        """The summary printed at the end of a run (failed samples in dataset order, at most 5).
+        ``computed``: the samples this run encoded (a resume, an append or a repair computes fewer
+        than the cache holds); the rate counts only those."""
+        computed = self.written if computed is None else computed
+        rate = f"{computed / max(seconds, 1e-9):.2f}/s"
+        done = (f"{plural(self.written, 'sample')} ({rate})" if computed == self.written else
+                f"{plural(self.written, 'sample')}, {computed} computed by this run ({rate})")
+        lines = [f"precompute done in {seconds:.1f} s: {done}, {plural(self.frames, 'frame')}, "
+                 f"{self.bytes_on_disk / 1e6:.1f} MB in {self.out}"]
         if self.skipped_while_indexing:
             lines.append("  skipped while indexing: " + ", ".join(
                 f"{n} {reason}" for reason, n in sorted(self.skipped_while_indexing.items())))
         if self.repaired:
             lines.append(f"  repaired: rewrote {', '.join(self.repaired)}")
         if self.extended_shards or self.extended_tables:
-            lines.append(f"  extended {len(self.extended_shards)} partly filled shard(s) and "
-                         f"{len(self.extended_tables)} table file(s) with the new rows"
+            lines.append(f"  extended {plural(len(self.extended_shards), 'partly filled shard')} and "
+                         f"{plural(len(self.extended_tables), 'table file')} with the new rows"
                          + (": " + _first_ten(self.extended_shards) if self.extended_shards else ""))
         if self.rewritten_shards:
-            lines.append(f"  repaired: rewrote {len(self.rewritten_shards)} shard(s) that failed their commit "
+            lines.append(f"  repaired: rewrote {plural(len(self.rewritten_shards), 'shard')} that failed their commit "
                          f"records: " + _first_ten(self.rewritten_shards))
         if self.dropped:
-            lines.append(f"  {len(self.dropped)} samples failed (their frames could not be decoded); "
+            lines.append(f"  {plural(len(self.dropped), 'sample')} failed (their frames could not be decoded); "
                          f"see {self.out / REPORT_NAME}")
             lines.extend(f"    {key}: {reason}" for key, reason in list(self.dropped.items())[:5])
         return "\n".join(lines)
@@ -502,7 +507,7 @@ class PrecomputeJob:
         changes = dataset_changes(stored, index, self._cached_rows)
         if changes.refusals:
             first = changes.refusals[0]
-            more = f" (and {len(changes.refusals) - 1} more changed or removed episode(s))" \
+            more = f" (and {plural(len(changes.refusals) - 1, 'more changed or removed episode')})" \
                 if len(changes.refusals) > 1 else ""
             raise PrecomputeError(f"{out} cannot take this dataset: {first}{more}; a cache only grows by new "
                                   f"episodes: restore {first.file} or rebuild with --overwrite")
@@ -520,8 +525,8 @@ class PrecomputeJob:
             raise PrecomputeError(f"{out} was built from the same episodes in another form (dataset identity "
                                   "differs, no episode added or changed); rebuild it with --overwrite")
         added = [index.episode(e) for e in changes.added]
-        return (f"appending {len(added)} new episode(s) ({sum(len(e.frame_rows) for e in added)} frames, "
-                f"{sum(len(e.sample_rows) for e in added)} samples) after the cache's {len(stored)}")
+        return (f"appending {plural(len(added), 'new episode')} ({plural(sum(len(e.frame_rows) for e in added), 'frame')}, "
+                f"{plural(sum(len(e.sample_rows) for e in added), 'sample')}) after the cache's {len(stored)}")
 
     def _existing_manifest(self, wanted: Manifest) -> tuple[Manifest | None, list[str]]:
         """The cache's manifest (None: none, or one to rebuild from this run's settings) and, when it

@@ -14,7 +14,7 @@ pairing rule are keyed (``base``, ``resolutions.<name>.frame_shape`` and ``.prep
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from janus_cache.store.compression import FEATURES_COMPRESSION, FRAMES_COMPRESSION
@@ -58,6 +58,16 @@ def preprocessing(resolution: Resolution, base: QwenBase = DEFAULT_BASE) -> dict
     if base.patch_size != VGGT_PATCH_SIZE:  # Qwen2.5-VL's entry stays as caches before a second base have it
         made.update(frame_patch=base.patch_size, frame_target=resolution.target // VGGT_PATCH_SIZE * base.patch_size)
     return made
+
+
+def describe_preprocessing(made: Mapping[str, Any]) -> str:
+    """A manifest's ``preprocessing`` entry as a user reads it: ``pad to 224 px, PIL bicubic, pad value 255``."""
+    said = f"{made.get('mode')} to {made.get('target')} px, {made.get('resample')}"
+    if made.get("mode") == "pad":
+        said += f", pad value {made.get('pad_value')}"
+    if "frame_patch" in made:
+        said += f"; frames of {made['frame_patch']}-px patches, {made.get('frame_target')} px"
+    return said
 
 
 def frame_shape(index: DatasetIndex, resolution: Resolution) -> tuple[int, int]:

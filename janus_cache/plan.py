@@ -29,6 +29,7 @@ from janus_cache.work_units import encode_windows
 from janus_core.bases import QWEN2_5_VL, QwenBase
 from janus_core.imaging import FrameError, load_frame, load_qwen_frame
 from janus_core.index import DatasetIndex
+from janus_core.plural import plural
 from janus_core.qwen_vit import ViTEncoder
 from janus_core.resolution import Resolution, grid_shape
 from janus_core.system.disk_space import format_bytes
@@ -170,7 +171,7 @@ class Plan:
         stored = self.stored_frame_shape or self.frame_shape
         lines = [
             f"  episodes {self.episodes}, unique frames {self.frames}, samples {self.samples} "
-            f"({self.frames_per_sample} frames each)",
+            f"({plural(self.frames_per_sample, 'frame')} each)",
             f"  frame {stored[0]}x{stored[1]}: {size(self.frame_bytes_raw)} raw, "
             f"{size(self.frame_bytes)} compressed ({self.frame_bytes_raw / self.frame_bytes:.1f}x)",
             f"  feature {self.feature_shape[0]}x{self.feature_shape[1]}: {size(self.feature_bytes_raw)} raw, "
@@ -183,12 +184,12 @@ class Plan:
             + (f", ViT features {size(self.vit_total_bytes)})" if self.vit_shape else ")"),
             f"  wds cache    {size(self.wds_bytes)} (frames repeated per sample)",
             f"  naive layout {size(self.naive_bytes)} (float pixel_values + fp32 feature per sample)",
-            f"  time         ~{seconds:.0f} s with {processes} process(es) x {decode_workers} decode worker(s) "
+            f"  time         ~{seconds:.0f} s with {plural(processes, 'process')} x {plural(decode_workers, 'decode worker')} "
             f"(start-up {self.fixed_seconds(processes, decode_workers):.0f} s, "
             f"decode {self.decode_seconds_per_frame * 1e3:.1f} ms/frame, "
             f"encode {self.encode_seconds_per_window * 1e3:.1f} ms/window"
-            + (f" with {self.compute_threads} thread(s)" if self.compute_threads else "")
-            + f"; measured on {self.probe_samples} samples)",
+            + (f" with {plural(self.compute_threads, 'thread')}" if self.compute_threads else "")
+            + f"; measured on {plural(self.probe_samples, 'sample')})",
         ]
         return "\n".join(lines)
 

@@ -145,6 +145,11 @@ class QwenBase:
         return ("ViT levels: last block + DeepStack layers, " if self.deepstack else "") + \
             "patches per frame, ViT hidden size"
 
+    @property
+    def modeling_module(self) -> str:
+        """The transformers module that defines this base's classes (importing it takes seconds)."""
+        return f"transformers.models.{self.model_type}.modeling_{self.model_type}"
+
     def transformers_class(self, which: str = "model") -> Any:
         """The transformers class: ``model`` (for-conditional-generation), ``inner`` or ``vision``."""
         import transformers  # noqa: PLC0415 - heavy; only model code needs it
@@ -152,7 +157,7 @@ class QwenBase:
         name = {"model": self.model_class, "inner": self.inner_model_class, "vision": self.vision_class}[which]
         if hasattr(transformers, name):
             return getattr(transformers, name)
-        module = __import__(f"transformers.models.{self.model_type}.modeling_{self.model_type}", fromlist=[name])
+        module = __import__(self.modeling_module, fromlist=[name])
         return getattr(module, name)
 
 

@@ -14,6 +14,7 @@ the same reader, so a wrong one is the same one-line error, naming the ``--set``
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -121,10 +122,10 @@ def _check_vggt(profile: Profile) -> None:
         )
     if vggt.path is not None and not vggt.path.exists():
         raise ProfileError(f"{profile.where('vggt.path')}: setting 'vggt.path' points to {vggt.path}, "
-                           "which does not exist")
+                           f"which does not exist{_copied_hint(profile, 'vggt.path', vggt.path)}")
     if vggt.config is not None and not vggt.config.is_file():
         raise ProfileError(f"{profile.where('vggt.config')}: setting 'vggt.config' points to {vggt.config}, "
-                           "which is not a file")
+                           f"which is not a file{_copied_hint(profile, 'vggt.config', vggt.config)}")
 
 
 def _check_qwen(profile: Profile) -> None:
@@ -132,8 +133,24 @@ def _check_qwen(profile: Profile) -> None:
     if not (qwen.path / "config.json").is_file():
         raise ProfileError(
             f"{profile.where('qwen.path')}: setting 'qwen.path' points to {qwen.path}, which has no config.json "
-            "(a local Qwen2.5-VL directory, e.g. via JANUS_QWEN_PATH)"
+            f"(a local Qwen2.5-VL or Qwen3-VL directory, e.g. via JANUS_QWEN_PATH)"
+            f"{_copied_hint(profile, 'qwen.path', qwen.path)}"
         )
+
+
+def _copied_hint(profile: Profile, key: str, resolved: Path) -> str:
+    """For a shipped profile copied elsewhere, whose relative model paths no longer resolve: how to
+    keep them (empty when the setting's path does not come from such a copy)."""
+    written = profile.origins.get(key)
+    folder = written.parent if written is not None else profile.source.parent
+    if folder.resolve() == PROFILES_DIR.resolve() or (written is not None and not written.label.endswith(".yaml")):
+        return ""
+    relative = Path(os.path.relpath(resolved, folder))
+    if relative.is_absolute() or not (PROFILES_DIR / relative).exists():
+        return ""
+    shipped = profile.name if (PROFILES_DIR / f"{profile.name}.yaml").is_file() else "tiny"
+    return (f"; a profile copied out of {PROFILES_DIR} keeps its relative paths ({relative}): write "
+            f"'extends: {shipped}' and only the settings that differ, instead of a copy")
 
 
 def profile_path(name_or_path: str | Path) -> Path:

@@ -1,4 +1,5 @@
-"""Deterministic synthetic episodes in the episode-folder format, for demos and tests.
+"""Deterministic synthetic episodes in the episode-folder format (or as an annotation file), for demos
+and tests.
 
 Each episode is a walk through a small grid world of coloured rooms joined by corridors with
 wooden door frames. Frames are 640x480 RGB PNGs ray-cast from the agent's pose (textured brick
@@ -24,7 +25,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from janus_core.index import ACTIONS, LANDMARK_FIELD, MILESTONES_FILE, SPATIAL_FIELD
+from janus_core.index import ACTIONS, LANDMARK_FIELD, MILESTONES_FILE, SPATIAL_FIELD, build_index
 from janus_core.system.files import atomic_directory
 
 WIDTH = 640
@@ -100,21 +101,47 @@ class _Pose:
         return np.where(np.abs(d) < 1e-12, 0.0, d)
 
 
-def write_sample_data(out: Path, episodes: int, steps: int, seed: int) -> Path:
+SAMPLE_FORMATS = ("folders", "jsonl")
+"""The input formats the sample data can be written in: episode folders, or an annotation file."""
+ANNOTATION_FILE = "annotations.jsonl"
+"""The annotation file of the ``jsonl`` form, beside the episodes' images."""
+
+
+def write_sample_data(out: Path, episodes: int, steps: int, seed: int, form: str = "folders") -> Path:
     """Write ``episodes`` episodes of ``steps`` frames each under ``out``; returns ``out``.
 
-    ``out`` must not exist or be empty. Files are written into a temporary sibling folder that
-    is renamed into place at the end, so an interrupted run leaves no half-written dataset.
+    ``form``: ``folders`` (the episode-folder format) or ``jsonl``: the same images, and instead of
+    the per-frame and per-episode JSON files one annotation file ``out/annotations.jsonl`` with a
+    record per sample (its window of the default history, as the episode folders index), so the two
+    forms make the same samples. ``out`` must not exist or be empty. Files are written into a
+    temporary sibling folder that is renamed into place at the end, so an interrupted run leaves no
+    half-written dataset.
     """
     out = Path(out)
     if episodes < 1 or steps < 1:
         raise ValueError(f"need at least one episode and one step, got episodes={episodes} steps={steps}")
+    if form not in SAMPLE_FORMATS:
+        raise ValueError(f"form must be one of {', '.join(SAMPLE_FORMATS)}, got {form!r}")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise FileExistsError(f"{out} exists and is not empty")
     with atomic_directory(out) as staging:
         for number in range(episodes):
             _write_episode(staging / f"episode_{number:04d}", np.random.default_rng([seed, number]), steps)
+        if form == "jsonl":
+            _as_annotation_file(staging)
     return out
+
+
+def _as_annotation_file(root: Path) -> None:
+    """Replace the episode folders' JSON files under ``root`` by one annotation file of their samples."""
+    index = build_index(root)
+    records = [{"id": sample.key, "instruction": sample.instruction, "subinstruction": sample.subinstruction,
+                "2D_description": sample.description_2d, "3D_description": sample.description_3d,
+                "action": sample.action, "images": [frame.relpath for frame in index.window(sample)]}
+               for sample in index.samples]
+    (root / ANNOTATION_FILE).write_text("".join(json.dumps(record) + "\n" for record in records), encoding="utf-8")
+    for text in root.glob("*/*.json"):
+        text.unlink()
 
 
 def _write_episode(folder: Path, rng: np.random.Generator, steps: int) -> None:

@@ -61,16 +61,19 @@ def setting(
     choices: tuple[Any, ...] = (),
     parse: Callable[[str], Any] | None = None,
     yaml: bool = True,
+    urls: bool = False,
 ) -> Any:
     """A dataclass field declaring one setting.
 
     ``min``/``max`` bound numbers (each element of a tuple) inclusively, ``above``/``below``
     exclusively; ``choices`` lists the
     allowed values; ``parse`` turns the YAML string into the field's type (raising ValueError);
-    ``yaml=False`` marks a field the caller fills (never read from the file).
+    ``yaml=False`` marks a field the caller fills (never read from the file); ``urls`` lets a path
+    setting name a URL (``s3://BUCKET/PREFIX``), kept as written (a str) instead of a path relative
+    to the file.
     """
     meta = {"doc": doc, "min": min, "max": max, "above": above, "below": below, "choices": tuple(choices),
-            "parse": parse, "yaml": yaml}
+            "parse": parse, "yaml": yaml, "urls": urls}
     if isinstance(default, dict):  # a raw section: each instance gets its own copy
         return dataclasses.field(default_factory=lambda: dict(default), metadata=meta)
     if isinstance(default, (list, set)):
@@ -188,6 +191,8 @@ def _value(raw: Any, kind: Any, meta: Mapping[str, Any], key: str, source: Path 
 
 
 def _scalar(raw: Any, kind: Any, meta: Mapping[str, Any], key: str, source: Path | Origin) -> Any:
+    if kind is Path and meta.get("urls") and isinstance(raw, str) and _URL.match(raw):
+        return raw
     value = _coerce(raw, kind)
     if value is None:
         raise SettingsError(f"{source}: setting '{key}' must be {_type_name(kind)}, got {raw!r}")
@@ -210,6 +215,10 @@ def _scalar(raw: Any, kind: Any, meta: Mapping[str, Any], key: str, source: Path
     if below is not None and not value < below:
         raise SettingsError(f"{source}: setting '{key}' is {value!r}; it must be < {below}")
     return value
+
+
+_URL = re.compile(r"^[a-z][a-z0-9+.-]*://")
+"""A URL (``s3://...``): a location that is not a path relative to anything."""
 
 
 def _coerce(raw: Any, kind: Any) -> Any:

@@ -6,7 +6,8 @@ builder and the data (a validation source that cannot be used is refused here), 
 resume (verified by its checksums, falling back past a damaged one) and whether the run can continue
 it, the step plan (data for less than one step is refused), the live check's sources, and only then
 the model, optimizer, LR schedule and DeepSpeed engine (a checkpoint of another world size is loaded
-as a universal checkpoint, which the engine must know when it is built), the validation and the run log.
+as a universal checkpoint, which the engine must know when it is built), the validation, the run log
+and, on rank 0 alone, the run's external evaluations (``train.eval_command``).
 """
 
 from __future__ import annotations
@@ -14,9 +15,9 @@ from __future__ import annotations
 import functools
 import importlib.util
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
-from functools import wraps
+from functools import partial, wraps
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from janus_core.bases import cache_base
+from janus_core.plural import plural
 from janus_core.profile import Profile
 from janus_core.resolution import visual_tokens
 from janus_train.checkpoint.best import BestCheckpoint
@@ -37,6 +39,7 @@ from janus_train.data.prompt import PromptBuilder
 from janus_train.data.rope import RopeIndex
 from janus_train.data.samples import LiveFrames
 from janus_train.data.sources import CacheSource, as_sources, live_check_refusal
+from janus_train.evals.evaluations import evaluations_of_run, pinned_tags
 from janus_train.loop.logs import RunLog
 from janus_train.loop.parts import LRSchedule, ResumeChoice, Stepping, TrainData, TrainParts
 from janus_train.loop.validation import Evaluator, plan_validation
@@ -84,8 +87,8 @@ def resume_choice(checkpoints: Checkpoints, settings: TrainSettings, world: int,
 def too_few_samples(data: TrainData, settings: TrainSettings, world: int, stepping: Stepping) -> TooFewSamples:
     source = ", ".join(str(s.path) for s in data.sources)
     return TooFewSamples(
-        f"{source} holds {data.order.epoch_length} samples, fewer than one optimizer step takes "
-        f"(micro_batch {settings.micro_batch} x grad_accum {settings.grad_accum} x {world} processes "
+        f"{source} holds {plural(data.order.epoch_length, 'sample')}, fewer than one optimizer step takes "
+        f"(micro_batch {settings.micro_batch} x grad_accum {settings.grad_accum} x {plural(world, 'process')} "
         f"= {stepping.samples_per_step})"
     )
 
@@ -127,11 +130,13 @@ def import_muon_uncompiled() -> None:
 
 def build_parts(profile: Profile, settings: TrainSettings, out_dir: Path, device: torch.device,
                 cache: Sequence[CacheSource] | None = None, live_data: Path | None = None,
-                data: str | None = None) -> TrainParts:
+                data: str | None = None, eval_env: Mapping[str, str] | None = None) -> TrainParts:
     """The parts of a run of ``profile`` into ``out_dir`` on this rank of the joined process group,
     from exactly one of ``cache`` or (live) source data. ``data``: the dataset one ``cache`` was
     built from (as given to precompute); the live check of a cache whose frames are not VGGT's
-    (Qwen3-VL) decodes VGGT's frames from its sources."""
+    (Qwen3-VL) decodes VGGT's frames from its sources. ``eval_env``: the environment the jobs of
+    the run's external evaluations start with (the launch layer's, which knows what makes a process
+    a rank; None: this process's)."""
     if (cache is None) == (live_data is None):
         raise ValueError("train from exactly one of a cache or (live) source data")
     import deepspeed
@@ -142,7 +147,7 @@ def build_parts(profile: Profile, settings: TrainSettings, out_dir: Path, device
     builder = prompt_builder(profile, settings)
     train = train_data(profile, settings, builder, cache, live_data, rank, world)
     layout = RunLayout(Path(out_dir))
-    checkpoints = Checkpoints(layout.checkpoints, rank, world)
+    checkpoints = Checkpoints(layout.checkpoints, rank, world, pinned=partial(pinned_tags, layout))
     settings, resume = resume_choice(checkpoints, settings, world)
     stepping = Stepping.of(settings, world, train.order.epoch_length)
     if stepping.steps_per_epoch == 0:  # before the (slow) model build
@@ -191,7 +196,9 @@ def build_parts(profile: Profile, settings: TrainSettings, out_dir: Path, device
         best = BestCheckpoint(checkpoints, settings.best_metric)
     log = RunLog(layout.root, layout.metrics, stepping.total_steps, settings.wandb_project,
                  run_config={"profile": profile.name, "world": world}) if rank == 0 else None
+    evaluations = (evaluations_of_run(layout, settings, profile, log, env=eval_env)
+                   if rank == 0 and settings.eval_command else None)
     return TrainParts(profile=profile, settings=settings, layout=layout, rank=rank, world=world, device=device,
                       builder=builder, data=train, stepping=stepping, checkpoints=checkpoints, resume=resume,
                       model=model, engine=engine, scheduler=scheduler, lr_schedule=schedule, rope=rope, llm_params=llm_params,
-                      source_windows=windows, evaluator=evaluator, best=best, log=log)
+                      source_windows=windows, evaluator=evaluator, best=best, log=log, evaluations=evaluations)

@@ -6,15 +6,24 @@ Reading them imports neither torch nor transformers (every module below is torch
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from janus_core.bases import cache_base
 from janus_core.profile import CONFIGS_DIR, Profile, ProfileError
 from janus_core.settings import SettingsError, read_settings, setting
 from janus_train.data.prompt_template import DEFAULT_TEMPLATE, PromptTemplate
-from janus_train.data.val_metric_names import BEST_METRICS, VAL_LOSS
+from janus_train.data.val_metric_names import (
+    BEST_MODES,
+    VAL_LOSS,
+    best_metric_name,
+    best_mode_problem,
+    is_eval_metric,
+)
 from janus_train.model.activation_checkpointing import FULL, ActivationCheckpointing
+from janus_train.model.export_formats import JANUS, JANUSVLN, JANUSVLN_BASE
 from janus_train.model.kernels import liger_missing
 from janus_train.model.model_config import JanusModelConfig, LossConfig, TrainableParts
 
@@ -25,6 +34,16 @@ ZERO_STAGES = (2, 3)
 RESUME_GRAD_ACCUM_POLICIES = ("adapt", "keep")
 STOP_SIGNAL_CHOICES = ("SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2")
 """Signals ``train.stop_signals`` may name: the ones ``pipelines.launch`` forwards to its ranks."""
+NO_EXPORT = "none"
+EVAL_EXPORTS: tuple[str, ...] = (JANUSVLN, JANUS, NO_EXPORT)
+"""``train.eval_export``: the reference JanusVLN layout, janus's transformers-5 layout, or nothing."""
+EVAL_PLACEHOLDERS: tuple[str, ...] = ("export", "step", "results", "run", "checkpoint")
+"""``train.eval_command``'s placeholders (:func:`janus_train.evals.command.fill_command` fills them):
+``{export}``: what janus wrote for the evaluator; ``{step}``: the checkpoint's optimizer step;
+``{results}``: the JSON file of metrics the command writes; ``{run}``: the run directory;
+``{checkpoint}``: the checkpoint's DeepSpeed folder (``RUN/checkpoints/stepNNNNNNNN``)."""
+PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+"""A ``{word}`` of ``train.eval_command``: one of :data:`EVAL_PLACEHOLDERS`, or a mistake."""
 
 
 @dataclass(frozen=True)
@@ -93,7 +112,7 @@ class TrainSettings:
         "2 keeps the whole bf16 model on every GPU and shards gradients and Adam state: about a third of the traffic "
         "per sample, ~14 GB more per GPU at 7B (make bench-gpu's projection gives both).", choices=ZERO_STAGES)
     liger_kernels: bool = setting(
-        False, "Liger-Kernel's fused RMSNorm, SwiGLU and RoPE for Qwen2.5-VL (needs the liger-kernel package).")
+        False, "Liger-Kernel's fused RMSNorm and SwiGLU for Qwen2.5-VL (needs the liger-kernel package).")
     compile_layers: bool = setting(
         False, "torch.compile each decoder layer (regional compilation: one layer's compile time; fuses the "
         "elementwise work between the matmuls).")
@@ -104,8 +123,9 @@ class TrainSettings:
         DEFAULT_TEMPLATE, "Prompt template file (relative: under configs/prompts/): janusvln.yaml, the reference "
         "wording (default), or janus.yaml, janus's own wording.")
     val_cache: Path | None = setting(
-        None, "A zarr cache to validate on (the training profile's resolution and window variant); one validation "
-        "source at most: val_cache, val_episodes or val_episodes_fraction.")
+        None, "A zarr cache to validate on (the training profile's resolution and window variant): a directory, or "
+        "s3://BUCKET/PREFIX read in place (kept as that URL); one validation source at most: val_cache, val_episodes "
+        "or val_episodes_fraction.", urls=True)
     val_episodes: int = setting(
         0, "Episodes of the training data held out whole for validation, a seeded choice (never trained on).", min=0)
     val_episodes_fraction: float = setting(
@@ -116,8 +136,26 @@ class TrainSettings:
     eval_every: int = setting(0, "Optimizer steps between validations (0: only at the end; there always, "
                               "when a validation source is set).", min=0)
     best_metric: str = setting(
-        VAL_LOSS, "The validation metric whose best value keeps its checkpoint in checkpoints/best "
-        "(accuracies: highest, losses: lowest).", choices=BEST_METRICS)
+        VAL_LOSS, "The metric whose best value keeps its checkpoint in checkpoints/best: a validation metric "
+        "(accuracies: highest, losses: lowest) or eval/<NAME>, a metric of train.eval_command's results (with "
+        "train.best_metric_mode).", parse=best_metric_name)
+    best_metric_mode: str | None = setting(
+        None, "Which way train.best_metric is better: max or min; needed for an eval/ metric (a validation metric "
+        "has its own direction).", choices=BEST_MODES)
+    eval_command: str = setting(
+        "", "A command run, detached from training, after each checkpoint save and at the end of the run (rank 0; "
+        "its output in RUN/evals/stepNNNNNNNN/eval.log), with the placeholders {export}, {step}, {results}, {run} "
+        "and {checkpoint}; it writes a JSON object of metrics to {results} (write, then rename), logged as "
+        "eval/<NAME> (janus_train.evals; empty: none).")
+    eval_export: str | None = setting(
+        None, "What janus writes to {export} before the evaluation command starts: janusvln (JanusVLN's reference "
+        "layout), janus (transformers-5 weights + janus heads) or none; default: the base's natural format "
+        "(janusvln for Qwen2.5-VL, janus for Qwen3-VL).", choices=EVAL_EXPORTS)
+    eval_keep_exports: bool = setting(
+        False, "Keep each export written for an evaluator after its results arrive (a 7B export is ~16 GB).")
+    eval_wait_minutes: float = setting(
+        60.0, "At the end of the run, how long to wait at most for the evaluations running as local processes "
+        "(evaluations a scheduler took over are not waited for).", min=0.0)
     init_from: Path | None = setting(
         None, "A reference JanusVLN checkpoint directory to start from: its Qwen weights, VGGT merger, action head, "
         "lam and merger width replace the profile's (janus_train.checkpoint.reference).")
@@ -126,6 +164,13 @@ class TrainSettings:
         sources = [name for name in ("val_cache", "val_episodes", "val_episodes_fraction") if getattr(self, name)]
         if len(sources) > 1:
             raise ValueError(f"settings {' and '.join(sources)} each name a validation source; keep one")
+        for problem in (best_mode_problem(self.best_metric, self.best_metric_mode),
+                        eval_command_problem(self.eval_command, self.eval_export)):
+            if problem is not None:
+                raise ValueError(problem)
+        if is_eval_metric(self.best_metric) and not self.eval_command:
+            raise ValueError(f"setting 'train.best_metric' is {self.best_metric!r}, a metric of an external "
+                             "evaluation, but train.eval_command is empty: name the command that writes it")
 
     @property
     def validates(self) -> bool:
@@ -146,6 +191,20 @@ class TrainSettings:
         return PromptTemplate.load(self.prompt_template)
 
 
+def eval_command_problem(command: str, export: str | None) -> str | None:
+    """Why ``command`` cannot be run as ``train.eval_command`` with ``train.eval_export`` ``export``
+    (None when it can): a ``{word}`` that is no placeholder, or ``{export}`` with nothing exported.
+    Other braces (a shell's ``${VAR}`` is expanded when the profile loads) are left as they are."""
+    unknown = sorted({name for name in PLACEHOLDER.findall(command) if name not in EVAL_PLACEHOLDERS})
+    if unknown:
+        return (f"setting 'train.eval_command' names {', '.join('{' + n + '}' for n in unknown)}, which janus does not "
+                f"fill; its placeholders are {', '.join('{' + n + '}' for n in EVAL_PLACEHOLDERS)}")
+    if export == NO_EXPORT and "{export}" in command:
+        return ("setting 'train.eval_command' uses {export} but train.eval_export is none (nothing is exported); "
+                "set train.eval_export to janusvln or janus, or pass {checkpoint}")
+    return None
+
+
 def load_train_settings(profile: Profile) -> TrainSettings:
     """Validate the profile's ``train`` section; a wrong setting is named with the profile file."""
     try:  # a setting from a parent profile or a --set is named with it (profile.origins)
@@ -158,6 +217,11 @@ def load_train_settings(profile: Profile) -> TrainSettings:
     except (SettingsError, ValueError) as err:
         message = str(err) if str(err).startswith(str(profile.source)) else f"{profile.source}: train: {err}"
         raise ProfileError(message) from None
+    if settings.eval_command and settings.eval_export == JANUSVLN and (base := cache_base(profile.qwen.path)) \
+            is not JANUSVLN_BASE:
+        raise ProfileError(f"{profile.where('train.eval_export')}: setting 'train.eval_export' is janusvln, JanusVLN's "
+                           f"reference layout, which is {JANUSVLN_BASE.name} only, but qwen.path is a {base.name} model; "
+                           "set train.eval_export to janus or none")
     if not deepspeed_config_path(settings.deepspeed).is_file():
         raise ProfileError(f"{profile.where('train.deepspeed')}: setting 'train.deepspeed' names "
                            f"{deepspeed_config_path(settings.deepspeed)}, which does not exist")

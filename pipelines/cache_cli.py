@@ -22,8 +22,11 @@ import click
 import typer
 from typer.core import TyperGroup
 
+from janus_core.plural import plural
 from janus_core.profile import SET_HELP
 from janus_core.profile import SET_OPTION as PROFILE_SET_OPTION
+from pipelines.command_line import VersionOption, command_app, single_command
+from pipelines.dataset_options import IMAGE_ROOT_OPTION
 from pipelines.frozen_imports import frozen_imports
 
 
@@ -45,11 +48,9 @@ class StageCommand:
         return ast.get_docstring(next(found)) or ""
 
     def load(self) -> click.Command:
-        single = typer.Typer(add_completion=False)
         with frozen_imports():
             module = importlib.import_module(self.module)
-        single.command()(getattr(module, self.function))
-        return typer.main.get_command(single)
+        return typer.main.get_command(single_command(getattr(module, self.function)))
 
 
 STAGE_COMMANDS: dict[str, StageCommand] = {
@@ -80,12 +81,16 @@ class CacheCommands(TyperGroup):
             self.listing = False
 
 
-app = typer.Typer(
+app = command_app(
     cls=CacheCommands,
-    add_completion=False,
     no_args_is_help=True,
     help="Build, inspect and check janus caches of frozen-VGGT features and frames.",
 )
+
+
+@app.callback()
+def _commands(_version: VersionOption = False) -> None:
+    pass
 
 
 def fail(message: str, code: int = 1) -> None:
@@ -115,14 +120,23 @@ def sample_data(
     episodes: Annotated[int, typer.Option(min=1, help="Number of episodes.")] = 3,
     steps: Annotated[int, typer.Option(min=2, help="Frames per episode.")] = 14,
     seed: Annotated[int, typer.Option(help="Seed of the procedural scenes.")] = 0,
+    form: Annotated[str, typer.Option(
+        "--format", help="folders: episode folders; jsonl: the same images and one annotation file, "
+                         "OUT/annotations.jsonl, a record per sample.")] = "folders",
 ) -> None:
-    """Write a small synthetic dataset in the episode-folder format (640x480 PNG frames)."""
-    from janus_core.sample_data import write_sample_data
+    """Write a small synthetic dataset of 640x480 PNG frames.
 
+    As episode folders, or (--format jsonl) the same images and an annotation file."""
+    from janus_core.sample_data import ANNOTATION_FILE, SAMPLE_FORMATS, write_sample_data
+
+    if form not in SAMPLE_FORMATS:
+        fail(f"--format must be one of {', '.join(SAMPLE_FORMATS)}, got {form!r}", code=2)
     if out.exists() and any(out.iterdir()):
         fail(f"{out} exists and is not empty; choose an empty or new folder")
-    write_sample_data(out, episodes=episodes, steps=steps, seed=seed)
-    typer.echo(f"wrote {episodes} episodes x {steps} frames to {out}")
+    write_sample_data(out, episodes=episodes, steps=steps, seed=seed, form=form)
+    what = f"{plural(episodes, 'episode')} x {plural(steps, 'frame')}"
+    typer.echo(f"wrote {what} to {out}" if form == "folders" else
+               f"wrote {what} to {out}, annotated in {out / ANNOTATION_FILE}")
 
 
 @app.command("index")
@@ -131,14 +145,14 @@ def index(
                                               "sources as one argument: 'r2r=DIR rxr=FILE'.")],
     profile: Annotated[str, typer.Option(help="Profile name or YAML path (sets the history size).")] = "tiny",
     overrides: Annotated[Optional[list[str]], SET_OPTION] = None,
-    image_root: Annotated[
-        Optional[Path], typer.Option(help="Image root of an annotation file (default: its folder).")
-    ] = None,
+    image_root: Annotated[Optional[list[str]], IMAGE_ROOT_OPTION] = None,
     strict: Annotated[bool, typer.Option(help="Fail on any dataset problem instead of skipping.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
     report: Annotated[Optional[Path], REPORT_OPTION] = None,
 ) -> None:
-    """Index a dataset and print its summary: episodes, frames, samples and skipped inputs."""
+    """Index a dataset and print its summary and problems.
+
+    Episodes, frames, samples, and the inputs skipped with their reasons."""
     from janus_core.index import DatasetError, build_sources_index, source_values, user_index_dir
     from janus_core.profile import ProfileError, load_profile
 
@@ -172,7 +186,7 @@ def profile_cmd(
     except ProfileError as err:
         fail(str(err))
     typer.echo(f"profile {prof.name} ({prof.source})")
-    typer.echo(f"  device {prof.device}, compute dtype {prof.compute_dtype}, {prof.nproc_per_node} processes per node")
+    typer.echo(f"  device {prof.device}, compute dtype {prof.compute_dtype}, {plural(prof.nproc_per_node, 'process')} per node")
     c = prof.cache
     typer.echo(
         f"  cache: resolution {c.resolution.name}, history {c.history}, reference frame {c.reference_frame}, "
@@ -183,12 +197,12 @@ def profile_cmd(
     typer.echo(f"  vggt: {vggt}")
     qwen = f"{prof.qwen.path}" + (f" (random weights, seed {prof.qwen.seed})" if prof.qwen.random_init else "")
     typer.echo(f"  qwen: {qwen}")
-    ramp = (f" -> {train.distill_loss_weight_end} over {train.distill_loss_weight_warmup_steps} steps"
+    ramp = (f" -> {train.distill_loss_weight_end} over {plural(train.distill_loss_weight_warmup_steps, 'step')}"
             if train.loss_config().ramps else "")
     typer.echo(
         f"  train: micro-batch {train.micro_batch} x accumulation {train.grad_accum}, {train.epochs} epochs, "
         f"segment weights {list(train.segment_weights)}, action weight {train.distill_loss_weight}{ramp}, "
-        f"template {train.prompt_template}, {train.num_workers} loader workers"
+        f"template {train.prompt_template}, {plural(train.num_workers, 'loader worker')}"
     )
 
 
@@ -198,9 +212,7 @@ def plan_cmd(
                                               "sources as one argument: 'r2r=DIR rxr=FILE'.")],
     profile: Annotated[str, typer.Option(help="Profile name or YAML path.")] = "tiny",
     overrides: Annotated[Optional[list[str]], SET_OPTION] = None,
-    image_root: Annotated[
-        Optional[Path], typer.Option(help="Image root of an annotation file (default: its folder).")
-    ] = None,
+    image_root: Annotated[Optional[list[str]], IMAGE_ROOT_OPTION] = None,
     resolution: Annotated[Optional[str], typer.Option(help="e.g. pad644; default: the profile's.")] = None,
     nproc: Annotated[int, typer.Option(min=1, help="Processes the estimate assumes (total over nodes).")] = 1,
     workers: Annotated[Optional[int], typer.Option(
@@ -211,8 +223,10 @@ def plan_cmd(
     strict: Annotated[bool, typer.Option(help="Fail on any dataset problem (as precompute --strict would).")] = False,
     report: Annotated[Optional[Path], REPORT_OPTION] = None,
 ) -> None:
-    """Estimate a cache's size per format and the precompute time, measured on a few real samples;
-    the dataset's problems (the samples precompute would skip) are summarised as ``index`` does."""
+    """Estimate a cache's size and the precompute's time.
+
+    Measured on a few real samples, per format; the dataset's problems (the samples precompute would
+    skip) are summarised as `index` does."""
     from janus_core.profile import ProfileError, load_profile
     from janus_core.resolution import Resolution
 
@@ -257,40 +271,51 @@ def plan_cmd(
 
 @app.command("info")
 def info_cmd(
-    cache: Annotated[Path, typer.Argument(help="Cache directory.")],
+    cache_text: Annotated[str, typer.Argument(metavar="CACHE", help="Cache directory, or s3://BUCKET/PREFIX.")],
     as_json: Annotated[bool, typer.Option("--json", help="Print the manifest as JSON.")] = False,
 ) -> None:
-    """Show what a cache holds: format, resolutions, window variant, counts and shard state."""
+    """Show what a cache holds.
+
+    Format, base, sources, window variant, features, resolutions, counts and shard state."""
+    from janus_cache.keys import describe_preprocessing
     from janus_cache.store import StoreError, load_manifest, open_cache
     from janus_cache.store.layout import vit_array
+    from janus_cache.store.location import cache_location, is_remote
     from janus_core.bases import BASES
 
     try:
+        cache = cache_location(cache_text)
         manifest = load_manifest(cache)
         # Every listed resolution opened as the trainer opens it: its samples can be read.
         opened = {name: open_cache(cache, resolution=name, variant=manifest.window.name)
                   for name in manifest.resolutions}
-    except StoreError as err:
+        if is_remote(cache):
+            size, where = sum(size for _, size in cache.walk_objects()), "in the bucket"
+        else:
+            size, where = sum(p.stat().st_size for p in cache.rglob("*") if p.is_file()), "on disk"
+    except (StoreError, ValueError) as err:
         fail(str(err))
     if as_json:
         typer.echo(manifest.to_json().rstrip())
         return
-    size = sum(p.stat().st_size for p in cache.rglob("*") if p.is_file())
     w = manifest.window
-    typer.echo(f"cache {cache} ({manifest.format}, schema {manifest.schema_version}), {size / 1e6:.1f} MB on disk")
+    typer.echo(f"cache {cache} ({manifest.format}, schema {manifest.schema_version}), {size / 1e6:.1f} MB {where}")
     typer.echo(f"  base: {BASES[manifest.base].name} (the stored frames are its own)")
+    if manifest.dataset.sources:  # what an append lists first, in this order
+        typer.echo(f"  sources (in cache order): {', '.join(manifest.dataset.sources)}")
     typer.echo(f"  window: {w.history} history frames ({w.sampling}), reference frame {w.reference_frame}, "
                f"layer {w.layer}, {w.attention} attention")
     typer.echo(f"  features: {manifest.feature_dtype} (stored as {manifest.stored_dtype}), "
                f"encoder {manifest.encoder_fingerprint[:16]}")
     typer.echo("  counts: " + ", ".join(f"{k} {v}" for k, v in manifest.counts.items()))
     for name, entry in manifest.resolutions.items():
-        typer.echo(f"  resolution {name}: {len(opened[name].reader)} samples, frames {entry.frame_shape}, "
-                   f"features {entry.feature_shape}, {entry.preprocessing}")
+        typer.echo(f"  resolution {name}: {plural(len(opened[name].reader), 'sample')}, frames "
+                   f"{'x'.join(map(str, entry.frame_shape))}, features {'x'.join(map(str, entry.feature_shape))}, "
+                   f"{describe_preprocessing(entry.preprocessing)}")
         if name in manifest.vit_features:
             vit = manifest.vit_features[name]
             vit_bytes = sum(s.nbytes for s in manifest.shards.get(vit_array(name), ()))
-            typer.echo(f"  ViT features {name}: {vit.feature_shape} per frame, {vit.dtype} (stored as "
+            typer.echo(f"  ViT features {name}: {'x'.join(map(str, vit.feature_shape))} per frame, {vit.dtype} (stored as "
                        f"{vit.stored_dtype}), {vit_bytes / 1e6:.1f} MB, ViT {vit.fingerprint[:16]} of {vit.base_model}")
     groups: dict[str, list[int]] = {}
     for array, shards in manifest.shards.items():
@@ -299,13 +324,57 @@ def info_cmd(
         done, total = groups.setdefault(name, [0, 0])
         groups[name] = [done + sum(1 for s in shards if s.committed), total + len(shards)]
     for name, (done, total) in groups.items():
-        typer.echo(f"  {name}: {done}/{total} shards committed")
+        typer.echo(f"  {name}: {done}/{plural(total, 'shard')} committed")
+
+
+THREADS_OPTION = typer.Option(min=1, help="Files transferred at once.")
+
+
+def copy_cache(direction: str, local: Path, bucket: str, threads: int) -> None:
+    """``janus-cache push`` or ``pull`` (``direction``) between ``local`` and the URL ``bucket``,
+    with a progress bar; its summary line, or its failure as one ``error:`` line."""
+    from janus_cache import transfer
+    from janus_cache.store import StoreError
+    from janus_cache.store.remote.path import S3Path
+    from janus_core.system.lock import LockError
+    from pipelines.distributed import Progress
+
+    def note(line: str) -> None:
+        typer.echo(line, err=True)
+
+    try:
+        copy = transfer.push if direction == "push" else transfer.pull
+        ends = (local, S3Path.parse(bucket)) if direction == "push" else (S3Path.parse(bucket), local)
+        report = copy(*ends, threads=threads, progress=Progress(enabled=True), note=note)
+    except (StoreError, LockError, ValueError) as err:
+        fail(str(err))
+    typer.echo(report.summary(f"{direction}ed"))
+
+
+@app.command("push")
+def push_cmd(
+    cache: Annotated[Path, typer.Argument(help="A finished cache directory.")],
+    destination: Annotated[str, typer.Argument(help="s3://BUCKET/PREFIX to copy it to.")],
+    threads: Annotated[int, THREADS_OPTION] = 16,
+) -> None:
+    """Copy a finished cache to a bucket (resumable; the manifest goes last), to read it in place."""
+    copy_cache("push", cache, destination, threads)
+
+
+@app.command("pull")
+def pull_cmd(
+    source: Annotated[str, typer.Argument(help="s3://BUCKET/PREFIX holding a cache.")],
+    directory: Annotated[Path, typer.Argument(help="Local directory to copy it into (new, or a copy to update).")],
+    threads: Annotated[int, THREADS_OPTION] = 16,
+) -> None:
+    """Copy a cache from a bucket to a local directory (resumable) and verify the copy."""
+    copy_cache("pull", directory, source, threads)
 
 
 @app.command("bench", add_help_option=False,
              context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def bench_cmd(ctx: typer.Context) -> None:
-    """Measure live vs cached data path, storage, precompute and training; write the results."""
+    """Measure what the cache buys and write the results."""
     # The benchmarks are the layer above this one (they import it), so they run as their own program.
     raise typer.Exit(subprocess.call([sys.executable, "-m", "benchmarks.bench", *ctx.args]))
 

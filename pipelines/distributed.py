@@ -22,7 +22,9 @@ from janus_core.system.device import process_device
 from janus_core.system.disk_space import format_bytes
 from janus_core.system.lock import DirectoryLock
 from janus_core.system.threads import usable_cores  # noqa: F401 - the trainer's loader note reads it here
+from pipelines.cpu_comm_op import environment_extensions, load_cpu_comm_op
 from pipelines.library_output import library_chatter_hidden, name_deepspeed_accelerator
+from pipelines.parent_death import LAUNCHER_PID_VARIABLE, PARENT_VARIABLE
 
 if TYPE_CHECKING:  # imported when a training rank joins its group: the light commands need no torch
     import torch
@@ -57,6 +59,21 @@ class Ranks:
         return self.rank == 0
 
 
+RANK_VARIABLES: tuple[str, ...] = (
+    "RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK", "ROLE_NAME", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_WORLD_SIZE",
+    "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCH_NCCL_ASYNC_ERROR_HANDLING")
+"""What torchrun sets for each rank it starts (besides ``TORCHELASTIC_*``)."""
+
+
+def environment_outside_ranks() -> dict[str, str]:
+    """This process's environment less what makes a process one of torchrun's ranks (and one of
+    janus's launcher's): for a process a rank starts that is no rank, e.g. an evaluation's job,
+    whose command (a torchrun of its own, ``sbatch``) must start afresh."""
+    dropped = (*RANK_VARIABLES, LAUNCHER_PID_VARIABLE, PARENT_VARIABLE)
+    return {name: value for name, value in os.environ.items()
+            if name not in dropped and not name.startswith("TORCHELASTIC_")}
+
+
 LAUNCHER_GRACE_S = 30.0
 """How long a rank other than 0 waits, after a failure every rank meets alike, for the launcher to
 end it once rank 0 has said why and exited."""
@@ -72,6 +89,9 @@ def init_distributed(kind: str, alloc_conf: str = "") -> torch.device:
     """
     cuda = kind == "cuda"
     name_deepspeed_accelerator(kind)  # spares every rank DeepSpeed's detection warning
+    environment_extensions()  # any op DeepSpeed builds goes into this environment
+    if not cuda:  # the environment's build of DeepSpeed's CPU op, or a build said in one line
+        load_cpu_comm_op(announce_wait=os.environ.get("LOCAL_RANK", "0") == "0")
     import deepspeed
     import torch
 
@@ -182,6 +202,13 @@ def lock_on_main(control: Control, directory: Path, exclusive: bool = True,
     it (every failure ends every rank) and with the launcher. A lock held elsewhere fails every
     rank alike (:class:`RankFailed`) with the one-line reason naming the holder.
     """
+    from janus_cache.store.location import is_remote
+
+    if is_remote(directory):
+        # A bucket has no OS lock: its readers hold none, and its one writer (janus-cache push)
+        # holds a lock object of its own (janus_cache.store.remote.lock).
+        assert not exclusive, f"{directory}: a cache in a bucket is written by janus-cache push only"
+        return None
     held: list[DirectoryLock] = []
 
     def take() -> None:

@@ -7,8 +7,11 @@ after it, so the last thing a user reads is the launcher's dump. Here torchrun r
 (``torch.distributed.run``, the same code as the ``torchrun`` script, so the ranks remain this
 process's children and die with it), its loggers write to ``FILE`` (created only when something
 is logged; default: a new file in the temporary folder) and a failure ends with one line naming
-the failed rank, its exit code and the log. The ranks' own output is not touched: their
-stdout/stderr remain the console's.
+the failed rank, its exit code and the log. The launcher creates no folder: while ``FILE``'s folder
+does not exist (a run directory its ranks have not made yet, ``RUN/launcher.log``), the report goes
+to the temporary folder and moves into ``FILE`` at the end if the ranks made it, so a start the ranks
+refuse leaves no run directory behind. The ranks' own output is not touched: their stdout/stderr
+remain the console's.
 
 Signals: the first SIGTERM, SIGINT, SIGUSR1 or SIGUSR2 (the stop signals a run may choose,
 ``janus_train.loop.preemption``) is forwarded to every rank and the launcher waits for them, however long
@@ -73,11 +76,9 @@ def split_arguments(argv: list[str]) -> tuple[Path, list[str]]:
 
 
 def usable_log(path: Path) -> Path:
-    """``path``, or a file in the temporary folder when its folder cannot be made (e.g. RUN is a file)."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except OSError:
-        return default_log()
+    """``path`` when its folder exists, else a file in the temporary folder: the launcher creates no
+    run directory (a start its ranks refuse leaves none behind); :meth:`ReportFile.settle` moves the
+    report into ``path`` once the ranks made its folder."""
     return path if path.parent.is_dir() and not path.is_dir() else default_log()
 
 
@@ -85,9 +86,11 @@ class ReportFile(logging.FileHandler):
     """torchrun's log file (opened on the first record). A write that fails (a full disk) is
     remembered for the closing line instead of logging's "--- Logging error ---" traceback."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, wanted: Path | None = None) -> None:
         super().__init__(path, delay=True)
         self.path = path
+        self.wanted = wanted or path
+        """Where the report belongs (RUN/launcher.log), when its folder did not exist yet at the start."""
         self.failure: OSError | None = None
         self.attempted = 0  # bytes of every record and report meant for the file
 
@@ -115,6 +118,19 @@ class ReportFile(logging.FileHandler):
         except OSError as err:  # its last flush, on a full disk
             self.failure = self.failure or err
 
+    def settle(self) -> None:
+        """Close the file and move what it holds where it belongs, if the ranks made that folder."""
+        self.close()
+        if self.path == self.wanted or not self.path.is_file() or usable_log(self.wanted) != self.wanted:
+            return
+        try:
+            with open(self.wanted, "a") as f:  # after an earlier start's report, as the log is appended
+                f.write(self.path.read_text())
+            self.path.unlink()
+        except OSError:
+            return  # the report stays where it is, and the closing line names it there
+        self.path = self.wanted
+
     def where(self, what: str = "torchrun's report") -> str:
         """Where ``what`` is, or the one-line reason it could not be written (bytes and the fix)."""
         if self.failure is None:
@@ -127,12 +143,13 @@ class ReportFile(logging.FileHandler):
                 f"or pass {LOG_OPTION} FILE on another disk")
 
 
-def log_to_file(path: Path) -> ReportFile:
-    """Route torchrun's loggers to ``path`` (opened on the first record) instead of stderr.
+def log_to_file(path: Path, wanted: Path | None = None) -> ReportFile:
+    """Route torchrun's loggers to ``path`` (opened on the first record; ``wanted``: where it moves
+    to, see :func:`usable_log`) instead of stderr.
 
     Call after importing torch: its import gives ``torch.distributed`` a console handler of its own.
     """
-    handler = ReportFile(path)
+    handler = ReportFile(path, wanted)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logger = logging.getLogger(LOGGER)
     for console in list(logger.handlers):
@@ -255,8 +272,8 @@ def exit_code(code: int) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    log, torchrun_args = split_arguments(list(sys.argv[1:] if argv is None else argv))
-    log = usable_log(log)
+    wanted, torchrun_args = split_arguments(list(sys.argv[1:] if argv is None else argv))
+    log = usable_log(wanted)
     try:
         with frozen_imports():
             from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -269,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
               flush=True)
         return 128 + signal.SIGINT
 
-    handler = log_to_file(log)
+    handler = log_to_file(log, wanted)
 
     args = parse_args(torchrun_args)
     # torchrun registers its handlers when it starts the ranks; the stop signals stay this launcher's.
@@ -287,6 +304,7 @@ def main(argv: list[str] | None = None) -> int:
     except ChildFailedError as err:
         rank, failure = err.get_first_failure()
         handler.append(err.format_msg() + "\n")
+        handler.settle()
         if failure.exitcode == PREEMPTED_EXIT_CODE:  # stopped with a checkpoint: rank 0's line says where
             handler.append(f"exit code {PREEMPTED_EXIT_CODE} above is no failure: the ranks stopped cleanly on a stop "
                            "signal after saving a checkpoint; the same command resumes the run\n")
@@ -305,14 +323,16 @@ def main(argv: list[str] | None = None) -> int:
         return exit_code(failure.exitcode)
     except SignalException as err:
         logging.getLogger(LOGGER).error("stopped by %s", err.sigval.name)
+        handler.settle()
         print(f"launcher: stopped by {err.sigval.name}; {handler.where()}", file=sys.stderr, flush=True)
         return 128 + int(err.sigval)
     except Exception as err:  # noqa: BLE001 - the launcher's own failure (e.g. a rendezvous): one line
         logging.getLogger(LOGGER).exception("torchrun failed")
+        handler.settle()
         print(f"launcher: {type(err).__name__}: {err}; {handler.where('details')}", file=sys.stderr, flush=True)
         return 1
     finally:
-        handler.close()
+        handler.settle()
     return 0
 
 

@@ -19,8 +19,11 @@ import typer
 
 from janus_cache.store.commit import CHECKSUM_MODES
 from janus_cache.store.formats import DEFAULT_FORMAT, FORMATS, FORMATS_HELP
+from janus_cache.store.remote.path import is_s3_url
 from janus_core.profile import SET_HELP, SET_OPTION, ProfileError, load_profile
 from janus_core.resolution import Resolution
+from pipelines.command_line import run as run_command
+from pipelines.dataset_options import IMAGE_ROOT_OPTION
 from pipelines.distributed import Ranks, fail_alike
 from pipelines.frozen_imports import frozen_imports
 
@@ -33,12 +36,10 @@ def command(
         help="Dataset sources, in cache order: episode-folder roots or JSON/JSONL annotation files, each a bare "
              "PATH (keys as in the dataset, named after its (image) folder) or NAME=PATH (keys prefixed NAME/). A cache "
              "grows by new episodes or sources listed after the old ones.")],
-    out: Annotated[Path, typer.Option("--out", help="Cache directory (created or resumed).")],
+    out: Annotated[str, typer.Option("--out", help="Cache directory (created or resumed), on a local disk.")],
     profile: Annotated[str, typer.Option(help="Profile name or YAML path.")] = "tiny",
     overrides: Annotated[Optional[list[str]], typer.Option(SET_OPTION, help=SET_HELP)] = None,
-    image_root: Annotated[
-        Optional[Path], typer.Option(help="Image root of an annotation file (default: its folder).")
-    ] = None,
+    image_root: Annotated[Optional[list[str]], IMAGE_ROOT_OPTION] = None,
     cache_format: Annotated[str, typer.Option("--format", help=f"{FORMATS_HELP}.")] = DEFAULT_FORMAT,
     resolution: Annotated[Optional[str], typer.Option(help="e.g. pad644; default: the profile's.")] = None,
     overwrite: Annotated[bool, typer.Option(help="Delete an existing cache at --out and start over.")] = False,
@@ -50,8 +51,15 @@ def command(
         help="On resume, committed shards to re-hash before trusting them: none (commit record and size only), "
              "sample (1 shard in 16 + tables) or all.")] = "none",
 ) -> None:
-    """Precompute a cache of frozen-VGGT features and uint8 frames (resumable)."""
+    """Precompute a cache of frozen-VGGT features and frames.
+
+    uint8 frames once per frame, VGGT features once per sample; the same command resumes, repairs or
+    appends new episodes."""
     ranks = Ranks.from_env()
+    if is_s3_url(out):  # the writing policy for buckets: precompute writes locally, push copies
+        fail_alike(ranks, f"--out {out}: precompute writes a cache to a local disk (a bucket has no rename, append "
+                          f"or lock for its shard writers); write it to a directory, then copy it with "
+                          f"`janus-cache push DIR {out}`, and train from {out} in place", code=2)
     if cache_format not in FORMATS:
         raise typer.BadParameter(f"--format must be one of {', '.join(FORMATS)}, got {cache_format!r}")
     if checksums not in CHECKSUM_MODES:
@@ -68,8 +76,8 @@ def command(
     with frozen_imports():
         from pipelines.precompute_run import Options, launched, run
 
-    opts = Options(tuple(data), out, profile, cache_format, parsed, overwrite, force, allow_failures, workers, strict,
-                   image_root, checksums, tuple(overrides or ()))
+    opts = Options(tuple(data), Path(out), profile, cache_format, parsed, overwrite, force, allow_failures, workers, strict,
+                   tuple(image_root or ()), checksums, tuple(overrides or ()))
     # torchrun names its run in every rank's environment: there a rank's uncaught exception goes to
     # torchrun's failure summary (launched); janus-cache's single process runs it bare.
     try:
@@ -82,7 +90,7 @@ def command(
 
 
 def main() -> None:
-    typer.run(command)
+    run_command(command)
 
 
 if __name__ == "__main__":

@@ -39,7 +39,8 @@ from janus_cache.store.layout import REPORT_NAME, CacheLayout
 from janus_cache.store.manifest import read_manifest
 from janus_cache.store.split import shards_for
 from janus_core.bases import cache_base
-from janus_core.index import DatasetIndex, StoredSources
+from janus_core.index import DatasetIndex, ImageRoots, StoredSources
+from janus_core.plural import plural
 from janus_core.profile import CacheSettings, Profile, load_profile
 from janus_core.qwen_vit import ViTEncoder
 from janus_core.resolution import Resolution
@@ -66,7 +67,8 @@ class Options:
     allow_failures: int = 0
     workers: Optional[int] = None
     strict: bool = False
-    image_root: Optional[Path] = None
+    image_root: ImageRoots = None
+    """The annotation files' image roots: ``NAME=DIR`` each, or one bare ``DIR`` for a single source."""
     checksums: str = "none"
     """Committed shards a resume hashes before trusting them: ``none`` (commit record and byte
     size only: no shard payload is read), ``sample`` (one in 16 and every table) or ``all``."""
@@ -106,11 +108,13 @@ def default_workers(local_processes: int) -> int:
     return default_decode_workers(local_processes)
 
 
-def _prepare(job: PrecomputeJob, opts: Options, resolution: Resolution, processes: int, workers: int) -> Prepared:
+def _prepare(job: PrecomputeJob, opts: Options, profile: Profile, resolution: Resolution, processes: int,
+             workers: int) -> Prepared:
     """Rank 0: the job's first step, printing its plan as soon as it is measured."""
 
     def show(plan: Plan) -> None:
-        print(f"plan for {opts.sources} -> {opts.out} ({opts.cache_format}, {resolution.name}):", flush=True)
+        print(f"plan for {opts.sources} -> {opts.out} ({opts.cache_format}, {resolution.name}, profile {profile.name}):",
+              flush=True)
         print(plan.format(processes, workers), flush=True)
         # What the index skips, as `janus-cache index` and `plan` say it.
         print("\n".join(job.index.report.summary_lines(f"{opts.out / REPORT_NAME} (when the run ends)")), flush=True)
@@ -171,25 +175,33 @@ def _complete(opts: Options, prepared: Prepared, resolution: Resolution) -> int:
     counts = prepared.manifest.counts
     failed = counts.get("samples_failed", 0)
     # Samples left out by an earlier run stay left out: the line says so, as that run's summary did.
-    left_out = (f", {failed} samples failed (their frames could not be decoded; see {opts.out / REPORT_NAME})"
+    left_out = (f", {plural(failed, 'sample')} failed (their frames could not be decoded; see {opts.out / REPORT_NAME})"
                 if failed else "")
-    print(f"cache {opts.out} is complete: {counts.get('samples_written', counts['samples'])} samples at "
-          f"{resolution.name} ({opts.cache_format}), every shard committed{left_out}; nothing to do "
-          f"(janus-cache verify checks its contents, --overwrite rebuilds it)", flush=True)
+    # What the check read: a resume trusts commit record and size unless --checksums hashed shards.
+    checked = {"all": "every shard committed and hashed (--checksums all: each matches its commit record)",
+               "sample": "every shard committed, 1 in 16 and every table hashed (--checksums sample)"}
+    how = {"all": "nothing to repair (--overwrite rebuilds it)",
+           "sample": "nothing to repair (janus-cache verify hashes the rest, --overwrite rebuilds it)"}
+    print(f"cache {opts.out} is complete: {plural(counts.get('samples_written', counts['samples']), 'sample')} at "
+          f"{resolution.name} ({opts.cache_format}), {checked.get(opts.checksums, 'every shard committed')}"
+          f"{left_out}; {how.get(opts.checksums, 'nothing to do (janus-cache verify checks its contents, --overwrite rebuilds it)')}",
+          flush=True)
     if failed > opts.allow_failures:
-        print(f"error: {failed} samples failed, more than --allow-failures {opts.allow_failures}; see "
+        print(f"error: {plural(failed, 'sample')} failed, more than --allow-failures {opts.allow_failures}; see "
               f"{opts.out / REPORT_NAME}", file=sys.stderr)
         return 1
     return 0
 
 
-def _finish(job: PrecomputeJob, opts: Options, seconds: float, peaks: list[tuple[float, float]]) -> int:
-    """Rank 0: the job's last step and its summary; the exit code."""
+def _finish(job: PrecomputeJob, opts: Options, seconds: float, peaks: list[tuple[float, float]],
+            computed: int) -> int:
+    """Rank 0: the job's last step and its summary (``computed``: the samples this run encoded); the
+    exit code."""
     outcome = job.finish()
-    print(outcome.format(seconds), flush=True)
+    print(outcome.format(seconds, computed), flush=True)
     print(format_peaks(peaks), flush=True)
     if len(outcome.dropped) > opts.allow_failures:
-        print(f"error: {len(outcome.dropped)} samples failed, more than --allow-failures {opts.allow_failures}",
+        print(f"error: {plural(len(outcome.dropped), 'sample')} failed, more than --allow-failures {opts.allow_failures}",
               file=sys.stderr)
         return 1
     return 0
@@ -213,7 +225,7 @@ def run(opts: Options) -> int:
             vits: list[ViTEncoder | None] = []
             control.gather(lambda: vits.append(frozen_vit(profile, _device(profile, ranks))), (ValueError,))
             job = PrecomputeJob(index, opts.out, opts.cache_format, profile.cache, resolution, encoder, vits[0], base)
-            prepared = control.on_main(lambda: _prepare(job, opts, resolution, ranks.world, workers))
+            prepared = control.on_main(lambda: _prepare(job, opts, profile, resolution, ranks.world, workers))
             if prepared.complete:  # nothing measured, nothing written
                 return control.on_main(lambda: _complete(opts, prepared, resolution))
             job.planned_bytes = prepared.plan.needed_bytes(opts.cache_format)
@@ -261,12 +273,13 @@ def run(opts: Options) -> int:
             control.on_main(job.prepare_features)
             mine, tally = phase("features", job.pending_feature_shards, job.n_feature_shards, job.samples_array,
                                 job.feature_shard_rows, len(job.usable_rows), "samples")
+            computed = len(job.usable_rows) - tally.done  # committed before this run: not this run's work
             control.gather(lambda: job.feature_shards(mine, on_done=lambda shard, n: progress.poll(tally)), user_errors)
             progress.poll(tally, force=True)
             progress.close()
             seconds = time.perf_counter() - started
             peaks = control.gather(peak_memory)
-            return control.on_main(lambda: _finish(job, opts, seconds, peaks))
+            return control.on_main(lambda: _finish(job, opts, seconds, peaks, computed))
     except RankFailed as err:
         if ranks.is_main:  # every rank failed alike: one line for the user
             print(f"error: {err}", file=sys.stderr)

@@ -33,6 +33,7 @@ import typer
 
 from janus_core.profile import SET_HELP, SET_OPTION
 from janus_train.data.sources import CacheSource, parse_cache_sources
+from pipelines.command_line import run as run_command
 from pipelines.distributed import Ranks, fail_alike
 from pipelines.frozen_imports import frozen_imports
 from pipelines.train_options import CacheOption, DataOption, OutOption, ProfileOption
@@ -47,13 +48,15 @@ def command(
     profile: ProfileOption = None,
     overrides: Annotated[Optional[list[str]], typer.Option(SET_OPTION, help=SET_HELP)] = None,
     max_steps: Annotated[Optional[int], typer.Option(min=1, help="Override train.max_steps.")] = None,
-    val_cache: Annotated[Optional[Path], typer.Option(help="Override train.val_cache (a cache to validate on).")] = None,
+    val_cache: Annotated[Optional[str], typer.Option(
+        help="Override train.val_cache (a cache to validate on: a directory or s3://BUCKET/PREFIX).")] = None,
     export_at_end: Annotated[bool, typer.Option("--export/--no-export", help="Export 16-bit HF weights at the end.")] = True,
     record_outputs_to: Annotated[Optional[Path], typer.Option(
         "--record-outputs", help="Write the final model's outputs on the first samples to this safetensors file.")] = None,
     record_samples: Annotated[int, typer.Option(min=1, help="Samples (one micro-batch) for --record-outputs.")] = 2,
 ) -> None:
-    """Train Qwen2.5-VL with VGGT-feature injection under DeepSpeed ZeRO-3."""
+    """Train a Qwen2.5-VL or Qwen3-VL model with VGGT-feature injection under DeepSpeed ZeRO-3, from a
+    cache (or several), resuming from --out's latest checkpoint."""
     ranks = Ranks.from_env()
     if (usage := usage_problem(cache, live_data, data)) is not None:
         fail_alike(ranks, usage, code=2)
@@ -76,7 +79,7 @@ def command(
 
 
 def main() -> None:
-    typer.run(command)
+    run_command(command)
 
 
 if __name__ == "__main__":

@@ -6,37 +6,46 @@ rank; the other commands run as one process."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Optional
 
+import click
 import typer
 
 from janus_core.profile import SET_HELP, SET_OPTION
+from janus_train.model.export_formats import FORMATS, JANUS, JANUSVLN
+from pipelines.command_line import VersionOption, command_app, single_command
 from pipelines.frozen_imports import frozen_imports
 from pipelines.train_options import CacheOption, DataOption, OutOption, ProfileOption
 
 if TYPE_CHECKING:
     from janus_train.run.layout import RunLayout
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="Train from janus caches and export the result.")
+app = command_app(no_args_is_help=True, help="Train from janus caches and export the result.")
 
 TRAIN_MODULE = "pipelines.train"
 """What torchrun starts on every rank; ``janus-train run --help-train`` prints its options."""
 
 
 @app.callback()
-def _commands() -> None:
+def _commands(_version: VersionOption = False) -> None:
     # With a single command and no callback, typer would make `export` the program itself and
     # refuse `janus-train export RUN`; the callback keeps the command group.
     pass
 
 
 def _help_train(value: bool) -> None:
+    """Every rank's options, as this command passes them on (``pipelines.train``'s own help)."""
     if value:
-        os.execv(sys.executable, [sys.executable, "-m", TRAIN_MODULE, "--help"])
+        from pipelines.train import command
+
+        train = typer.main.get_command(single_command(command))
+        typer.echo(train.get_help(click.Context(train, info_name="janus-train run")))
+        raise typer.Exit()
 
 
 @app.command("run", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
@@ -56,9 +65,10 @@ def run_cmd(
         "--help-train", is_eager=True, callback=_help_train,
         help="Show every training option (--max-steps, --live-data, --no-export, ...) and exit.")] = False,
 ) -> None:
-    """Start (or resume) a training run on this node, as `make train` does: torchrun with the
-    profile's processes, each rank training with these options and any other training option that
-    follows (see --help-train)."""
+    """Start (or resume) a training run on this node.
+
+    As `make train` does: torchrun with the profile's processes, each rank training with these
+    options and any other training option that follows (see --help-train)."""
     from janus_core.profile import ProfileError
     from janus_train.run.layout import RunLayout
     from janus_train.run.provenance import run_profile
@@ -109,13 +119,15 @@ def export_cmd(
     dtype: Annotated[Optional[str], typer.Option(help="float32 or bfloat16 (default: the profile's).")] = None,
     fmt: Annotated[str, typer.Option(
         "--format", help="janus: transformers-5 weights + janus heads; janusvln: a reference JanusVLN checkpoint "
-        "directory (transformers 4.50, VGGT included).")] = "janus",
+        "directory (transformers 4.50, VGGT included).")] = JANUS,
     vggt: Annotated[Optional[Path], typer.Option(
         help="--format janusvln: the VGGT checkpoint to include (default: the profile's vggt.path, or its "
              "seeded random VGGT when it names none).")] = None,
 ) -> None:
-    """Consolidate a ZeRO-3 checkpoint into 16-bit (or fp32) weights: HF weights plus the janus
-    heads, or a reference JanusVLN checkpoint directory."""
+    """Export a run's checkpoint as a model directory.
+
+    Consolidates a ZeRO-3 checkpoint into 16-bit (or fp32) weights: transformers' model plus the
+    janus heads, or a reference JanusVLN checkpoint directory."""
     from janus_core.profile import ProfileError
     from janus_train.config import load_train_settings
     from janus_train.run.layout import RunLayout
@@ -135,14 +147,14 @@ def export_cmd(
         raise typer.Exit(1)
     # After the profile's checks: a run refused there costs no torch, transformers or DeepSpeed.
     with frozen_imports():
-        from janus_train.checkpoint.export import FORMATS, export, export_janusvln
-        from janus_train.checkpoint.reference import ReferenceCheckpointError, run_model_config
+        from janus_train.checkpoint.export import export_as
+        from janus_train.checkpoint.reference import ReferenceCheckpointError
         from pipelines.library_output import library_chatter_hidden, name_deepspeed_accelerator
 
     if fmt not in FORMATS:
         typer.echo(f"error: --format must be one of {', '.join(FORMATS)}, got {fmt!r}", err=True)
         raise typer.Exit(2)
-    if fmt == "janusvln" and vggt is not None and vggt.suffix == ".json":
+    if fmt == JANUSVLN and vggt is not None and vggt.suffix == ".json":
         typer.echo(f"error: --vggt {vggt} is an aggregator config, not a VGGT checkpoint (model.safetensors or "
                    f"model.pt); leave --vggt out to include the profile's own VGGT", err=True)
         raise typer.Exit(2)
@@ -150,7 +162,7 @@ def export_cmd(
     if not layout.latest.is_file() and tag is None:
         typer.echo(f"error: {layout.checkpoints} holds no checkpoint", err=True)
         raise typer.Exit(1)
-    if fmt == "janusvln" and vggt is None:
+    if fmt == JANUSVLN and vggt is None:
         # A profile without a VGGT checkpoint (tiny) trains on features of its seeded random VGGT.
         typer.echo(f"note: profile {prof.name} names no vggt.path: the export holds its own VGGT, seeded random "
                    f"weights from {prof.vggt.config} (seed {prof.vggt.seed}), the encoder its caches were made with; "
@@ -158,14 +170,66 @@ def export_cmd(
     name_deepspeed_accelerator(prof.device)
     try:
         with library_chatter_hidden(ReferenceCheckpointError, ValueError):
-            if fmt == "janusvln":
-                path = export_janusvln(layout.checkpoints, out, prof, settings, vggt, tag=tag, dtype=dtype)
-            else:
-                path = export(layout.checkpoints, out, prof, run_model_config(settings), tag=tag, dtype=dtype)
+            path = export_as(fmt, layout.checkpoints, out, prof, settings, vggt, tag=tag, dtype=dtype)
     except (ReferenceCheckpointError, ValueError) as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(1)
     typer.echo(f"exported {layout.checkpoints} to {path}")
+
+
+@app.command("evals")
+def evals_cmd(
+    run: Annotated[Path, typer.Argument(help="Training run directory (holds evals/).")],
+) -> None:
+    """Collect the results of a run's external evaluations (train.eval_command) that came in after it
+    ended into its logs and best checkpoint, and list each evaluation's state (pending, done, failed)."""
+    from janus_core.profile import ProfileError
+    from janus_core.system.lock import DirectoryBusy, DirectoryLock
+    from janus_train.checkpoint.best import best_record
+    from janus_train.config import load_train_settings
+    from janus_train.data.val_metric_names import is_eval_metric
+    from janus_train.evals.evaluations import evaluations_of_run
+    from janus_train.loop.logs import RunLog, WandbMissing, check_wandb, last_logged_step
+    from janus_train.run.layout import RunLayout
+    from janus_train.run.provenance import run_profile
+
+    layout = RunLayout(run)
+    try:
+        prof = run_profile(run, None, (), default=None)
+        settings = load_train_settings(prof)
+    except ProfileError as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(1)
+    if not layout.evals.is_dir():
+        typer.echo(f"{run} has no evaluations (train.eval_command: {settings.eval_command or 'empty'})")
+        return
+    try:
+        lock = DirectoryLock.acquire(run, purpose="janus-train evals")
+    except DirectoryBusy as err:  # a training run owns the evaluations: it collects them itself
+        typer.echo(f"note: {err}; listing only: that run collects the results itself", err=True)
+        lock = None
+    with contextlib.ExitStack() as held:
+        if lock is not None:
+            held.callback(lock.release)
+        evaluations = evaluations_of_run(layout, settings, prof, None)
+        if lock is not None and evaluations.collectable():
+            try:
+                check_wandb(settings.wandb_project, prof.source)
+            except WandbMissing as err:
+                typer.echo(f"error: {err}", err=True)
+                raise typer.Exit(1)
+            log = RunLog(layout.root, layout.metrics, 0, settings.wandb_project,
+                         run_config={"profile": prof.name, "collected_by": "janus-train evals"})
+            held.callback(log.close)
+            evaluations.log = log
+            evaluations.collect(last_logged_step(layout.metrics))
+        typer.echo(f"evaluations of {run} (train.eval_command: {settings.eval_command or 'empty'}):")
+        for line in evaluations.listing():
+            typer.echo(f"  {line}")
+        best = best_record(layout.checkpoints)
+        if best is not None and is_eval_metric(str(best.get("metric", ""))):
+            typer.echo(f"best by {best['metric']}: checkpoint step {best['step']} ({best['value']:.6g}), "
+                       f"{layout.best}")
 
 
 @app.command("show-sample")
@@ -178,8 +242,9 @@ def show_sample_cmd(
         "--run", help="A training run directory: show the sample as that run trains it (its recorded profile).")] = None,
     overrides: Annotated[Optional[list[str]], typer.Option(SET_OPTION, help=SET_HELP)] = None,
 ) -> None:
-    """Print one sample as trained: user and target text, token counts, and the weight and segment
-    of every supervised token."""
+    """Print one sample as trained, token by token.
+
+    User and target text, token counts, and the weight and segment of every supervised token."""
     with frozen_imports():
         from janus_core.index import DatasetError, build_index
         from janus_core.profile import ProfileError, load_profile

@@ -10,7 +10,7 @@ import typer
 
 OutOption = Annotated[Path, typer.Option("--out", help="Run directory: checkpoints, metrics, export.")]
 CacheOption = Annotated[Optional[list[str]], typer.Option(
-    help="Cache directory to train from; repeat as NAME=PATH:WEIGHT to draw from several zarr caches "
+    help="Cache directory (or s3://BUCKET/PREFIX, read in place) to train from; repeat as NAME=PATH:WEIGHT to draw from several zarr caches "
          "with sampling weights (e.g. --cache r2r=caches/r2r:0.7 --cache rxr=caches/rxr:0.3).")]
 DataOption = Annotated[Optional[str], typer.Option(
     "--data", help="The dataset --cache was built from, as given to precompute (a path, or NAME=PATH sources "

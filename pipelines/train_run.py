@@ -41,6 +41,8 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from janus_cache.store import DamagedData
+from janus_cache.store.remote.errors import RemoteError
+from janus_core.plural import plural
 from janus_core.profile import CacheSettings, Profile
 from janus_core.system.disk_space import NoRoom
 from janus_train.build import TooFewSamples, build_parts
@@ -52,6 +54,7 @@ from janus_train.config import TrainSettings
 from janus_train.data.damaged import DamagedSample, StalledSample
 from janus_train.data.live_check import LiveCheckError
 from janus_train.data.sources import CacheSource
+from janus_train.evals.evaluations import Evaluations
 from janus_train.loop.logs import ConsoleCopy
 from janus_train.loop.nonfinite import NonFiniteStep
 from janus_train.loop.preemption import PREEMPTED_EXIT_CODE, Preemption, stopped_message
@@ -59,7 +62,18 @@ from janus_train.loop.trainer import Trainer
 from janus_train.loop.validation import ValidationError
 from janus_train.run.layout import RunLayout
 from janus_train.run.provenance import append_start, set_aside_damaged_record, write_profile
-from pipelines.distributed import Control, RankFailed, Ranks, fail_alike, init_distributed, lock_on_main, usable_cores
+from pipelines.cpu_comm_op import CommOpBuildFailed
+from pipelines.distributed import (
+    Control,
+    Progress,
+    RankFailed,
+    Ranks,
+    environment_outside_ranks,
+    fail_alike,
+    init_distributed,
+    lock_on_main,
+    usable_cores,
+)
 from pipelines.library_output import library_chatter_hidden
 from pipelines.train_start import START_ERRORS, Refused, first_refusal, missing_cache
 
@@ -82,7 +96,7 @@ def loader_note(num_workers: int, local_processes: int) -> str | None:
     if num_workers <= cores:
         return None
     return (f"note: train.num_workers is {num_workers} loader workers per process ({num_workers * local_processes} on "
-            f"this node) for {cores} cores; if the step line's wait % is high, lower train.num_workers")
+            f"this node) for {plural(cores, 'core')}; if the step line's wait % is high, lower train.num_workers")
 
 
 def quiet_export(checkpoints: Path, out: Path, prof: Profile, settings: TrainSettings) -> Path:
@@ -109,13 +123,12 @@ def dataset_refusal(cache: Path, data: str, settings: CacheSettings) -> str | No
     completeness check against the dataset indexed now, with the cache's window history (the
     cache's index store is reused while the dataset's files are unchanged)."""
     from janus_cache.store import load_manifest
-    from janus_cache.store.layout import CacheLayout
-    from janus_cache.verify import check_completeness, dataset_indexes, failure_message
+    from janus_cache.verify import check_completeness, dataset_indexes, failure_message, index_store_of
 
     manifest = load_manifest(cache)
     history = manifest.window.history
     index, _ = dataset_indexes(data, history, history, settings.subinstruction_rule,
-                               cache_dir=CacheLayout(cache).index_store, recorded_names=manifest.dataset.sources)
+                               cache_dir=index_store_of(cache), recorded_names=manifest.dataset.sources)
     return failure_message(cache, [check_completeness(cache, index)]) or None
 
 
@@ -148,7 +161,9 @@ USER_ERRORS: tuple[type[Exception], ...] = (
     RankFailed, ReferenceCheckpointError, TooFewSamples, ResumeError, NoIntactCheckpoint, LiveCheckError,
     ValidationError,
     DamagedData,  # a table every rank reads whole at start (the same on every rank)
+    RemoteError,  # a cache in a bucket that cannot be read (credentials, endpoint, connection)
     NonFiniteStep, DamagedSample, StalledSample, NoRoom,
+    CommOpBuildFailed,  # DeepSpeed's CPU op could not be built (no compiler): the same on every rank
 )
 """The failures a user can fix, each raised on every rank alike with its one line (a lock or a
 rank-0 step that failed: :class:`RankFailed`, every rank alike too); anything else is a bug and
@@ -213,8 +228,8 @@ def announce_start(trainer: Trainer, cache: CacheSettings, resumed: bool, local_
     validation = trainer.data.validation
     mixture = (" from " + ", ".join(f"{s.name} (weight {s.weight:g})" for s in sources)
                if len(sources) > 1 else "")
-    print(f"training {stepping.total_steps} steps of {stepping.samples_per_step} samples on {trainer.world} "
-          f"processes ({stepping.steps_per_epoch} step{'s' if stepping.steps_per_epoch != 1 else ''} per epoch)"
+    print(f"training {plural(stepping.total_steps, 'step')} of {plural(stepping.samples_per_step, 'sample')} on "
+          f"{plural(trainer.world, 'process')} ({plural(stepping.steps_per_epoch, 'step')} per epoch)"
           f"{mixture}, frames at {cache.resolution.name}"
           f"{' (the frozen ViT from the cache: only its mergers run)' if cache.vit_features else ''}"
           f", metrics in {trainer.parts.layout.metrics}"
@@ -251,6 +266,22 @@ def export_on_main(trainer: Trainer, prof: Profile, settings: TrainSettings) -> 
     dist.broadcast_object_list(no_room, src=0)
     if no_room[0] is not None:
         raise NoRoom(no_room[0])
+
+
+def wait_for_evaluations(evaluations: Evaluations, step: int) -> None:
+    """Rank 0 at the end: wait (bounded by ``train.eval_wait_minutes``, one progress line) for the
+    evaluations running as jobs, then one line for each still pending and how its results get in."""
+    running = evaluations.running()
+    if running:
+        progress = Progress(enabled=True)
+        progress.phase(f"waiting (at most {evaluations.settings.wait_s / 60:g} min, train.eval_wait_minutes)",
+                       len(running), "evaluations")
+        evaluations.wait(step, progress.update)
+        progress.close()
+    else:
+        evaluations.collect(step)
+    for line in evaluations.open_notes():
+        print(line, file=sys.stderr if line.startswith("warning:") else sys.stdout, flush=True)
 
 
 def leave_process_group() -> None:
@@ -292,20 +323,28 @@ def run_on_rank(ranks: Ranks, request: RunRequest) -> None:
                 held.enter_context(ConsoleCopy(RunLayout(out).train_log))
             record_start_on_main(ranks, out, prof, settings, request.checked)
             trainer = Trainer(build_parts(prof, settings, out, device, cache=request.sources,
-                                          live_data=request.live_data, data=request.data), preemption)
+                                          live_data=request.live_data, data=request.data,
+                                          eval_env=environment_outside_ranks()), preemption)
             held.callback(trainer.close)
             resumed = trainer.resume()
             if trainer.rank == 0:
                 announce_start(trainer, prof.cache, resumed, ranks.local_world)
             trainer.train()
             trainer.save()
+            evaluations = trainer.parts.evaluations  # rank 0 with train.eval_command
             if preemption.stopping:  # every rank alike: the checkpoint is saved, the resume point named
+                if evaluations is not None:
+                    evaluations.collect(trainer.progress.step)
                 stop_preempted(trainer, preemption)
+            if evaluations is not None:
+                evaluations.launch(trainer.progress.step)
             if request.record_outputs_to is not None:
                 record_outputs(trainer, request.record_outputs_to, request.record_samples)
             if request.export_at_end:
                 export_on_main(trainer, prof, settings)
             dist.barrier()
+            if evaluations is not None:  # the other ranks are done
+                wait_for_evaluations(evaluations, trainer.progress.step)
         except USER_ERRORS as err:
             fail_alike(ranks, error_line(err, prof))
 

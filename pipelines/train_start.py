@@ -16,6 +16,8 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
+from janus_cache.store.errors import StoreError
+from janus_cache.store.location import CacheLocation, cache_location, is_remote
 from janus_core.bases import BaseError, cache_base
 from janus_core.profile import Profile, ProfileError
 from janus_core.system.lock import not_a_directory
@@ -44,9 +46,18 @@ def usage_problem(cache: list[str] | None, live_data: Path | None, data: str | N
     return None
 
 
-def missing_cache(cache: Path) -> str | None:
-    """The usual first mistake, training before any precompute: why ``cache`` cannot be read (None
-    when it exists)."""
+def missing_cache(cache: CacheLocation) -> str | None:
+    """The usual first mistake, training (or verifying) before any precompute: why ``cache`` cannot
+    be read (None when it exists). A cache in a bucket is asked for its manifest (its credentials, endpoint and
+    bucket with it: each failure one line)."""
+    if is_remote(cache):
+        from janus_cache.store.open import load_manifest  # the readers import torch: only for a bucket
+
+        try:
+            load_manifest(cache)
+        except StoreError as err:
+            return str(err)
+        return None
     if Path(cache).exists():
         return None
     return (f"no cache exists at {cache}: make one with `make precompute DATA=<dataset> OUT={cache}` "
@@ -78,7 +89,7 @@ def check_init_from(checkpoint: Path, prof: Profile, ranks: Ranks) -> None:
 
 
 def run_settings(out: Path, profile: str | None, overrides: list[str] | None, cache: list[str] | None,
-                 data: str | None, max_steps: int | None, val_cache: Path | None,
+                 data: str | None, max_steps: int | None, val_cache: str | None,
                  ranks: Ranks) -> tuple[Profile, TrainSettings]:
     """The run's profile and train settings with the command's overrides, and the checkpoint it
     starts from."""
@@ -96,6 +107,8 @@ def run_settings(out: Path, profile: str | None, overrides: list[str] | None, ca
     check_wandb(settings.wandb_project, prof.source)
     if max_steps is not None:
         settings = replace(settings, max_steps=max_steps)
-    if val_cache is not None:  # instead of the profile's validation source
-        settings = replace(settings, val_cache=val_cache, val_episodes=0, val_episodes_fraction=0.0)
+    if val_cache is not None:  # instead of the profile's validation source (a bucket's kept as its URL)
+        location = cache_location(val_cache)
+        settings = replace(settings, val_cache=val_cache if is_remote(location) else location, val_episodes=0,
+                           val_episodes_fraction=0.0)
     return prof, settings

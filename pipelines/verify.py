@@ -30,6 +30,8 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from janus_cache.store import CacheOpenError, load_manifest
 from janus_cache.store.formats import DEFAULT_FORMAT
 from janus_cache.store.layout import CacheLayout
+from janus_cache.store.location import CacheLocation, cache_location
+from janus_cache.store.remote.errors import RemoteError
 from janus_cache.store.split import share
 from janus_cache.verify import (
     CHECK_NAMES,
@@ -52,6 +54,7 @@ from janus_cache.verify import (
     crashed,
     dataset_indexes,
     failure_message,
+    index_store_of,
     format_table,
     integrity_result,
     live_result,
@@ -62,19 +65,22 @@ from janus_cache.verify import (
 )
 from janus_core.dtypes import TORCH_DTYPES
 from janus_core.index import DatasetIndex
+from janus_core.plural import plural
 from janus_core.profile import SET_HELP, SET_OPTION, Profile, load_profile
 from janus_core.system.device import process_device
 from janus_core.vggt.encoder import EncoderIdentity, WindowEncoder
-from pipelines.distributed import Control, Progress, RankFailed, Ranks, job_on_directory
+from pipelines.command_line import run as run_command
+from pipelines.distributed import Control, Progress, RankFailed, Ranks, fail_alike, job_on_directory
 from pipelines.frozen_imports import freeze_imported
 from pipelines.precompute_run import frozen_vit
+from pipelines.train_start import missing_cache
 
 T = TypeVar("T")
 
 
 @dataclass(frozen=True)
 class Options:
-    cache: Path
+    cache: CacheLocation
     data: Path | None = None
     profile: str = "tiny"
     live: int = DEFAULT_LIVE_SAMPLES
@@ -246,7 +252,7 @@ def run_checks(opts: Options, ranks: Ranks, control: Control, progress: Progress
 
         def build() -> tuple[DatasetIndex, DatasetIndex] | None:
             built.append(dataset_indexes(opts.data, history, profile.cache.history,
-                                         profile.cache.subinstruction_rule, CacheLayout(opts.cache).index_store,
+                                         profile.cache.subinstruction_rule, index_store_of(opts.cache),
                                          load_manifest(opts.cache).dataset.sources, live=live_wanted))
             return built[0] if live_wanted else None
 
@@ -318,9 +324,9 @@ def _emit(opts: Options, results: list[CheckResult], world: int, seconds: float)
                          checksums=opts.checksums, seed=opts.seed, world_size=world, seconds=seconds)
     to_stdout = opts.json_report is not None and str(opts.json_report) == "-"
     table_stream = sys.stderr if to_stdout else sys.stdout
-    where = f"{opts.cache} ({report['format']}, profile {opts.profile}, " + (
+    where = f"{opts.cache} ({report['format'] or 'format unknown'}, profile {opts.profile}, " + (
         f"data {opts.data}" if opts.data else "no --data") + (
-        f", checkpoint {opts.checkpoint}" if opts.checkpoint else "") + f", {world} process{'es' if world > 1 else ''})"
+        f", checkpoint {opts.checkpoint}" if opts.checkpoint else "") + f", {plural(world, 'process')})"
     print(f"janus-cache verify {where}", file=table_stream)
     print(format_table(results), file=table_stream, flush=True)
     text = json.dumps(report, indent=2, sort_keys=True, default=str) + "\n"
@@ -349,14 +355,14 @@ def run(opts: Options) -> int:
         with job_on_directory(ranks, opts.cache, exclusive=False) as (control, progress):
             results = run_checks(opts, ranks, control, progress)
             return control.on_main(lambda: _emit(opts, results, ranks.world, time.perf_counter() - started))
-    except (RankFailed, ValueError) as err:
+    except (RankFailed, ValueError, RemoteError) as err:
         if ranks.is_main:  # every rank fails alike; one of them says why
             print(f"error: {err}", file=sys.stderr)
         return 1
 
 
 def command(
-    cache: Annotated[Path, typer.Argument(help="Cache directory to verify.")],
+    cache: Annotated[str, typer.Argument(help="Cache directory, or s3://BUCKET/PREFIX (read in place), to verify.")],
     data: Annotated[Path | None, typer.Option(
         help="The dataset the cache was built from (episode-folder root or annotation file); "
              "needed to compare against the dataset and for the live check.")] = None,
@@ -376,17 +382,23 @@ def command(
         help="A reference JanusVLN checkpoint directory: its VGGT (vggt.aggregator.*) is the encoder freshness "
              "and the live check compare with, its vision tower, merger and lam make the fused embeddings.")] = None,
 ) -> None:
-    """Check that a cache is complete, intact, current and equal to the live path; exit 1 if not."""
+    """Check that a cache is complete, intact and current.
+
+    Schema, integrity (checksums), completeness and freshness against the dataset and profile, and
+    samples recomputed live (--live); exit 1 if any check fails."""
     if checksums not in CHECKSUM_MODES:
         raise typer.BadParameter(f"--checksums must be one of {', '.join(CHECKSUM_MODES)}, got {checksums!r}")
+    location = cache_location(cache)
+    if (missing := missing_cache(location)) is not None:  # a cache not made yet: no table of skipped checks
+        fail_alike(Ranks.from_env(), missing)
     freeze_imported()  # this module imported torch as it loaded (pipelines.frozen_imports)
-    raise typer.Exit(run(Options(cache, data, profile, live, checksums, seed, json_report, checkpoint, threads,
-                                 tuple(overrides or ()))))
+    raise typer.Exit(run(Options(location, data, profile, live, checksums, seed, json_report, checkpoint,
+                                 threads, tuple(overrides or ()))))
 
 
 @record  # torchrun's failure summary then shows the failing rank's exception
 def main() -> None:
-    typer.run(command)
+    run_command(command)
 
 
 if __name__ == "__main__":

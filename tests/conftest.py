@@ -5,7 +5,6 @@ from __future__ import annotations
 import atexit
 import os
 import shutil
-import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,7 +19,7 @@ from janus_core.sample_data import write_sample_data
 from pipelines.frozen_imports import frozen_imports
 
 # Session-wide artifacts (a precomputed cache, a trained run) built once and shared by both tiers.
-pytest_plugins = ["helpers.shared_caches", "helpers.shared_runs"]
+pytest_plugins = ["helpers.shared_caches", "helpers.shared_runs", "helpers.s3_server"]
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -61,9 +60,6 @@ def dataset_copy(sample_dataset: Path, tmp_path: Path) -> Path:
     return Path(shutil.copytree(sample_dataset, tmp_path / "data"))
 
 
-# DeepSpeed JIT-builds its CPU communication op once; reuse the build inside the environment (as
-# the Makefile does) instead of compiling it in every test that starts a training process.
-os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions"))
 # `janus-cache index` and `plan` keep bare datasets' indexes in a user folder; the tests' stay apart,
 # in one folder made by the session's first process (its test workers inherit it) and removed with it.
 if INDEX_CACHE_ENV not in os.environ:

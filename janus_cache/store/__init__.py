@@ -72,23 +72,22 @@ from janus_cache.store.manifest import (
     read_manifest,
     write_manifest,
 )
+from janus_cache.store.open import CacheOpenError, CacheReader, OpenedCache, load_manifest, open_cache
 from janus_cache.store.records import CacheSample, SampleMeta
 from janus_core.text_column import TextColumn
 
 if TYPE_CHECKING:
     import torch
 
-    from janus_cache.store.open import CacheOpenError, CacheReader, OpenedCache, load_manifest, open_cache
     from janus_cache.store.wds_store import WdsCacheReader, WdsCacheWriter
     from janus_cache.store.zarr_store import ColumnData, ZarrCacheReader, ZarrCacheWriter, ZarrGroup
 
 _TORCH_MODULES: dict[str, tuple[str, ...]] = {
-    "open": ("CacheOpenError", "CacheReader", "OpenedCache", "load_manifest", "open_cache"),
     "wds_store": ("WdsCacheReader", "WdsCacheWriter"),
     "zarr_store": ("ColumnData", "ZarrCacheReader", "ZarrCacheWriter", "ZarrGroup"),
 }
 """The names of the modules that read and write arrays as tensors (and so import torch), imported on
-first use: the manifest, layout and commit records load without torch."""
+first use: the manifest, layout, commit records and opening a cache load without torch."""
 _MODULE_OF = {name: module for module, names in _TORCH_MODULES.items() for name in names}
 
 

@@ -30,7 +30,8 @@ from janus_cache.store.layout import (
     ZARR_ROOT_NAME,
     CacheLayout,
 )
-from janus_core.system.files import atomic_write_bytes, sha256_file
+from janus_cache.store.location import cache_location, sha256_of
+from janus_core.system.files import atomic_write_bytes
 
 
 def _digest(body: dict[str, object]) -> str:
@@ -39,7 +40,7 @@ def _digest(body: dict[str, object]) -> str:
 
 def metadata_files(root: Path | str) -> list[str]:
     """Every metadata file of the cache at ``root``, relative to it, sorted."""
-    root = Path(root)
+    root = cache_location(root)
     found = [name for name in (MANIFEST_NAME, REPORT_NAME) if (root / name).is_file()]
 
     def visit(directory: Path) -> None:
@@ -63,8 +64,8 @@ def metadata_files(root: Path | str) -> list[str]:
 def record_metadata(root: Path | str, manifest_keyed: str) -> dict[str, str]:
     """Write ``checksums.json`` for the metadata files now on disk (``manifest_keyed``: the digest of
     the manifest's keyed fields); returns the recorded file digests."""
-    root = Path(root)
-    body: dict[str, object] = {"files": {name: sha256_file(root / name) for name in metadata_files(root)},
+    root = cache_location(root)
+    body: dict[str, object] = {"files": {name: sha256_of(root / name)[1] for name in metadata_files(root)},
                                "manifest_keyed": manifest_keyed}
     text = json.dumps({**body, "sha256": _digest(body)}, sort_keys=True, indent=1) + "\n"
     atomic_write_bytes(CacheLayout(root).checksums, text.encode())
@@ -72,7 +73,7 @@ def record_metadata(root: Path | str, manifest_keyed: str) -> dict[str, str]:
 
 
 def _recorded(root: Path | str) -> dict[str, object] | None:
-    path = CacheLayout(Path(root)).checksums
+    path = CacheLayout(cache_location(root)).checksums
     try:
         data = json.loads(path.read_text())
         body = {"files": {str(k): str(v) for k, v in data["files"].items()},
@@ -98,17 +99,17 @@ def recorded_manifest_keyed(root: Path | str) -> str | None:
 def changed_metadata(root: Path | str) -> list[str]:
     """Recorded metadata files that are missing or differ from their recorded sha256 (relative paths;
     every file when the record itself is missing or damaged)."""
-    root = Path(root)
+    root = cache_location(root)
     recorded = recorded_metadata(root)
     if recorded is None:
         return metadata_files(root)
     return [name for name, digest in sorted(recorded.items())
-            if not (root / name).is_file() or sha256_file(root / name) != digest]
+            if not (root / name).is_file() or sha256_of(root / name)[1] != digest]
 
 
 def metadata_problems(root: Path | str) -> list[str]:
     """One line per metadata file that does not match ``checksums.json`` (empty when all do)."""
-    root = Path(root)
+    root = cache_location(root)
     path = CacheLayout(root).checksums
     recorded = recorded_metadata(root)
     if recorded is None:
@@ -119,7 +120,7 @@ def metadata_problems(root: Path | str) -> list[str]:
         file = root / name
         if not file.is_file():
             problems.append(f"{file} is missing; {REPAIR_HINT}")
-        elif sha256_file(file) != digest:
+        elif sha256_of(file)[1] != digest:
             problems.append(f"{file} differs from the sha256 recorded when the cache was written (edited or "
                             f"damaged); {REPAIR_HINT}")
     return problems

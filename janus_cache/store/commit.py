@@ -15,14 +15,14 @@ only on the item count and the shard size, never on how many processes write.
 from __future__ import annotations
 
 import json
-import os
-import stat
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from janus_cache.store.errors import StoreError
 from janus_cache.store.layout import CacheLayout, is_table_array
 from janus_cache.store.layout import commit_record as commit_record_path
-from janus_core.system.files import atomic_write_bytes, fsync_path, sha256_file
+from janus_cache.store.location import cache_location, join, open_binary, regular_size, relative_name, sha256_of
+from janus_core.system.files import atomic_write_bytes, fsync_path
 
 CHECKSUM_MODES: tuple[str, ...] = ("all", "sample", "none")
 """Which committed shards a check hashes (the trust policy of resume and verify, see :func:`hashed`)."""
@@ -45,10 +45,6 @@ def hashed(checksums: str, array: str, shard: int, n_shards: int, seed: int = 0)
     if checksums == "sample" and not is_table_array(array):
         return shard % SAMPLE_STRIDE == seed % max(1, min(SAMPLE_STRIDE, n_shards))
     return checksums != "none"
-
-
-class StoreError(RuntimeError):
-    """A cache's stored data is missing, inconsistent or cannot be written as asked."""
 
 
 def shard_plan(n_items: int, per_shard: int) -> list[range]:
@@ -137,13 +133,13 @@ def read_record(root: Path, array: str, shard: int) -> CommitRecord | None:
     """The commit record of a shard, or None when the shard is not committed."""
     # Plain string paths: a start-up check reads one record per shard (tens of thousands), where
     # pathlib's parsing costs more than the read itself.
-    path = os.path.join(root, commit_record_path(array, shard))
+    path = join(root, commit_record_path(array, shard))
     try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
+        with open_binary(path) as f:
+            text = f.read().decode("utf-8")
     except FileNotFoundError:
         return None
-    return CommitRecord.from_json(text, source=path)
+    return CommitRecord.from_json(text, source=str(path))
 
 
 def is_committed(root: Path, array: str, shard: int) -> bool:
@@ -179,7 +175,7 @@ def commit_shard(root: Path, array: str, shard: int, rows: range, file: Path) ->
     file = Path(file)
     fsync_path(file)
     fsync_path(file.parent)
-    nbytes, digest = file.stat().st_size, sha256_file(file)
+    nbytes, digest = sha256_of(file)
     record = CommitRecord(
         array=array,
         shard=shard,
@@ -196,14 +192,11 @@ def commit_shard(root: Path, array: str, shard: int, rows: range, file: Path) ->
 def verify_shard(root: Path, record: CommitRecord, checksum: bool = True) -> ShardCheck:
     """Check that the shard file of ``record`` exists and has exactly the recorded bytes
     (without ``checksum`` only its size is compared: cheap at any cache size)."""
-    path = os.path.join(root, record.file)
-    try:
-        status = os.stat(path)
-    except FileNotFoundError:
-        status = None
-    if status is None or not stat.S_ISREG(status.st_mode):
+    path = join(root, record.file)
+    size = regular_size(path)
+    if size is None:
         return ShardCheck(record.array, record.shard, f"shard {record.name} is missing its file {path}")
-    nbytes, digest = status.st_size, sha256_file(Path(path)) if checksum else record.sha256
+    nbytes, digest = sha256_of(path) if checksum else (size, record.sha256)
     if nbytes != record.nbytes:
         return ShardCheck(
             record.array,
@@ -226,7 +219,7 @@ def check_shard(root: Path, array: str, shard: int, rows: range, file: Path, ver
     A shard is committed when its record exists and matches the plan (row range and file) and,
     with ``verify``, the file's bytes match the record's size and (``checksum``) sha256.
     """
-    root = Path(root)
+    root = cache_location(root)
     try:
         record = read_record(root, array, shard)
     except StoreError as exc:
@@ -239,7 +232,7 @@ def check_record(root: Path, record: CommitRecord | None, array: str, shard: int
     """:func:`check_shard` for a record already read (None: the shard has none)."""
     if record is None:
         return ShardCheck(array, shard, f"shard {array}#{shard} is not committed (no commit record)")
-    expected_file = Path(os.path.relpath(file, root)).as_posix()
+    expected_file = relative_name(file, root)
     if (record.start, record.stop, record.file) != (rows.start, rows.stop, expected_file):
         return ShardCheck(
             array,

@@ -28,6 +28,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from janus_cache.store.location import CacheLocation, cache_location
+
 MANIFEST_NAME = "manifest.json"
 REPORT_NAME = "report.json"
 CHECKSUMS_NAME = "checksums.json"
@@ -118,10 +120,10 @@ def is_table_array(array: str) -> bool:
 class CacheLayout:
     """The absolute paths of the cache at ``root`` (see the module docstring)."""
 
-    root: Path
+    root: CacheLocation
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "root", Path(self.root))
+        object.__setattr__(self, "root", cache_location(self.root))
 
     def path(self, relative: str) -> Path:
         """``root / relative`` for an array name or any other relative cache path."""

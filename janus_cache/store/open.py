@@ -16,18 +16,24 @@ import json
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
+from janus_core.plural import plural
 from janus_cache.store.checksums import metadata_problems
 from janus_cache.store.commit import StoreError
 from janus_cache.store.formats import cache_format
 from janus_cache.store.layout import KEY_COLUMN, CacheLayout, features_array, wds_samples
+from janus_cache.store.location import CacheLocation, cache_location, is_remote
 from janus_cache.store.manifest import Manifest, ManifestError, read_manifest
-from janus_cache.store.wds_store import WdsCacheReader
-from janus_cache.store.zarr_group import ZarrGroup
-from janus_cache.store.zarr_store import ZarrCacheReader
 
-CacheReader = ZarrCacheReader | WdsCacheReader
+if TYPE_CHECKING:
+    from janus_cache.store.wds_store import WdsCacheReader
+    from janus_cache.store.zarr_group import ZarrGroup
+    from janus_cache.store.zarr_store import ZarrCacheReader
+
+CacheReader: TypeAlias = "ZarrCacheReader | WdsCacheReader"
+"""The reader of either format. Opening a cache imports neither until it reads one (they bring
+torch): a command that only reads a manifest, or fails on it, starts in a fraction of a second."""
 
 
 class CacheOpenError(StoreError):
@@ -52,7 +58,7 @@ class OpenedCache:
     _unreadable: set[str] = field(default_factory=set, repr=False)
 
     @property
-    def root(self) -> Path:
+    def root(self) -> CacheLocation:
         return self.layout.root
 
     @property
@@ -86,6 +92,8 @@ class OpenedCache:
     @cached_property
     def group(self) -> ZarrGroup:
         """The cache's zarr group, read-only (tables, and every array of a zarr cache)."""
+        from janus_cache.store.zarr_group import ZarrGroup
+
         return ZarrGroup(self.root, read_only=True)
 
     def table(self, name: str) -> dict[str, Any]:
@@ -134,21 +142,31 @@ class OpenedCache:
         return dict(report.get("failed_samples", {}))
 
 
-def load_manifest(path: Path | str) -> Manifest:
+def load_manifest(path: CacheLocation | str) -> Manifest:
     """The manifest of the cache at ``path``; a missing or invalid one is a one-line error."""
-    layout = CacheLayout(Path(path))
-    if layout.root.exists() and not layout.root.is_dir():
+    layout = CacheLayout(cache_location(path))
+    if not is_remote(layout.root) and layout.root.exists() and not layout.root.is_dir():
         raise CacheOpenError(f"{layout.root} is not a directory")
     try:
         manifest = read_manifest(layout.root)
     except ManifestError as err:
         raise CacheOpenError(str(err)) from None
     if manifest is None:
-        raise CacheOpenError(f"{layout.root} is not a janus cache (no {layout.manifest.name})")
+        raise CacheOpenError(f"{layout.root} is not a janus cache (no {layout.manifest.name}){_unfinished(layout)}")
     return manifest
 
 
-def open_cache(path: Path | str, *, resolution: str | None = None, variant: str | None = None,
+def _unfinished(layout: CacheLayout) -> str:
+    """For a bucket's prefix without a manifest: whether a push into it did not finish (a push
+    writes the manifest last) or it holds nothing at all."""
+    if not is_remote(layout.root):
+        return ""
+    if layout.zarr_root.is_file():
+        return ": a push into it did not finish (the manifest comes last); run that janus-cache push again"
+    return ": nothing janus wrote is there; push a cache with janus-cache push CACHE " + str(layout.root)
+
+
+def open_cache(path: CacheLocation | str, *, resolution: str | None = None, variant: str | None = None,
                vit_features: bool = False, check_metadata: bool = True) -> OpenedCache:
     """Open the cache at ``path`` to read ``resolution`` (e.g. ``"pad644"``) of the window variant
     named ``variant`` (``WindowVariant.name``; both named, or neither for the cache opened whole);
@@ -161,11 +179,11 @@ def open_cache(path: Path | str, *, resolution: str | None = None, variant: str 
     """
     if (resolution is None) != (variant is None):
         raise ValueError("open_cache reads a resolution of a window variant: name both, or neither")
-    layout = CacheLayout(Path(path))
+    layout = CacheLayout(cache_location(path))
     manifest = load_manifest(layout.root)
     problems = metadata_problems(layout.root) if check_metadata else []
     if problems:
-        more = f" (and {len(problems) - 1} more metadata file(s))" if len(problems) > 1 else ""
+        more = f" (and {plural(len(problems) - 1, 'more metadata file')})" if len(problems) > 1 else ""
         raise CacheOpenError(problems[0] + more)
     if resolution is None or variant is None:
         return OpenedCache(manifest=manifest, layout=layout, resolution=None, variant=manifest.window.name)

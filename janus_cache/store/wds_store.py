@@ -61,7 +61,7 @@ import google_crc32c
 import numpy as np
 import torch
 import webdataset
-from webdataset import tariterators
+from webdataset import gopen, tariterators
 
 from janus_cache.store import split
 from janus_cache.store.commit import (
@@ -92,6 +92,10 @@ from janus_cache.store.layout import (
     wds_shard_name,
     wds_variant,
 )
+from janus_cache.store.location import cache_location, open_binary
+from janus_cache.store.remote import wds as _s3_urls  # noqa: F401 - registers webdataset's s3:// handler
+from janus_cache.store.remote.errors import RemoteError
+from janus_cache.store.remote.path import is_s3_url
 from janus_cache.store.records import CacheSample, SampleMeta
 from janus_cache.store.stalls import reading
 from janus_cache.store.zarr_group import PlannedShard, ZarrGroup, _check_name
@@ -370,7 +374,9 @@ def read_shard(path: str, rows: range, keep: AbstractSet[int] | None = None) -> 
         return sum(1 for row in rows[read:] if keep is None or row in keep)
 
     try:
-        with reading(path), open(path, "rb") as stream:  # a stalled read names its tar (janus_cache.store.stalls)
+        # A local file, or an s3:// URL through the handler janus_cache.store.remote.wds registers; a stalled
+        # read names its tar (janus_cache.store.stalls).
+        with reading(path), (gopen(path, "rb") if is_s3_url(path) else open(path, "rb")) as stream:
             members = ({**m, "__url__": path} for m in tariterators.tar_file_iterator(stream))
             for raw in tariterators.group_by_keys(members):
                 if read >= len(rows):
@@ -385,6 +391,8 @@ def read_shard(path: str, rows: range, keep: AbstractSet[int] | None = None) -> 
                 except DamagedData as err:
                     sample = err
                 yield sample
+    except RemoteError:  # the bucket's failure, not the tar's: one line of its own
+        raise
     except Exception as err:  # noqa: BLE001 - an unreadable tar (missing, damaged header...)
         if unread():
             yield DamagedData(path, f"tar cannot be read after {read} of its {len(rows)} samples ({describe(err)})",
@@ -436,7 +444,7 @@ class WdsCacheReader:
     format = "wds"
 
     def __init__(self, root: Path | str, resolution: str, variant: str, vit_features: bool = False) -> None:
-        self.root = Path(root)
+        self.root = cache_location(root)
         _check_name("resolution", resolution)
         _check_name("variant", variant)
         self.resolution, self.variant = resolution, variant
@@ -472,7 +480,7 @@ class WdsCacheReader:
         file whether or not it is committed (for checking its contents; :func:`decode_sample`
         decodes one)."""
         path = self.root / self.array / wds_shard_name(shard)
-        with open(path, "rb") as stream:
+        with open_binary(path) as stream:
             members = ({**m, "__url__": str(path)} for m in tariterators.tar_file_iterator(stream))
             yield from tariterators.group_by_keys(members)
 

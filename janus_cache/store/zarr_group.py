@@ -40,7 +40,11 @@ from janus_cache.store.layout import (
     table_group,
     vit_array,
 )
+from janus_cache.store.location import cache_location
 from janus_cache.store.manifest import ShardEntry
+from janus_cache.store.remote.errors import RemoteError
+from janus_cache.store.remote.path import S3Path
+from janus_cache.store.remote.zarr_store import StrictObjectStore, remote_zarr_store
 from janus_core.text_column import TextColumn
 
 ColumnData = np.ndarray | TextColumn | Sequence[str]
@@ -70,7 +74,7 @@ class ZarrGroup:
     """
 
     def __init__(self, root: Path | str, *, read_only: bool) -> None:
-        self.root = Path(root)
+        self.root = cache_location(root)
         self._read_only = read_only
         self._pid = -1
         self._arrays: dict[str, Any] = {}
@@ -83,7 +87,11 @@ class ZarrGroup:
 
     # -- arrays ---------------------------------------------------------------------------------
 
-    def _store(self) -> LocalStore:
+    def _store(self) -> LocalStore | StrictObjectStore:
+        if isinstance(self.root, S3Path):  # read in place (janus_cache.store.remote)
+            if not self._read_only:
+                raise StoreError(f"{self.root}: a cache in a bucket is written by janus-cache push, not in place")
+            return remote_zarr_store(self.root)
         # Readers never see zarr's fill value for a missing chunk; writers must (zarr reads the
         # shard it is about to replace, and a new shard has no file yet).
         if self._read_only:
@@ -123,10 +131,24 @@ class ZarrGroup:
         array = self._array(path)
         try:
             return array[start:stop]
-        except DamagedData:
+        except StoreError:  # damage already named, or the bucket's own failure (one line each)
             raise
         except Exception as err:  # noqa: BLE001 - a chunk that fails its check or cannot be decoded
             raise self._locate_damage(path, start, stop, err) from None
+
+    def read_runs(self, path: str, runs: list[np.ndarray]) -> np.ndarray:
+        """The rows of ``runs`` (runs of consecutive rows) of array ``path``, concatenated; from a
+        bucket, the chunks of all runs in a shard are fetched at once first (one ranged GET per
+        shard where their gaps are small: :meth:`StrictObjectStore.read_ahead`)."""
+        spans = [(int(run[0]), int(run[-1]) + 1) for run in runs]
+        remote = remote_zarr_store(self.root) if isinstance(self.root, S3Path) else None
+        if remote is not None:
+            remote.read_ahead(self._array(path), path, spans)
+        try:
+            return np.concatenate([self.read_rows(path, start, stop) for start, stop in spans])
+        finally:
+            if remote is not None:
+                remote.forget_read_ahead()
 
     def _locate_damage(self, path: str, start: int, stop: int, err: BaseException) -> DamagedData:
         """The damage of the first shard of rows ``start:stop`` that fails on its own (the error path only)."""
@@ -135,6 +157,8 @@ class ZarrGroup:
         for shard in range(start // per_shard, (max(stop, start + 1) - 1) // per_shard + 1):
             try:
                 array[shard * per_shard:min((shard + 1) * per_shard, array.shape[0])]
+            except RemoteError:
+                raise
             except Exception as shard_err:  # noqa: BLE001
                 if isinstance(shard_err, DamagedData):
                     return shard_err
@@ -240,7 +264,7 @@ class ZarrGroup:
         # costs ~10 ms per frame on sharded arrays, a slice ~1 ms per call plus decoding.
         unique, inverse = np.unique(index, return_inverse=True)
         runs = np.split(unique, np.flatnonzero(np.diff(unique) != 1) + 1)
-        frames = np.concatenate([self.read_rows(path, int(run[0]), int(run[-1]) + 1) for run in runs])
+        frames = self.read_runs(path, runs)
         return frames[inverse]
 
     def vit_features(self, resolution: str, rows: Sequence[int] | np.ndarray) -> torch.Tensor:
@@ -253,8 +277,7 @@ class ZarrGroup:
             raise IndexError(f"frame rows {index.tolist()} out of range for {array.shape[0]} ViT rows of {resolution}")
         unique, inverse = np.unique(index, return_inverse=True)
         runs = np.split(unique, np.flatnonzero(np.diff(unique) != 1) + 1) if unique.size else []
-        stored = (np.concatenate([self.read_rows(path, int(run[0]), int(run[-1]) + 1) for run in runs])
-                  if runs else np.empty((0, *array.shape[1:]), dtype=array.dtype))
+        stored = self.read_runs(path, runs) if runs else np.empty((0, *array.shape[1:]), dtype=array.dtype)
         return from_stored(stored[inverse], str(array.attrs["logical_dtype"]))
 
     # -- tables ---------------------------------------------------------------------------------

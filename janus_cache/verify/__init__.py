@@ -31,7 +31,7 @@ from janus_cache.verify.comparison import (
     encoder_compute_dtype,
     feature_tolerance,
 )
-from janus_cache.verify.completeness import check_completeness, dataset_indexes
+from janus_cache.verify.completeness import check_completeness, dataset_indexes, index_store_of
 from janus_cache.verify.freshness import as_profile, check_freshness, profile_differences, profile_encoder
 from janus_cache.verify.gate import check_cache_for_training
 from janus_cache.verify.integrity import (
@@ -117,6 +117,7 @@ __all__ = [
     "compare",
     "crashed",
     "dataset_indexes",
+    "index_store_of",
     "encoder_compute_dtype",
     "failure_message",
     "feature_tolerance",

@@ -21,7 +21,8 @@ import numpy as np
 
 from janus_cache.keys import dataset_identity
 from janus_cache.store import DatasetIdentity, ManifestError, StoreError
-from janus_cache.store.layout import FRAMES_TABLE, REPORT_NAME, SAMPLES_TABLE, WINDOW_ROWS_COLUMN
+from janus_cache.store.layout import FRAMES_TABLE, REPORT_NAME, SAMPLES_TABLE, WINDOW_ROWS_COLUMN, CacheLayout
+from janus_cache.store.location import CacheLocation, is_remote
 from janus_cache.store.manifest import read_episodes
 from janus_cache.store.open import OpenedCache
 from janus_cache.store.wds_store import FEATURE_MEMBER, FRAMES_MEMBER, META_MEMBER, decode_key, planned_tar_shards
@@ -37,8 +38,10 @@ from janus_core.index import (
     episode_identities,
     source_values,
     store_sources_index,
+    user_index_dir,
 )
 from janus_core.index.text_keys import TextKeys, differs
+from janus_core.plural import plural
 
 SAMPLE_MEMBERS = frozenset({FRAMES_MEMBER, FEATURE_MEMBER, META_MEMBER})
 """The members every sample of a tar shard has."""
@@ -74,7 +77,7 @@ def check_completeness(root: Path | str, index: DatasetIndex | None) -> CheckRes
         _window_frames_exist(cache, sample_keys, frame_keys, window_rows, problems)
         if cache.format == "wds":
             _tar_members(cache, sample_keys, problems)
-        detail = f"{len(sample_keys)} samples, {len(frame_keys)} frames"
+        detail = f"{plural(len(sample_keys), 'sample')}, {plural(len(frame_keys), 'frame')}"
         if index is None:
             detail += "; dataset comparison skipped (pass --data)"
         else:
@@ -90,7 +93,7 @@ def _duplicates(keys: TextKeys, kind: str, problems: list[str], data: dict[str, 
     repeated = keys.repeated()
     data[f"duplicate_{kind}s"] = repeated
     if repeated:
-        problems.append(f"{len(repeated)} {kind} key(s) appear more than once: {listed(repeated)}")
+        problems.append(f"{plural(len(repeated), f'{kind} key', 'appears')} more than once: {listed(repeated)}")
 
 
 def _window_frames_exist(cache: OpenedCache, sample_keys: Sequence[str], frame_keys: Sequence[str],
@@ -100,7 +103,8 @@ def _window_frames_exist(cache: OpenedCache, sample_keys: Sequence[str], frame_k
     outside = np.flatnonzero(((window_rows < 0) | (window_rows >= len(frame_keys))).any(axis=1))
     if outside.size:
         keys = [sample_keys[i] for i in outside]
-        problems.append(f"{len(keys)} sample(s) have window rows outside the {len(frame_keys)} frames: {listed(keys)}")
+        problems.append(f"{plural(len(keys), 'sample', 'has')} window rows outside the {plural(len(frame_keys), 'frame')}: "
+                        f"{listed(keys)}")
     for resolution in cache.manifest.resolutions:
         failed = read_frame_failures(cache.root, resolution)
         if not failed:
@@ -159,13 +163,13 @@ def _against_index(cache: OpenedCache, index: DatasetIndex, sample_keys: TextKey
     extra = sample_keys.texts(np.flatnonzero(index_row < 0))
     data.update(missing=missing, extra=extra, failed_at_precompute=sorted(failed))
     if missing:
-        problems.append(f"{len(missing)} indexed sample(s) missing from the cache: {listed(missing)}")
+        problems.append(f"{plural(len(missing), 'indexed sample')} missing from the cache: {listed(missing)}")
     if extra:
-        problems.append(f"{len(extra)} cached sample(s) not in the dataset index: {listed(extra)}")
+        problems.append(f"{plural(len(extra), 'cached sample')} not in the dataset index: {listed(extra)}")
     failed_keys = sorted(failed)
     both = [k for k, row in zip(failed_keys, TextKeys.of(failed_keys).rows_in(sample_keys), strict=True) if row >= 0]
     if both:
-        problems.append(f"{len(both)} sample(s) are cached although {REPORT_NAME} lists them as failed: "
+        problems.append(f"{plural(len(both), 'sample', 'is')} cached although {REPORT_NAME} lists them as failed: "
                         f"{listed(both)}")
     index_frames = _index_frame_keys(index)
     data["changed_windows"] = _changed_windows(index, index_row, sample_keys, frame_keys, index_frames,
@@ -216,7 +220,8 @@ def _changed_episodes(cache: OpenedCache, index: DatasetIndex, failed: Mapping[s
         found.append(f"... {len(changes.changed)} episodes in all changed")
     found += [str(change) for change in changes.removed[:LISTED]]
     if changes.added:
-        found.append(f"{len(changes.added)} episode(s) of the dataset are not in the cache: {listed(changes.added)} "
+        found.append(f"{plural(len(changes.added), 'episode')} of the dataset {'is' if len(changes.added) == 1 else 'are'} "
+                     f"not in the cache: {listed(changes.added)} "
                      "(precompute again to append them)")
     data.update(changed_episodes=[{"episode": c.episode_id, "file": c.file, "detail": c.detail}
                                   for c in changes.changed],
@@ -303,7 +308,8 @@ def _changed_sources(cache: OpenedCache, index: DatasetIndex, frame_keys: TextKe
         problems.append(f"... {len(changed)} source files in all differ from the cache's: {listed(changed)}")
     new = paths.texts(np.flatnonzero(index_frames.rows_in(frame_keys) < 0))
     if new:
-        problems.append(f"{len(new)} source file(s) of the dataset are not in the cache: {listed(new)}")
+        problems.append(f"{plural(len(new), 'source file')} of the dataset {'is' if len(new) == 1 else 'are'} not in the "
+                        f"cache: {listed(new)}")
     data.update(changed_sources=changed, new_sources=new)
 
 
@@ -317,6 +323,12 @@ def _source_change(was: tuple[str, int, int, str], now: tuple[str, int, int, str
     if was[3] != now[3]:
         what.append(f"content hash {short(was[3])} -> {short(now[3])}")
     return f"changed source file {was[0]} (frame {key}): {', '.join(what)}" if what else ""
+
+
+def index_store_of(cache: CacheLocation) -> Path:
+    """Where a dataset index compared with ``cache`` is kept: the cache's own index store, or for a
+    cache in a bucket (read in place, never written) the user's index folder."""
+    return user_index_dir() if is_remote(cache) else CacheLayout(cache).index_store
 
 
 def dataset_indexes(data: Path | str, cache_history: int, live_history: int,

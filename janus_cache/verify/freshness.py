@@ -22,6 +22,7 @@ from janus_cache.store.open import OpenedCache
 from janus_cache.verify.cache import open_checked
 from janus_cache.verify.results import FRESHNESS, CheckResult, guarded, result, short, timer
 from janus_core.bases import BASES, QwenBase, cache_base
+from janus_core.plural import plural
 from janus_core.profile import Profile, load_profile
 from janus_core.qwen_vit import ViTEncoder
 from janus_core.resolution import Resolution
@@ -115,7 +116,7 @@ def check_freshness(root: Path | str, profile: Profile | str | Path,
                   f"{m.window.name}, {m.feature_dtype}"
                   + "".join(f", ViT {short(v.fingerprint)} {v.dtype} at {v.name}" for v in m.vit_features.values()))
         if problems:
-            detail = f"{len(problems)} keyed field(s) differ from profile {profile.name}"
+            detail = f"{plural(len(problems), 'keyed field', 'differs')} from profile {profile.name}"
         if versions:
             detail += "; made with other library versions (" + ", ".join(
                 f"{d.name.removeprefix('versions.')} {d.existing} -> {d.wanted}" for d in versions) + ")"

@@ -11,15 +11,17 @@ processes: :func:`plan_integrity` once, :func:`check_targets` on any share of th
 
 from __future__ import annotations
 
-import os
 from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from janus_core.plural import plural
 from janus_cache.store import StoreError
 from janus_cache.store.commit import CHECKSUM_MODES, SAMPLE_STRIDE, check_record, hashed, read_record
+from janus_cache.store.location import cache_location, is_remote, join
+from janus_cache.store.remote.errors import RemoteError
 from janus_cache.store.layout import FRAMES_GROUP, FRAMES_TABLE, SAMPLES_TABLE, TABLES_GROUP, VIT_GROUP, WDS_DIR
 from janus_cache.store.wds_store import planned_tar_shards
 from janus_cache.store.zarr_group import PlannedShard
@@ -145,12 +147,14 @@ def _planned(cache: OpenedCache, problems: list[str]) -> list[PlannedShard]:
 def check_target(root: Path | str, target: ShardTarget) -> ShardFinding:
     """The store's shard check (record matching the plan, file present with the recorded size and,
     when ``target.hashed``, sha256), plus the record agreeing with the manifest's shard table."""
-    root = Path(root)
+    root = cache_location(root)
     try:
         record = read_record(root, target.array, target.shard)
+    except RemoteError:  # the bucket's failure, not the shard's
+        raise
     except StoreError as err:
         return ShardFinding(target, str(err))
-    rows, file = range(target.start, target.stop), os.path.join(root, target.file)
+    rows, file = range(target.start, target.stop), join(root, target.file)
     check = check_record(root, record, target.array, target.shard, rows, file, verify=True, checksum=target.hashed)
     if not check.ok:
         hash_only = target.hashed and check_record(root, record, target.array, target.shard, rows, file,
@@ -166,9 +170,11 @@ def check_targets(root: Path | str, targets: Sequence[ShardTarget],
                  on_progress: Callable[[ShardFinding], None] | None = None,
                  threads: int = DEFAULT_HASH_THREADS) -> list[ShardFinding]:
     """:func:`check_target` for each target, on ``threads`` threads when any target is hashed (record
-    and size checks alone are Python-bound: threads only add GIL contention); ``on_progress(finding)``
-    after each, in this thread. Findings come back in the order of ``targets``."""
-    if threads <= 1 or len(targets) <= 1 or not any(t.hashed for t in targets):
+    and size checks alone are Python-bound on a disk, where threads only add GIL contention; a
+    bucket's are request-bound, so they take the threads too); ``on_progress(finding)`` after each, in
+    this thread. Findings come back in the order of ``targets``."""
+    waits = any(t.hashed for t in targets) or is_remote(cache_location(root))
+    if threads <= 1 or len(targets) <= 1 or not waits:
         findings = []
         for target in targets:
             findings.append(check_target(root, target))
@@ -237,10 +243,10 @@ def integrity_result(root: Path | str, plan: IntegrityPlan, findings: Sequence[S
         bad.append({"shard": f"{f.target.array}#{f.target.shard}", "file": f.target.file, "problem": f.problem,
                     "hash_only": f.hash_only, "holds": kind, "rows": [f.target.start, f.target.stop], "keys": keys})
     n_hashed = sum(f.target.hashed for f in findings)
-    detail = (f"{len(findings) - len(bad)}/{len(findings)} shards good; checksums {plan.checksums}: "
-              f"{n_hashed} shards hashed, all checked for commit record, file and size")
+    detail = (f"{len(findings) - len(bad)}/{plural(len(findings), 'shard')} good; checksums {plan.checksums}: "
+              f"{plural(n_hashed, 'shard')} hashed, all checked for commit record, file and size")
     if plan.problems:
-        detail += f"; {len(plan.problems)} array(s) missing or unreadable"
+        detail += f"; {plural(len(plan.problems), 'array')} missing or unreadable"
     return result(INTEGRITY, problems, detail, seconds, checksums=plan.checksums, shards=len(findings),
                   hashed=n_hashed, bad=bad)
 

@@ -44,6 +44,7 @@ from janus_cache.verify.results import DEFAULT_SEED, LIVE, CheckResult, guarded,
 from janus_core.bases import BASES, VGGT_PATCH_SIZE, cache_base
 from janus_core.imaging import FrameError, load_frame, load_qwen_frame, qwen_pixel_values
 from janus_core.index import DatasetIndex
+from janus_core.plural import plural
 from janus_core.profile import Profile
 from janus_core.qwen_vit import ViTEncoder
 from janus_core.system.device import process_device
@@ -313,7 +314,7 @@ def live_result(samples: Sequence[LiveSample], profile: Profile, device: torch.d
     feature = _summary([s.feature for s in compared if s.feature is not None])
     embeddings = _summary([s.embeddings for s in compared if s.embeddings is not None])
     vit = _summary([s.vit for s in compared if s.vit is not None])
-    detail = f"{len(compared)}/{len(samples)} samples (seed {seed}) compared"
+    detail = f"{len(compared)}/{plural(len(samples), 'sample')} (seed {seed}) compared"
     if compared:
         same = all(s.frames_identical and s.pixel_values_identical for s in compared)
         detail += "; frames and pixel_values " + ("bit-identical" if same else "DIFFER")

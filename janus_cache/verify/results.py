@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from janus_cache.store.remote.errors import RemoteError
+
 SCHEMA, INTEGRITY, COMPLETENESS, FRESHNESS, LIVE = "schema", "integrity", "completeness", "freshness", "live"
 CHECK_NAMES: tuple[str, ...] = (SCHEMA, INTEGRITY, COMPLETENESS, FRESHNESS, LIVE)
 """Every check, in the order they run and are reported."""
@@ -85,6 +87,8 @@ def guarded(name: str) -> Callable[[F], F]:
             started = time.perf_counter()
             try:
                 return check(*args, **kwargs)
+            except RemoteError:  # a bucket that cannot be read says nothing of the cache: one line
+                raise
             except Exception as err:  # noqa: BLE001 - reported as this check's failure
                 return crashed(name, err, time.perf_counter() - started)
 
@@ -124,7 +128,11 @@ def failure_message(cache: Path | str, results: Sequence[CheckResult]) -> str:
     failed = [r for r in results if r.failed]
     if not failed:
         return ""
-    reasons = "; ".join(f"{r.name}: {r.problems[0] if r.problems else r.detail}" for r in failed)
+    def first(r: CheckResult) -> str:
+        return r.problems[0] if r.problems else r.detail
+
+    # One failed check names its problem; several, each problem after its check's name.
+    reasons = first(failed[0]) if len(failed) == 1 else "; ".join(f"{r.name}: {first(r)}" for r in failed)
     return f"cache {cache} failed {', '.join(r.name for r in failed)}: {reasons}"
 
 

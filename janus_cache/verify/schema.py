@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
+from janus_core.plural import plural
 from janus_cache.store import StoreError
 from janus_cache.store.checksums import metadata_problems
 from janus_cache.store.manifest import ResolutionEntry, ViTFeaturesEntry
@@ -61,7 +62,7 @@ def check_schema(root: Path | str) -> CheckResult:
             problems.append(f"{cache.root} has no {REPORT_NAME}: the precompute that made this cache did not finish")
         detail = (
             f"{m.format} cache, variant {cache.variant}, resolutions {', '.join(m.resolutions)}, "
-            f"{n_frames} frames, {n_samples} samples, features {m.feature_dtype} (stored {m.stored_dtype})"
+            f"{plural(n_frames, 'frame')}, {plural(n_samples, 'sample')}, features {m.feature_dtype} (stored {m.stored_dtype})"
         )
         return result(SCHEMA, problems, detail, elapsed(), format=m.format, variant=cache.variant,
                       resolutions=list(m.resolutions), n_frames=n_frames, n_samples=n_samples,

@@ -60,13 +60,14 @@ from janus_core.index.model import (
 from janus_core.index.problems import DatasetError, DatasetReport, Reason, ReportEntry
 from janus_core.index.sources import (
     DataSource,
+    ImageRoots,
     adopt_names,
     combine,
     describe,
-    named_after_image_root,
     parse_sources,
     prefixes_keys,
     source_values,
+    with_image_roots,
 )
 from janus_core.index.subinstructions import (
     DEFAULT_SUBINSTRUCTION_RULE,
@@ -84,6 +85,8 @@ __all__ = [
     "ANNOTATION_FIELDS",
     "CachedRows",
     "DataSource",
+    "ImageRoots",
+    "with_image_roots",
     "adopt_names",
     "DatasetChanges",
     "EpisodeChange",
@@ -156,8 +159,9 @@ class IndexOptions:
     subinstruction_rule: str = DEFAULT_SUBINSTRUCTION_RULE
     processes: int = 1
 
-    def builder(self, source: Path | str) -> Builder:
-        """The builder of one source's index."""
+    def builder(self, source: Path | str, image_root: Path | str | None = None) -> Builder:
+        """The builder of one source's index (``image_root``: its own, instead of the options')."""
+        image_root = image_root if image_root is not None else self.image_root
         source, history = Path(source), self.history
         if isinstance(history, bool) or not isinstance(history, int) or history < 1:
             raise ValueError(f"history must be a positive int, got {history!r}")
@@ -166,8 +170,9 @@ class IndexOptions:
             raise FileNotFoundError(f"dataset {source} does not exist")
         threads = self.workers if self.workers is not None else min(16, 4 * (os.cpu_count() or 1))
         if source.is_dir():
-            if self.image_root is not None:
-                raise DatasetError(f"{source}: image_root applies to annotation files, not to an episode-folder root")
+            if image_root is not None:
+                raise DatasetError(f"{source}: an image root applies to annotation files, not to an episode-folder "
+                                   "root")
             if (source / MILESTONES_FILE).exists():
                 raise DatasetError(
                     f"{source} is a single episode folder (it holds {MILESTONES_FILE}); pass the folder "
@@ -175,7 +180,7 @@ class IndexOptions:
                 )
             builder: Builder = EpisodeFolderBuilder(source, history, self.check_images, threads, rule)
         elif source.suffix.lower() in (".json", ".jsonl"):
-            root = Path(self.image_root) if self.image_root is not None else source.parent
+            root = Path(image_root) if image_root is not None else source.parent
             builder = AnnotationBuilder(source, root, history, self.check_images, threads, rule)
         else:
             raise DatasetError(f"{source}: expected an episode-folder root or a .json/.jsonl annotation file")
@@ -226,13 +231,14 @@ def build_sources_index(
     ``recorded_names``: the source names of the cache the index is compared with (its manifest's):
     bare paths take them (:func:`~janus_core.index.sources.adopt_names`), so a moved dataset is the same.
 
-    The keyword arguments are :func:`build_index`'s; ``image_root`` applies to a single annotation
-    source; with ``cache_dir`` each source's index is stored there (an entry per dataset and settings)
+    The keyword arguments are :func:`build_index`'s, except ``image_root``: the annotation files'
+    image roots, ``NAME=DIR`` each or one bare ``DIR`` for a single source
+    (:func:`~janus_core.index.sources.with_image_roots`); with ``cache_dir`` each source's index is stored there (an entry per dataset and settings)
     and ``on_stored`` sees each source's :class:`StoredIndex` (reused or rebuilt, and what it read).
     Raises ``DatasetError`` for unusable sources or names, or (``strict``) any problem.
     """
+    parsed = _parsed_sources(sources, options.pop("image_root", None), recorded_names)
     opts = IndexOptions(**options)
-    parsed = _parsed_sources(sources, opts.image_root, recorded_names)
     loose = replace(opts, strict=False)  # strict applies to the combined index
     if cache_dir is not None:
         # Stored and read lazily: a 612k-sample index as row objects is gigabytes.
@@ -245,7 +251,7 @@ def build_sources_index(
             opts.check_strict(index, describe(parsed))
             return index
     if cache_dir is None:
-        indexes = [loose.builder(source.path).build() for source in parsed]
+        indexes = [loose.builder(source.path, source.image_root).build() for source in parsed]
     else:
         indexes = [stored.index for stored in _stored_sources(parsed, cache_dir, loose, on_stored=None)]
     index = combine(parsed, indexes)
@@ -270,8 +276,8 @@ def store_sources_index(
     ``prefill_min_files``: new or changed images from which the ``processes`` check them.
     ``recorded_names``: as for :func:`build_sources_index`.
     """
+    parsed = _parsed_sources(sources, options.pop("image_root", None), recorded_names)
     opts = IndexOptions(**options)
-    parsed = _parsed_sources(sources, opts.image_root, recorded_names)
     stored = _store_sources(parsed, cache_dir, opts, on_stored, prefill_min_files)
     if opts.strict:
         opts.check_strict(stored.load(), describe(parsed))
@@ -286,14 +292,10 @@ def _store_sources(parsed: Sequence[DataSource], cache_dir: Path | str, opts: In
 
 
 def _parsed_sources(sources: Sequence[str | Path | DataSource] | str | Path,
-                    image_root: Path | str | None, recorded_names: Sequence[str] = ()) -> tuple[DataSource, ...]:
-    parsed = named_after_image_root(parse_sources([sources] if isinstance(sources, (str, Path)) else sources),
-                                    image_root)
-    parsed = adopt_names(parsed, tuple(recorded_names))
-    if image_root is not None and len(parsed) > 1:
-        raise DatasetError(f"an image root applies to one annotation source, not to the {len(parsed)} sources "
-                           f"{describe(parsed)}")
-    return parsed
+                    image_roots: ImageRoots, recorded_names: Sequence[str] = ()) -> tuple[DataSource, ...]:
+    parsed = with_image_roots(parse_sources([sources] if isinstance(sources, (str, Path)) else sources),
+                              image_roots)
+    return adopt_names(parsed, tuple(recorded_names))
 
 
 def _stored_sources(parsed: Sequence[DataSource], cache_dir: Path | str, opts: IndexOptions,
@@ -302,8 +304,8 @@ def _stored_sources(parsed: Sequence[DataSource], cache_dir: Path | str, opts: I
     """Each source's index through the store in ``cache_dir`` (``lazy``: a reused one is read lazily)."""
     parts = []
     for source in parsed:
-        stored = IndexStore(cache_dir, prefill_min_files).get(opts.builder(source.path), processes=opts.processes,
-                                                             lazy=lazy)
+        stored = IndexStore(cache_dir, prefill_min_files).get(opts.builder(source.path, source.image_root),
+                                                             processes=opts.processes, lazy=lazy)
         if on_stored is not None:
             on_stored(stored)
         parts.append(stored)

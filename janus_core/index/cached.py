@@ -60,6 +60,7 @@ from janus_core.index.identity import IDENTITY_RULE, EpisodeIdentity, StreamedId
 from janus_core.index.lazy import read_lazy
 from janus_core.index.model import DatasetIndex
 from janus_core.index.sources import DataSource, combine, combined_rows
+from janus_core.plural import plural
 from janus_core.system.files import atomic_directory
 from janus_core.system.processes import start_worker
 
@@ -149,7 +150,7 @@ class StoredIndex:
 
     def describe(self) -> str:
         parts = ", ".join(f"{k} {v:.1f} s" for k, v in self.seconds.items())
-        how = "reused the stored index" if self.reused else f"indexed, {self.checked} image(s) read and hashed"
+        how = "reused the stored index" if self.reused else f"indexed, {plural(self.checked, 'image')} read and hashed"
         how += "" if self.saved else f", not stored ({self.entry.parent} is not writable)"
         return f"index of {self.index.source}: {how} ({self.files} source files; {parts})"
 

@@ -17,6 +17,7 @@ from typing import Any
 from janus_core.index.identity import EpisodeIdentity, episode_identities
 from janus_core.index.model import ACTIONS, DatasetIndex, Episode, Sample
 from janus_core.index.sources import prefixes_keys
+from janus_core.plural import plural
 
 TEXT_FIELDS = ("instruction", "subinstruction", "description_2d", "description_3d")
 """Sample texts compared with the cache's samples table (its columns of the same names)."""
@@ -178,7 +179,7 @@ def _changed(index: DatasetIndex, episode: Episode, cached: CachedRows) -> Episo
         return EpisodeChange(ep, episode.texts_file or str(episode.path),
                              f"changed (its windows or sample order differ; episode folder {episode.path})")
     file, detail = findings[0]
-    more = f" (and {len(findings) - 1} more change(s))" if len(findings) > 1 else ""
+    more = f" (and {plural(len(findings) - 1, 'more change')})" if len(findings) > 1 else ""
     return EpisodeChange(ep, file, detail + more)
 
 

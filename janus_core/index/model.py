@@ -45,6 +45,8 @@ class DataSource:
     name: str
     path: Path
     named: bool = False
+    image_root: Path | None = None
+    """An annotation file's image root when its images lie elsewhere (default: the file's folder)."""
 
     def __str__(self) -> str:
         return f"{self.name}={self.path}" if self.named else str(self.path)

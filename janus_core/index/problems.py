@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from janus_core.plural import plural
+
 STRICT_MESSAGE_ENTRIES = 3
 """Entries named in a strict-mode error's one-line message (all of them are in ``error.report``)."""
 SUMMARY_PROBLEMS = 20
@@ -105,7 +107,7 @@ class DatasetReport:
         more = len(self) - STRICT_MESSAGE_ENTRIES
         tail = f"; and {more} more" if more > 0 else ""
         counts = ", ".join(f"{reason} {count}" for reason, count in self.counts().items())
-        return f"dataset {source} has {len(self)} problem(s) ({counts}) in strict mode: {first}{tail}"
+        return f"dataset {source} has {plural(len(self), 'problem')} ({counts}) in strict mode: {first}{tail}"
 
 
 def problem_lines(counts: Mapping[str, int], first: Sequence[str], total: int, full_report: str | None) -> list[str]:

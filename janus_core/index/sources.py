@@ -42,7 +42,7 @@ NOT_IN_NAME = re.compile(r"[^\w.-]+")
 
 def parse_source(text: str) -> DataSource:
     """``NAME=PATH`` or a bare ``PATH`` (named after its folder; an annotation file after the folder
-    it is in, see :func:`named_after_image_root` for one with an image root elsewhere)."""
+    it is in, see :func:`with_image_roots` for one with an image root elsewhere)."""
     name, sep, path = text.partition("=")
     if sep and SOURCE_NAME.match(name) and path:
         return DataSource(name, Path(path), named=True)
@@ -82,6 +82,11 @@ def parse_sources(values: Iterable[str | Path | DataSource]) -> tuple[DataSource
             sources.extend(parse_source(part) for part in parts)
     if not sources:
         raise DatasetError("no dataset source given")
+    return _unique(sources)
+
+
+def _unique(sources: Sequence[DataSource]) -> tuple[DataSource, ...]:
+    """``sources``, whose names must differ."""
     seen: dict[str, DataSource] = {}
     for source in sources:
         if source.name in seen:
@@ -111,21 +116,45 @@ def adopt_names(sources: tuple[DataSource, ...], recorded: Sequence[str]) -> tup
         if (not source.named and source.name not in recorded and position < len(recorded)
                 and recorded[position] not in taken):
             taken.add(recorded[position])
-            source = DataSource(recorded[position], source.path)
+            source = dataclasses.replace(source, name=recorded[position])
         adopted.append(source)
     return tuple(adopted)
 
 
-def named_after_image_root(sources: tuple[DataSource, ...], image_root: Path | str | None) -> tuple[DataSource, ...]:
-    """A single bare annotation source whose images lie under ``image_root`` is named after that
-    folder (as the episode folders there would be)."""
-    if image_root is None or len(sources) != 1 or sources[0].named or not _is_annotation(sources[0].path):
-        return sources
-    name = _folder_name(Path(image_root))
-    if not SOURCE_NAME.match(name):
-        raise DatasetError(f"dataset source {sources[0].path}: cannot name it after its image root {image_root}; "
-                           f"give it a name, NAME={sources[0].path}")
-    return (DataSource(name, sources[0].path),)
+ImageRoots = Path | str | Sequence[Path | str] | None
+"""Image roots as a command gives them (``--image-root``, repeatable): ``NAME=DIR`` for the source
+named NAME, or a bare ``DIR`` for the one source there is."""
+
+
+def with_image_roots(sources: tuple[DataSource, ...], roots: ImageRoots) -> tuple[DataSource, ...]:
+    """The sources with the image roots of their annotation files (``roots``: see :data:`ImageRoots`,
+    named like the sources: ``rxr=/images/rxr``); a bare annotation source whose images lie under
+    its root is named after that folder, as the episode folders there would be."""
+    values = [] if roots is None else [roots] if isinstance(roots, (str, Path)) else list(roots)
+    given: dict[str, Path] = {}
+    for value in values:
+        name, sep, folder = str(value).partition("=")
+        if isinstance(value, str) and sep and SOURCE_NAME.match(name) and folder and not Path(value).exists():
+            if name not in {s.name for s in sources}:
+                raise DatasetError(f"--image-root {value}: no dataset source is named {name!r} (the sources: "
+                                   f"{', '.join(s.name for s in sources)})")
+            given[name] = Path(folder)
+        elif len(sources) == 1:
+            given[sources[0].name] = Path(value)
+        else:
+            raise DatasetError(f"--image-root {value}: an image root belongs to one annotation source, and there are "
+                               f"{len(sources)} ({describe(sources)}); name it: --image-root NAME={value}")
+    rooted = []
+    for source in sources:
+        root = given.get(source.name)
+        if root is not None and not source.named and _is_annotation(source.path):
+            name = _folder_name(root)
+            if not SOURCE_NAME.match(name):
+                raise DatasetError(f"dataset source {source.path}: cannot name it after its image root {root}; "
+                                   f"give it a name, NAME={source.path}")
+            source = dataclasses.replace(source, name=name)
+        rooted.append(dataclasses.replace(source, image_root=root))
+    return _unique(rooted)
 
 
 def source_values(value: str | Path) -> list[str | Path]:

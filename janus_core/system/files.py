@@ -108,13 +108,21 @@ def remove_partials(path: Path, under: bool = False) -> None:
             leftover.unlink(missing_ok=True)
 
 
+def sha256_stream(stream: BinaryIO) -> tuple[int, str]:
+    """``(byte count, sha256 hex)`` of what ``stream`` yields to its end, read in blocks of
+    :data:`HASH_BLOCK` (a local file, or an object of a bucket streamed by one GET)."""
+    digest = hashlib.sha256()
+    size = 0
+    while block := stream.read(HASH_BLOCK):
+        digest.update(block)
+        size += len(block)
+    return size, digest.hexdigest()
+
+
 def sha256_file(path: Path) -> str:
     """The sha256 (hex) of the file at ``path``, read in blocks of :data:`HASH_BLOCK`."""
-    digest = hashlib.sha256()
     with open(path, "rb") as f:
-        while block := f.read(HASH_BLOCK):
-            digest.update(block)
-    return digest.hexdigest()
+        return sha256_stream(f)[1]
 
 
 def write_problem(directory: Path) -> str | None:

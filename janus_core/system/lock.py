@@ -132,6 +132,25 @@ def not_a_directory(directory: Path) -> str | None:
     return None
 
 
+def holder(directory: Path) -> Holder | None:
+    """Who holds ``directory``'s lock now, as a writer (None: no writer; nothing is created or
+    taken): how one process sees whether another's job in that directory still runs, on this host
+    or, on a shared file system, another."""
+    try:
+        fd = os.open(lock_path(directory), os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return DirectoryLock._wait_for_record(fd) or Holder("?", 0, "", "writer")
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
+
+
 class DirectoryLock:
     """A held lock on a directory; ``release()`` (or leaving the ``with`` block, or the end of the
     process) gives it up. Take one with :meth:`acquire`."""

@@ -12,6 +12,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from janus_core.plural import plural
+
 THREADS_ENV = "OMP_NUM_THREADS"
 """The variable a user sets to choose the threads themselves (torch and BLAS read it)."""
 
@@ -54,5 +56,5 @@ def set_compute_threads(processes: int, reserved: int = PIPELINE_THREADS) -> Com
     cores = usable_cores()
     threads = compute_threads(cores, processes, reserved)
     torch.set_num_threads(threads)
-    return ComputeThreads(threads, f"{cores} core(s) for {max(1, processes)} process(es) on this node, "
+    return ComputeThreads(threads, f"{plural(cores, 'core')} for {plural(max(1, processes), 'process')} on this node, "
                                    f"{reserved} left per process to its shard reader and writer")

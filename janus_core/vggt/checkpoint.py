@@ -16,6 +16,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from torch import Tensor, nn
 
+from janus_core.plural import plural
 from janus_core.vggt.config import AggregatorConfig
 
 AGGREGATOR_PREFIX = "aggregator."
@@ -182,7 +183,7 @@ def check_state_dict(
         if items:
             shown = ", ".join(items[:_MAX_KEYS_IN_ERROR])
             more = f" and {len(items) - _MAX_KEYS_IN_ERROR} more" if len(items) > _MAX_KEYS_IN_ERROR else ""
-            problems.append(f"{len(items)} {label}(s): {shown}{more}")
+            problems.append(f"{plural(len(items), label)}: {shown}{more}")
     if problems:
         raise CheckpointError(f"{source}: checkpoint does not match {what}: " + "; ".join(problems))
 

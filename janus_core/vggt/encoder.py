@@ -259,6 +259,6 @@ LEVER_EPISODE_FRAMES = 64
 LEVER_FIRST_STEPS = (12, 40)
 
 
-def lever_batches(side: int) -> list[torch.Tensor]:
-    """The uint8 window batches the benches time each lever on."""
-    return [episode_windows(range(step, step + LEVER_BATCH), side, LEVER_EPISODE_FRAMES) for step in LEVER_FIRST_STEPS]
+def lever_batches(side: int, batch: int = LEVER_BATCH) -> list[torch.Tensor]:
+    """The uint8 window batches the benches time each lever on (``batch`` consecutive samples each)."""
+    return [episode_windows(range(step, step + batch), side, LEVER_EPISODE_FRAMES) for step in LEVER_FIRST_STEPS]

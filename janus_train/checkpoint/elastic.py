@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from janus_core.plural import plural
 from janus_core.system.files import replace_directory
 from janus_train.checkpoint.store import UNIVERSAL_SUFFIX, directory_problem, record_directory
 
@@ -69,7 +70,7 @@ class DataLayout:
 
 
 def _batch(layout: dict[str, Any]) -> str:
-    return (f"{layout['micro_batch']} x {layout['grad_accum']} x {layout['world']} processes "
+    return (f"{layout['micro_batch']} x {layout['grad_accum']} x {plural(layout['world'], 'process')} "
             f"= {layout['micro_batch'] * layout['grad_accum'] * layout['world']} samples")
 
 
@@ -97,13 +98,14 @@ def check_resumable(tag_dir: Path, state: dict[str, Any], now: DataLayout, zero_
     if saved_step != now.samples_per_step:
         keeping = grad_accum_keeping(saved, now.micro_batch, now.world)
         fix = (f"grad_accum {keeping} keeps it (train.resume_grad_accum: adapt sets it)" if keeping is not None else
-               f"no grad_accum keeps it with micro_batch {now.micro_batch} on {now.world} processes")
+               f"no grad_accum keeps it with micro_batch {now.micro_batch} on {plural(now.world, 'process')}")
         raise ResumeError(f"{where}: the global batch differs (checkpoint {_batch(saved)}, now "
                           f"{_batch(asdict(now))}); {fix}")
     if saved["world"] != now.world and (now.streaming or saved.get("streaming")):
-        raise ResumeError(f"{where}: it was saved on {saved['world']} processes and a webdataset (streaming) cache "
-                          f"deals its shards to ranks, so {now.world} processes would repeat or skip samples; "
-                          f"resume on {saved['world']} processes, or train from a zarr cache, which resumes on any")
+        raise ResumeError(f"{where}: it was saved on {plural(saved['world'], 'process')} and a webdataset (streaming) "
+                          f"cache deals its shards to ranks, so {plural(now.world, 'process')} would repeat or skip "
+                          f"samples; resume on {plural(saved['world'], 'process')}, or train from a zarr cache, which "
+                          "resumes on any")
 
 
 def grad_accum_keeping(saved: dict[str, Any], micro_batch: int, world: int) -> int | None:
@@ -131,7 +133,7 @@ class GradAccum:
         keeping = grad_accum_keeping(saved, micro_batch, world)
         if keeping is None or keeping == grad_accum:
             return cls(grad_accum)
-        processes = f"{world} process{'es' if world != 1 else ''}"
+        processes = plural(world, "process")
         return cls(keeping, f"note: grad_accum {keeping} instead of the profile's {grad_accum} on {processes} keeps "
                             f"the global batch of checkpoint {tag} ({_batch(saved)}); "
                             "train.resume_grad_accum: keep refuses such a resume instead")
@@ -235,7 +237,7 @@ def universal_checkpoint(checkpoints: Path, tag: str, rank: int, saved_world: in
         (checkpoints / "latest_universal").unlink(missing_ok=True)
         record_directory(partial)
         replace_directory(partial, target)
-        print(f"converted checkpoint {tag} (saved on {saved_world} processes) for {world} with DeepSpeed's "
+        print(f"converted checkpoint {tag} (saved on {plural(saved_world, 'process')}) for {world} with DeepSpeed's "
               f"ds_to_universal into {target}", flush=True)
     return universal
 

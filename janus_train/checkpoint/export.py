@@ -1,4 +1,5 @@
-"""Export a ZeRO-3 checkpoint as consolidated weights, in one of two formats (:data:`FORMATS`).
+"""Export a ZeRO-3 checkpoint as consolidated weights, in one of two formats
+(:data:`~janus_train.model.export_formats.FORMATS`).
 
 ``janus``: ``<out>/`` becomes a transformers-5 directory of the run's base (config, tokenizer,
 processor settings, safetensors) that the base's own class loads
@@ -22,7 +23,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from janus_core.bases import QWEN2_5_VL, base_of_qwen_dir
+from janus_core.bases import base_of_qwen_dir
 from janus_core.dtypes import TORCH_DTYPES
 from janus_core.profile import Profile
 from janus_core.system.disk_space import export_room
@@ -36,9 +37,9 @@ from janus_train.checkpoint.reference import (
     write_reference_checkpoint,
 )
 from janus_train.config import TrainSettings
+from janus_train.model.export_formats import JANUSVLN, JANUSVLN_BASE
 from janus_train.model.janus_model import JanusModelConfig, JanusVLNModel, aggregator_config, vggt_feature_dim
 
-FORMATS: tuple[str, ...] = ("janus", "janusvln")
 HEADS_FILE = "janus_heads.safetensors"
 # Files of the base model directory the janus export copies as they are (transformers 5 reads them;
 # the janusvln export writes the reference's 4.50 form instead, janus_train.checkpoint.reference_tokenizer).
@@ -97,8 +98,8 @@ def export_janusvln(checkpoint_dir: Path, out: Path, profile: Profile, settings:
     from transformers import Qwen2_5_VLConfig
 
     base = base_of_qwen_dir(profile.qwen.path)
-    if base is not QWEN2_5_VL:
-        raise ValueError(f"--format janusvln writes JanusVLN's reference checkpoint layout, which is {QWEN2_5_VL.name} "
+    if base is not JANUSVLN_BASE:
+        raise ValueError(f"--format janusvln writes JanusVLN's reference checkpoint layout, which is {JANUSVLN_BASE.name} "
                          f"only, but this run's base ({profile.qwen.path}) is {base.name}; export it with --format janus")
     torch_dtype = TORCH_DTYPES[dtype or profile.compute_dtype]
     try:
@@ -119,6 +120,15 @@ def export_janusvln(checkpoint_dir: Path, out: Path, profile: Profile, settings:
         write_reference_checkpoint(out, state, encoder_state, config, profile.qwen.path, torch_dtype)
         give_umask_modes(out, started)  # as export()
         return out
+
+
+def export_as(fmt: str, checkpoint_dir: Path, out: Path, profile: Profile, settings: TrainSettings,
+              vggt: Path | None = None, tag: str | None = None, dtype: str | None = None) -> Path:
+    """Write ``out`` in format ``fmt`` (:data:`~janus_train.model.export_formats.FORMATS`) from the run's checkpoint (latest tag unless
+    ``tag``): :func:`export_janusvln` (with ``vggt``) or :func:`export`."""
+    if fmt == JANUSVLN:
+        return export_janusvln(checkpoint_dir, out, profile, settings, vggt, tag=tag, dtype=dtype)
+    return export(checkpoint_dir, out, profile, run_model_config(settings), tag=tag, dtype=dtype)
 
 
 def load_exported(out: Path, profile: Profile, config: JanusModelConfig, device: str = "cpu") -> JanusVLNModel:

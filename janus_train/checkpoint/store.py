@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -132,10 +133,13 @@ class Resumable:
 
 
 class Checkpoints:
-    """The checkpoint directory of a run, as seen by one of ``world`` ranks."""
+    """The checkpoint directory of a run, as seen by one of ``world`` ranks; ``pinned`` names the
+    tags rotation keeps besides its own count (the run's evaluations': :func:`janus_train.evals.evaluations.pinned_tags`)."""
 
-    def __init__(self, directory: Path, rank: int = 0, world: int = 1) -> None:
+    def __init__(self, directory: Path, rank: int = 0, world: int = 1,
+                 pinned: Callable[[], Collection[str]] | None = None) -> None:
         self.directory, self.rank, self.world = Path(directory), rank, world
+        self.pinned = pinned
 
     # --------------------------------------------------------------------------- collectives
 
@@ -340,15 +344,17 @@ class Checkpoints:
         return self.from_main(reason)
 
     def rotate(self, keep: int) -> list[str]:
-        """Keep the tag ``latest`` names and the ``keep`` - 1 tags before it; delete the rest (rank 0,
-        after a save). A tag newer than ``latest`` is a leftover of a run abandoned at a resume
-        (damaged, or never completed) and goes too. Returns the deleted tags."""
+        """Keep the tag ``latest`` names and the ``keep`` - 1 tags before it, and the ``pinned`` ones
+        before it; delete the rest (rank 0, after a save). A tag newer than ``latest`` is a leftover of
+        a run abandoned at a resume (damaged, or never completed) and goes too. Returns the deleted tags."""
         tags = self.tags()
         latest = self.latest()
         latest_step = tag_step(latest) if latest else None
         if latest_step is None or latest not in tags:
             return []  # nothing known intact: delete nothing
         kept = {latest} | set([t for t in tags if (tag_step(t) or 0) < latest_step][: max(0, keep - 1)])
+        if self.pinned is not None:
+            kept |= {t for t in self.pinned() if (tag_step(t) or 0) < latest_step}
         deleted = [tag for tag in tags if tag not in kept]
         for tag in deleted:
             shutil.rmtree(self.directory / tag, ignore_errors=True)

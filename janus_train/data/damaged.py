@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from janus_core.plural import plural
 from torch.utils.data import Dataset, IterableDataset
 
 from janus_cache.store.stalls import StalledRead, read_deadline
@@ -91,7 +92,7 @@ def damaged_message(step: int, per_rank: list[list[str]], total: int) -> str:
     """The report of a step whose micro-batches met ``total`` damaged samples; ``per_rank[r]``: the
     one-line errors rank r met (the first one is named)."""
     rank, first = next((r, lines[0]) for r, lines in enumerate(per_rank) if lines)
-    return (f"step {step}, rank {rank}: {first} ({total} damaged sample(s) in the step; stopped on every rank "
+    return (f"step {step}, rank {rank}: {first} ({plural(total, 'damaged sample')} in the step; stopped on every rank "
             "before training on it, train.damaged_samples: skip would leave them out)")
 
 

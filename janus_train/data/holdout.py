@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
+from janus_core.plural import plural
+
 _HOLDOUT_SEED_OFFSET = 7_919
 """Keeps the hold-out's generator apart from the epoch permutations of the same seed (a prime)."""
 
@@ -36,7 +38,7 @@ def heldout_count(n_episodes: int, episodes: int = 0, fraction: float = 0.0) -> 
     when the fraction is positive); at least one episode must be left to train on."""
     count = episodes if episodes else (max(1, round(fraction * n_episodes)) if fraction > 0 else 0)
     if count >= n_episodes:
-        raise HoldoutError(f"holding out {count} of {n_episodes} episodes for validation leaves none to train on")
+        raise HoldoutError(f"holding out {count} of {plural(n_episodes, 'episode')} for validation leaves none to train on")
     return count
 
 
@@ -45,7 +47,7 @@ def split_by_episode(episode_of_row: Sequence[str], count: int, seed: int) -> Ho
     (the episode id of each sample row)."""
     episodes = list(dict.fromkeys(episode_of_row))  # first-appearance (row) order
     if not 0 <= count < len(episodes):
-        raise HoldoutError(f"cannot hold out {count} of {len(episodes)} episodes and keep one to train on")
+        raise HoldoutError(f"cannot hold out {count} of {plural(len(episodes), 'episode')} and keep one to train on")
     generator = torch.Generator().manual_seed(seed + _HOLDOUT_SEED_OFFSET)
     chosen = set(torch.randperm(len(episodes), generator=generator)[:count].tolist())
     held = {episodes[i] for i in chosen}

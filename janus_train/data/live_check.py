@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from janus_cache.store.location import CacheLocation
 from janus_cache.verify.comparison import Tolerance
 from janus_core.imaging import FrameError
 from janus_core.index import DatasetIndex
@@ -52,16 +53,15 @@ class SourceWindows:
         return torch.from_numpy(np.stack(windows))
 
 
-def source_windows(data: str | Path, cache: Path, history: int, frames: LiveFrames) -> SourceWindows:
+def source_windows(data: str | Path, cache: CacheLocation, history: int, frames: LiveFrames) -> SourceWindows:
     """:class:`SourceWindows` of the dataset ``data`` (as given to precompute) the cache ``cache`` was
     built from, indexed with the profile's window ``history`` (the cache's index store reused)."""
     from janus_cache.store import load_manifest
-    from janus_cache.store.layout import CacheLayout
-    from janus_cache.verify import dataset_indexes
+    from janus_cache.verify import dataset_indexes, index_store_of
 
     manifest = load_manifest(cache)
     _, index = dataset_indexes(data, manifest.window.history, history, manifest.dataset.subinstruction_rule,
-                               cache_dir=CacheLayout(cache).index_store, recorded_names=manifest.dataset.sources)
+                               cache_dir=index_store_of(cache), recorded_names=manifest.dataset.sources)
     assert index is not None
     return SourceWindows(index, frames)
 

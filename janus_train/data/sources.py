@@ -13,6 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from janus_cache.store.location import CacheLocation, cache_location
+from janus_cache.store.remote.path import S3Path
 from janus_core.bases import VGGT_PATCH_SIZE, cache_base
 from janus_core.profile import Profile
 
@@ -23,17 +25,21 @@ class MixtureError(ValueError):
 
 @dataclass(frozen=True)
 class CacheSource:
-    """One cache of a run: its name (used in sample keys and logs), directory and sampling weight."""
+    """One cache of a run: its name (used in sample keys and logs), location (a directory, or
+    ``s3://BUCKET/PREFIX`` read in place) and sampling weight."""
 
     name: str
-    path: Path
+    path: CacheLocation
     weight: float = 1.0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "path", cache_location(self.path))
 
     @classmethod
     def parse(cls, text: str) -> CacheSource:
         """``PATH`` (one cache, named after its directory) or ``NAME=PATH:WEIGHT``."""
         if "=" not in text:
-            path = Path(text)
+            path = cache_location(text)
             return cls(path.name or str(path), path, 1.0)
         name, _, rest = text.partition("=")
         path_text, colon, weight_text = rest.rpartition(":")
@@ -45,7 +51,7 @@ class CacheSource:
             raise MixtureError(f"--cache {text!r}: the weight {weight_text!r} is not a number") from None
         if not math.isfinite(weight) or weight <= 0:
             raise MixtureError(f"--cache {text!r}: the weight must be a positive number, got {weight_text}")
-        return cls(name, Path(path_text), weight)
+        return cls(name, cache_location(path_text), weight)
 
 
 def parse_cache_sources(texts: Sequence[str]) -> list[CacheSource]:
@@ -65,10 +71,11 @@ def parse_cache_sources(texts: Sequence[str]) -> list[CacheSource]:
 
 
 
-def as_sources(cache: str | Path | Sequence[CacheSource]) -> list[CacheSource]:
-    """A run's caches: one directory (weight 1, named after it) or several weighted sources."""
-    if isinstance(cache, (str, Path)):
-        return [CacheSource(Path(cache).name or str(cache), Path(cache), 1.0)]
+def as_sources(cache: str | CacheLocation | Sequence[CacheSource]) -> list[CacheSource]:
+    """A run's caches: one location (weight 1, named after it) or several weighted sources."""
+    if isinstance(cache, (str, Path, S3Path)):
+        location = cache_location(cache)
+        return [CacheSource(location.name or str(location), location, 1.0)]
     return list(cache)
 
 

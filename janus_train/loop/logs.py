@@ -29,11 +29,15 @@ from typing import Any
 from janus_core.system.disk_space import NoRoom, format_bytes, free_bytes, no_room_reason
 from janus_core.system.files import atomic_file
 from janus_train.checkpoint.store import Checkpoints
+from janus_train.data.val_metric_names import EVAL_PREFIX
 from janus_train.run.layout import RunLayout
 from janus_train.run.provenance import utc_now
 
 TIME_FIELD = "time"
 """The wall-clock time of a record: ISO 8601, UTC (:func:`utc_now`)."""
+
+EVAL_STEP = "eval_step"
+"""An evaluation's record: the step of the checkpoint it evaluated, the x axis of its ``eval/`` metrics."""
 
 
 class WandbMissing(ValueError):
@@ -48,7 +52,8 @@ def check_wandb(project: str, source: Path | str) -> None:
         import wandb  # noqa: F401
     except ImportError:
         raise WandbMissing(f"{source}: setting 'train.wandb_project' is {project!r} but the wandb package is not "
-                           "installed (pip install wandb, or leave the setting empty)") from None
+                           "installed: install the wandb extra (make setup EXTRAS=train,test,wandb), or leave the "
+                           "setting empty") from None
 
 
 def finite_or_none(value: Any) -> Any:
@@ -114,6 +119,18 @@ def step_line(record: dict[str, Any], total_steps: int, eta_s: float) -> str:
     return line
 
 
+DASHBOARD_SECTIONS = ("val",)
+"""Record names ``<section>_<metric>`` that a dashboard shows in a section of their own (``val/loss``);
+every other name is a training metric (``train/loss``)."""
+
+
+def dashboard_tag(name: str) -> str:
+    """A record's name as TensorBoard and Weights & Biases show it: ``val_loss`` -> ``val/loss``,
+    ``loss`` -> ``train/loss`` (the one place the tags are named; metrics.jsonl keeps the names)."""
+    section, _, metric = name.partition("_")
+    return f"{section}/{metric}" if section in DASHBOARD_SECTIONS and metric else f"train/{name}"
+
+
 def quiet_tensorboard_thread_on_full_disk(directory: Path) -> None:
     """TensorBoard writes its events on a thread of its own, which on a full disk prints its
     traceback as it dies and hands the error on to the writer's next flush (:meth:`RunLog.write`
@@ -142,6 +159,21 @@ def _logged_by(line: bytes, step: int) -> bool:
     return isinstance(record, dict) and isinstance(record.get("step"), int) and record["step"] <= step
 
 
+def last_logged_step(metrics_file: Path) -> int:
+    """The step of the last whole record of ``metrics.jsonl`` (0: none): where records added after a
+    run ended (an evaluation's late results) go in its step order."""
+    if not metrics_file.is_file():
+        return 0
+    for line in reversed(metrics_file.read_bytes().splitlines()):
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and isinstance(record.get("step"), int):
+            return int(record["step"])
+    return 0
+
+
 class RunLog:
     """The main process's sinks for metric records; build it on rank 0 only."""
 
@@ -157,6 +189,11 @@ class RunLog:
 
             self.wandb = wandb.init(project=wandb_project, dir=str(out_dir), config=run_config or {},
                                     name=out_dir.name, resume="allow")
+            # The evaluations' metrics on their own axis, the step of the checkpoint each evaluated.
+            self.wandb.define_metric(EVAL_STEP)
+            self.wandb.define_metric(f"{EVAL_PREFIX}*", step_metric=EVAL_STEP)
+        self._wandb_evaluations: list[dict[str, Any]] = []  # each waiting for a W&B row of its own
+        self._wandb_row = -1  # the last W&B step written
 
     def resume_at(self, step: int) -> None:
         """A run (re)starts after ``step`` (0: from scratch): records of later steps, written by a run
@@ -186,10 +223,49 @@ class RunLog:
     def write(self, record: dict[str, Any]) -> None:
         """Append ``record`` to every sink; :class:`NoRoom` when a file sink ran out of room (a part
         of its line is cut off again, so ``metrics.jsonl`` holds whole records only)."""
-        self.out_dir.mkdir(parents=True, exist_ok=True)
         clean = {name: finite_or_none(value) for name, value in record.items()}
         clean.setdefault(TIME_FIELD, utc_now())
-        line = json.dumps(clean, allow_nan=False) + "\n"
+        line = self._append(clean)
+        print(step_line(clean, self.total_steps, self.eta.seconds_left(record["step_s"])), flush=True)
+        scalars = {dashboard_tag(name): value for name, value in clean.items()
+                   if isinstance(value, (int, float)) and not isinstance(value, bool) and name != "step"}
+        try:
+            self._tensorboard_write(scalars, record["step"])
+        except Exception as err:
+            raise self._no_room(err, RunLayout(self.out_dir).tensorboard, record["step"], len(line.encode())) from None
+        if self.wandb is not None:
+            self.wandb.log(scalars, step=record["step"])
+            self._wandb_row = record["step"]
+            if self._wandb_evaluations:  # one evaluation per row: two in one row would overwrite each other
+                self.wandb.log(self._wandb_evaluations.pop(0), step=self._wandb_row)
+
+    def write_evaluation(self, step: int, eval_step: int, metrics: dict[str, float], best: bool | None) -> None:
+        """Append an external evaluation's ``metrics`` of the checkpoint of ``eval_step``, logged at
+        training step ``step`` (``metrics.jsonl`` stays in step order), as ``eval/<NAME>``: one console
+        line, TensorBoard with ``eval_step`` as their step, W&B on the ``eval_step`` axis (in a row of
+        its own, the next training row's or one after the last). ``best``: whether it became the best
+        checkpoint (None: the best is not chosen by an evaluation). :class:`NoRoom` as :meth:`write`."""
+        named = {f"{EVAL_PREFIX}{name}": finite_or_none(value) for name, value in metrics.items()}
+        record: dict[str, Any] = {"step": step, EVAL_STEP: eval_step, **named}
+        if best is not None:
+            record["eval_best"] = best
+        record[TIME_FIELD] = utc_now()
+        line = self._append(record)
+        shown = " ".join(f"{name} {'null' if value is None else format(value, '.4g')}" for name, value in named.items())
+        print(f"evaluation of step {eval_step}: {shown}" + (" (best)" if best else ""), flush=True)
+        scalars = {name: value for name, value in named.items() if value is not None}
+        try:
+            self._tensorboard_write(scalars, eval_step)
+        except Exception as err:
+            raise self._no_room(err, RunLayout(self.out_dir).tensorboard, step, len(line.encode())) from None
+        if self.wandb is not None:
+            self._wandb_evaluations.append({**scalars, EVAL_STEP: eval_step})
+
+    def _append(self, record: dict[str, Any]) -> str:
+        """Append ``record`` (finite values) to ``metrics.jsonl`` as one line, which it returns; on a
+        full disk the part written is cut off again and :class:`NoRoom` raised."""
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        line = json.dumps(record, allow_nan=False) + "\n"
         written = self.metrics_file.stat().st_size if self.metrics_file.is_file() else 0
         try:
             with open(self.metrics_file, "a") as f:
@@ -198,15 +274,7 @@ class RunLog:
             if self.metrics_file.is_file():
                 os.truncate(self.metrics_file, written)
             raise self._no_room(err, self.metrics_file, record["step"], len(line.encode())) from None
-        print(step_line(clean, self.total_steps, self.eta.seconds_left(record["step_s"])), flush=True)
-        scalars = {name: value for name, value in clean.items()
-                   if isinstance(value, (int, float)) and not isinstance(value, bool) and name != "step"}
-        try:
-            self._tensorboard_write(scalars, record["step"])
-        except Exception as err:
-            raise self._no_room(err, RunLayout(self.out_dir).tensorboard, record["step"], len(line.encode())) from None
-        if self.wandb is not None:
-            self.wandb.log(scalars, step=record["step"])
+        return line
 
     def _tensorboard_write(self, scalars: dict[str, float], step: int) -> None:
         if self.tensorboard is None:
@@ -240,6 +308,9 @@ class RunLog:
                 if no_room_reason(err, self.out_dir) is None:
                     raise
         if self.wandb is not None:
+            for row in self._wandb_evaluations:  # after the last training row: each its own
+                self._wandb_row += 1
+                self.wandb.log(row, step=self._wandb_row)
             self.wandb.finish()
 
 

@@ -27,6 +27,7 @@ from janus_train.data.prompt import PromptBuilder
 from janus_train.data.rope import RopeIndex
 from janus_train.data.samples import StreamedSamples
 from janus_train.data.sources import CacheSource
+from janus_train.evals.evaluations import Evaluations
 from janus_train.loop.logs import RunLog
 from janus_train.loop.validation import Evaluator, ValidationSet
 from janus_train.run.layout import RunLayout
@@ -140,8 +141,8 @@ class TrainParts:
     """Everything a :class:`~janus_train.loop.trainer.Trainer` runs, built (:func:`janus_train.build.build_parts`).
 
     ``settings`` are the ones the run uses (``grad_accum`` as a resume adapted it); ``rank`` of
-    ``world`` and ``device`` are this process's; ``log`` and the validation parts are None where the
-    run has none (``log``: every rank but 0)."""
+    ``world`` and ``device`` are this process's; ``log``, the validation parts and ``evaluations`` are
+    None where the run has none (``log`` and ``evaluations``: every rank but 0)."""
 
     profile: Profile
     settings: TrainSettings
@@ -164,3 +165,4 @@ class TrainParts:
     evaluator: Evaluator | None = None
     best: BestCheckpoint | None = None
     log: RunLog | None = None
+    evaluations: Evaluations | None = None

@@ -3,7 +3,8 @@
 The trainer runs a step (draws the micro-batches, forward, backward, optimizer step, the step's
 record) and hands it to its policies in order, as a :class:`StepDone`; each policy does one thing:
 refuse or count a non-finite step, put counts, sample keys, a live check or validation metrics in
-the record, log it, flush the CUDA cache, save a checkpoint, or agree to stop on a signal. A policy
+the record, log it, flush the CUDA cache, save a checkpoint, start or collect its external evaluations,
+or agree to stop on a signal. A policy
 returns whether the run ends after this step.
 
 Every rank runs the same policies at the same steps (several of them are collectives). What the
@@ -27,6 +28,7 @@ from janus_train.checkpoint.elastic import DataLayout, rng_states
 from janus_train.checkpoint.store import Checkpoints, tag_name
 from janus_train.data.damaged import Collective
 from janus_train.data.val_metric_names import VAL_LOSS
+from janus_train.evals.evaluations import Evaluations
 from janus_train.loop.logs import RunLog, write_alike
 from janus_train.loop.nonfinite import NonFiniteStep, nonfinite_message
 from janus_train.loop.preemption import Preemption
@@ -233,6 +235,34 @@ class SaveEvery:
     def after_step(self, done: StepDone) -> bool:
         if every(self.interval, done.step):
             self.writer.save(done.progress)
+        return False
+
+
+@dataclass
+class EvaluateCheckpoints:
+    """``train.eval_command`` (rank 0): the evaluation of every checkpoint ``train.save_every`` saves
+    starts once it is saved, detached (:meth:`Evaluations.launch`); the run's end starts its own."""
+
+    interval: int
+    evaluations: Evaluations
+
+    def after_step(self, done: StepDone) -> bool:
+        if every(self.interval, done.step):
+            self.evaluations.launch(done.step)
+        return False
+
+
+@dataclass
+class CollectEvaluations:
+    """``train.eval_command`` (rank 0): at every logged step, the results that have come in are
+    logged and offered as the best (:meth:`Evaluations.collect`)."""
+
+    interval: int
+    evaluations: Evaluations
+
+    def after_step(self, done: StepDone) -> bool:
+        if every(self.interval, done.step) or done.last:
+            self.evaluations.collect(done.step)
         return False
 
 

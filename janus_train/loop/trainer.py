@@ -40,10 +40,13 @@ from janus_train.data.damaged import DamagedSample, draw_step, within_read_timeo
 from janus_train.data.live_check import compare_features, worst_of
 from janus_train.data.prompt import IGNORE_INDEX
 from janus_train.data.samples import collate
+from janus_train.data.workers import worker_start
 from janus_train.loop.parts import LRSchedule, TrainParts
 from janus_train.loop.policies import (
     AfterStep,
     CheckpointWriter,
+    CollectEvaluations,
+    EvaluateCheckpoints,
     FlushCudaCache,
     LiveCheck,
     LogRecords,
@@ -55,6 +58,7 @@ from janus_train.loop.policies import (
     SaveEvery,
     StepDone,
     StopOnSignal,
+    every,
 )
 from janus_train.loop.preemption import Preemption
 from janus_train.loop.progress import Progress
@@ -105,6 +109,9 @@ class Trainer:
         policies += [LogRecords(self.log, settings.log_every, self.checkpoints),
                      FlushCudaCache(settings.empty_cache_every, self.device, dist.barrier),
                      SaveEvery(settings.save_every, self.writer)]
+        if self.parts.evaluations is not None:  # rank 0 with train.eval_command
+            policies += [EvaluateCheckpoints(settings.save_every, self.parts.evaluations),
+                         CollectEvaluations(settings.log_every, self.parts.evaluations)]
         if preemption is not None:
             policies.append(StopOnSignal(preemption, self.device))
         return policies
@@ -130,6 +137,9 @@ class Trainer:
         chosen, point = self.parts.resume.chosen, self.parts.resume.point
         if self.log is not None:
             self.log.resume_at(chosen.step if chosen is not None else 0)
+        if self.parts.evaluations is not None:
+            step = chosen.step if chosen is not None else 0
+            self.parts.evaluations.resume_at(step, due=every(self.settings.save_every, step))
         if point is None:
             return False
         assert chosen is not None
@@ -194,6 +204,7 @@ class Trainer:
                 collate_fn=partial(collate, pad_token_id=self.parts.builder.pad_token_id, rope=self.parts.rope),
                 num_workers=self.settings.num_workers,
                 drop_last=True,
+                **worker_start(self.settings.num_workers),
             )
             skip = position // micro_global if streaming else 0
             fresh = position == 0

@@ -40,6 +40,7 @@ from torch.utils.data import DataLoader, Dataset, Subset
 from janus_cache.store.layout import SAMPLES_TABLE
 from janus_cache.store.records import EPISODE_COLUMN
 from janus_cache.store.split import epoch_order, share
+from janus_core.plural import plural
 from janus_core.qwen_vision import IM_END
 from janus_train.config import TrainSettings
 from janus_train.data.damaged import DamagedSample, StalledSample, stalled_message, within_read_timeout
@@ -49,6 +50,7 @@ from janus_train.data.prompt import PromptBuilder
 from janus_train.data.samples import CachedSamples, LiveSamples, StreamedSamples, TrainItem, collate
 from janus_train.data.segments import ANSWER_LABELS, N_SEGMENTS, SEGMENT_NAMES
 from janus_train.data.val_metric_names import VAL_LOSS
+from janus_train.data.workers import worker_start
 
 _ACTION_SEGMENT = N_SEGMENTS  # segment ids are 1-based; the action line is the last
 _SUMS = ("weighted_ce_sum", "weight_sum", "action_ce_sum", "action_correct", "action_token_correct", "samples")
@@ -90,7 +92,7 @@ def held_out(settings: TrainSettings, dataset: Dataset[TrainItem], source: str =
 
 
 def _episodes(count: int) -> str:
-    return f"{count} held-out episode{'s' if count != 1 else ''}"
+    return plural(count, "held-out episode")
 
 
 def capped_rows(rows: Sequence[int], max_samples: int, seed: int) -> tuple[int, ...]:
@@ -114,7 +116,7 @@ def plan_validation(settings: TrainSettings, dataset: Dataset[TrainItem],
             raise ValidationError(f"train.val_cache {settings.val_cache} is a webdataset cache; validation reads "
                                   "a zarr cache (random access)")
         rows = capped_rows(range(len(val_dataset)), settings.val_max_samples, settings.seed)
-        return dataset, ValidationSet(val_dataset, rows, f"{len(rows)} samples of {settings.val_cache}")
+        return dataset, ValidationSet(val_dataset, rows, f"{plural(len(rows), 'sample')} of {settings.val_cache}")
     if not (settings.val_episodes or settings.val_episodes_fraction):
         return dataset, None
     if isinstance(dataset, MixedSamples):  # each cache holds out its own episodes
@@ -124,11 +126,11 @@ def plan_validation(settings: TrainSettings, dataset: Dataset[TrainItem],
         flat = [int(dataset.offsets[i]) + row for i, h in enumerate(holdouts) for row in h.val_rows]
         rows = capped_rows(flat, settings.val_max_samples, settings.seed)
         per_cache = ", ".join(f"{name} {len(h.val_episodes)}" for name, h in zip(dataset.names, holdouts))
-        return train, ValidationSet(dataset, rows, f"{len(rows)} samples of "
+        return train, ValidationSet(dataset, rows, f"{plural(len(rows), 'sample')} of "
                                     f"{_episodes(sum(len(h.val_episodes) for h in holdouts))} ({per_cache})")
     holdout = held_out(settings, dataset)
     rows = capped_rows(holdout.val_rows, settings.val_max_samples, settings.seed)
-    description = f"{len(rows)} samples of {_episodes(len(holdout.val_episodes))}"
+    description = f"{plural(len(rows), 'sample')} of {_episodes(len(holdout.val_episodes))}"
     if isinstance(dataset, StreamedSamples):  # two streams of the one cache, each passing the other's rows over
         def stream(keep: Sequence[int]) -> StreamedSamples:
             return StreamedSamples(dataset.reader, dataset.builder, dataset.rank, dataset.world, rows=keep)
@@ -204,13 +206,14 @@ class Evaluator:
         if self.stream is None:
             rows = within_read_timeout(Subset(self.validation.dataset, list(self.rows)), self.read_timeout_s)
             yield from DataLoader(rows, batch_size=self.micro_batch, collate_fn=collate_fn, num_workers=self.num_workers,
-                                  generator=torch.Generator())  # keeps the run's RNG
+                                  generator=torch.Generator(),  # keeps the run's RNG
+                                  **worker_start(self.num_workers))
             return
         # A stream's workers each read whole shards: batched here, so a rank's micro-batches are
         # ceil(rows / micro_batch) whatever the number of workers (n_batches counts on it).
         items: list[Any] = []
         for item in DataLoader(within_read_timeout(self.stream, self.read_timeout_s), batch_size=None,
-                               num_workers=self.num_workers):
+                               num_workers=self.num_workers, **worker_start(self.num_workers)):
             items.append(item)
             if len(items) == self.micro_batch:
                 yield collate_fn(items)
@@ -298,8 +301,8 @@ class Evaluator:
             rank = next(r for r, lines in enumerate(per_rank) if lines)
             why = ("stopped on every rank, train.damaged_samples: skip would leave them out"
                    if self.damaged_samples == "stop" else "no readable validation sample is left to run")
-            raise DamagedSample(f"validation, rank {rank}: {per_rank[rank][0]} ({total} damaged validation "
-                                f"sample(s); {why})")
+            raise DamagedSample(f"validation, rank {rank}: {per_rank[rank][0]} ({plural(total, 'damaged validation sample')}; "
+                                f"{why})")
         return batch, counted, total
 
 

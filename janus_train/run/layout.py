@@ -19,6 +19,9 @@ A run directory (``--out RUN``, ``make train RUN=...``) holds::
                                    (and <tag>_universal/ for a resume on another world size)
     checkpoints/best/    the best checkpoint by train.best_metric (with validation)
     export/              the end-of-run export (transformers-loadable weights + janus heads)
+    evals/stepNNNNNNNN/  one external evaluation of a checkpoint (train.eval_command; janus_train.evals):
+                         evaluation.json (janus's record), job.json (its job's), eval.log (the job's and
+                         the command's output), export/ (what janus wrote for it), results.json (its metrics)
     .janus.lock          the run's writer lock (janus_core.system.lock)
 
 Leaf module: nothing but paths, so every part of the trainer and the CLIs can name them.
@@ -42,6 +45,47 @@ LAUNCHER_LOG = "launcher.log"
 PROFILE_FILE = "profile.yaml"
 RUN_FILE = "run.json"
 TAG_GLOB = "step*"
+EVALS_DIR = "evals"
+EVALUATION_FILE = "evaluation.json"
+"""Inside an evaluation's folder: janus's record of it (:mod:`janus_train.evals.record`)."""
+EVAL_JOB_FILE = "job.json"
+"""Inside an evaluation's folder: its job's record (started, ended, exit code)."""
+EVAL_LOG = "eval.log"
+EVAL_EXPORT_DIR = "export"
+EVAL_RESULTS_FILE = "results.json"
+"""Inside an evaluation's folder: the JSON object of metrics its command writes (write-then-rename)."""
+
+
+@dataclass(frozen=True)
+class EvaluationLayout:
+    """The paths of one checkpoint's external evaluation: ``RUN/evals/stepNNNNNNNN/``."""
+
+    root: Path
+
+    @property
+    def record(self) -> Path:
+        return self.root / EVALUATION_FILE
+
+    @property
+    def job(self) -> Path:
+        return self.root / EVAL_JOB_FILE
+
+    @property
+    def log(self) -> Path:
+        return self.root / EVAL_LOG
+
+    @property
+    def export(self) -> Path:
+        return self.root / EVAL_EXPORT_DIR
+
+    @property
+    def results(self) -> Path:
+        return self.root / EVAL_RESULTS_FILE
+
+    @property
+    def run(self) -> RunLayout:
+        """The run directory it belongs to."""
+        return RunLayout(self.root.parent.parent)
 
 
 @dataclass(frozen=True)
@@ -96,6 +140,14 @@ class RunLayout:
     def damaged_run_file(self, stamp: str) -> Path:
         """Where a ``run.json`` that cannot be read is kept aside (``run.json.damaged-<stamp>``)."""
         return self.root / f"{RUN_FILE}.damaged-{stamp}"
+
+    @property
+    def evals(self) -> Path:
+        return self.root / EVALS_DIR
+
+    def evaluation(self, tag: str) -> EvaluationLayout:
+        """The folder of the external evaluation of checkpoint ``tag`` (``stepNNNNNNNN``)."""
+        return EvaluationLayout(self.evals / tag)
 
     def has_checkpoint(self) -> bool:
         """Whether the run has saved a checkpoint (what a resume or an export would read)."""

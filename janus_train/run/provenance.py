@@ -40,10 +40,11 @@ from typing import Any
 import yaml
 
 from janus_cache.store.layout import CacheLayout
+from janus_cache.store.location import CacheLocation, cache_location, sha256_of
 from janus_core.bases import DEFAULT_BASE, BaseError, QwenBase, base_of_model_type, base_of_qwen_dir, cache_base
 from janus_core.profile import Profile, load_profile
 from janus_core.settings import settings_data
-from janus_core.system.files import atomic_write_bytes, sha256_file
+from janus_core.system.files import atomic_write_bytes
 from janus_train.config import TrainSettings
 from janus_train.run.layout import RunLayout
 
@@ -133,11 +134,11 @@ def append_start(layout: RunLayout, profile: Profile, world: int, caches: Sequen
     return entry
 
 
-def cache_entry(cache: Path) -> dict[str, Any]:
-    """A cache as a run records it: its path and the sha256 of its manifest file."""
+def cache_entry(cache: CacheLocation) -> dict[str, Any]:
+    """A cache as a run records it: its path (or URL) and the sha256 of its manifest file."""
     manifest = CacheLayout(cache).manifest
-    digest = sha256_file(manifest) if manifest.is_file() else None
-    return {"path": str(Path(cache).resolve()), "manifest_sha256": digest}
+    digest = sha256_of(manifest)[1] if manifest.is_file() else None
+    return {"path": str(cache_location(cache).resolve()), "manifest_sha256": digest}
 
 
 def git_state() -> dict[str, Any]:

@@ -71,14 +71,18 @@ def test_an_appended_cache_equals_a_cache_built_from_scratch_on_the_union(
 
     result = precompute_in_process(appended, source_profile, f"r2r={a}", f"d1={b}", cache_format=cache_format)
     assert result.returncode == 0, tail(result)
-    assert f"appending 1 new episode(s) ({STEPS} frames, {STEPS} samples) after the cache's 2" in result.stdout
+    assert f"appending 1 new episode ({STEPS} frames, {STEPS} samples) after the cache's 2" in result.stdout
     # The half-filled last shards (frames, samples) grew: said as growth, not as damage repaired.
     last = (2 * STEPS) // ROWS_PER_SHARD
     grown = [read_record(appended, array, last) for array in (frames_array("pad224"), sample_array(appended))]
     said = next(line for line in result.stdout.splitlines() if "partly filled" in line)
-    assert re.match(r"  extended 2 partly filled shard\(s\) and \d+ table file\(s\) with the new rows: ", said), said
+    assert re.match(r"  extended 2 partly filled shards and \d+ table files with the new rows: ", said), said
     assert all(record is not None and record.file in said for record in grown), said
     assert "repaired" not in result.stdout + result.stderr
+    # The rate counts this run's work: the new samples and the rewritten partly filled shard's, not the cache's.
+    computed = 3 * STEPS - (2 * STEPS) // ROWS_PER_SHARD * ROWS_PER_SHARD
+    assert re.search(rf"^precompute done in [\d.]+ s: {3 * STEPS} samples, {computed} computed by this run "
+                     r"\([\d.]+/s\), ", result.stdout, re.M), result.stdout
 
     scratch = source_caches(cache_format, "ab")  # the session's build from scratch of r2r=A d1=B
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from janus_core.plural import plural
 from janus_core.sample_data import write_sample_data
 from janus_core.system.threads import compute_threads, default_decode_workers, usable_cores
 
@@ -65,4 +66,4 @@ def test_precompute_sizes_its_threads_from_the_cores_it_is_given(small_dataset: 
                             timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     time_line = next(line for line in result.stdout.splitlines() if line.strip().startswith("time "))
-    assert f"with {compute_threads(usable_cores(), 1)} thread(s);" in time_line, time_line
+    assert f"with {plural(compute_threads(usable_cores(), 1), 'thread')};" in time_line, time_line

@@ -216,7 +216,7 @@ def test_damaged_validation_data_stops_every_rank_or_is_skipped_and_counted(
         reports = error_lines(result)
         assert len(reports) == 1, result.stdout + result.stderr
         assert reports[0].startswith("error: validation, rank ") and f": damaged cache data: {file}: " in reports[0]
-        assert reports[0].endswith("(1 damaged validation sample(s); stopped on every rank, "
+        assert reports[0].endswith("(1 damaged validation sample; stopped on every rank, "
                                    "train.damaged_samples: skip would leave them out)")
         return
     assert_succeeded(result)

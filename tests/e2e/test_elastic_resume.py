@@ -9,8 +9,10 @@ of epoch 1; 8 steps with a checkpoint at step 4. The runs log each step's sample
 of the global sequence.
 
 * A: 2 processes, 8 steps; B: 1 process, 8 steps (the same global batch: the same run).
-* 2 -> 1: A's step-4 checkpoint continued on 1 process (DeepSpeed's universal checkpoint); its
-  conversion is the one the damage tests damage.
+* 2 -> 1: A's step-4 checkpoint continued on 1 process (DeepSpeed's universal checkpoint) with the
+  cache read in place from a bucket of a real S3 server (``janus-cache push``, then ``--cache
+  s3://...``: elastic resume from a bucket as from disk); its conversion is the one the damage tests
+  damage, which resume from the local cache.
 * 1 -> 2: B's step-4 checkpoint continued on 2 processes.
 
 The resume rule as a function is tests/unit/test_resume_rule.py.
@@ -29,6 +31,8 @@ import pytest
 import yaml
 
 from helpers.profiles import write_test_profile
+from helpers.s3_server import S3Server, janus_cache
+from helpers.s3_server import succeeded as command_succeeded
 from helpers.shared_runs import TinyTraining
 from helpers.training import train_on_ranks
 from janus_core.sample_data import write_sample_data
@@ -53,10 +57,10 @@ def write_profile(path: Path, grad_accum: int, cache: dict | None = None) -> Pat
     return path
 
 
-def train(out: Path, cache: Path, profile: Path, nproc: int, extra: list[str] | None = None
-          ) -> subprocess.CompletedProcess[str]:
+def train(out: Path, cache: Path | str, profile: Path, nproc: int, extra: list[str] | None = None,
+          env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return train_on_ranks("--out", out, "--cache", cache, "--profile", profile, "--no-export", *(extra or []),
-                          nproc=nproc)
+                          nproc=nproc, env=env)
 
 
 def succeeded(result: subprocess.CompletedProcess[str]) -> subprocess.CompletedProcess[str]:
@@ -104,11 +108,13 @@ class Continued:
 
 
 @pytest.fixture(scope="module")
-def two_on_one(setup: Setup, tmp_path_factory: pytest.TempPathFactory) -> Continued:
-    """A's step-4 checkpoint continued on 1 process to step 8 (its conversion stays in the run).
-    Read-only: copy what a test changes."""
+def two_on_one(setup: Setup, s3_server: S3Server, tmp_path_factory: pytest.TempPathFactory) -> Continued:
+    """A's step-4 checkpoint continued on 1 process to step 8, the cache read from a bucket (its
+    conversion stays in the run). Read-only: copy what a test changes."""
+    url = f"{s3_server.url('elastic')}/{setup.cache.name}"  # the run names its cache after it
+    command_succeeded(janus_cache(s3_server, "push", setup.cache, url))
     out = continue_from(setup.run_two, tmp_path_factory.mktemp("two-on-one") / "run")
-    return Continued(out, succeeded(train(out, setup.cache, setup.one, nproc=1)))
+    return Continued(out, succeeded(train(out, url, setup.one, nproc=1, env=s3_server.env())))
 
 
 def same_run(got: list[dict[str, Any]], want: list[dict[str, Any]]) -> None:
@@ -132,10 +138,11 @@ def test_one_and_two_processes_with_the_same_global_batch_are_the_same_run(setup
     same_run(b, a)
 
 
-def test_two_processes_continue_on_one(setup: Setup, two_on_one: Continued) -> None:
-    """2 -> 1: the checkpoint is converted once with DeepSpeed's ds_to_universal (one line), then
-    steps 5..8 read the uninterrupted run's samples with its losses (weights and Adam moments came
-    along: without the moments the first resumed step's loss would differ already)."""
+def test_two_processes_continue_on_one_reading_the_cache_from_a_bucket(setup: Setup, two_on_one: Continued) -> None:
+    """2 -> 1 from a bucket: the checkpoint is converted once with DeepSpeed's ds_to_universal (one
+    line), then steps 5..8 read the uninterrupted local run's samples, in place from the bucket, with
+    its losses (weights and Adam moments came along: without the moments the first resumed step's
+    loss would differ already)."""
     out, result = two_on_one.out, two_on_one.result
     assert "converted checkpoint step00000004 (saved on 2 processes) for 1" in result.stdout
     assert "resumed at step 4 (epoch 1, sample 4 of the epoch)" in result.stdout
@@ -147,7 +154,7 @@ def test_one_process_continues_on_two(setup: Setup, tmp_path: Path) -> None:
     """1 -> 2: the reverse, compared with both uninterrupted runs."""
     out = continue_from(setup.run_one, tmp_path / "run")
     result = succeeded(train(out, setup.cache, setup.two, nproc=2))
-    assert "converted checkpoint step00000004 (saved on 1 processes) for 2" in result.stdout
+    assert "converted checkpoint step00000004 (saved on 1 process) for 2" in result.stdout
     resumed = metrics(out)[SAVE_AT:]
     same_run(resumed, metrics(setup.run_one)[SAVE_AT:])
     same_run(resumed, metrics(setup.run_two)[SAVE_AT:])
@@ -165,7 +172,7 @@ def test_the_same_profile_on_one_process_continues_with_the_grad_accum_that_keep
     assert notes == ["note: grad_accum 4 instead of the profile's 2 on 1 process keeps the global batch of checkpoint "
                      "step00000004 (1 x 2 x 2 processes = 4 samples); train.resume_grad_accum: keep refuses such a "
                      "resume instead"], result.stdout
-    assert "training 8 steps of 4 samples on 1 processes" in result.stdout
+    assert "training 8 steps of 4 samples on 1 process" in result.stdout
     assert "resumed at step 4 (epoch 1, sample 4 of the epoch)" in result.stdout
     same_run(metrics(out)[SAVE_AT:], metrics(setup.run_two)[SAVE_AT:])
     # The checkpoints it writes hold the grad_accum it ran with.
@@ -187,7 +194,7 @@ def test_another_global_batch_is_refused_in_one_line_naming_the_grad_accum_that_
     assert result.returncode != 0
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1, result.stderr[-3000:]
-    assert ("the global batch differs (checkpoint 1 x 2 x 2 processes = 4 samples, now 1 x 2 x 1 processes = "
+    assert ("the global batch differs (checkpoint 1 x 2 x 2 processes = 4 samples, now 1 x 2 x 1 process = "
             "2 samples); grad_accum 4 keeps it (train.resume_grad_accum: adapt sets it)") in errors[0]
     # No traceback from the ranks (torchrun's own ChildFailedError summary is the launcher's).
     assert "janus_train/" not in result.stderr and "ResumeError" not in result.stderr

@@ -41,7 +41,7 @@ def test_precompute_resume_and_verify_reuse_the_index_kept_in_the_cache(tmp_path
     def run_precompute(*extra: str) -> str:
         return output(forked_launch("pipelines.precompute", *precompute, *extra, timeout=900))
 
-    assert "20 image(s) read and hashed" in run_precompute()
+    assert "20 images read and hashed" in run_precompute()
     stored = sorted(os.listdir(CacheLayout(cache).index_store))  # the source's entry and the job's combined one
     assert len(stored) == 2 and stored[1].startswith(COMBINED_PREFIX)
     assert "reused the stored index" in run_precompute()

@@ -25,7 +25,7 @@ from helpers.commands import make_env
 from helpers.processes import descendants, describe
 from helpers.profiles import REPO_ROOT, write_test_profile
 from helpers.shared_runs import TinyTraining
-from helpers.training import assert_succeeded, train_on_ranks
+from helpers.training import assert_succeeded, stop_when, train_on_ranks
 from janus_train.checkpoint.store import Checkpoints, tag_name
 from janus_train.loop.preemption import PREEMPTED_EXIT_CODE
 
@@ -51,29 +51,12 @@ def launch_command(out: Path, cache: Path, profile: Path) -> list[str]:
             "--profile", str(profile), "--no-export"]
 
 
-def launch(command: list[str], stop_at_step: int | None = None, sig: int = signal.SIGTERM
-           ) -> subprocess.CompletedProcess[str]:
-    """Run ``command``; with ``stop_at_step``, send ``sig`` to the launcher alone once metrics.jsonl
-    holds that step."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    process = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True, start_new_session=True)
+def launch(command: list[str], stop_at_step: int, sig: int = signal.SIGTERM) -> subprocess.CompletedProcess[str]:
+    """Run ``command``; send ``sig`` to the launcher alone once metrics.jsonl holds ``stop_at_step``."""
     metrics = Path(command[command.index("--out") + 1]) / "metrics.jsonl"
-    deadline = time.monotonic() + TIMEOUT_S
-    try:
-        if stop_at_step is not None:
-            while not (metrics.is_file() and any(json.loads(line)["step"] >= stop_at_step
-                                                 for line in metrics.read_text().splitlines() if line.strip())):
-                assert process.poll() is None, f"the run ended before step {stop_at_step}: {process.communicate()}"
-                assert time.monotonic() < deadline, f"timed out waiting for step {stop_at_step}"
-                time.sleep(0.05)
-            process.send_signal(sig)
-        stdout, stderr = process.communicate(timeout=max(1.0, deadline - time.monotonic()))
-    except BaseException:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.communicate()
-        raise
-    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
+    return stop_when(command, lambda: metrics.is_file() and any(
+        json.loads(line)["step"] >= stop_at_step for line in metrics.read_text().splitlines() if line.strip()),
+        sig, timeout=TIMEOUT_S)
 
 
 def losses(run: Path) -> dict[int, dict[str, float]]:

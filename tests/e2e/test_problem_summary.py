@@ -82,7 +82,7 @@ def test_make_precompute_shows_the_problems_and_a_second_run_says_at_once_the_ca
     out = tmp_path / "cache"
     first = make("precompute", DATA=bad_data, OUT=out, PROFILE="tiny", NPROC=2)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
-    assert "plan for" in first.stdout
+    assert f"plan for {bad_data} -> {out} (zarr, pad224, profile tiny):" in first.stdout.splitlines()
     indexed = runner.invoke(app, ["index", str(bad_data)])
     assert problem_block(first.stdout)[:-1] == problem_block(indexed.output)[:-1]
     assert problem_block(first.stdout)[-1] == f"    full report: {out / 'report.json'} (when the run ends)"

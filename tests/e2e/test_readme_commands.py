@@ -163,6 +163,65 @@ def test_a_long_janus_command_names_an_existing_subcommand_and_its_options(comma
     assert named <= listed, f"{command}: {sorted(named - listed)} not in `{' '.join(program)} --help`"
 
 
+DEMO_PATH = re.compile(r"demo_out/[^\s`'\"),]*")
+DEMO_FOLDERS = ("data", "cache", "run", "janusvln", "janus")
+"""What ``make demo`` writes into its profile's folder ``demo_out/PROFILE`` (the Makefile's demo target)."""
+
+
+def test_every_demo_path_in_the_documents_is_one_make_demo_writes() -> None:
+    """A document's command that reuses the demo's results (``make train ... CACHE=demo_out/tiny/cache``)
+    names the folder of a profile's demo: ``demo_out/PROFILE/{data,cache,run,...}``, so another
+    profile's demo never takes it away."""
+    profiles = {p.stem for p in (REPO_ROOT / "configs" / "profiles").glob("*.yaml")}
+    named = {(document.name, path) for document in (*DOCUMENTS, REPO_ROOT / "benchmarks" / "results" / "README.md")
+             for path in DEMO_PATH.findall(document.read_text())}
+    assert named
+    wrong = [f"{name}: {path}" for name, path in sorted(named)
+             if (parts := path.rstrip("/").split("/"))[1] not in profiles or parts[2:3] not in ([], *([f] for f in DEMO_FOLDERS))]
+    assert not wrong, "not a folder make demo writes (demo_out/PROFILE/...):\n" + "\n".join(wrong)
+    assert "DEMO_DIR ?= $(DEMO_ROOT)/$(PROFILE)" in (REPO_ROOT / "Makefile").read_text()
+
+
+def test_the_one_process_append_example_appends_to_the_cache_the_make_lines_build() -> None:
+    """docs/precompute.md's DAgger round without make: the sources of the make line before it, in
+    its order (an append refuses a source list that leaves one out), its cache and its profile."""
+    commands = code_block_commands(REPO_ROOT / "docs" / "precompute.md")
+    one = next(i for i, c in enumerate(commands) if c.text.startswith(".venv/bin/janus-cache precompute ")
+               and "dagger1=" in c.text)
+    make_line = next(c for c in reversed(commands[:one]) if c.words[:2] == ["make", "precompute"])
+    settings = dict(w.split("=", 1) for w in make_line.words[2:] if "=" in w)
+    words = commands[one].words
+    sources = words[2:next(i for i, w in enumerate(words) if w.startswith("--"))]
+    assert sources == shlex.split(settings["DATA"]), commands[one]
+    assert words[words.index("--out") + 1] == settings["OUT"], commands[one]
+    assert words[words.index("--profile") + 1] == settings["PROFILE"], commands[one]
+
+
+OUTPUT_FILES = ("--json", "--report", "--record-outputs")
+OUTPUT_FOLDERS = ("--out", "OUT=", "RUN=", "CACHE=")
+
+
+def written_paths(command: Command) -> list[str]:
+    """The files and folders a command writes, as it names them (a folder as ``FOLDER/x``)."""
+    words, named = command.words, []
+    for option, value in zip(words, words[1:]):
+        if option in OUTPUT_FILES + OUTPUT_FOLDERS:
+            named.append(value if option in OUTPUT_FILES else f"{value}/x")
+    named += [f"{w.split('=', 1)[1]}/x" for w in words if w.startswith(OUTPUT_FOLDERS[1:])]
+    return [path for path in named if path not in ("-", "-/x")]
+
+
+def test_what_the_documents_commands_write_into_the_clone_is_ignored_by_git() -> None:
+    """A command run as written from the repository root (``--json report.json``, ``--report
+    problems.json``, ``OUT=cache``, ``RUN=runs/...``) leaves nothing that ``git status`` shows."""
+    relative = sorted({(str(c), path) for c in ALL_COMMANDS for path in written_paths(c)
+                       if not path.startswith(("/", "s3://"))})  # (a bucket is outside the clone)
+    assert any(path == "report.json" for _, path in relative), relative
+    shown = [f"{command}: {path}" for command, path in relative
+             if subprocess.run(["git", "check-ignore", "-q", path], cwd=REPO_ROOT).returncode != 0]
+    assert not shown, "written into the clone and not ignored by git:\n" + "\n".join(shown)
+
+
 def make_targets() -> set[str]:
     return set(re.findall(r"^([a-z][a-z0-9-]*):", (REPO_ROOT / "Makefile").read_text(), flags=re.M))
 

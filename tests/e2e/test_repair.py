@@ -85,9 +85,9 @@ def test_a_rerun_repairs_damaged_shards_records_and_zarr_json_and_says_what_it_r
     assert succeeded(result), tail(result)
     said = output(result)
     assert f"{features}/zarr.json" in said
-    rewrote = next(line for line in said.splitlines() if "rewrote 3 shard(s)" in line)
+    rewrote = next(line for line in said.splitlines() if "rewrote 3 shards" in line)
     # Damage is said as damage (an append's growth of a partly filled shard is not: test_append).
-    assert rewrote.startswith("  repaired: rewrote 3 shard(s) that failed their commit records: "), rewrote
+    assert rewrote.startswith("  repaired: rewrote 3 shards that failed their commit records: "), rewrote
     assert "partly filled" not in said
     for shard in (frames_shard, features_shard, reader.shard_file(features, 7)):
         assert shard.relative_to(cache).as_posix() in rewrote

@@ -133,6 +133,10 @@ def test_a_resume_with_nothing_to_do_reads_no_shard_payload_unless_asked_to_hash
     n_shards = len(list((cache / frames_array(RESOLUTION)).rglob("c/*/0/0/0")))
     assert n_shards == 18 and len(read) == 2 * n_shards, sorted(map(str, read))
     assert digests(cache) == before
+    # ... and says it did.
+    assert (f"cache {cache} is complete: 36 samples at {RESOLUTION} (zarr), every shard committed and hashed "
+            "(--checksums all: each matches its commit record); nothing to repair (--overwrite rebuilds it)") \
+        in out.splitlines(), out
 
 
 def test_a_resume_trusts_committed_shards_by_record_and_size_and_checksums_all_rewrites_a_flipped_one(

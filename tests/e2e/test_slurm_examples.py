@@ -81,7 +81,7 @@ sys.exit(max(node.wait() for node in nodes))
 
 TORCHRUN = """
 import json, os, sys
-names = ("SLURM_NODEID", "SLURMD_NODENAME", "TORCH_EXTENSIONS_DIR", "JANUS_VGGT_PATH", "JANUS_QWEN_PATH")
+names = ("SLURM_NODEID", "SLURMD_NODENAME", "JANUS_VGGT_PATH", "JANUS_QWEN_PATH")
 with open(os.path.join(os.environ["STUB_LOG"], "torchrun-%s.json" % os.environ["SLURMD_NODENAME"]), "w") as f:
     json.dump({"argv": sys.argv[1:], "env": {name: os.environ.get(name) for name in names}}, f)
 """
@@ -96,7 +96,7 @@ assert sys.argv[1:3] == ["-m", "pipelines.launch"], sys.argv
 args, launcher_log = sys.argv[3:], None
 if args[:1] == ["--launcher-log"]:
     launcher_log, args = args[1], args[2:]
-names = ("SLURM_NODEID", "SLURMD_NODENAME", "TORCH_EXTENSIONS_DIR", "JANUS_VGGT_PATH", "JANUS_QWEN_PATH")
+names = ("SLURM_NODEID", "SLURMD_NODENAME", "JANUS_VGGT_PATH", "JANUS_QWEN_PATH")
 host = os.environ["SLURMD_NODENAME"]
 stop = os.environ.get("STUB_STOP_SIGNAL")
 received = []
@@ -243,13 +243,12 @@ def test_train_runs_the_makefile_command_on_both_nodes(cluster: Cluster, tmp_pat
 
 
 @pytest.mark.parametrize("script", ["precompute.sbatch", "train.sbatch"])
-def test_every_node_gets_the_model_paths_and_the_environments_extension_dir(cluster: Cluster, script: str) -> None:
+def test_every_node_gets_the_model_paths(cluster: Cluster, script: str) -> None:
     submission = cluster.submit(script, JANUS_VGGT_PATH="/models/vggt", JANUS_QWEN_PATH="/models/qwen")
     assert submission.returncode == 0, submission.output
     for run in submission.torchruns().values():
         assert run["env"]["JANUS_VGGT_PATH"] == "/models/vggt"
         assert run["env"]["JANUS_QWEN_PATH"] == "/models/qwen"
-        assert run["env"]["TORCH_EXTENSIONS_DIR"] == str(cluster.venv / "torch_extensions")
 
 
 @pytest.mark.parametrize("script", ["precompute.sbatch", "train.sbatch"])
@@ -303,10 +302,10 @@ def test_two_nodes_launched_by_precompute_sbatch_build_the_one_process_cache(
                          timeout=600, VENV=str(venv), DATA=str(sample_dataset), OUT=str(out), PROFILE="tiny",
                          NPROC="1", OMP_NUM_THREADS="1")
     assert submission.returncode == 0, submission.output[-4000:]
-    assert "2 nodes x 1 processes, rendezvous localhost:" in submission.output
+    assert "2 nodes x 1 process, rendezvous localhost:" in submission.output
     # Rank 0 alone prints the plan, with the job's world size: one job, not two of one process.
-    assert submission.output.count("process(es) x 1 decode worker(s)") == 1, submission.output[-4000:]
-    assert "with 2 process(es) x 1 decode worker(s)" in submission.output
+    assert submission.output.count("processes x 1 decode worker ") == 1, submission.output[-4000:]
+    assert "with 2 processes x 1 decode worker " in submission.output
 
     single = tmp_path / "single"
     plain = subprocess.run([str(venv / "bin" / "janus-cache"), "precompute", str(sample_dataset), "--out", str(single),
@@ -336,3 +335,59 @@ def test_sigusr1_to_the_batch_shell_reaches_every_nodes_launcher_and_the_job_req
     assert submission.returncode == PREEMPTED_EXIT_CODE, submission.output
     assert submission.recorded("scontrol-requeue") == ["requeue", str(JOB_ID)]
     assert "janus: SIGUSR1: the ranks save a checkpoint after their step and stop" in submission.output
+
+
+# The reference evaluation's torchrun (the JanusVLN environment's): records its arguments and, as
+# src/evaluation.py does, writes OUTPUT/result.json: one line per episode, then rank 0's summary line.
+EVAL_TORCHRUN = """
+import json, os, sys
+args = sys.argv[1:]
+with open(os.path.join(os.environ["STUB_LOG"], "torchrun-eval.json"), "w") as f:
+    json.dump({"argv": args, "cwd": os.getcwd()}, f)
+out = args[args.index("--output_path") + 1]
+os.makedirs(out, exist_ok=True)
+episodes = [{"scene_id": "zsNo4HB9uLZ", "episode_id": 1, "success": 1.0, "spl": 0.8, "os": 1.0, "ne": 1.5, "steps": 40,
+             "episode_instruction": "walk out of the kitchen"},
+            {"scene_id": "zsNo4HB9uLZ", "episode_id": 2, "success": 0.0, "spl": 0.0, "os": 1.0, "ne": 6.5, "steps": 90,
+             "episode_instruction": "go up the stairs"}]
+with open(os.path.join(out, "result.json"), "a") as f:
+    for episode in episodes:
+        f.write(json.dumps(episode) + "\\n")
+    f.write(json.dumps({"sucs_all": 0.5, "spls_all": 0.4, "oss_all": 1.0, "ones_all": 4.0, "length": 2}) + "\\n")
+"""
+
+
+def test_eval_runs_the_reference_evaluation_on_the_export_and_writes_janus_results(cluster: Cluster,
+                                                                                  tmp_path: Path) -> None:
+    """``train.eval_command: sbatch examples/slurm/eval.sbatch {export} {results}``: the job runs the
+    reference entry point (src/evaluation.py under torchrun, one process per GPU, in the JanusVLN
+    checkout) with the export as --model_path, and turns its summary line into the results janus
+    reads: SR, SPL, OSR, NE and the episode count."""
+    from janus_train.evals.record import read_results
+
+    reference = tmp_path / "JanusVLN"
+    (reference / "src").mkdir(parents=True)
+    (reference / "src" / "evaluation.py").write_text("# the reference evaluation\n")
+    write_program(cluster.bin_dir / "torchrun", EVAL_TORCHRUN)
+    folder = tmp_path / "run" / "evals" / "step00001000"
+    (folder / "export").mkdir(parents=True)
+    submission = cluster.submit("eval.sbatch", str(folder / "export"), str(folder / "results.json"),
+                                JANUSVLN_DIR=str(reference))
+    assert submission.returncode == 0, submission.output
+    torchrun = submission.recorded("torchrun-eval")
+    assert torchrun["cwd"] == str(reference)
+    args = torchrun["argv"]
+    assert args[:1] == [f"--nproc_per_node={GPUS_PER_NODE}"] and args[1].startswith("--master_port=")
+    assert args[2:] == ["src/evaluation.py", "--model_path", str(folder / "export"),
+                        "--habitat_config_path", "config/vln_r2r.yaml", "--output_path", str(folder / "janusvln"),
+                        "--eval_split", "val_unseen"]
+    assert read_results(folder / "results.json") == {"SR": 0.5, "SPL": 0.4, "OSR": 1.0, "NE": 4.0, "episodes": 2.0}
+    assert not list(folder.glob(".*.tmp"))
+
+
+def test_eval_without_the_reference_code_stops_in_one_line(cluster: Cluster, tmp_path: Path) -> None:
+    submission = cluster.submit("eval.sbatch", str(tmp_path), str(tmp_path / "results.json"),
+                                JANUSVLN_DIR=str(tmp_path / "nowhere"))
+    assert submission.returncode == 2
+    assert re.fullmatch(r"error: \S+/nowhere/src/evaluation\.py does not exist: set JANUSVLN_DIR[^\n]*\n",
+                        submission.output), submission.output

@@ -1,5 +1,7 @@
 """Several dataset sources in one cache: ``precompute r2r=A d1=B`` keys every
-sample with its source, the counts add up, and verify checks the cache against the same sources.
+sample with its source, the counts add up, and verify checks the cache against the same sources;
+an annotation file among them may keep its images elsewhere (``--image-root NAME=DIR``), and
+``janus-cache info`` names a cache's sources in order (what an append lists first).
 
 Real PNG datasets from our sample-data generator, the session's cache of both sources
 (``source_caches``, made by the precompute entry point) and real ``janus-cache verify`` commands
@@ -11,7 +13,18 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from helpers.sources import STEPS, assert_one_line_error, cache_keys, tail, verify_in_process
+import json
+import shutil
+
+from helpers.sources import (
+    STEPS,
+    assert_one_line_error,
+    cache_keys,
+    janus_cache,
+    precompute_in_process,
+    tail,
+    verify_in_process,
+)
 
 from janus_cache.store import open_cache, read_manifest
 from janus_cache.store.manifest import read_episodes
@@ -52,3 +65,58 @@ def test_two_sources_give_one_cache_whose_keys_carry_their_source(
     # The sources named differently are other keys: the cache does not belong to that dataset.
     other = verify_in_process(cache, source_profile, f"r2r={a} vln={b}", "--live", "0")
     assert_one_line_error(other, "completeness", "d1/episode_0000")
+
+
+def test_info_names_the_caches_sources_in_order(source_caches: Callable[[str, str], Path]) -> None:
+    shown = janus_cache("info", source_caches("zarr", "ab"))
+    assert shown.returncode == 0, tail(shown)
+    assert "  sources (in cache order): r2r, d1" in shown.stdout.splitlines(), shown.stdout
+    # Its resolution as words, not as the manifest's dictionary.
+    assert ("  resolution pad224: 15 samples, frames 224x224x3, features 256x128, pad to 224 px, PIL bicubic, "
+            "pad value 255") in shown.stdout.splitlines(), shown.stdout
+
+
+def test_the_sample_data_as_an_annotation_file_indexes_as_its_episode_folders(tmp_path: Path) -> None:
+    """``sample-data --format jsonl``: the same images and one annotation file, whose samples are
+    the episode folders' (keys, windows, texts)."""
+    folders, annotated = tmp_path / "folders", tmp_path / "annotated"
+    for out, form in ((folders, "folders"), (annotated, "jsonl")):
+        written = janus_cache("sample-data", out, "--episodes", "2", "--steps", "4", "--format", form)
+        assert written.returncode == 0, tail(written)
+    assert written.stdout.strip() == f"wrote 2 episodes x 4 frames to {annotated}, annotated in {annotated}/annotations.jsonl"
+    assert sorted(p.name for p in annotated.iterdir()) == ["annotations.jsonl", "episode_0000", "episode_0001"]
+    assert not list(annotated.glob("*/*.json"))  # the texts are in the annotation file only
+    summaries = [janus_cache("index", data, "--json") for data in (folders, annotated / "annotations.jsonl")]
+    assert all(s.returncode == 0 for s in summaries), [tail(s) for s in summaries]
+    counts = [{k: json.loads(s.stdout)[k] for k in ("episodes", "frames", "samples")} for s in summaries]
+    assert counts[0] == counts[1] == {"episodes": 2, "frames": 8, "samples": 8}
+    records = [json.loads(line) for line in (annotated / "annotations.jsonl").read_text().splitlines()]
+    assert records[0]["id"] == "episode_0000/0" and len(records[0]["images"]) == 9
+
+
+def test_an_annotation_file_with_its_images_elsewhere_is_one_source_among_several(
+        sources: tuple[Path, Path], source_profile: Path, tmp_path: Path) -> None:
+    a, _ = sources
+    images = tmp_path / "rxr_images"
+    assert janus_cache("sample-data", images, "--episodes", "1", "--steps", str(STEPS), "--format", "jsonl",
+                       "--seed", "3").returncode == 0
+    annotations = tmp_path / "annotations" / "rxr_train.jsonl"  # kept apart from its images
+    annotations.parent.mkdir()
+    shutil.move(images / "annotations.jsonl", annotations)
+
+    indexed = janus_cache("index", f"r2r={a} rxr={annotations}", "--image-root", f"rxr={images}", "--json")
+    assert indexed.returncode == 0, tail(indexed)
+    assert json.loads(indexed.stdout)["samples"] == 3 * STEPS
+    unknown = janus_cache("index", f"r2r={a} rxr={annotations}", "--image-root", f"vln={images}")
+    assert_one_line_error(unknown, "--image-root vln=", "no dataset source is named 'vln'", "r2r, rxr")
+    bare = janus_cache("index", f"r2r={a} rxr={annotations}", "--image-root", str(images))
+    assert_one_line_error(bare, f"--image-root {images}", "name it: --image-root NAME=")
+
+    cache = tmp_path / "cache"
+    built = precompute_in_process(cache, source_profile, f"r2r={a}", f"rxr={annotations}", "--image-root",
+                                  f"rxr={images}")
+    assert built.returncode == 0, tail(built)
+    keys = cache_keys(cache)
+    assert len(keys) == 3 * STEPS and keys[-1] == f"rxr/episode_0000/{STEPS - 1}"
+    shown = janus_cache("info", cache)
+    assert "  sources (in cache order): r2r, rxr" in shown.stdout.splitlines(), shown.stdout

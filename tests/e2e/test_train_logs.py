@@ -9,6 +9,7 @@ The step line and the ETA as functions are tests/unit/test_train_log_lines.py.
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import re
 import subprocess
@@ -104,6 +105,8 @@ def test_enabling_weights_and_biases_without_the_package_is_a_one_line_error(tmp
                             cwd=REPO_ROOT, capture_output=True, text=True, timeout=120, check=False)
     assert result.returncode == 1
     assert result.stderr.strip().splitlines() == [
-        f"error: {profile}: setting 'train.wandb_project' is 'janus-test' but the wandb package is not installed "
-        "(pip install wandb, or leave the setting empty)"]
+        f"error: {profile}: setting 'train.wandb_project' is 'janus-test' but the wandb package is not installed: "
+        "install the wandb extra (make setup EXTRAS=train,test,wandb), or leave the setting empty"]
+    # The extra the line names is one janus declares.
+    assert "wandb" in (importlib.metadata.metadata("janus").get_all("Provides-Extra") or [])
     assert not (tmp_path / "run").exists()

@@ -58,6 +58,19 @@ def test_janus_train_run_with_an_unknown_profile_is_one_line_and_writes_nothing(
     assert not (tmp_path / "run").exists()
 
 
+def test_a_start_the_ranks_refuse_leaves_no_run_directory(tmp_path: Path) -> None:
+    """The ranks refuse a cache that does not exist: the run directory is not made for torchrun's
+    report, which stays in the temporary folder that the launcher's line names."""
+    out = tmp_path / "run"
+    result = janus_train("run", "--out", out, "--cache", tmp_path / "no-cache", "--nproc", "1")
+    assert result.returncode == 1
+    *_, error, launcher = result.stderr.strip().splitlines()
+    assert error.startswith(f"error: no cache exists at {tmp_path / 'no-cache'}")
+    assert launcher.startswith("launcher: rank 0 exited with code 1; torchrun's report: ")
+    assert Path(launcher.split("torchrun's report: ")[1]).is_file()
+    assert not out.exists()
+
+
 def test_janus_train_run_needs_a_run_directory() -> None:
     result = janus_train("run", "--cache", "cache")
     assert result.returncode == 2 and "Missing option '--out'" in result.stderr, result.stderr

@@ -150,6 +150,7 @@ def test_the_launcher_exits_with_the_ranks_code_and_keeps_their_output(tmp_path:
     data = tmp_path / "data"
     data.mkdir()
     log = tmp_path / "logs" / "launcher.log"
+    log.parent.mkdir()
     result = subprocess.run([sys.executable, "-m", "pipelines.launch", "--launcher-log", str(log), "--standalone",
                              "--nproc_per_node", "2", "-m", "pipelines.precompute", str(data), "--out",
                              str(tmp_path / "cache"), "--resolution", "crop0"],

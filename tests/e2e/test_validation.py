@@ -7,7 +7,8 @@ episode held out) capped at 3 of its 4 samples, so the ranks' shares differ (2 a
 an uncounted filler micro-batch to keep ZeRO-3's collectives in step). 8 training samples, 4 per
 step: 2 steps per epoch. 6 steps, validation every 2, a record every 3 steps, a checkpoint every 2
 keeping 1; the best checkpoint by ``val_action_token_accuracy`` (a tie keeps the earlier one, so
-the best is an early step whose own tag the rotation removes). A second launch resumes it to 8 steps.
+the best is an early step whose own tag the rotation removes). A second launch resumes it to 8 steps
+with the cache read in place from a bucket (held-out validation from s3:// as from disk).
 The hold-out, its refusals and the metrics' small parts, in one process: tests/unit/test_holdout.py.
 """
 
@@ -18,9 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
-import torch.nn.functional as F
 
+from helpers.s3_server import S3Server, janus_cache, succeeded
 from helpers.shared_runs import TinyTraining
 from helpers.training import assert_succeeded, read_metrics, train_on_ranks
 from helpers.validation import (
@@ -29,17 +29,16 @@ from helpers.validation import (
     MAX_STEPS,
     RESUMED_STEPS,
     VAL_SAMPLES,
+    assert_metrics_equal,
+    hand_metrics,
     profile_with,
     validation_data,
     validation_of,
 )
-from janus_core.index import ACTIONS
 from janus_core.profile import load_profile
 from janus_train.checkpoint.best import BEST_FILE, BEST_TAG
 from janus_train.checkpoint.export import load_exported
 from janus_train.config import load_train_settings
-from janus_train.data.samples import CachedSamples, collate
-from janus_train.data.segments import SEGMENT_NAMES
 from janus_train.run.layout import CHECKPOINTS_DIR, EXPORT_DIR
 
 
@@ -58,56 +57,10 @@ def run(built: dict[str, Path]) -> dict[str, Any]:
     return {"out": out, "stdout": result.stdout, "records": records, "best": best}
 
 
-def hand_metrics(model: torch.nn.Module, dataset: CachedSamples, rows: tuple[int, ...],
-                 distill_weight: float) -> dict[str, float]:
-    """The val_* metrics of ``model`` over ``rows``, one sample at a time in one process. The action
-    name's tokens are found from the text (the tokens of " <ACTION>" just before the closing
-    ``<|im_end|>\\n``), and the greedy prediction at each is the argmax of the full LM logits."""
-    tokenizer = dataset.builder.tokenizer
-    closing = len(tokenizer("<|im_end|>\n", add_special_tokens=False)["input_ids"])
-    weighted = weights = action_ce = head_right = name_right = 0.0
-    segment_ce, segment_n = [0.0] * 4, [0] * 4
-    for row in rows:
-        item = dataset[row]
-        batch = collate([item], dataset.builder.pad_token_id)
-        with torch.no_grad():
-            out = model(batch, return_hidden=True)
-            logits = model.qwen.lm_head(out.hidden_states[0]).float()  # [L, vocab]
-        labels, seg, w = batch["labels"][0], batch["segment_ids"][0], batch["loss_weights"][0]
-        ce = F.cross_entropy(logits[:-1], labels[1:], ignore_index=-100, reduction="none")
-        supervised = labels[1:] != -100
-        weighted += float((ce * w[1:])[supervised].sum())
-        weights += float(w.sum())
-        for k in range(4):
-            mask = supervised & (seg[1:] == k + 1)
-            segment_ce[k] += float(ce[mask].sum())
-            segment_n[k] += int(mask.sum())
-        head = out.action_logits[0].float()
-        action_ce += float(F.cross_entropy(head[None], batch["action_ids"]))
-        head_right += float(head.argmax() == batch["action_ids"][0])
-        name = tokenizer(" " + ACTIONS[item.prompt.action_id], add_special_tokens=False)["input_ids"]
-        end = int(supervised.nonzero().max()) + 2 - closing  # first closing token
-        positions = torch.arange(end - len(name), end)
-        assert labels[positions].tolist() == name, "the action name is not where the prompt puts it"
-        name_right += float(bool((logits[positions - 1].argmax(-1) == labels[positions]).all()))
-    n = len(rows)
-    token_loss = weighted / weights
-    metrics = {"val_loss": token_loss + distill_weight * action_ce / n, "val_token_loss": token_loss,
-               "val_action_loss": action_ce / n, "val_action_accuracy": head_right / n,
-               "val_action_token_accuracy": name_right / n, "val_samples": n}
-    metrics.update({f"val_loss_{s}": segment_ce[k] / segment_n[k] for k, s in enumerate(SEGMENT_NAMES)})
-    return metrics
-
-
 def expected_best(evaluated: list[dict[str, Any]]) -> dict[str, Any]:
     """The first validation reaching the highest accuracy."""
     top = max(r[BEST] for r in evaluated)
     return next(r for r in evaluated if r[BEST] == top)
-
-
-def assert_metrics_equal(logged: dict[str, Any], expected: dict[str, float]) -> None:
-    for name, value in expected.items():
-        assert logged[name] == pytest.approx(value, rel=1e-5, abs=1e-7), name
 
 
 # ----------------------------------------------------------------------------------------------
@@ -138,7 +91,15 @@ def test_validation_runs_every_eval_every_steps_and_at_the_end(run: dict[str, An
     assert any(line.endswith("; validating on 3 samples of 1 held-out episode") for line in run["stdout"].splitlines())
     lines = [line for line in run["stdout"].splitlines() if line.startswith("step ")]
     assert [" | val loss " in line for line in lines] == [True, False, True, True]
-    assert list((run["out"] / "tensorboard").glob("events.out.tfevents.*"))
+    # TensorBoard shows the training and the validation metrics in sections of their own.
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run["out"] / "tensorboard"))
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    assert {"train/loss", "train/lr", "val/loss", "val/action_accuracy"} <= tags, sorted(tags)
+    assert [e.step for e in events.Scalars("val/loss")] == [2, 4, 6]
+    assert all(tag.split("/")[0] in ("train", "val") for tag in tags), sorted(tags)
 
 
 def test_the_final_val_metrics_equal_a_hand_computation_over_all_val_samples(
@@ -184,16 +145,29 @@ def test_the_best_checkpoint_is_kept_apart_from_rotation(built: dict[str, Path],
     assert best["val_loss"] != pytest.approx(evaluated[-1]["val_loss"], rel=1e-3)  # not the latest weights
 
 
-def test_the_best_checkpoint_survives_a_resume(built: dict[str, Path], run: dict[str, Any]) -> None:
-    """A second launch continues the run to 8 steps: it validates at 8 and keeps the best of all
-    four validations, whichever part of the run it came from."""
-    result = train_on_ranks("--out", run["out"], "--cache", built["cache"], "--profile", built["profile"],
-                            "--max-steps", RESUMED_STEPS, "--no-export")
+def test_a_resume_reading_the_cache_from_a_bucket_validates_on_the_same_held_out_samples_and_keeps_the_best(
+        built: dict[str, Path], run: dict[str, Any], s3_server: S3Server) -> None:
+    """A second launch continues the run to 8 steps with its cache read in place from a bucket of a
+    real S3 server (``janus-cache push``, then ``--cache s3://...``): it holds out the same episode,
+    so its validation at 8 gives the exact val_* of its exported step-8 model over the 3 held-out
+    samples of the local cache; and it keeps the best of all four validations, whichever part of
+    the run it came from."""
+    url = f"{s3_server.url('validation')}/{built['cache'].name}"  # the run names its cache after it
+    succeeded(janus_cache(s3_server, "push", built["cache"], url))
+    result = train_on_ranks("--out", run["out"], "--cache", url, "--profile", built["profile"],
+                            "--max-steps", RESUMED_STEPS, env=s3_server.env())
     assert_succeeded(result)
     assert f"resumed at step {MAX_STEPS}" in result.stdout
     evaluated = [r for r in read_metrics(run["out"]) if "val_loss" in r]
     assert [r["step"] for r in evaluated] == [2, 4, 6, 8]
+    final = evaluated[-1]
+    dataset, _, validation = validation_of(built)
+    profile = load_profile(built["profile"])
+    model = load_exported(run["out"] / EXPORT_DIR, profile, load_train_settings(profile).model_config()).eval()
+    assert final["val_samples"] == VAL_SAMPLES
+    assert_metrics_equal(final, hand_metrics(model, dataset, validation.rows, final["distill_loss_weight"]))
+
     best = expected_best(evaluated)
     kept = json.loads((run["out"] / CHECKPOINTS_DIR / BEST_TAG / BEST_FILE).read_text())
     assert kept == {"metric": BEST, "value": best[BEST], "step": best["step"]}
-    assert evaluated[-1]["val_best"] == (best["step"] == RESUMED_STEPS)
+    assert final["val_best"] == (best["step"] == RESUMED_STEPS)

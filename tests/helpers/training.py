@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -74,12 +76,33 @@ def torchrun_train(*args: str | Path | int, nproc: int = N_PROC) -> subprocess.C
                           timeout=TIMEOUT_S)
 
 
-def train_on_ranks(*args: str | Path | int, nproc: int = N_PROC,
-                   kill_when: Callable[[], bool] | None = None) -> subprocess.CompletedProcess[str]:
+def train_on_ranks(*args: str | Path | int, nproc: int = N_PROC, kill_when: Callable[[], bool] | None = None,
+                   env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """``pipelines.train ARGS`` on ``nproc`` ranks as torchrun starts them, each forked from a process
     that imported the command once (:mod:`helpers.forked_ranks`; ``kill_when``: SIGKILL of every
-    rank once it holds)."""
-    return forked_launch("pipelines.train", *args, nproc=nproc, timeout=TIMEOUT_S, kill_when=kill_when)
+    rank once it holds; ``env``: the launch's environment instead of this process's)."""
+    return forked_launch("pipelines.train", *args, nproc=nproc, env=env, timeout=TIMEOUT_S, kill_when=kill_when)
+
+
+def stop_when(command: list[str], ready: Callable[[], bool], sig: int = signal.SIGTERM,
+              timeout: float = TIMEOUT_S) -> subprocess.CompletedProcess[str]:
+    """Run the launcher ``command`` (e.g. ``python -m pipelines.launch ...``, what ``make train`` runs)
+    from the repository; once ``ready()`` holds, send ``sig`` to the launcher alone."""
+    process = subprocess.Popen(command, cwd=REPO_ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.monotonic() + timeout
+    try:
+        while not ready():
+            assert process.poll() is None, f"the run ended before it was to be stopped: {process.communicate()}"
+            assert time.monotonic() < deadline, "timed out waiting to stop the run"
+            time.sleep(0.05)
+        process.send_signal(sig)
+        stdout, stderr = process.communicate(timeout=max(1.0, deadline - time.monotonic()))
+    except BaseException:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.communicate()
+        raise
+    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
 
 
 def assert_succeeded(result: subprocess.CompletedProcess[str]) -> None:

@@ -1,4 +1,5 @@
-"""The validation tests' settings and data (tests/unit/test_holdout.py, tests/e2e/test_validation.py).
+"""The validation tests' settings and data (tests/unit/test_holdout.py, tests/e2e/test_validation.py), and
+the val_* metrics a run must log, computed by hand (also tests/e2e/test_object_storage.py).
 
 3 episodes x 4 steps of sample data (the session's bfloat16 cache, helpers.shared_runs); the tiny
 profile's own validation source (one episode held out) capped at 3 of its 4 samples; 8 training
@@ -11,10 +12,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+import torch
+import torch.nn.functional as F
 import yaml
 
 from helpers.profiles import write_test_profile
 from helpers.shared_runs import TinyTraining
+from janus_core.index import ACTIONS
+from janus_train.data.samples import CachedSamples, collate
+from janus_train.data.segments import SEGMENT_NAMES
 
 EPISODES, STEPS = 3, 4
 VAL_SAMPLES = 3
@@ -57,3 +64,49 @@ def validation_of(built: dict[str, Path]) -> tuple[Any, Any, Any]:
     train, validation = plan_validation(load_train_settings(profile), dataset)
     assert validation is not None
     return dataset, train, validation
+
+
+def hand_metrics(model: torch.nn.Module, dataset: CachedSamples, rows: tuple[int, ...],
+                 distill_weight: float) -> dict[str, float]:
+    """The val_* metrics of ``model`` over ``rows``, one sample at a time in one process. The action
+    name's tokens are found from the text (the tokens of " <ACTION>" just before the closing
+    ``<|im_end|>\\n``), and the greedy prediction at each is the argmax of the full LM logits."""
+    tokenizer = dataset.builder.tokenizer
+    closing = len(tokenizer("<|im_end|>\n", add_special_tokens=False)["input_ids"])
+    weighted = weights = action_ce = head_right = name_right = 0.0
+    segment_ce, segment_n = [0.0] * 4, [0] * 4
+    for row in rows:
+        item = dataset[row]
+        batch = collate([item], dataset.builder.pad_token_id)
+        with torch.no_grad():
+            out = model(batch, return_hidden=True)
+            logits = model.qwen.lm_head(out.hidden_states[0]).float()  # [L, vocab]
+        labels, seg, w = batch["labels"][0], batch["segment_ids"][0], batch["loss_weights"][0]
+        ce = F.cross_entropy(logits[:-1], labels[1:], ignore_index=-100, reduction="none")
+        supervised = labels[1:] != -100
+        weighted += float((ce * w[1:])[supervised].sum())
+        weights += float(w.sum())
+        for k in range(4):
+            mask = supervised & (seg[1:] == k + 1)
+            segment_ce[k] += float(ce[mask].sum())
+            segment_n[k] += int(mask.sum())
+        head = out.action_logits[0].float()
+        action_ce += float(F.cross_entropy(head[None], batch["action_ids"]))
+        head_right += float(head.argmax() == batch["action_ids"][0])
+        name = tokenizer(" " + ACTIONS[item.prompt.action_id], add_special_tokens=False)["input_ids"]
+        end = int(supervised.nonzero().max()) + 2 - closing  # first closing token
+        positions = torch.arange(end - len(name), end)
+        assert labels[positions].tolist() == name, "the action name is not where the prompt puts it"
+        name_right += float(bool((logits[positions - 1].argmax(-1) == labels[positions]).all()))
+    n = len(rows)
+    token_loss = weighted / weights
+    metrics = {"val_loss": token_loss + distill_weight * action_ce / n, "val_token_loss": token_loss,
+               "val_action_loss": action_ce / n, "val_action_accuracy": head_right / n,
+               "val_action_token_accuracy": name_right / n, "val_samples": n}
+    metrics.update({f"val_loss_{s}": segment_ce[k] / segment_n[k] for k, s in enumerate(SEGMENT_NAMES)})
+    return metrics
+
+
+def assert_metrics_equal(logged: dict[str, Any], expected: dict[str, float]) -> None:
+    for name, value in expected.items():
+        assert logged[name] == pytest.approx(value, rel=1e-5, abs=1e-7), name

@@ -23,7 +23,7 @@ from transformers import Qwen2_5_VLConfig
 
 import benchmarks.flops
 from benchmarks import bench_gpu
-from benchmarks.bench import flops_section
+from benchmarks.bench_run import flops_section
 from benchmarks.bench_projection import (
     REFERENCE_GPU_S_PER_SAMPLE,
     REFERENCE_HOURS_PER_EPOCH,
@@ -472,3 +472,40 @@ def test_gpu_bench_smoke_mode_measures_the_qwen3_step_and_says_which_levers_do_n
     assert "tiny-qwen3_vl" in table and "| janus + ViT cache |" in table
     assert (tmp_path / "gpu_smoke_qwen3_vl_flops.png").stat().st_size > 0
     assert not (tmp_path / "gpu_smoke.json").exists()  # Qwen2.5-VL's results keep their own names
+
+
+# ------------------------------------------------------------------------ rows of the device run
+
+
+def test_a_micro_batch_stacks_samples_on_the_batch_dimension_and_steps_per_sample() -> None:
+    model = build_model(TINY_QWEN, 128, merger_hidden=96, device=torch.device("cpu"), dtype=torch.float32)
+    one, four = make_batch(model, SHAPE), bench_gpu.micro_batch(model, SHAPE, 4, vit_cache=True)
+    assert four["input_ids"].shape == (4, one["input_ids"].shape[1]) and four["frames"].shape[0] == 4
+    assert four["position_ids"].shape == (3, 4, one["input_ids"].shape[1])  # M-RoPE positions: [3, B, L]
+    assert four["vit_features"].shape[0] == 4 and four["action_positions"].shape == (4,)
+    assert torch.equal(four["input_ids"][0], one["input_ids"][0])  # sample 0 is make_batch's own
+    assert not torch.equal(four["frames"][0], four["frames"][1])  # the others are other samples
+    model.train()
+    assert StepRunner(model).step("janus", four) > 0  # one micro-batch of four through the janus step
+
+
+def test_a_liger_row_leaves_transformers_qwen2_5_vl_module_as_it_found_it() -> None:
+    module = bench_gpu.liger_patched_module()
+    assert module.__name__.endswith("modeling_qwen2_5_vl")
+    before = dict(vars(module))
+    with bench_gpu.module_globals_kept(module):
+        module.Qwen2MLP = object  # what Liger's patch does (and adds names)
+        module.apply_multimodal_rotary_pos_emb = None
+        module.LigerAddedName = 1
+    assert dict(vars(module)) == before
+
+
+def test_a_measured_step_row_gives_per_sample_figures_and_the_memory_before_its_step() -> None:
+    settings = bench_gpu.SMOKE
+    row = bench_gpu.measure_step(settings, bench_gpu.Device("cpu"), None, bench_gpu.StepRow("janus", "full", micro_batch=2),
+                                 repeats=1, warmup=0)
+    assert row["micro_batch"] == 2 and row["s_per_sample"]["median"] > 0 and row["tflop_per_s"] is None
+    assert row["base"] == "qwen2_5_vl" and row["peak_gib"] is None and row["resident_gib"] is None  # no CUDA here
+    with pytest.raises(bench_gpu.Unavailable, match="Liger's Qwen2.5-VL kernels only"):
+        bench_gpu.measure_step(bench_gpu.SMOKE_BY_BASE["qwen3_vl"], bench_gpu.Device("cpu"), None,
+                               bench_gpu.StepRow("janus", "full", bench_gpu.Levers(liger=True)))

@@ -57,5 +57,5 @@ def test_the_time_estimate_is_the_fixed_costs_plus_the_measured_rates_per_proces
     assert on_gpus.seconds(2, 1) == pytest.approx(27.0 + 100 * 0.02 / 2 + 100 * 0.001 + 80 * 0.5 / 2)
     assert dataclasses.replace(plan, cores=16).busy_at_once(8) == 8
     said = plan.format(1, 2)
-    assert "(start-up 22 s, decode 20.0 ms/frame, encode 500.0 ms/window with 1 thread(s);" in said
+    assert "(start-up 22 s, decode 20.0 ms/frame, encode 500.0 ms/window with 1 thread;" in said
     assert plan.to_dict(1, 2)["fixed_seconds"] == 22.0

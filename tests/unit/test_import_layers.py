@@ -168,7 +168,7 @@ def test_the_scan_sees_every_package_and_its_imports() -> None:
     assert "janus_cache" in graph["pipelines.precompute_run"]
     assert {"janus_core", "janus_cache"} <= graph["janus_train.data.from_profile"]
     assert "janus_core" in graph["janus_cache.store.manifest"]
-    assert {"janus_cache", "pipelines", "benchmarks"} <= graph["benchmarks.bench"]
+    assert {"janus_cache", "pipelines", "benchmarks"} <= graph["benchmarks.bench_run"]
     assert "janus_train" in graph["benchmarks.flops"]
     modules = module_graph()
     assert "janus_train.config" in modules["janus_train.loop.validation"]
@@ -199,10 +199,11 @@ def test_libraries_never_import_the_layers_above_them() -> None:
                          + "\n".join(found))
 
 
-TRAIN_ORDER = ("data", "model", "config", "run", "checkpoint", "loop", "build")
+TRAIN_ORDER = ("data", "model", "config", "run", "checkpoint", "evals", "loop", "build")
 """janus_train's folders and top-level modules, lowest first: each imports only those before it
 (the reader's samples, prompts and M-RoPE ids; the model; the train settings, which take both's
-facts; the run directory; checkpoints; the loop; the run's builder on top)."""
+facts; the run directory; checkpoints; the external evaluations of checkpoints; the loop; the run's
+builder on top)."""
 
 
 def train_order_offenders(graph: dict[str, set[str]]) -> list[str]:

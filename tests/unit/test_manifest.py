@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-import janus_cache.store.commit as commit_module
+import janus_core.system.files as files_module
 from janus_cache.store import (
     DatasetIdentity,
     FieldDiff,
@@ -185,7 +185,7 @@ def test_a_crash_during_a_manifest_write_leaves_the_previous_manifest_whole(
         raise KeyboardInterrupt("killed before the rename")
 
     with monkeypatch.context() as patch:
-        patch.setattr(commit_module.os, "replace", crash)
+        patch.setattr(files_module.os, "replace", crash)  # the atomic write's rename
         with pytest.raises(KeyboardInterrupt):
             write_manifest(tmp_path, manifest(counts={"frames": 0}))
     assert (tmp_path / "manifest.json").read_bytes() == before

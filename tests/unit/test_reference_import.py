@@ -194,7 +194,7 @@ def test_beside_the_heads_any_other_unexpected_key_is_still_an_error(reference_d
     with pytest.raises(ReferenceCheckpointError) as err:
         check_reference_checkpoint(damaged(reference_dir_with_heads, tmp_path, add=add), profile)
     message = str(err.value)
-    assert f"1 unexpected key(s): {add}" in message and "\n" not in message, message
+    assert f"1 unexpected key: {add}" in message and "\n" not in message, message
 
 
 def test_other_reference_frame_or_a_transformers_5_config_is_refused(reference_dir: Path, profile: Profile,

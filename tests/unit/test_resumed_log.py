@@ -41,5 +41,5 @@ def test_a_resumed_log_drops_later_records_from_metrics_and_tensorboard(tmp_path
     assert [(r["step"], r["loss"]) for r in records] == [(1, 11.0), (2, 12.0), (3, 13.0), (4, 24.0), (5, 25.0)]
     events = EventAccumulator(str(tmp_path / "tensorboard"))
     events.Reload()
-    assert [(e.step, e.value) for e in events.Scalars("loss")] == [(1, 11.0), (2, 12.0), (3, 13.0), (4, 24.0),
+    assert [(e.step, e.value) for e in events.Scalars("train/loss")] == [(1, 11.0), (2, 12.0), (3, 13.0), (4, 24.0),
                                                                     (5, 25.0)]

@@ -49,3 +49,10 @@ def test_train_asks_for_sigusr1_ten_minutes_before_the_time_limit_and_may_be_req
     assert "--requeue" in options and options["--open-mode"] == "append"
     # The code it requeues on is the one a stopped run exits with.
     assert f"PREEMPTED={PREEMPTED_EXIT_CODE}" in (SLURM_DIR / "train.sbatch").read_text()
+
+
+def test_eval_asks_for_one_node_with_8_gpus() -> None:
+    """JanusVLN's evaluation runs one process per GPU of one node (examples/slurm/eval.sbatch)."""
+    options = sbatch_options(SLURM_DIR / "eval.sbatch")
+    assert options["--nodes"] == "1" and options["--gpus-per-node"] == "8"
+    assert options["--job-name"] == "janus-eval"

@@ -3,6 +3,7 @@ settings and as functions (``make train`` refusing Liger without the package: te
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ import yaml
 
 from helpers.model_cases import tiny_model
 from helpers.profiles import write_test_profile
+from janus_core.bases import QWEN2_5_VL
 from janus_core.profile import ProfileError, load_profile
 from janus_train.config import deepspeed_config, load_train_settings
 from janus_train.model.kernels import KernelUnavailable, apply_liger, compile_decoder_layers, liger_missing
@@ -49,6 +51,27 @@ def test_kernel_settings_are_off_by_default_and_compile_is_a_plain_switch(tmp_pa
 def test_applying_liger_without_the_package_says_what_to_install() -> None:
     with pytest.raises(KernelUnavailable, match="pip install liger-kernel"):
         apply_liger(tiny_model().qwen)
+
+
+@pytest.mark.skipif(liger_missing() is not None, reason="liger-kernel (with triton) is not installed here")
+def test_liger_patches_the_norms_and_mlps_of_the_transformers_janus_accepts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every RMSNorm (decoder and ViT) and decoder MLP runs Liger's forward (wiring only: the Triton
+    kernels run on a GPU), with the transformers janus pins, whose Qwen2.5-VL output class Liger 0.8.5
+    imports under its old name; the rotary function transformers calls stays its own."""
+    modeling_qwen2_5_vl = importlib.import_module(QWEN2_5_VL.modeling_module)
+    for name in ("Qwen2_5_VLRMSNorm", "Qwen2MLP"):  # Liger patches the module's classes (undone after the test)
+        monkeypatch.setattr(modeling_qwen2_5_vl, name, getattr(modeling_qwen2_5_vl, name))
+    rotary = modeling_qwen2_5_vl.apply_rotary_pos_emb
+    qwen = tiny_model().qwen
+    apply_liger(qwen)
+    text, vision = qwen.model.language_model, qwen.model.visual
+    norms = [text.norm, *(n for layer in text.layers for n in (layer.input_layernorm, layer.post_attention_layernorm)),
+             *(n for block in vision.blocks for n in (block.norm1, block.norm2))]
+    assert {norm._get_name() for norm in norms} == {"LigerRMSNorm"}
+    assert {layer.mlp._get_name() for layer in text.layers} == {"LigerSwiGLUMLP"}
+    assert modeling_qwen2_5_vl.apply_rotary_pos_emb is rotary
 
 
 def test_regional_compile_wraps_every_decoder_layer_and_keeps_its_output() -> None:
