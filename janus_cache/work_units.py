@@ -283,8 +283,10 @@ def write_feature_shards(
         stored = read_windows(writer, resolution, rows)
         return stored, stored if vggt_frames is None else read_vggt_windows(vggt_frames, rows)
 
+    # ``on_done`` runs in this thread once a write is committed (never in the saver's: a progress
+    # callback that stops the run, e.g. on a lost lock, must raise here).
     with ThreadPoolExecutor(max_workers=1) as reader, ThreadPoolExecutor(max_workers=1) as saver:
-        pending_write: Future[Any] | None = None
+        pending: tuple[Future[Any], int, int] | None = None  # the write in flight, its shard and samples
         next_windows = reader.submit(load, shards[0]) if shards else None
         for position, shard in enumerate(shards):
             assert next_windows is not None
@@ -292,10 +294,12 @@ def write_feature_shards(
             if position + 1 < len(shards):
                 next_windows = reader.submit(load, shards[position + 1])
             features = encode_windows(encoder, encoded, batch)
-            if pending_write is not None:
-                pending_write.result()  # surfaces a failed write before more work piles up
-            pending_write = saver.submit(writer.write_samples_shard, resolution, shard, features, windows)
-            pending_write.add_done_callback(lambda f, s=shard, n=len(windows): f.exception() or on_done(s, n))
-        if pending_write is not None:
-            pending_write.result()
+            if pending is not None:
+                pending[0].result()  # surfaces a failed write before more work piles up
+                on_done(pending[1], pending[2])
+            pending = (saver.submit(writer.write_samples_shard, resolution, shard, features, windows), shard,
+                       len(windows))
+        if pending is not None:
+            pending[0].result()
+            on_done(pending[1], pending[2])
 

@@ -30,7 +30,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from janus_cache.store import CacheOpenError, load_manifest
 from janus_cache.store.formats import DEFAULT_FORMAT
 from janus_cache.store.layout import CacheLayout
-from janus_cache.store.location import CacheLocation, cache_location
+from janus_cache.store.location import CacheLocation, cache_location, is_remote
 from janus_cache.store.remote.errors import RemoteError
 from janus_cache.store.split import share
 from janus_cache.verify import (
@@ -302,10 +302,10 @@ def run_checks(opts: Options, ranks: Ranks, control: Control, progress: Progress
 
 def repair_command(opts: Options, results: list[CheckResult], cache_format: str | None) -> str | None:
     """The precompute command that repairs the damaged shards the integrity check found (None when
-    it found none): the same cache, dataset (``DATA`` when verify was not given ``--data``), profile
+    it found none, or the cache is in a bucket): the same cache, dataset (``DATA`` when verify was not given ``--data``), profile
     and overrides, and ``--checksums all`` where some damage shows only to hashing."""
     integrity = next((r for r in results if r.name == INTEGRITY and r.failed), None)
-    if integrity is None:
+    if integrity is None or is_remote(opts.cache):  # a bucket's cache is read-only: no precompute writes it
         return None
     words = ["janus-cache", "precompute", shlex.quote(str(opts.data)) if opts.data is not None else "DATA",
              "--out", shlex.quote(str(opts.cache)), "--profile", shlex.quote(opts.profile)]

@@ -126,13 +126,18 @@ def sha256_file(path: Path) -> str:
 
 
 def write_problem(directory: Path) -> str | None:
-    """Why no file can be written into ``directory`` (made, with its parents, where missing): the
-    kernel's reason for a real write (a read-only folder or file system, a pseudo file system), or
-    None when a file can be written there."""
+    """Why no file can be written into ``directory``: the kernel's reason for a real write into it,
+    or into the nearest folder above it that exists where it does not (a read-only folder or file
+    system, a pseudo file system), or None when one can. Creates nothing (a refused command leaves
+    no folder behind)."""
     directory = Path(directory)
+    existing = directory
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"{directory} cannot be written ({existing} is not a folder)"
     try:
-        directory.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=directory):
+        with tempfile.TemporaryFile(dir=existing):
             pass
     except OSError as err:
         return f"{directory} cannot be written ({err.strerror or err})"

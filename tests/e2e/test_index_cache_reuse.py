@@ -13,9 +13,10 @@ from janus_core.index.cached import COMBINED_PREFIX
 
 
 def test_precompute_resume_and_verify_reuse_the_index_kept_in_the_cache(tmp_path: Path) -> None:
-    """Two ranks: the first run indexes (rank 1 reads the stored columns), a resume and an
-    ``--overwrite`` run reuse the index, and so does ``verify --data``, without opening an image
-    (scrambled behind its back, same size and mtime: trusted, as documented)."""
+    """Two ranks: the first run indexes (past the folder a run killed while storing its index left;
+    rank 1 reads the stored columns), a resume and an ``--overwrite`` run reuse the index, and so
+    does ``verify --data``, without opening an image (scrambled behind its back, same size and
+    mtime: trusted, as documented)."""
     import subprocess
     import sys
 
@@ -41,7 +42,13 @@ def test_precompute_resume_and_verify_reuse_the_index_kept_in_the_cache(tmp_path
     def run_precompute(*extra: str) -> str:
         return output(forked_launch("pipelines.precompute", *precompute, *extra, timeout=900))
 
+    # What a precompute killed while storing its index leaves, the whole of OUT then: a half-written
+    # entry's folder. The rerun runs (it once failed: "[Errno 21] Is a directory") and removes it.
+    leftover = CacheLayout(cache).index_store / ".sources-0123456789abcdef0123.4242.partial"
+    (leftover / "columns").mkdir(parents=True)
+    (leftover / "columns" / "frames.npy").write_bytes(b"half")
     assert "20 images read and hashed" in run_precompute()
+    assert not leftover.exists()
     stored = sorted(os.listdir(CacheLayout(cache).index_store))  # the source's entry and the job's combined one
     assert len(stored) == 2 and stored[1].startswith(COMBINED_PREFIX)
     assert "reused the stored index" in run_precompute()

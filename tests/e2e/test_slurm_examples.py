@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shlex
 import signal
 import subprocess
 import sys
@@ -227,7 +226,7 @@ def test_precompute_runs_the_makefile_command_on_both_nodes(cluster: Cluster, tm
                          FORMAT="wds")
     expected = [str(data), "--out", str(out), "--profile", "h800", "--format", "wds", "--workers", "12"]
     check_launch(submission, "pipelines.precompute", expected)
-    make = make_command("precompute", DATA=str(data), OUT=shlex.quote(str(out)), PROFILE="h800",
+    make = make_command("precompute", DATA=str(data), OUT=str(out), PROFILE="h800",
                             FORMAT="wds", PRECOMPUTE_ARGS="--workers 12")
     assert make == ["pipelines.precompute", *expected]
 
@@ -237,7 +236,7 @@ def test_train_runs_the_makefile_command_on_both_nodes(cluster: Cluster, tmp_pat
     submission = cluster.submit("train.sbatch", "--max-steps", "100", CACHE=str(cache), RUN=str(run), PROFILE="h800")
     expected = ["--cache", str(cache), "--out", str(run), "--profile", "h800", "--max-steps", "100"]
     check_launch(submission, "pipelines.train", expected)
-    make = make_command("train", CACHE=shlex.quote(str(cache)), RUN=str(run), PROFILE="h800",
+    make = make_command("train", CACHE=str(cache), RUN=str(run), PROFILE="h800",
                             TRAIN_ARGS="--max-steps 100")
     assert make == ["pipelines.train", *expected]
 
