@@ -55,9 +55,9 @@ from janus_cache.store.layout import CHECKSUMS_NAME, COMMITS_DIR, INDEX_STORE_DI
 from janus_cache.store.location import sha256_of
 from janus_cache.store.open import load_manifest
 from janus_cache.store.remote.client import bucket_store, remote_error
-from janus_cache.store.remote.errors import RemoteError, is_connection_failure
+from janus_cache.store.remote.errors import EndpointUnreachable, RemoteError, is_connection_failure
 from janus_cache.store.remote.lock import PrefixLock, holder_of
-from janus_cache.store.remote.path import S3Path
+from janus_cache.store.remote.path import STREAM_CHUNK_BYTES, S3Path
 from janus_core.system.disk_space import format_bytes, free_bytes, no_room_reason
 from janus_core.system.files import PARTIAL_SUFFIX, atomic_file, atomic_write_bytes, remove_partials
 from janus_core.system.lock import LOCK_NAME, DirectoryLock
@@ -70,7 +70,6 @@ PART_BYTES = 16 << 20
 """Part size of a multipart upload (a file larger than this is uploaded in parts)."""
 PART_CONCURRENCY = 4
 """Parts of one file in flight at once."""
-BLOCK_BYTES = 1 << 22
 FILE_TRIES = 2
 """Tries of one file whose transfer failed on the connection after obstore's own retries."""
 FILE_RETRY_WAIT_S = 2.0
@@ -229,7 +228,7 @@ def _tries(action: Callable[[], Any], where: str) -> Any:
         try:
             return action()
         except RemoteError as err:
-            if attempt + 1 == FILE_TRIES or "cannot reach" not in str(err):
+            if attempt + 1 == FILE_TRIES or not isinstance(err, EndpointUnreachable):
                 raise
         except StoreError:  # the cache's own refusal (a checksum), not the network's
             raise
@@ -410,7 +409,7 @@ def _download(source: S3Path, target: Path, size: int, expected: str | None, mov
         expected = expected or result.attributes.get(SHA256_METADATA)
         digest = hashlib.sha256()
         with atomic_file(target) as out:
-            for chunk in result.stream(min_chunk_size=BLOCK_BYTES):
+            for chunk in result.stream(min_chunk_size=STREAM_CHUNK_BYTES):
                 data = memoryview(chunk)
                 out.write(data)
                 digest.update(data)

@@ -68,7 +68,7 @@ class StrictLocalStore(LocalStore):
     """A read-only :class:`~zarr.storage.LocalStore` on which a missing chunk or shard is an error."""
 
     async def get(self, key: str, prototype: Any = None, byte_range: Any = None) -> Any:
-        with reading(Path(self.root) / key):  # a read that stalls is named (janus_cache.store.stalls)
+        with reading(f"{self.root}/{key}"):  # a read that stalls is named (janus_cache.store.stalls)
             buffer = await super().get(key, prototype, byte_range)
         if buffer is None and not key.endswith(ZARR_ROOT_NAME):
             raise MissingChunk(Path(self.root) / key)

@@ -182,8 +182,7 @@ class Evaluator:
     :meth:`evaluate` together (``rank`` of ``world``; ``num_workers`` loader processes)."""
 
     def __init__(self, validation: ValidationSet, builder: PromptBuilder, micro_batch: int, num_workers: int,
-                 rank: int, world: int, device: torch.device, damaged_samples: str = "stop",
-                 read_timeout_s: float = 0.0) -> None:
+                 rank: int, world: int, device: torch.device, damaged_samples: str, read_timeout_s: float) -> None:
         if not validation.rows:
             raise ValidationError(f"the validation set ({validation.description}) is empty")
         self.validation, self.micro_batch, self.num_workers = validation, micro_batch, num_workers

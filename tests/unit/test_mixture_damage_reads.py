@@ -127,7 +127,7 @@ def test_a_damaged_held_out_sample_of_one_cache_reaches_validation_as_its_one_li
     file, key = damage_feature(profile, b, row=last_of_b)
 
     evaluator = Evaluator(validation, builder, micro_batch=1, num_workers=0, rank=0, world=1,
-                          device=torch.device("cpu"))
+                          device=torch.device("cpu"), damaged_samples="stop", read_timeout_s=0)
     batches = [batch for batch, _ in evaluator._batches()]
     damaged = [str(err) for batch in batches for err in batch.get("damaged", [])]
     assert len(damaged) == 1 and damaged[0].startswith(
@@ -163,7 +163,7 @@ def test_a_damaged_held_out_sample_of_a_webdataset_cache_reaches_validation_as_i
     tar.write_bytes(content[:at] + (b"1" if content[at:at + 1] != b"1" else b"2") + content[at + 1:])
 
     evaluator = Evaluator(validation, builder, micro_batch=1, num_workers=2, rank=0, world=1,
-                          device=torch.device("cpu"))
+                          device=torch.device("cpu"), damaged_samples="stop", read_timeout_s=0)
     batches = [batch for batch, _ in evaluator._batches()]
     damaged = [str(err) for batch in batches for err in batch.get("damaged", [])]
     assert len(damaged) == 1 and damaged[0].startswith(f"damaged cache data: {tar}: member {encode_key(key)}.json "

@@ -20,6 +20,7 @@ from typing import Any
 from janus_cache.store.remote.config import RETRIES, s3_settings, store_options
 from janus_cache.store.remote.errors import (
     CREDENTIAL_CODES,
+    EndpointUnreachable,
     ObjectMissing,
     RemoteError,
     first_line,
@@ -72,7 +73,7 @@ def remote_error(err: BaseException, where: str) -> RemoteError:
         return RemoteError(f"{settings.where} refused access to {where} (403 Forbidden) with the credentials from "
                            f"{settings.credentials_from}: check the keys, and that they may read and write it")
     if is_connection_failure(err):
-        return RemoteError(f"cannot reach the S3 endpoint {settings.where} for {where} (the connection failed or "
+        return EndpointUnreachable(f"cannot reach the S3 endpoint {settings.where} for {where} (the connection failed or "
                            f"dropped, retried {RETRIES} times with backoff): {first_line(err)}; check that it is up "
                            "and that AWS_ENDPOINT_URL names it, then run the same command again")
     return RemoteError(f"{settings.where} failed on {where}: {code + ': ' if code else ''}{first_line(err)}")

@@ -15,6 +15,11 @@ class RemoteError(StoreError):
     nothing about the cache's bytes, so readers pass it on instead of counting a damaged sample."""
 
 
+class EndpointUnreachable(RemoteError):
+    """The connection to the endpoint failed or dropped after obstore's retries (worth one more try
+    of a whole file; every other RemoteError is not)."""
+
+
 class ObjectMissing(RemoteError, FileNotFoundError):
     """An object that is not there (in a bucket that is: a missing bucket is a plain RemoteError)."""
 

@@ -25,10 +25,12 @@ from typing import Any
 
 from janus_cache.store.remote.client import bucket_store, remote_error
 from janus_cache.store.remote.errors import ObjectMissing, RemoteError
+from janus_core.system.files import HASH_BLOCK
 
 SCHEME = "s3://"
-STREAM_CHUNK_BYTES = 1 << 22
-"""A streamed GET (a tar shard, a shard being hashed) hands its body over in pieces of this size."""
+STREAM_CHUNK_BYTES = HASH_BLOCK
+"""A streamed GET (a tar shard, a shard being hashed) hands its body over in pieces of this size
+(the block a local file is hashed in)."""
 
 
 def is_s3_url(text: object) -> bool:
@@ -227,7 +229,7 @@ class ObjectReader(io.RawIOBase):
             if self._chunks is None:
                 result = obstore.get(self.path._store(), self.path.key)
                 self._chunks = iter(result.stream(min_chunk_size=STREAM_CHUNK_BYTES))
-            self._pending = memoryview(bytes(next(self._chunks)))
+            self._pending = memoryview(next(self._chunks))
         except StopIteration:
             return False
         except Exception as err:  # noqa: BLE001

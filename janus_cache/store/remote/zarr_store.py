@@ -34,6 +34,7 @@ from janus_cache.store.damage import MissingChunk
 from janus_cache.store.layout import ZARR_ROOT_NAME
 from janus_cache.store.remote.client import bucket_store, remote_error
 from janus_cache.store.remote.path import S3Path
+from janus_cache.store.stalls import reading
 
 INDEX_ENTRY_BYTES = 16
 """A shard index holds (offset, nbytes) as two little-endian uint64 per inner chunk, then a crc32c."""
@@ -107,7 +108,8 @@ class StrictObjectStore(ObjectStore):  # type: ignore[type-arg]
         if isinstance(byte_range, RangeByteRequest) and (ahead := self._from_window(key, byte_range)) is not None:
             return prototype.buffer.from_bytes(ahead)
         try:
-            buffer = await super().get(key, prototype, byte_range)
+            with reading(f"{self.root}/{key}"):  # a read that stalls is named (janus_cache.store.stalls)
+                buffer = await super().get(key, prototype, byte_range)
         except Exception as err:  # noqa: BLE001 - a connection or credential failure: one line
             raise remote_error(err, str(self.root / key)) from None
         if buffer is None:
@@ -185,7 +187,9 @@ class StrictObjectStore(ObjectStore):  # type: ignore[type-arg]
             if not merged:
                 continue
             try:
-                parts = obstore.get_ranges(self.store, key, starts=[b for b, _ in merged], ends=[e for _, e in merged])
+                with reading(f"{self.root}/{key}"):
+                    parts = obstore.get_ranges(self.store, key, starts=[b for b, _ in merged],
+                                               ends=[e for _, e in merged])
             except Exception as err:  # noqa: BLE001
                 raise remote_error(err, str(self.root / key)) from None
             REQUESTS.gets += len(merged)
