@@ -185,10 +185,8 @@ def evals_cmd(
     ended into its logs and best checkpoint, and list each evaluation's state (pending, done, failed)."""
     from janus_core.profile import ProfileError
     from janus_core.system.lock import DirectoryBusy, DirectoryLock
-    from janus_train.checkpoint.best import best_record
     from janus_train.config import load_train_settings
-    from janus_train.data.val_metric_names import is_eval_metric
-    from janus_train.evals.evaluations import evaluations_of_run
+    from janus_train.evals.evaluations import evaluated_best, evaluations_of_run
     from janus_train.loop.logs import RunLog, WandbMissing, check_wandb, last_logged_step
     from janus_train.run.layout import RunLayout
     from janus_train.run.provenance import run_profile
@@ -226,8 +224,7 @@ def evals_cmd(
         typer.echo(f"evaluations of {run} (train.eval_command: {settings.eval_command or 'empty'}):")
         for line in evaluations.listing():
             typer.echo(f"  {line}")
-        best = best_record(layout.checkpoints)
-        if best is not None and is_eval_metric(str(best.get("metric", ""))):
+        if (best := evaluated_best(layout)) is not None:
             typer.echo(f"best by {best['metric']}: checkpoint step {best['step']} ({best['value']:.6g}), "
                        f"{layout.best}")
 

@@ -34,7 +34,7 @@ import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from janus_core.bases import cache_base
 from janus_core.profile import Profile
@@ -82,13 +82,18 @@ def read_evaluation(paths: EvaluationLayout) -> Evaluation | None:
         return None
 
 
+def evaluated_best(layout: RunLayout) -> dict[str, Any] | None:
+    """The kept best's record when an evaluation's metric chose it (None: no best, or validation's)."""
+    best = best_record(layout.checkpoints)
+    return best if best is not None and is_eval_metric(str(best.get("metric", ""))) else None
+
+
 def pinned_tags(layout: RunLayout) -> set[str]:
     """The checkpoint tags rotation keeps for the run's evaluations: each pending one's, and the
     best's when an evaluation's metric chose it."""
     pinned = {paths.root.name for paths in evaluation_folders(layout)
               if (evaluation := read_evaluation(paths)) is not None and evaluation.state == PENDING}
-    best = best_record(layout.checkpoints)
-    if best is not None and is_eval_metric(str(best.get("metric", ""))):
+    if (best := evaluated_best(layout)) is not None:
         pinned.add(tag_name(int(best["step"])))
     return pinned
 
@@ -342,8 +347,8 @@ class Evaluations:
         return lines
 
     def _is_best(self, step: int) -> bool:
-        best = best_record(self.layout.checkpoints)
-        return best is not None and is_eval_metric(str(best.get("metric", ""))) and best.get("step") == step
+        best = evaluated_best(self.layout)
+        return best is not None and best.get("step") == step
 
 
 def evaluations_of_run(layout: RunLayout, settings: TrainSettings, profile: Profile, log: ResultsLog | None,
